@@ -1,0 +1,185 @@
+//! `volmgr agent`: the volume manager as a standalone node agent, fed by a
+//! manifests directory, serving status on a Unix socket and Prometheus
+//! metrics over HTTP. SIGTERM/SIGINT stop it cleanly and leave mounts in
+//! place, as the kubelet does.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::api;
+use crate::operation_executor::Backoff;
+use crate::populator::manifests::{ManifestsSource, SourceError};
+use crate::sys::linux::LinuxMounter;
+use crate::volume_manager::{self, Config, VolumeManager};
+
+/// Agent settings (from the command line).
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// ROOT.
+    pub root: PathBuf,
+    /// The manifests directory.
+    pub manifests: PathBuf,
+    /// Where to serve `/metrics`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Safety-net resync period.
+    pub resync_period: Duration,
+    /// Manifests rescan period.
+    pub rescan_period: Duration,
+    /// Retry backoff.
+    pub backoff: Backoff,
+    /// Node name.
+    pub node_name: String,
+}
+
+/// Why the agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// Building or starting the manager failed.
+    #[error(transparent)]
+    Manager(#[from] volume_manager::Error),
+    /// Another agent holds ROOT.
+    #[error("another volmgr agent is running on {0} (lock held on volmgr.lock)")]
+    Locked(PathBuf),
+    /// An I/O set-up step failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifests source failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
+    let what = what.into();
+    move |source| AgentError::Io { what, source }
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
+    let mut config = Config::new(&opts.root);
+    config.resync_period = opts.resync_period;
+    config.backoff = opts.backoff;
+    config.node_name = opts.node_name.clone();
+    let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    let root = vm.root().path().to_path_buf();
+    let _lock = lock_root(&root)?;
+    if !opts.manifests.is_dir() {
+        return Err(AgentError::Io {
+            what: format!("manifests directory {}", opts.manifests.display()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        });
+    }
+    vm.set_tracer("off", "no tracer in this build");
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let listener = api::bind(&root).map_err(io("binding the status socket"))?;
+    let metrics = match opts.metrics_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(io(format!("binding metrics address {addr}")))?,
+        ),
+        None => None,
+    };
+    vm.start().await?;
+    tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
+    let api_task = tokio::spawn(api::serve(listener, Arc::clone(&vm), stop_rx.clone()));
+    let metrics_task =
+        metrics.map(|l| tokio::spawn(serve_metrics(l, Arc::clone(&vm), stop_rx.clone())));
+    let source = ManifestsSource::new(opts.manifests.clone(), Arc::clone(&vm), opts.rescan_period);
+    let mut source_task = tokio::spawn(source.run(stop_rx.clone()));
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(io("installing the SIGTERM handler"))?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(io("installing the SIGINT handler"))?;
+    let result = tokio::select! {
+        _ = term.recv() => { tracing::info!("SIGTERM: stopping, mounts stay in place"); Ok(()) }
+        _ = int.recv() => { tracing::info!("SIGINT: stopping, mounts stay in place"); Ok(()) }
+        r = &mut source_task => match r {
+            Ok(Err(e)) => Err(AgentError::from(e)),
+            _ => Ok(()),
+        },
+    };
+    let _ = stop_tx.send(true);
+    let _ = vm.stop().await;
+    let _ = api_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    let _ = std::fs::remove_file(api::socket_path(&root));
+    result
+}
+
+/// Holds an exclusive `flock` on `ROOT/volmgr.lock` for the agent's life.
+fn lock_root(root: &std::path::Path) -> Result<std::fs::File, AgentError> {
+    let path = root.join("volmgr.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io(format!("opening {}", path.display())))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(AgentError::Locked(root.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// A minimal HTTP/1.1 responder for `GET /metrics` and `GET /healthz`.
+async fn serve_metrics(
+    listener: TcpListener,
+    vm: Arc<VolumeManager>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            r = shutdown.changed() => {
+                if r.is_err() || *shutdown.borrow() { return; }
+            }
+            conn = listener.accept() => {
+                let Ok((mut stream, _)) = conn else { continue };
+                let vm = Arc::clone(&vm);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut n = 0;
+                    while n < buf.len() {
+                        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf[n..])).await {
+                            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+                            Ok(Ok(k)) => {
+                                n += k;
+                                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") { break; }
+                            }
+                        }
+                    }
+                    let req = String::from_utf8_lossy(&buf[..n]);
+                    let path = req.split_whitespace().nth(1).unwrap_or("");
+                    let (status, ctype, body) = match path {
+                        "/metrics" => ("200 OK", "text/plain; version=0.0.4", vm.metrics_text()),
+                        "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+                        _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(head.as_bytes()).await;
+                    let _ = stream.write_all(body.as_bytes()).await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The kubelet's `ActualStateOfWorld`: which volumes are attached and mounted,
+//! per volume and per pod, including *uncertain* mounts (an operation that may
+//! or may not have happened). Written only by operation results, resync and
+//! reconstruction.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+
+/// The state of one pod's mount of a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeMountState {
+    /// Set up and verified.
+    Mounted,
+    /// May or may not be set up: set-up must run again before it is trusted,
+    /// and tear-down must run if it is no longer wanted.
+    Uncertain,
+}
+
+/// The state of a volume's device mount (staging), for plugins that have one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceMountState {
+    /// Not mounted.
+    NotMounted,
+    /// Mounted at the global path.
+    Mounted,
+    /// May or may not be mounted.
+    Uncertain,
+}
+
+/// A pod's mount of a volume.
+#[derive(Debug, Clone)]
+pub struct MountedPod {
+    /// The volume's name in the pod.
+    pub outer_volume_spec_name: String,
+    /// The spec it was mounted with.
+    pub spec: Arc<VolumeSpec>,
+    /// Where it is.
+    pub path: PathBuf,
+    /// Mounted or uncertain.
+    pub state: VolumeMountState,
+}
+
+/// A volume known to the node.
+#[derive(Debug, Clone)]
+pub struct AttachedVolume {
+    /// The plugin handling it.
+    pub plugin_name: Arc<str>,
+    /// Staging state.
+    pub device_mount_state: DeviceMountState,
+    /// The pods it is mounted for.
+    pub pods: HashMap<PodUid, MountedPod>,
+}
+
+/// A row of [`ActualStateOfWorld::mounted_volumes_for_pod`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountedVolume {
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// Its name in the pod.
+    pub outer_volume_spec_name: String,
+    /// The plugin.
+    pub plugin_name: String,
+    /// The path the container runtime should use.
+    pub path: PathBuf,
+    /// Mounted or uncertain.
+    pub state: VolumeMountState,
+}
+
+/// The actual state of world.
+#[derive(Debug, Default)]
+pub struct ActualStateOfWorld {
+    volumes: HashMap<UniqueVolumeName, AttachedVolume>,
+    /// Index: the volumes each pod has mounted.
+    by_pod: HashMap<PodUid, HashSet<UniqueVolumeName>>,
+}
+
+impl ActualStateOfWorld {
+    /// Records a volume as attached (a no-op for volumes already known).
+    pub fn mark_volume_as_attached(&mut self, volume: &UniqueVolumeName, plugin: Arc<str>) {
+        self.volumes
+            .entry(volume.clone())
+            .or_insert_with(|| AttachedVolume {
+                plugin_name: plugin,
+                device_mount_state: DeviceMountState::NotMounted,
+                pods: HashMap::new(),
+            });
+    }
+
+    /// Records a pod's mount of a volume (the volume must be attached).
+    /// Returns whether anything changed.
+    pub fn mark_volume_as_mounted(
+        &mut self,
+        volume: &UniqueVolumeName,
+        pod: &PodUid,
+        mounted: MountedPod,
+    ) -> bool {
+        let Some(v) = self.volumes.get_mut(volume) else {
+            return false;
+        };
+        let changed = v.pods.get(pod).is_none_or(|m| {
+            m.state != mounted.state || m.path != mounted.path || m.spec != mounted.spec
+        });
+        v.pods.insert(pod.clone(), mounted);
+        self.by_pod
+            .entry(pod.clone())
+            .or_default()
+            .insert(volume.clone());
+        changed
+    }
+
+    /// Removes a pod's mount of a volume. Returns whether it was recorded.
+    pub fn mark_volume_as_unmounted(&mut self, volume: &UniqueVolumeName, pod: &PodUid) -> bool {
+        let removed = self
+            .volumes
+            .get_mut(volume)
+            .is_some_and(|v| v.pods.remove(pod).is_some());
+        if let Some(set) = self.by_pod.get_mut(pod) {
+            set.remove(volume);
+            if set.is_empty() {
+                self.by_pod.remove(pod);
+            }
+        }
+        removed
+    }
+
+    /// Whether `pod` has any volume mounted (or uncertain).
+    pub fn pod_has_mounts(&self, pod: &PodUid) -> bool {
+        self.by_pod.contains_key(pod)
+    }
+
+    /// Every pod that has a volume mounted (or uncertain).
+    pub fn pods(&self) -> impl Iterator<Item = &PodUid> {
+        self.by_pod.keys()
+    }
+
+    /// Forgets a volume no pod has mounted (the kubelet's `MarkVolumeAsDetached`).
+    pub fn mark_volume_as_detached(&mut self, volume: &UniqueVolumeName) -> bool {
+        match self.volumes.get(volume) {
+            Some(v) if v.pods.is_empty() => self.volumes.remove(volume).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Records the staging state of a volume.
+    pub fn set_device_mount_state(&mut self, volume: &UniqueVolumeName, state: DeviceMountState) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.device_mount_state = state;
+        }
+    }
+
+    /// One volume.
+    pub fn volume(&self, volume: &UniqueVolumeName) -> Option<&AttachedVolume> {
+        self.volumes.get(volume)
+    }
+
+    /// Every volume.
+    pub fn volumes(&self) -> impl Iterator<Item = (&UniqueVolumeName, &AttachedVolume)> {
+        self.volumes.iter()
+    }
+
+    /// The mount of `volume` for `pod`, if any.
+    pub fn pod_mount(&self, volume: &UniqueVolumeName, pod: &PodUid) -> Option<&MountedPod> {
+        self.volumes.get(volume).and_then(|v| v.pods.get(pod))
+    }
+
+    /// The volumes mounted (or uncertain) for a pod. `volumes` narrows the
+    /// search to the pod's own volumes; without it every volume is scanned.
+    pub fn mounted_volumes_for_pod<'a>(
+        &self,
+        pod: &PodUid,
+        volumes: impl IntoIterator<Item = &'a UniqueVolumeName>,
+    ) -> Vec<MountedVolume> {
+        volumes
+            .into_iter()
+            .filter_map(|name| {
+                let v = self.volumes.get(name)?;
+                let m = v.pods.get(pod)?;
+                Some(MountedVolume {
+                    volume_name: name.clone(),
+                    outer_volume_spec_name: m.outer_volume_spec_name.clone(),
+                    plugin_name: v.plugin_name.to_string(),
+                    path: m.path.clone(),
+                    state: m.state,
+                })
+            })
+            .collect()
+    }
+
+    /// Every mount of a pod, desired or not.
+    pub fn all_mounts_of_pod(&self, pod: &PodUid) -> Vec<MountedVolume> {
+        match self.by_pod.get(pod) {
+            Some(names) => self.mounted_volumes_for_pod(pod, names.iter()),
+            None => Vec::new(),
+        }
+    }
+
+    /// Number of (volume, pod) mounts, per plugin.
+    pub fn count_by_plugin(&self) -> HashMap<Arc<str>, usize> {
+        let mut out = HashMap::new();
+        for v in self.volumes.values() {
+            *out.entry(Arc::clone(&v.plugin_name)).or_default() += v.pods.len();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::{StorageMedium, VolumeSource};
+
+    #[test]
+    fn mount_unmount_detach() {
+        let mut a = ActualStateOfWorld::default();
+        let pod = PodUid::new("p").unwrap();
+        let v = UniqueVolumeName::new("x");
+        let spec = Arc::new(VolumeSpec {
+            name: "x".into(),
+            source: VolumeSource::EmptyDir {
+                medium: StorageMedium::Default,
+                size_limit: None,
+            },
+        });
+        let m = MountedPod {
+            outer_volume_spec_name: "x".into(),
+            spec,
+            path: "/a".into(),
+            state: VolumeMountState::Uncertain,
+        };
+        assert!(!a.mark_volume_as_mounted(&v, &pod, m.clone()));
+        a.mark_volume_as_attached(&v, "plug".into());
+        assert!(a.mark_volume_as_mounted(&v, &pod, m.clone()));
+        assert!(!a.mark_volume_as_mounted(&v, &pod, m.clone()));
+        let mounted = MountedPod {
+            state: VolumeMountState::Mounted,
+            ..m
+        };
+        assert!(a.mark_volume_as_mounted(&v, &pod, mounted));
+        assert_eq!(a.all_mounts_of_pod(&pod).len(), 1);
+        assert!(!a.mark_volume_as_detached(&v));
+        assert!(a.mark_volume_as_unmounted(&v, &pod));
+        assert!(a.mark_volume_as_detached(&v));
+        assert!(a.volume(&v).is_none());
+    }
+}

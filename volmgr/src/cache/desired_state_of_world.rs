@@ -1,0 +1,226 @@
+//! The kubelet's `DesiredStateOfWorld`: which volumes each pod on the node
+//! needs. Written only by the populator.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+
+/// A pod that needs a volume, with what the mount needs to know.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodToMount {
+    /// The volume's name in the pod spec.
+    pub outer_volume_spec_name: String,
+    /// The pod's spec of the volume.
+    pub spec: Arc<VolumeSpec>,
+    /// `fsGroup`.
+    pub fs_group: Option<i64>,
+    /// SELinux label.
+    pub selinux_label: Option<Arc<str>>,
+}
+
+/// A volume some pods need.
+#[derive(Debug, Clone)]
+pub struct VolumeToMount {
+    /// The plugin that handles it.
+    pub plugin_name: Arc<str>,
+    /// The pods that need it.
+    pub pods: HashMap<PodUid, PodToMount>,
+}
+
+/// One volume of a desired pod, as status reports it.
+#[derive(Debug, Clone)]
+pub struct PodVolumeEntry {
+    /// The volume's name in the pod.
+    pub outer_name: String,
+    /// The plugin handling it, when one was found.
+    pub plugin_name: Option<Arc<str>>,
+    /// Its unique name, or why it cannot be mounted.
+    pub volume: Result<UniqueVolumeName, String>,
+}
+
+/// A desired pod.
+#[derive(Debug, Clone)]
+pub struct PodEntry {
+    /// `namespace/name`.
+    pub namespace: Arc<str>,
+    /// The pod name.
+    pub name: Arc<str>,
+    /// Its volumes.
+    pub volumes: Vec<PodVolumeEntry>,
+    /// `fsGroup` and `supplementalGroups`, for `GetExtraSupplementalGroupsForPod`.
+    pub supplemental_groups: Vec<i64>,
+}
+
+/// What a populator hands over for one pod: its entry plus, for each volume
+/// that resolved, what to mount.
+#[derive(Debug, Clone)]
+pub struct PodUpdate {
+    /// The pod's UID.
+    pub uid: PodUid,
+    /// The entry for status.
+    pub entry: PodEntry,
+    /// `(volume, plugin, pod's view)` for each mountable volume.
+    pub mounts: Vec<(UniqueVolumeName, Arc<str>, PodToMount)>,
+}
+
+/// The desired state of world.
+#[derive(Debug, Default)]
+pub struct DesiredStateOfWorld {
+    volumes: HashMap<UniqueVolumeName, VolumeToMount>,
+    pods: HashMap<PodUid, PodEntry>,
+}
+
+impl DesiredStateOfWorld {
+    /// Adds or replaces a pod. Returns the volumes whose desired state changed.
+    pub fn set_pod(&mut self, update: PodUpdate) -> Vec<UniqueVolumeName> {
+        let mut changed = self.remove_pod_volumes_except(&update.uid, &update.mounts);
+        for (name, plugin, pod) in update.mounts {
+            let v = self
+                .volumes
+                .entry(name.clone())
+                .or_insert_with(|| VolumeToMount {
+                    plugin_name: plugin,
+                    pods: HashMap::new(),
+                });
+            if v.pods.get(&update.uid) != Some(&pod) {
+                v.pods.insert(update.uid.clone(), pod);
+                changed.push(name);
+            }
+        }
+        self.pods.insert(update.uid, update.entry);
+        changed
+    }
+
+    /// Removes a pod. Returns the volumes it used.
+    pub fn delete_pod(&mut self, uid: &PodUid) -> Vec<UniqueVolumeName> {
+        let changed = self.remove_pod_volumes_except(uid, &[]);
+        self.pods.remove(uid);
+        changed
+    }
+
+    fn remove_pod_volumes_except(
+        &mut self,
+        uid: &PodUid,
+        keep: &[(UniqueVolumeName, Arc<str>, PodToMount)],
+    ) -> Vec<UniqueVolumeName> {
+        let Some(old) = self.pods.get(uid) else {
+            return Vec::new();
+        };
+        let mut removed = Vec::new();
+        for name in old.volumes.iter().filter_map(|v| v.volume.as_ref().ok()) {
+            if keep.iter().any(|(k, _, _)| k == name) {
+                continue;
+            }
+            if let Some(v) = self.volumes.get_mut(name) {
+                v.pods.remove(uid);
+                if v.pods.is_empty() {
+                    self.volumes.remove(name);
+                }
+                removed.push(name.clone());
+            }
+        }
+        removed
+    }
+
+    /// Whether `pod` needs `volume` (the kubelet's `PodExistsInVolume`).
+    pub fn pod_exists_in_volume(&self, volume: &UniqueVolumeName, pod: &PodUid) -> bool {
+        self.volumes
+            .get(volume)
+            .is_some_and(|v| v.pods.contains_key(pod))
+    }
+
+    /// Whether any pod needs `volume`.
+    pub fn volume_exists(&self, volume: &UniqueVolumeName) -> bool {
+        self.volumes.contains_key(volume)
+    }
+
+    /// One volume.
+    pub fn volume(&self, volume: &UniqueVolumeName) -> Option<&VolumeToMount> {
+        self.volumes.get(volume)
+    }
+
+    /// Every volume.
+    pub fn volumes(&self) -> impl Iterator<Item = (&UniqueVolumeName, &VolumeToMount)> {
+        self.volumes.iter()
+    }
+
+    /// Every pod.
+    pub fn pods(&self) -> impl Iterator<Item = (&PodUid, &PodEntry)> {
+        self.pods.iter()
+    }
+
+    /// One pod.
+    pub fn pod(&self, uid: &PodUid) -> Option<&PodEntry> {
+        self.pods.get(uid)
+    }
+
+    /// Number of (volume, pod) pairs, per plugin.
+    pub fn count_by_plugin(&self) -> HashMap<Arc<str>, usize> {
+        let mut out = HashMap::new();
+        for v in self.volumes.values() {
+            *out.entry(Arc::clone(&v.plugin_name)).or_default() += v.pods.len();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::{StorageMedium, VolumeSource};
+
+    fn update(uid: &str, vols: &[&str]) -> PodUpdate {
+        let uid = PodUid::new(uid).unwrap();
+        let plugin: Arc<str> = "p".into();
+        let mut entry = PodEntry {
+            namespace: "ns".into(),
+            name: "n".into(),
+            volumes: vec![],
+            supplemental_groups: vec![],
+        };
+        let mut mounts = vec![];
+        for v in vols {
+            let name = UniqueVolumeName::per_pod("p", &uid, v);
+            entry.volumes.push(PodVolumeEntry {
+                outer_name: v.to_string(),
+                plugin_name: Some(plugin.clone()),
+                volume: Ok(name.clone()),
+            });
+            mounts.push((
+                name,
+                plugin.clone(),
+                PodToMount {
+                    outer_volume_spec_name: v.to_string(),
+                    spec: Arc::new(VolumeSpec {
+                        name: v.to_string(),
+                        source: VolumeSource::EmptyDir {
+                            medium: StorageMedium::Default,
+                            size_limit: None,
+                        },
+                    }),
+                    fs_group: None,
+                    selinux_label: None,
+                },
+            ));
+        }
+        PodUpdate { uid, entry, mounts }
+    }
+
+    #[test]
+    fn set_update_delete() {
+        let mut d = DesiredStateOfWorld::default();
+        assert_eq!(d.set_pod(update("a", &["x", "y"])).len(), 2);
+        // Unchanged: nothing to do.
+        assert!(d.set_pod(update("a", &["x", "y"])).is_empty());
+        // y removed, z added.
+        let changed = d.set_pod(update("a", &["x", "z"]));
+        assert_eq!(changed.len(), 2);
+        let a = PodUid::new("a").unwrap();
+        assert!(d.pod_exists_in_volume(&UniqueVolumeName::per_pod("p", &a, "x"), &a));
+        assert!(!d.volume_exists(&UniqueVolumeName::per_pod("p", &a, "y")));
+        assert_eq!(d.delete_pod(&a).len(), 2);
+        assert_eq!(d.volumes().count(), 0);
+        assert_eq!(d.pods().count(), 0);
+    }
+}

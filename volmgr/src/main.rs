@@ -1,0 +1,223 @@
+//! The `volmgr` command: the node agent and its client commands.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use clap::{Parser, Subcommand};
+
+use volmgr::agent::{self, AgentOptions};
+use volmgr::api::{self, Request};
+use volmgr::operation_executor::Backoff;
+use volmgr::status::Status;
+
+/// volmgr: a node-level Kubernetes volume manager.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the node agent on a manifests directory.
+    Agent {
+        /// Root directory (the kubelet's /var/lib/kubelet).
+        #[arg(long)]
+        root: PathBuf,
+        /// Directory of pod manifests (YAML or JSON).
+        #[arg(long)]
+        manifests: PathBuf,
+        /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9110).
+        #[arg(long)]
+        metrics_addr: Option<SocketAddr>,
+        /// Safety-net resync period (re-read the mount table, full pass).
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        resync_period: Duration,
+        /// Safety-net rescan period of the manifests directory.
+        #[arg(long, default_value = "20s", value_parser = parse_duration)]
+        rescan_period: Duration,
+        /// First retry delay after a failed operation.
+        #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+        backoff_initial: Duration,
+        /// Longest retry delay.
+        #[arg(long, default_value = "122s", value_parser = parse_duration)]
+        backoff_max: Duration,
+        /// This node's name.
+        #[arg(long, default_value = "")]
+        node_name: String,
+    },
+    /// Show the agent's status.
+    Status {
+        /// Root directory of the agent.
+        #[arg(long)]
+        root: PathBuf,
+        /// Print the status document as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait until every volume of a pod is mounted (exit 0), or time out (exit 1).
+    Wait {
+        /// Root directory of the agent.
+        #[arg(long)]
+        root: PathBuf,
+        /// The pod's UID.
+        #[arg(long)]
+        pod: String,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 120.0)]
+        timeout: f64,
+        /// Wait for the pod's volumes to be unmounted instead.
+        #[arg(long)]
+        unmounted: bool,
+    },
+}
+
+/// Parses `500ms`, `30s`, `2m`, `1h` or plain seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mul) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    Duration::try_from_secs_f64(v * mul).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(64)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("volmgr: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("volmgr: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Agent {
+            root,
+            manifests,
+            metrics_addr,
+            resync_period,
+            rescan_period,
+            backoff_initial,
+            backoff_max,
+            node_name,
+        } => {
+            agent::run(AgentOptions {
+                root,
+                manifests,
+                metrics_addr,
+                resync_period,
+                rescan_period,
+                backoff: Backoff {
+                    initial: backoff_initial,
+                    factor: 2,
+                    max: backoff_max,
+                },
+                node_name,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { root, json } => {
+            let v = api::call(&root, &Request::Status)
+                .await
+                .context("is the agent running on this root?")?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let s: Status = serde_json::from_value(v)?;
+                print_status(&s);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wait {
+            root,
+            pod,
+            timeout,
+            unmounted,
+        } => {
+            let timeout =
+                Duration::try_from_secs_f64(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
+            let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+            let req = if unmounted {
+                Request::WaitUnmount { pod, timeout_ms }
+            } else {
+                Request::Wait { pod, timeout_ms }
+            };
+            match api::call(&root, &req).await {
+                Ok(_) => Ok(ExitCode::SUCCESS),
+                Err(api::ApiError::Remote(e)) => {
+                    eprintln!("volmgr: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+                Err(e) => Err(anyhow!(e).context("is the agent running on this root?")),
+            }
+        }
+    }
+}
+
+fn print_status(s: &Status) {
+    println!(
+        "synced: {}  tracer: {} ({})",
+        s.synced, s.tracer, s.tracer_reason
+    );
+    for e in &s.errors {
+        println!("error: {}: {}", e.source, e.error);
+    }
+    for p in &s.pods {
+        println!("pod {}/{} ({})", p.namespace, p.name, p.uid);
+        if let Some(e) = &p.error {
+            println!("  rejected: {e}");
+        }
+        for v in &p.volumes {
+            let detail = match (&v.error, &v.path) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, Some(p)) => p.clone(),
+                (None, None) => String::new(),
+            };
+            println!(
+                "  {:<20} {:<26} {:<10} attempts={:<3} {}",
+                v.name, v.plugin, v.state, v.attempts, detail
+            );
+        }
+    }
+    for o in &s.operations {
+        println!(
+            "op {} {} {}: n={} p50={:.6}s p99={:.6}s max={:.6}s",
+            o.operation, o.plugin, o.status, o.count, o.p50_seconds, o.p99_seconds, o.max_seconds
+        );
+    }
+}

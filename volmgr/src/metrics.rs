@@ -1,0 +1,226 @@
+//! Operation latencies in `hdrhistogram` histograms, rendered as Prometheus
+//! text with the kubelet's metric names so existing dashboards keep working.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// The kubelet's buckets for `storage_operation_duration_seconds`.
+pub const OPERATION_BUCKETS: [f64; 13] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
+
+/// Latency of one kind of operation, in microseconds.
+#[derive(Debug, Clone)]
+pub struct LatencyHistogram {
+    hist: Option<Histogram<u64>>,
+    sum_us: u128,
+}
+
+/// Highest value tracked: one hour, in microseconds.
+const MAX_US: u64 = 3_600_000_000;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyHistogram {
+    /// An empty histogram spanning 1 µs to one hour at 3 significant digits.
+    pub fn new() -> Self {
+        // The bounds are constants `new_with_bounds` accepts; `None` is never
+        // taken but keeps this free of panics.
+        let hist = Histogram::new_with_bounds(1, MAX_US, 3).ok();
+        Self { hist, sum_us: 0 }
+    }
+
+    /// Records one duration (saturating at the top bound).
+    pub fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+        if let Some(h) = self.hist.as_mut() {
+            h.saturating_record(us);
+        }
+        self.sum_us += u128::from(us);
+    }
+
+    /// Number of samples.
+    pub fn count(&self) -> u64 {
+        self.hist.as_ref().map_or(0, Histogram::len)
+    }
+
+    /// The value at quantile `q` (0..=1), in seconds.
+    pub fn quantile_seconds(&self, q: f64) -> f64 {
+        self.hist.as_ref().map_or(0, |h| h.value_at_quantile(q)) as f64 / 1e6
+    }
+
+    /// Largest sample, in seconds.
+    pub fn max_seconds(&self) -> f64 {
+        self.hist.as_ref().map_or(0, Histogram::max) as f64 / 1e6
+    }
+
+    /// Sum of samples, in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_us as f64 / 1e6
+    }
+
+    /// Number of samples at or below `seconds`.
+    pub fn count_at_or_below(&self, seconds: f64) -> u64 {
+        let us = (seconds * 1e6) as u64;
+        self.hist.as_ref().map_or(0, |h| h.count_between(0, us))
+    }
+}
+
+/// Key of an operation histogram.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OperationLabels {
+    /// `volume_mount`, `volume_unmount`, ...
+    pub operation_name: &'static str,
+    /// `kubernetes.io/empty-dir`, ...
+    pub volume_plugin: Arc<str>,
+    /// `success` or `fail-unknown`.
+    pub status: &'static str,
+}
+
+/// Summary of one histogram, for status.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LatencySummary {
+    /// Operation name.
+    pub operation: String,
+    /// Plugin.
+    pub plugin: String,
+    /// Outcome.
+    pub status: String,
+    /// Samples.
+    pub count: u64,
+    /// Median, seconds.
+    pub p50_seconds: f64,
+    /// 99th percentile, seconds.
+    pub p99_seconds: f64,
+    /// Max, seconds.
+    pub max_seconds: f64,
+}
+
+/// All metrics of a manager.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    operations: Mutex<HashMap<OperationLabels, LatencyHistogram>>,
+}
+
+impl Metrics {
+    /// Records an operation's duration.
+    pub fn record_operation(&self, labels: OperationLabels, d: Duration) {
+        let mut ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+        ops.entry(labels).or_default().record(d);
+    }
+
+    /// p50/p99 per operation, for status.
+    pub fn summaries(&self) -> Vec<LatencySummary> {
+        let ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+        let sorted: BTreeMap<_, _> = ops.iter().collect();
+        sorted
+            .into_iter()
+            .map(|(k, h)| LatencySummary {
+                operation: k.operation_name.to_string(),
+                plugin: k.volume_plugin.to_string(),
+                status: k.status.to_string(),
+                count: h.count(),
+                p50_seconds: h.quantile_seconds(0.5),
+                p99_seconds: h.quantile_seconds(0.99),
+                max_seconds: h.max_seconds(),
+            })
+            .collect()
+    }
+
+    /// Prometheus text exposition of the operation histograms and of the
+    /// volume counts given (`(plugin, desired, actual)`).
+    pub fn render(&self, volume_counts: &[(String, usize, usize)], extra: &str) -> String {
+        let mut out = String::new();
+        out.push_str("# HELP storage_operation_duration_seconds Storage operation duration\n");
+        out.push_str("# TYPE storage_operation_duration_seconds histogram\n");
+        {
+            let ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+            let sorted: BTreeMap<_, _> = ops.iter().collect();
+            for (k, h) in sorted {
+                let labels = format!(
+                    "operation_name=\"{}\",volume_plugin=\"{}\",status=\"{}\",migrated=\"false\"",
+                    k.operation_name,
+                    escape_label(&k.volume_plugin),
+                    k.status
+                );
+                for b in OPERATION_BUCKETS {
+                    let _ = writeln!(
+                        out,
+                        "storage_operation_duration_seconds_bucket{{{labels},le=\"{b}\"}} {}",
+                        h.count_at_or_below(b)
+                    );
+                }
+                let _ = writeln!(
+                    out,
+                    "storage_operation_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                    h.count()
+                );
+                let _ = writeln!(
+                    out,
+                    "storage_operation_duration_seconds_sum{{{labels}}} {}",
+                    h.sum_seconds()
+                );
+                let _ = writeln!(
+                    out,
+                    "storage_operation_duration_seconds_count{{{labels}}} {}",
+                    h.count()
+                );
+            }
+        }
+        out.push_str("# HELP volume_manager_total_volumes Number of volumes in Volume Manager\n");
+        out.push_str("# TYPE volume_manager_total_volumes gauge\n");
+        for (plugin, desired, actual) in volume_counts {
+            let p = escape_label(plugin);
+            let _ = writeln!(
+                out,
+                "volume_manager_total_volumes{{plugin_name=\"{p}\",state=\"desired_state_of_world\"}} {desired}"
+            );
+            let _ = writeln!(
+                out,
+                "volume_manager_total_volumes{{plugin_name=\"{p}\",state=\"actual_state_of_world\"}} {actual}"
+            );
+        }
+        out.push_str(extra);
+        out
+    }
+}
+
+/// Escapes a Prometheus label value.
+pub fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_kubelet_names() {
+        let m = Metrics::default();
+        let l = OperationLabels {
+            operation_name: "volume_mount",
+            volume_plugin: "kubernetes.io/empty-dir".into(),
+            status: "success",
+        };
+        m.record_operation(l.clone(), Duration::from_micros(50));
+        m.record_operation(l, Duration::from_millis(300));
+        let text = m.render(&[("kubernetes.io/empty-dir".into(), 2, 1)], "");
+        assert!(text.contains("storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.1\"} 1"));
+        assert!(text.contains("le=\"0.5\"} 2"));
+        assert!(text.contains("storage_operation_duration_seconds_count{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\"} 2"));
+        assert!(text.contains("volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"desired_state_of_world\"} 2"));
+        let s = m.summaries();
+        assert_eq!(s[0].count, 2);
+        assert!(s[0].p99_seconds > 0.29);
+    }
+}

@@ -1,0 +1,397 @@
+//! The kubelet's `OperationExecutor` and `NestedPendingOperations`: operations
+//! run concurrently on the tokio runtime, never two at once on the same volume
+//! and pod (an operation without a pod, like unmounting a device, excludes
+//! every other operation on its volume), and a failed operation is retried only
+//! after an exponential backoff. Attempts and the last error are kept for status.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::metrics::{Metrics, OperationLabels};
+use crate::plugins::VolumeError;
+use crate::volume::{PodUid, UniqueVolumeName};
+use crate::world::World;
+
+/// Backoff policy (the kubelet's `exponentialbackoff` defaults).
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// Wait after the first failure (kubelet: 500 ms).
+    pub initial: Duration,
+    /// Multiplier per further failure (kubelet: 2).
+    pub factor: u32,
+    /// Cap (kubelet: 2 m 2 s).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            factor: 2,
+            max: Duration::from_secs(122),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait after `failures` consecutive failures (1-based).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let mut d = self.initial;
+        for _ in 1..failures {
+            d = d.saturating_mul(self.factor);
+            if d >= self.max {
+                return self.max;
+            }
+        }
+        d.min(self.max)
+    }
+}
+
+/// The kind of an operation; the name is the kubelet's `operation_name` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OperationKind {
+    /// Set a volume up for a pod.
+    MountVolume,
+    /// Tear a pod's volume down.
+    UnmountVolume,
+    /// Remove an orphaned pod's directory.
+    CleanupPodDir,
+}
+
+impl OperationKind {
+    /// The kubelet's metric name.
+    pub fn metric_name(self) -> &'static str {
+        match self {
+            Self::MountVolume => "volume_mount",
+            Self::UnmountVolume => "volume_unmount",
+            Self::CleanupPodDir => "cleanup_pod_dir",
+        }
+    }
+}
+
+/// What status shows of the last operation on a (volume, pod).
+#[derive(Debug, Clone)]
+pub struct OperationRecord {
+    /// Which operation.
+    pub kind: OperationKind,
+    /// Attempts of this operation so far (reset when another kind starts).
+    pub attempts: u32,
+    /// Consecutive failures (reset on success).
+    pub failures: u32,
+    /// The last error, cleared on success.
+    pub last_error: Option<String>,
+    /// Whether the last error left the outcome uncertain.
+    pub uncertain: bool,
+    /// Running now.
+    pub running: bool,
+    /// Not to be retried before this.
+    pub retry_at: Option<Instant>,
+}
+
+/// Why an operation was not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotStarted {
+    /// Another operation on the same volume (and pod) is running.
+    AlreadyRunning,
+    /// Backing off after a failure until then.
+    BackingOff(Instant),
+}
+
+#[derive(Default)]
+struct VolumeOps {
+    device: Option<OperationRecord>,
+    pods: HashMap<PodUid, OperationRecord>,
+}
+
+impl VolumeOps {
+    fn any_running(&self) -> bool {
+        self.device.as_ref().is_some_and(|r| r.running) || self.pods.values().any(|r| r.running)
+    }
+}
+
+/// Runs and tracks operations.
+pub struct OperationExecutor {
+    ops: Mutex<HashMap<UniqueVolumeName, VolumeOps>>,
+    backoff: Backoff,
+    metrics: Arc<Metrics>,
+    world: Arc<World>,
+}
+
+impl OperationExecutor {
+    /// A new executor reporting completions to `world`.
+    pub fn new(backoff: Backoff, metrics: Arc<Metrics>, world: Arc<World>) -> Arc<Self> {
+        Arc::new(Self {
+            ops: Mutex::default(),
+            backoff,
+            metrics,
+            world,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<UniqueVolumeName, VolumeOps>> {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts `op` for `(volume, pod)` unless it conflicts or backs off.
+    /// `op` returns the path or nothing; its outcome updates the record, the
+    /// metrics, and wakes the reconciler for `volume`.
+    pub fn start<F>(
+        self: &Arc<Self>,
+        volume: &UniqueVolumeName,
+        pod: Option<&PodUid>,
+        kind: OperationKind,
+        plugin: Arc<str>,
+        op: F,
+    ) -> Result<(), NotStarted>
+    where
+        F: Future<Output = Result<(), VolumeError>> + Send + 'static,
+    {
+        let now = Instant::now();
+        {
+            let mut ops = self.lock();
+            let vol = ops.entry(volume.clone()).or_default();
+            let conflict = match pod {
+                Some(p) => {
+                    vol.device.as_ref().is_some_and(|r| r.running)
+                        || vol.pods.get(p).is_some_and(|r| r.running)
+                }
+                None => vol.any_running(),
+            };
+            if conflict {
+                return Err(NotStarted::AlreadyRunning);
+            }
+            let rec = match pod {
+                Some(p) => vol
+                    .pods
+                    .entry(p.clone())
+                    .or_insert_with(|| new_record(kind)),
+                None => vol.device.get_or_insert_with(|| new_record(kind)),
+            };
+            if rec.kind == kind {
+                if let Some(at) = rec.retry_at.filter(|at| *at > now) {
+                    return Err(NotStarted::BackingOff(at));
+                }
+            } else {
+                *rec = new_record(kind);
+            }
+            rec.running = true;
+            rec.attempts = rec.attempts.saturating_add(1);
+        }
+        let this = Arc::clone(self);
+        let volume = volume.clone();
+        let pod = pod.cloned();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = op.await;
+            this.finish(&volume, pod.as_ref(), kind, plugin, started, result);
+        });
+        Ok(())
+    }
+
+    fn finish(
+        self: &Arc<Self>,
+        volume: &UniqueVolumeName,
+        pod: Option<&PodUid>,
+        kind: OperationKind,
+        plugin: Arc<str>,
+        started: Instant,
+        result: Result<(), VolumeError>,
+    ) {
+        let elapsed = started.elapsed();
+        let mut retry = None;
+        {
+            let mut ops = self.lock();
+            let vol = ops.entry(volume.clone()).or_default();
+            let rec = match pod {
+                Some(p) => vol
+                    .pods
+                    .entry(p.clone())
+                    .or_insert_with(|| new_record(kind)),
+                None => vol.device.get_or_insert_with(|| new_record(kind)),
+            };
+            rec.running = false;
+            match &result {
+                Ok(()) => {
+                    rec.failures = 0;
+                    rec.last_error = None;
+                    rec.uncertain = false;
+                    rec.retry_at = None;
+                }
+                Err(e) => {
+                    rec.failures = rec.failures.saturating_add(1);
+                    rec.last_error = Some(e.to_string());
+                    rec.uncertain = e.is_uncertain();
+                    let delay = self.backoff.delay(rec.failures);
+                    rec.retry_at = Some(Instant::now() + delay);
+                    retry = Some(delay);
+                }
+            }
+        }
+        self.metrics.record_operation(
+            OperationLabels {
+                operation_name: kind.metric_name(),
+                volume_plugin: plugin,
+                status: if result.is_ok() {
+                    "success"
+                } else {
+                    "fail-unknown"
+                },
+            },
+            elapsed,
+        );
+        self.world.mark_dirty([volume.clone()]);
+        if let Some(delay) = retry {
+            let world = Arc::clone(&self.world);
+            let volume = volume.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                world.mark_dirty([volume]);
+            });
+        }
+    }
+
+    /// The record of `(volume, pod)`, if any.
+    pub fn record(
+        &self,
+        volume: &UniqueVolumeName,
+        pod: Option<&PodUid>,
+    ) -> Option<OperationRecord> {
+        let ops = self.lock();
+        let vol = ops.get(volume)?;
+        match pod {
+            Some(p) => vol.pods.get(p).cloned(),
+            None => vol.device.clone(),
+        }
+    }
+
+    /// Whether any operation on `volume` is running.
+    pub fn is_running(&self, volume: &UniqueVolumeName) -> bool {
+        self.lock().get(volume).is_some_and(VolumeOps::any_running)
+    }
+
+    /// Drops the records of a volume neither world has any more; records of
+    /// running operations stay.
+    pub fn forget_volume(&self, volume: &UniqueVolumeName) {
+        let mut ops = self.lock();
+        let Some(vol) = ops.get_mut(volume) else {
+            return;
+        };
+        vol.pods.retain(|_, r| r.running);
+        if vol.device.as_ref().is_some_and(|r| !r.running) {
+            vol.device = None;
+        }
+        if vol.device.is_none() && vol.pods.is_empty() {
+            ops.remove(volume);
+        }
+    }
+}
+
+fn new_record(kind: OperationKind) -> OperationRecord {
+    OperationRecord {
+        kind,
+        attempts: 0,
+        failures: 0,
+        last_error: None,
+        uncertain: false,
+        running: false,
+        retry_at: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubelet_backoff() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(1), Duration::from_millis(500));
+        assert_eq!(b.delay(2), Duration::from_secs(1));
+        assert_eq!(b.delay(8), Duration::from_secs(64));
+        assert_eq!(b.delay(9), Duration::from_secs(122));
+        assert_eq!(b.delay(1000), Duration::from_secs(122));
+    }
+
+    #[tokio::test]
+    async fn no_two_operations_on_one_volume_and_backoff_after_failure() {
+        let world = Arc::new(World::default());
+        let ex = OperationExecutor::new(
+            Backoff {
+                initial: Duration::from_secs(60),
+                ..Backoff::default()
+            },
+            Arc::default(),
+            world.clone(),
+        );
+        let v = UniqueVolumeName::new("v");
+        let pod = PodUid::new("p").unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        ex.start(
+            &v,
+            Some(&pod),
+            OperationKind::MountVolume,
+            "x".into(),
+            async move {
+                let _ = rx.await;
+                Err(VolumeError::InvalidSpec("boom".into()))
+            },
+        )
+        .unwrap();
+        // Same pod, and a device operation: both conflict.
+        assert_eq!(
+            ex.start(
+                &v,
+                Some(&pod),
+                OperationKind::MountVolume,
+                "x".into(),
+                async { Ok(()) }
+            ),
+            Err(NotStarted::AlreadyRunning)
+        );
+        assert_eq!(
+            ex.start(&v, None, OperationKind::MountVolume, "x".into(), async {
+                Ok(())
+            }),
+            Err(NotStarted::AlreadyRunning)
+        );
+        // Another pod on the same volume does not.
+        let other = PodUid::new("q").unwrap();
+        ex.start(
+            &v,
+            Some(&other),
+            OperationKind::MountVolume,
+            "x".into(),
+            async { Ok(()) },
+        )
+        .unwrap();
+        tx.send(()).unwrap();
+        let mut rx = world.subscribe();
+        while ex.record(&v, Some(&pod)).unwrap().running {
+            rx.changed().await.unwrap();
+        }
+        let rec = ex.record(&v, Some(&pod)).unwrap();
+        assert_eq!(rec.attempts, 1);
+        assert_eq!(rec.last_error.as_deref(), Some("boom"));
+        assert!(matches!(
+            ex.start(
+                &v,
+                Some(&pod),
+                OperationKind::MountVolume,
+                "x".into(),
+                async { Ok(()) }
+            ),
+            Err(NotStarted::BackingOff(_))
+        ));
+        // A different operation is not held back by the mount's backoff.
+        ex.start(
+            &v,
+            Some(&pod),
+            OperationKind::UnmountVolume,
+            "x".into(),
+            async { Ok(()) },
+        )
+        .unwrap();
+    }
+}

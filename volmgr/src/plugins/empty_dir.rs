@@ -1,0 +1,375 @@
+//! `emptyDir`: a directory under the pod (`medium: ""`) or a tmpfs mounted on
+//! it (`medium: Memory`, sized by `sizeLimit`). As in the kubelet, a `ready`
+//! file under `pods/<uid>/plugins/kubernetes.io~empty-dir/<volume>/` marks a
+//! completed set-up, so a crash mid-way is detected and finished on restart.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::failpoint;
+use crate::root_dir::{RelPath, RootDir};
+use crate::sys::mount_table::MountTable;
+use crate::sys::{Mounter, MsFlags, SyscallError, TMPFS_MAGIC};
+use crate::volume::{PodUid, StorageMedium, VolumeSource, VolumeSpec};
+
+use super::{
+    escape_plugin_name, BlockingPool, MountRequest, ReconstructedVolume, UnmountRequest,
+    VolumeError, VolumePlugin,
+};
+
+/// The plugin's name.
+pub const PLUGIN_NAME: &str = "kubernetes.io/empty-dir";
+
+/// The emptyDir plugin.
+pub struct EmptyDirPlugin {
+    root: Arc<RootDir>,
+    mounter: Arc<dyn Mounter>,
+    pool: Arc<BlockingPool>,
+}
+
+impl EmptyDirPlugin {
+    /// A plugin working beneath `root` through `mounter`.
+    pub fn new(root: Arc<RootDir>, mounter: Arc<dyn Mounter>, pool: Arc<BlockingPool>) -> Self {
+        Self {
+            root,
+            mounter,
+            pool,
+        }
+    }
+}
+
+/// `pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
+pub fn volume_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::root_dir::PathError> {
+    RelPath::new([
+        "pods",
+        pod.as_str(),
+        "volumes",
+        &escape_plugin_name(PLUGIN_NAME),
+        volume,
+    ])
+}
+
+/// `pods/<uid>/plugins/kubernetes.io~empty-dir/<volume>`.
+fn plugin_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::root_dir::PathError> {
+    RelPath::new([
+        "pods",
+        pod.as_str(),
+        "plugins",
+        &escape_plugin_name(PLUGIN_NAME),
+        volume,
+    ])
+}
+
+fn set_up_blocking(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    req: &MountRequest,
+) -> Result<PathBuf, VolumeError> {
+    let VolumeSource::EmptyDir { medium, size_limit } = &req.spec.source else {
+        return Err(VolumeError::InvalidSpec("not an emptyDir volume".into()));
+    };
+    let rel = volume_dir(&req.pod_uid, &req.spec.name)?;
+    let ready = plugin_dir(&req.pod_uid, &req.spec.name)?.join("ready")?;
+    let target = root.mkdir_all(&rel, 0o750)?;
+    let mut mounted_now = false;
+    match medium {
+        StorageMedium::Memory => {
+            if mounter.is_mount_point(&target)? {
+                if mounter.fs_magic(&target)? != TMPFS_MAGIC {
+                    return Err(VolumeError::InvalidSpec(format!(
+                        "{} is already a mount point of another file system than tmpfs",
+                        target.path().display()
+                    )));
+                }
+            } else {
+                let data = size_limit.map(|s| format!("size={s}"));
+                mounter.mount("tmpfs", &target, "tmpfs", MsFlags::empty(), data.as_deref())?;
+                mounted_now = true;
+                failpoint::hit("emptydir.after_mount");
+            }
+        }
+        StorageMedium::Default => {
+            std::fs::set_permissions(target.proc_path(), std::fs::Permissions::from_mode(0o777))
+                .map_err(|e| SyscallError::io("chmod", target.path(), e))?;
+        }
+    }
+    let finish = || -> Result<(), VolumeError> {
+        if let Some(gid) = req.fs_group {
+            // The volume's root now (not the directory under a fresh mount).
+            let top = root.open_dir(&rel)?;
+            set_volume_ownership(&top, gid)?;
+        }
+        root.write_file(&ready, b"")?;
+        Ok(())
+    };
+    match finish() {
+        Ok(()) => {}
+        // Mounted but not finished: whoever looks next must not assume
+        // either way.
+        Err(e) if mounted_now => return Err(VolumeError::Uncertain(e.to_string())),
+        Err(e) => return Err(e),
+    }
+    failpoint::hit("emptydir.after_ready");
+    Ok(target.path().to_path_buf())
+}
+
+/// The kubelet's `SetVolumeOwnership` for a new volume: group `fsGroup`,
+/// group-writable, setgid so new files inherit the group.
+fn set_volume_ownership(target: &crate::sys::Target, gid: i64) -> Result<(), VolumeError> {
+    let gid = u32::try_from(gid)
+        .map_err(|_| VolumeError::InvalidSpec(format!("fsGroup {gid} is out of range")))?;
+    let p = target.proc_path();
+    std::os::unix::fs::chown(&p, None, Some(gid))
+        .map_err(|e| SyscallError::io("chown", target.path(), e))?;
+    let mode = std::fs::metadata(&p)
+        .map_err(|e| SyscallError::io("stat", target.path(), e))?
+        .permissions()
+        .mode();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o2070))
+        .map_err(|e| SyscallError::io("chmod", target.path(), e))?;
+    Ok(())
+}
+
+/// Unmounts everything stacked on `rel`, then deletes it and its marker.
+pub(crate) fn tear_down_dir(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    rel: &RelPath,
+    marker_dir: Option<&RelPath>,
+) -> Result<(), VolumeError> {
+    // A bounded loop: a path can carry several stacked mounts.
+    for _ in 0..64 {
+        let target = match root.open_dir(rel) {
+            Ok(t) => t,
+            Err(e) if e.is_not_found() => break,
+            Err(e) => return Err(e.into()),
+        };
+        if !mounter.is_mount_point(&target)? {
+            break;
+        }
+        mounter.unmount(&target)?;
+        failpoint::hit("emptydir.after_unmount");
+    }
+    root.remove_all(rel)?;
+    if let Some(marker) = marker_dir {
+        root.remove_all(marker)?;
+    }
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl VolumePlugin for EmptyDirPlugin {
+    fn name(&self) -> &str {
+        PLUGIN_NAME
+    }
+
+    fn can_support(&self, source: &VolumeSource) -> bool {
+        matches!(source, VolumeSource::EmptyDir { .. })
+    }
+
+    async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+        let root = Arc::clone(&self.root);
+        let mounter = Arc::clone(&self.mounter);
+        self.pool
+            .run(move || set_up_blocking(&root, mounter.as_ref(), &req))
+            .await
+    }
+
+    async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
+        let root = Arc::clone(&self.root);
+        let mounter = Arc::clone(&self.mounter);
+        self.pool
+            .run(move || {
+                let rel = volume_dir(&req.pod_uid, &req.spec.name)?;
+                let marker = plugin_dir(&req.pod_uid, &req.spec.name)?;
+                tear_down_dir(&root, mounter.as_ref(), &rel, Some(&marker))
+            })
+            .await
+    }
+
+    fn verify(&self, spec: &VolumeSpec, path: &Path, table: &MountTable) -> bool {
+        match &spec.source {
+            VolumeSource::EmptyDir {
+                medium: StorageMedium::Memory,
+                ..
+            } => table.top(path).is_some_and(|m| m.fstype == "tmpfs"),
+            _ => path.is_dir(),
+        }
+    }
+
+    fn volumes_dir_name(&self) -> Option<String> {
+        Some(escape_plugin_name(PLUGIN_NAME))
+    }
+
+    fn reconstruct(
+        &self,
+        pod: &PodUid,
+        volume: &str,
+        table: &MountTable,
+    ) -> Result<Option<ReconstructedVolume>, VolumeError> {
+        let rel = volume_dir(pod, volume)?;
+        let path = self.root.abs(&rel);
+        let ready = plugin_dir(pod, volume)?.join("ready")?;
+        let top = table.top(&path);
+        let medium = match top {
+            Some(m) if m.fstype == "tmpfs" => StorageMedium::Memory,
+            _ => StorageMedium::Default,
+        };
+        let size_limit = top
+            .and_then(|m| m.super_option("size"))
+            .and_then(parse_tmpfs_size);
+        Ok(Some(ReconstructedVolume {
+            spec: VolumeSpec {
+                name: volume.to_string(),
+                source: VolumeSource::EmptyDir { medium, size_limit },
+            },
+            path,
+            complete: self.root.exists(&ready)?,
+        }))
+    }
+}
+
+/// tmpfs reports `size=` in mountinfo as `65536k`.
+fn parse_tmpfs_size(s: &str) -> Option<u64> {
+    let (n, mul) = match s.as_bytes().last()? {
+        b'k' => (&s[..s.len() - 1], 1u64 << 10),
+        b'm' => (&s[..s.len() - 1], 1 << 20),
+        b'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    n.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::fake::{Call, FakeMounter};
+    use crate::volume::UniqueVolumeName;
+
+    fn setup() -> (tempfile::TempDir, Arc<FakeMounter>, EmptyDirPlugin) {
+        let t = tempfile::tempdir().unwrap();
+        let root = Arc::new(RootDir::open(t.path()).unwrap());
+        let fake = Arc::new(FakeMounter::default());
+        let p = EmptyDirPlugin::new(root, fake.clone(), Arc::new(BlockingPool::new(2)));
+        (t, fake, p)
+    }
+
+    fn req(medium: StorageMedium, size: Option<u64>) -> MountRequest {
+        let pod = PodUid::new("pod1").unwrap();
+        MountRequest {
+            volume_name: UniqueVolumeName::per_pod(PLUGIN_NAME, &pod, "v"),
+            pod_uid: pod,
+            spec: Arc::new(VolumeSpec {
+                name: "v".into(),
+                source: VolumeSource::EmptyDir {
+                    medium,
+                    size_limit: size,
+                },
+            }),
+            fs_group: None,
+            selinux_label: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_medium_mounts_sized_tmpfs_once() {
+        let (t, fake, p) = setup();
+        let path = p
+            .set_up(req(StorageMedium::Memory, Some(1 << 20)))
+            .await
+            .unwrap();
+        let expect = t
+            .path()
+            .canonicalize()
+            .unwrap()
+            .join("pods/pod1/volumes/kubernetes.io~empty-dir/v");
+        assert_eq!(path, expect);
+        // Idempotent: a second set-up does not mount again.
+        p.set_up(req(StorageMedium::Memory, Some(1 << 20)))
+            .await
+            .unwrap();
+        let mounts: Vec<_> = fake
+            .calls()
+            .into_iter()
+            .filter(|c| matches!(c, Call::Mount { .. }))
+            .collect();
+        assert_eq!(
+            mounts,
+            vec![Call::Mount {
+                source: "tmpfs".into(),
+                target: expect.clone(),
+                fstype: "tmpfs".into(),
+                data: Some("size=1048576".into())
+            }]
+        );
+        assert!(t
+            .path()
+            .join("pods/pod1/plugins/kubernetes.io~empty-dir/v/ready")
+            .exists());
+        let r = req(StorageMedium::Memory, None);
+        p.tear_down(UnmountRequest {
+            pod_uid: r.pod_uid,
+            volume_name: r.volume_name,
+            spec: r.spec,
+            path: expect.clone(),
+        })
+        .await
+        .unwrap();
+        assert!(fake.mounted().is_empty());
+        assert!(!expect.exists());
+        assert!(!t
+            .path()
+            .join("pods/pod1/plugins/kubernetes.io~empty-dir/v")
+            .exists());
+    }
+
+    #[tokio::test]
+    async fn failed_mount_leaves_no_ready_marker() {
+        let (t, fake, p) = setup();
+        fake.fail_mounts(1, nix::errno::Errno::ENOMEM);
+        let err = p
+            .set_up(req(StorageMedium::Memory, None))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("mount"), "{err}");
+        assert!(!t
+            .path()
+            .join("pods/pod1/plugins/kubernetes.io~empty-dir/v/ready")
+            .exists());
+        p.set_up(req(StorageMedium::Memory, None)).await.unwrap();
+        assert_eq!(fake.mounted().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn disk_medium_is_a_world_writable_directory() {
+        let (t, fake, p) = setup();
+        let path = p.set_up(req(StorageMedium::Default, None)).await.unwrap();
+        assert!(fake.calls().is_empty());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o777);
+        let table = MountTable::default();
+        let spec = req(StorageMedium::Default, None).spec;
+        assert!(p.verify(&spec, &path, &table));
+        let rec = p
+            .reconstruct(&PodUid::new("pod1").unwrap(), "v", &table)
+            .unwrap()
+            .unwrap();
+        assert!(rec.complete);
+        assert_eq!(
+            rec.spec.source,
+            VolumeSource::EmptyDir {
+                medium: StorageMedium::Default,
+                size_limit: None
+            }
+        );
+        drop(t);
+    }
+
+    #[test]
+    fn tmpfs_sizes() {
+        assert_eq!(parse_tmpfs_size("65536k"), Some(64 << 20));
+        assert_eq!(parse_tmpfs_size("1g"), Some(1 << 30));
+        assert_eq!(parse_tmpfs_size("x"), None);
+    }
+}

@@ -1,0 +1,249 @@
+//! Volume plugins (the kubelet's `VolumePlugin`, `Mounter` and `Unmounter` in
+//! one trait) and the [`VolumePluginMgr`] that picks one for a volume.
+
+pub mod empty_dir;
+pub mod host_path;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use crate::root_dir::PathError;
+use crate::sys::mount_table::MountTable;
+use crate::sys::SyscallError;
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
+
+/// Why a plugin operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The volume spec cannot work (e.g. a hostPath type check failed).
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A path under ROOT could not be used.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// A system call failed.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    /// A plugin implemented outside Rust (C ABI) reported an error.
+    #[error("plugin {plugin}: {message}")]
+    Plugin {
+        /// The plugin's name.
+        plugin: String,
+        /// Its message.
+        message: String,
+    },
+    /// The operation may or may not have taken effect (a timeout, a crash of
+    /// the plugin mid-call): the volume is *uncertain* and must be retried.
+    #[error("outcome uncertain: {0}")]
+    Uncertain(String),
+    /// The operation task itself failed (a panic in a plugin).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl VolumeError {
+    /// Whether the operation may have taken effect despite the error.
+    pub fn is_uncertain(&self) -> bool {
+        matches!(self, VolumeError::Uncertain(_))
+    }
+}
+
+/// What `set_up` needs (the kubelet's `MounterArgs` plus the spec).
+#[derive(Debug, Clone)]
+pub struct MountRequest {
+    /// The pod.
+    pub pod_uid: PodUid,
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The volume.
+    pub spec: Arc<VolumeSpec>,
+    /// `fsGroup` to give the volume's root.
+    pub fs_group: Option<i64>,
+    /// SELinux label the pod runs with.
+    pub selinux_label: Option<Arc<str>>,
+}
+
+/// What `tear_down` needs.
+#[derive(Debug, Clone)]
+pub struct UnmountRequest {
+    /// The pod.
+    pub pod_uid: PodUid,
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The volume (possibly reconstructed, so possibly partial).
+    pub spec: Arc<VolumeSpec>,
+    /// Where it was set up.
+    pub path: PathBuf,
+}
+
+/// A volume found on disk at start-up.
+#[derive(Debug, Clone)]
+pub struct ReconstructedVolume {
+    /// The spec, as far as the disk tells.
+    pub spec: VolumeSpec,
+    /// Where it is.
+    pub path: PathBuf,
+    /// Whether set-up had completed (otherwise the mount is uncertain).
+    pub complete: bool,
+}
+
+/// A volume plugin. Operations are async so plugins that talk to a driver
+/// (CSI) do not hold a thread; plugins that make syscalls run them on the
+/// [`BlockingPool`].
+#[async_trait::async_trait]
+pub trait VolumePlugin: Send + Sync + 'static {
+    /// The plugin name, e.g. `kubernetes.io/empty-dir`.
+    fn name(&self) -> &str;
+
+    /// Whether this plugin handles `source`.
+    fn can_support(&self, source: &VolumeSource) -> bool;
+
+    /// The volume's key in both worlds. Default: one volume per pod.
+    fn unique_volume_name(&self, pod: &PodUid, spec: &VolumeSpec) -> UniqueVolumeName {
+        UniqueVolumeName::per_pod(self.name(), pod, &spec.name)
+    }
+
+    /// Makes the volume available to the pod and returns its path.
+    /// Must be idempotent: called again on a volume already set up (after a
+    /// restart, or when its state is uncertain), it completes without redoing.
+    async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError>;
+
+    /// Undoes `set_up`. Idempotent: a volume already gone is success.
+    async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError>;
+
+    /// At resync: whether a volume recorded as set up at `path` still is,
+    /// judged cheaply against `table`.
+    fn verify(&self, spec: &VolumeSpec, path: &Path, table: &MountTable) -> bool;
+
+    /// The directory under `pods/<uid>/volumes/` this plugin owns, for
+    /// reconstruction (`kubernetes.io~empty-dir`), if it keeps state there.
+    fn volumes_dir_name(&self) -> Option<String> {
+        None
+    }
+
+    /// At start-up: rebuilds a volume found in this plugin's directory of a pod.
+    fn reconstruct(
+        &self,
+        _pod: &PodUid,
+        _volume: &str,
+        _table: &MountTable,
+    ) -> Result<Option<ReconstructedVolume>, VolumeError> {
+        Ok(None)
+    }
+}
+
+/// The kubelet's escaping of a plugin name for directory names
+/// (`kubernetes.io/empty-dir` → `kubernetes.io~empty-dir`).
+pub fn escape_plugin_name(name: &str) -> String {
+    name.replace('/', "~")
+}
+
+/// The registered plugins.
+#[derive(Default)]
+pub struct VolumePluginMgr {
+    plugins: RwLock<Vec<Arc<dyn VolumePlugin>>>,
+}
+
+/// No plugin (or more than one) handles a volume.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginLookupError {
+    /// Nobody handles it.
+    #[error("no volume plugin supports {kind} volumes on this node")]
+    NotFound {
+        /// The source kind (`configMap`).
+        kind: String,
+    },
+    /// Several plugins claim it.
+    #[error("more than one volume plugin supports this {kind} volume: {names}")]
+    Ambiguous {
+        /// The source kind.
+        kind: String,
+        /// The plugins.
+        names: String,
+    },
+    /// A plugin of that name is already registered.
+    #[error("a volume plugin named {0:?} is already registered")]
+    Duplicate(String),
+}
+
+impl VolumePluginMgr {
+    /// Registers a plugin; names must be unique.
+    pub fn register(&self, plugin: Arc<dyn VolumePlugin>) -> Result<(), PluginLookupError> {
+        let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+        if plugins.iter().any(|p| p.name() == plugin.name()) {
+            return Err(PluginLookupError::Duplicate(plugin.name().to_string()));
+        }
+        plugins.push(plugin);
+        Ok(())
+    }
+
+    /// The one plugin that supports `source` (the kubelet's `FindPluginBySpec`).
+    pub fn find_by_source(
+        &self,
+        source: &VolumeSource,
+    ) -> Result<Arc<dyn VolumePlugin>, PluginLookupError> {
+        let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
+        let mut found = plugins.iter().filter(|p| p.can_support(source));
+        let first = found.next().cloned();
+        let rest: Vec<_> = found.map(|p| p.name().to_string()).collect();
+        match first {
+            None => Err(PluginLookupError::NotFound {
+                kind: source.kind().to_string(),
+            }),
+            Some(p) if rest.is_empty() => Ok(p),
+            Some(p) => Err(PluginLookupError::Ambiguous {
+                kind: source.kind().to_string(),
+                names: std::iter::once(p.name().to_string())
+                    .chain(rest)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// The plugin named `name`.
+    pub fn find_by_name(&self, name: &str) -> Option<Arc<dyn VolumePlugin>> {
+        let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
+        plugins.iter().find(|p| p.name() == name).cloned()
+    }
+
+    /// All plugins.
+    pub fn all(&self) -> Vec<Arc<dyn VolumePlugin>> {
+        self.plugins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// Runs blocking syscall work off the async workers, at most `limit` at once
+/// (mount-table changes serialize in the kernel anyway; more threads only contend).
+#[derive(Debug)]
+pub struct BlockingPool {
+    permits: tokio::sync::Semaphore,
+}
+
+impl BlockingPool {
+    /// A pool running at most `limit` jobs at once.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            permits: tokio::sync::Semaphore::new(limit.max(1)),
+        }
+    }
+
+    /// Runs `f` on a blocking thread.
+    pub async fn run<F, R>(&self, f: F) -> Result<R, VolumeError>
+    where
+        F: FnOnce() -> Result<R, VolumeError> + Send + 'static,
+        R: Send + 'static,
+    {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| VolumeError::Internal("blocking pool closed".into()))?;
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| VolumeError::Internal(format!("plugin task failed: {e}")))?
+    }
+}

@@ -1,0 +1,512 @@
+//! The kubelet's reconciler: compares the desired and actual states and starts
+//! operations until they agree, in kubelet order — unmount what is no longer
+//! desired, then mount what is desired, then forget volumes nobody uses — and
+//! finally removes the directories of pods that are gone.
+//!
+//! It is woken by changes (a desired-state edit, an operation finishing, a
+//! backoff expiring, the tracer) and looks only at the volumes that changed;
+//! a slow periodic resync re-reads the mount table as a safety net and makes
+//! a full pass.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::operation_executor::{OperationExecutor, OperationKind};
+use crate::plugins::{BlockingPool, MountRequest, UnmountRequest, VolumeError, VolumePluginMgr};
+use crate::root_dir::{RelPath, RootDir};
+use crate::sys::mount_table::MountTable;
+use crate::sys::Mounter;
+use crate::volume::{PodUid, UniqueVolumeName};
+use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
+
+/// The operation key for pod-directory clean-ups.
+const POD_DIRS: &str = "volmgr/pod-dir";
+
+/// The reconciler.
+pub struct Reconciler {
+    world: Arc<World>,
+    executor: Arc<OperationExecutor>,
+    plugins: Arc<VolumePluginMgr>,
+    root: Arc<RootDir>,
+    mounter: Arc<dyn Mounter>,
+    pool: Arc<BlockingPool>,
+    resync_period: Duration,
+    /// Orphaned pods whose directory removal waits (for the sources to be
+    /// populated, or for a backoff).
+    pending_pod_dirs: Arc<Mutex<HashSet<PodUid>>>,
+}
+
+enum Action {
+    Unmount {
+        volume: UniqueVolumeName,
+        pod: PodUid,
+        plugin: Arc<str>,
+        mounted: MountedPod,
+    },
+    Mount {
+        volume: UniqueVolumeName,
+        pod: PodUid,
+        plugin: Arc<str>,
+        req: MountRequest,
+    },
+}
+
+impl Reconciler {
+    /// A reconciler over `world`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        world: Arc<World>,
+        executor: Arc<OperationExecutor>,
+        plugins: Arc<VolumePluginMgr>,
+        root: Arc<RootDir>,
+        mounter: Arc<dyn Mounter>,
+        pool: Arc<BlockingPool>,
+        resync_period: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            world,
+            executor,
+            plugins,
+            root,
+            mounter,
+            pool,
+            resync_period,
+            pending_pod_dirs: Arc::default(),
+        })
+    }
+
+    /// Runs until `shutdown` turns true. Reconstruction must have run first.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut resync = tokio::time::interval(self.resync_period);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resync.tick().await;
+        self.world.mark_all_dirty();
+        loop {
+            tokio::select! {
+                biased;
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+                dirty = self.world.take_dirty() => self.reconcile(dirty),
+                _ = resync.tick() => self.resync().await,
+            }
+        }
+        tracing::debug!("reconciler stopped");
+    }
+
+    /// One pass over the volumes in `dirty`.
+    pub fn reconcile(self: &Arc<Self>, dirty: Dirty) {
+        let populated = self.world.populated();
+        let mut actions = Vec::new();
+        let mut forget = Vec::new();
+        let mut check_pod_dirs = dirty.all;
+        {
+            let dsw = self.world.dsw();
+            let mut asw = self.world.asw_mut();
+            let scope: Vec<UniqueVolumeName> = if dirty.all {
+                let mut all: HashSet<UniqueVolumeName> =
+                    dsw.volumes().map(|(n, _)| n.clone()).collect();
+                all.extend(asw.volumes().map(|(n, _)| n.clone()));
+                all.into_iter().collect()
+            } else {
+                dirty.volumes.into_iter().collect()
+            };
+            // 1. Unmount volumes no longer desired. Before the sources have
+            // delivered every pod, an unknown pod may just not be read yet.
+            if populated {
+                for v in &scope {
+                    let Some(av) = asw.volume(v) else { continue };
+                    for (pod, m) in &av.pods {
+                        if !dsw.pod_exists_in_volume(v, pod) {
+                            actions.push(Action::Unmount {
+                                volume: v.clone(),
+                                pod: pod.clone(),
+                                plugin: Arc::clone(&av.plugin_name),
+                                mounted: m.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+            // 2. Mount what is desired and not (certainly) mounted.
+            for v in &scope {
+                if v.as_str() == POD_DIRS {
+                    check_pod_dirs = true;
+                    continue;
+                }
+                let Some(dv) = dsw.volume(v) else { continue };
+                for (pod, p) in &dv.pods {
+                    let needs = match asw.pod_mount(v, pod) {
+                        Some(m) => {
+                            m.state != VolumeMountState::Mounted
+                                || m.spec.source.kind() != p.spec.source.kind()
+                        }
+                        None => true,
+                    };
+                    if needs {
+                        actions.push(Action::Mount {
+                            volume: v.clone(),
+                            pod: pod.clone(),
+                            plugin: Arc::clone(&dv.plugin_name),
+                            req: MountRequest {
+                                pod_uid: pod.clone(),
+                                volume_name: v.clone(),
+                                spec: Arc::clone(&p.spec),
+                                fs_group: p.fs_group,
+                                selinux_label: p.selinux_label.clone(),
+                            },
+                        });
+                    }
+                }
+            }
+            // 3. Forget volumes no pod uses (nothing to detach for these
+            // plugins), and operation records of volumes neither world has.
+            if populated {
+                for v in &scope {
+                    if dsw.volume_exists(v) || v.as_str() == POD_DIRS {
+                        continue;
+                    }
+                    match asw.volume(v) {
+                        Some(av) if av.pods.is_empty() => {
+                            asw.mark_volume_as_detached(v);
+                            forget.push(v.clone());
+                        }
+                        Some(_) => {}
+                        None => forget.push(v.clone()),
+                    }
+                }
+            }
+        }
+        for v in forget {
+            self.executor.forget_volume(&v);
+        }
+        for a in actions {
+            self.start(a);
+        }
+        self.cleanup_pod_dirs(dirty.pods, check_pod_dirs, populated);
+        if dirty.all && populated && self.world.reconstructed() {
+            self.world.set_synced();
+        }
+    }
+
+    fn start(self: &Arc<Self>, action: Action) {
+        match action {
+            Action::Mount {
+                volume,
+                pod,
+                plugin,
+                req,
+            } => {
+                let Some(p) = self.plugins.find_by_name(&plugin) else {
+                    tracing::warn!(%volume, %plugin, "plugin is not registered");
+                    return;
+                };
+                let world = Arc::clone(&self.world);
+                let (v, u, pl) = (volume.clone(), pod.clone(), Arc::clone(&plugin));
+                let op = async move {
+                    let spec = Arc::clone(&req.spec);
+                    let outer = req.spec.name.clone();
+                    let res = p.set_up(req).await;
+                    let mut asw = world.asw_mut();
+                    match &res {
+                        Ok(path) => {
+                            asw.mark_volume_as_attached(&v, Arc::clone(&pl));
+                            asw.mark_volume_as_mounted(
+                                &v,
+                                &u,
+                                MountedPod {
+                                    outer_volume_spec_name: outer.clone(),
+                                    spec,
+                                    path: path.clone(),
+                                    state: VolumeMountState::Mounted,
+                                },
+                            );
+                        }
+                        Err(e) if e.is_uncertain() => {
+                            asw.mark_volume_as_attached(&v, Arc::clone(&pl));
+                            let path = asw
+                                .pod_mount(&v, &u)
+                                .map(|m| m.path.clone())
+                                .unwrap_or_default();
+                            asw.mark_volume_as_mounted(
+                                &v,
+                                &u,
+                                MountedPod {
+                                    outer_volume_spec_name: outer.clone(),
+                                    spec,
+                                    path,
+                                    state: VolumeMountState::Uncertain,
+                                },
+                            );
+                        }
+                        Err(_) => {}
+                    }
+                    drop(asw);
+                    emit(&world, &u, &outer, &v, &res);
+                    res.map(|_| ())
+                };
+                self.log_not_started(
+                    &volume,
+                    &pod,
+                    self.executor.start(
+                        &volume,
+                        Some(&pod),
+                        OperationKind::MountVolume,
+                        plugin,
+                        op,
+                    ),
+                );
+            }
+            Action::Unmount {
+                volume,
+                pod,
+                plugin,
+                mounted,
+            } => {
+                let Some(p) = self.plugins.find_by_name(&plugin) else {
+                    tracing::warn!(%volume, %plugin, "plugin is not registered; cannot unmount");
+                    return;
+                };
+                let world = Arc::clone(&self.world);
+                let (v, u) = (volume.clone(), pod.clone());
+                let op = async move {
+                    let outer = mounted.outer_volume_spec_name.clone();
+                    let res = p
+                        .tear_down(UnmountRequest {
+                            pod_uid: u.clone(),
+                            volume_name: v.clone(),
+                            spec: mounted.spec,
+                            path: mounted.path.clone(),
+                        })
+                        .await;
+                    if res.is_ok() {
+                        let mut asw = world.asw_mut();
+                        asw.mark_volume_as_unmounted(&v, &u);
+                        let orphan = !asw.pod_has_mounts(&u);
+                        drop(asw);
+                        world.emit(VolumeEvent {
+                            kind: VolumeEventKind::Unmounted,
+                            pod_uid: u.clone(),
+                            volume: outer,
+                            volume_name: v.clone(),
+                            path: Some(mounted.path),
+                            error: None,
+                        });
+                        if orphan {
+                            world.mark_pod_dirty(u);
+                        }
+                    } else if let Err(e) = &res {
+                        world.emit(VolumeEvent {
+                            kind: VolumeEventKind::Failed,
+                            pod_uid: u.clone(),
+                            volume: outer,
+                            volume_name: v.clone(),
+                            path: Some(mounted.path),
+                            error: Some(e.to_string()),
+                        });
+                    }
+                    res
+                };
+                self.log_not_started(
+                    &volume,
+                    &pod,
+                    self.executor.start(
+                        &volume,
+                        Some(&pod),
+                        OperationKind::UnmountVolume,
+                        plugin,
+                        op,
+                    ),
+                );
+            }
+        }
+    }
+
+    fn log_not_started(
+        &self,
+        volume: &UniqueVolumeName,
+        pod: &PodUid,
+        r: Result<(), crate::operation_executor::NotStarted>,
+    ) {
+        if let Err(why) = r {
+            tracing::trace!(%volume, %pod, ?why, "operation not started");
+        }
+    }
+
+    /// Removes `ROOT/pods/<uid>` of pods that are neither desired nor have
+    /// anything mounted (the kubelet's `cleanupOrphanedPodDirs`). The removal
+    /// never crosses a mount, so a volume unknown to the manager is left intact.
+    fn cleanup_pod_dirs(
+        self: &Arc<Self>,
+        dirty: HashSet<PodUid>,
+        check_pending: bool,
+        populated: bool,
+    ) {
+        let mut pending = self
+            .pending_pod_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        pending.extend(dirty);
+        if !populated || (pending.is_empty() && !check_pending) {
+            return;
+        }
+        let candidates: Vec<PodUid> = pending.iter().cloned().collect();
+        let eligible: Vec<PodUid> = {
+            let dsw = self.world.dsw();
+            let asw = self.world.asw();
+            candidates
+                .into_iter()
+                .filter(|u| {
+                    let keep = dsw.pod(u).is_none() && !asw.pod_has_mounts(u);
+                    if !keep {
+                        pending.remove(u);
+                    }
+                    keep
+                })
+                .collect()
+        };
+        drop(pending);
+        let key = UniqueVolumeName::new(POD_DIRS);
+        for uid in eligible {
+            let root = Arc::clone(&self.root);
+            let pool = Arc::clone(&self.pool);
+            let pending = Arc::clone(&self.pending_pod_dirs);
+            let u = uid.clone();
+            let op = async move {
+                let rel = RelPath::new(["pods", u.as_str()])?;
+                pool.run(move || Ok(root.remove_all(&rel)?)).await?;
+                pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&u);
+                tracing::debug!(pod = %u, "removed orphaned pod directory");
+                Ok(())
+            };
+            let _ = self.executor.start(
+                &key,
+                Some(&uid),
+                OperationKind::CleanupPodDir,
+                "volmgr".into(),
+                op,
+            );
+        }
+    }
+
+    /// The periodic safety net: re-reads the mount table, marks volumes that
+    /// were torn down behind the manager's back as unmounted, and makes a
+    /// full pass (which mounts them again).
+    pub async fn resync(self: &Arc<Self>) {
+        let mounter = Arc::clone(&self.mounter);
+        let table = match self
+            .pool
+            .run(move || {
+                mounter
+                    .mount_table()
+                    .map_err(|e| VolumeError::Internal(e.to_string()))
+            })
+            .await
+        {
+            Ok(t) => MountTable::new(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "resync: cannot read the mount table");
+                self.world.mark_all_dirty();
+                return;
+            }
+        };
+        let lost = self.find_lost(&table);
+        self.forget_lost(lost);
+        self.world.mark_all_dirty();
+    }
+
+    /// Volumes recorded as mounted that no longer are.
+    pub fn find_lost(
+        &self,
+        table: &MountTable,
+    ) -> Vec<(UniqueVolumeName, PodUid, String, PathBuf)> {
+        let asw = self.world.asw();
+        let mut lost = Vec::new();
+        for (v, av) in asw.volumes() {
+            let Some(p) = self.plugins.find_by_name(&av.plugin_name) else {
+                continue;
+            };
+            for (pod, m) in &av.pods {
+                if m.state == VolumeMountState::Mounted && !p.verify(&m.spec, &m.path, table) {
+                    lost.push((
+                        v.clone(),
+                        pod.clone(),
+                        m.outer_volume_spec_name.clone(),
+                        m.path.clone(),
+                    ));
+                }
+            }
+        }
+        lost
+    }
+
+    /// Marks lost volumes as unmounted (so they are mounted again if desired).
+    pub fn forget_lost(&self, lost: Vec<(UniqueVolumeName, PodUid, String, PathBuf)>) {
+        if lost.is_empty() {
+            return;
+        }
+        let mut asw = self.world.asw_mut();
+        for (v, pod, outer, path) in &lost {
+            tracing::warn!(pod = %pod, volume = %outer, path = %path.display(),
+                "volume was unmounted behind the manager's back; setting it up again");
+            // Uncertain, not gone: set-up runs again if desired; tear-down
+            // (idempotent) runs if not.
+            if let Some(m) = asw.pod_mount(v, pod).cloned() {
+                asw.mark_volume_as_mounted(
+                    v,
+                    pod,
+                    MountedPod {
+                        state: VolumeMountState::Uncertain,
+                        ..m
+                    },
+                );
+            }
+        }
+        drop(asw);
+        for (v, pod, outer, path) in lost {
+            self.world.emit(VolumeEvent {
+                kind: VolumeEventKind::LostOutOfBand,
+                pod_uid: pod,
+                volume: outer,
+                volume_name: v.clone(),
+                path: Some(path),
+                error: None,
+            });
+            self.world.mark_dirty([v]);
+        }
+    }
+}
+
+fn emit(
+    world: &World,
+    pod: &PodUid,
+    outer: &str,
+    v: &UniqueVolumeName,
+    res: &Result<PathBuf, VolumeError>,
+) {
+    let (kind, path, error) = match res {
+        Ok(p) => (VolumeEventKind::Mounted, Some(p.clone()), None),
+        Err(e) => (VolumeEventKind::Failed, None, Some(e.to_string())),
+    };
+    match &error {
+        None => tracing::info!(pod = %pod, volume = outer, "volume mounted"),
+        Some(e) => {
+            tracing::warn!(pod = %pod, volume = outer, error = %e, "mount failed; will retry with backoff")
+        }
+    }
+    world.emit(VolumeEvent {
+        kind,
+        pod_uid: pod.clone(),
+        volume: outer.to_string(),
+        volume_name: v.clone(),
+        path,
+        error,
+    });
+}

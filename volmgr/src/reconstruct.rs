@@ -1,0 +1,152 @@
+//! Start-up reconstruction (the kubelet's `reconstruct.go`): before the first
+//! reconcile, rebuild the actual state from the mount table and the pod volume
+//! directories, so that a restart neither remounts what is mounted nor leaks
+//! what a crash left half-done.
+//!
+//! - A volume directory whose set-up completed is recorded as mounted (adopted
+//!   without a remount); one whose set-up did not complete is *uncertain*, so
+//!   the reconciler finishes it if the pod is still desired and tears it down
+//!   otherwise.
+//! - Mounts stacked on one volume path (a crash between a mount and its
+//!   bookkeeping, repeated) are unmounted down to one.
+//! - Every pod directory found is queued for the orphan check, which removes
+//!   it once the sources are populated if its pod is not desired and nothing
+//!   is mounted in it.
+
+use std::sync::Arc;
+
+use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::plugins::{VolumeError, VolumePluginMgr};
+use crate::root_dir::{RelPath, RootDir};
+use crate::sys::mount_table::MountTable;
+use crate::sys::Mounter;
+use crate::volume::PodUid;
+use crate::world::World;
+
+/// What reconstruction found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReconstructionReport {
+    /// Pod directories seen.
+    pub pods: usize,
+    /// Volumes recorded as mounted.
+    pub mounted: usize,
+    /// Volumes recorded as uncertain.
+    pub uncertain: usize,
+    /// Extra stacked mounts removed.
+    pub unstacked: usize,
+    /// Problems that did not stop reconstruction.
+    pub errors: Vec<String>,
+}
+
+/// Rebuilds the actual state into `world`.
+pub fn reconstruct(
+    root: &RootDir,
+    plugins: &VolumePluginMgr,
+    mounter: &dyn Mounter,
+    world: &World,
+) -> Result<ReconstructionReport, VolumeError> {
+    let mut report = ReconstructionReport::default();
+    let pods_rel = RelPath::new(["pods"])?;
+    let mut table = MountTable::new(
+        mounter
+            .mount_table()
+            .map_err(|e| VolumeError::Internal(e.to_string()))?,
+    );
+    report.unstacked = unstack(root, mounter, &table, &mut report.errors);
+    if report.unstacked > 0 {
+        table = MountTable::new(
+            mounter
+                .mount_table()
+                .map_err(|e| VolumeError::Internal(e.to_string()))?,
+        );
+    }
+    let plugin_dirs: Vec<_> = plugins
+        .all()
+        .into_iter()
+        .filter_map(|p| p.volumes_dir_name().map(|d| (d, p)))
+        .collect();
+    for name in root.read_dir(&pods_rel)? {
+        let Some(uid) = name.to_str().and_then(|n| PodUid::new(n).ok()) else {
+            report
+                .errors
+                .push(format!("ignoring {:?} under pods/: not a pod UID", name));
+            continue;
+        };
+        report.pods += 1;
+        for (dir, plugin) in &plugin_dirs {
+            let rel = RelPath::new(["pods", uid.as_str(), "volumes", dir.as_str()])?;
+            for vol in root.read_dir(&rel)? {
+                let Some(vol) = vol.to_str() else { continue };
+                match plugin.reconstruct(&uid, vol, &table) {
+                    Ok(Some(rec)) => {
+                        let state = if rec.complete {
+                            report.mounted += 1;
+                            VolumeMountState::Mounted
+                        } else {
+                            report.uncertain += 1;
+                            VolumeMountState::Uncertain
+                        };
+                        let spec = Arc::new(rec.spec);
+                        let volume_name = plugin.unique_volume_name(&uid, &spec);
+                        let mut asw = world.asw_mut();
+                        asw.mark_volume_as_attached(&volume_name, plugin.name().into());
+                        asw.mark_volume_as_mounted(
+                            &volume_name,
+                            &uid,
+                            MountedPod {
+                                outer_volume_spec_name: spec.name.clone(),
+                                spec,
+                                path: rec.path,
+                                state,
+                            },
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
+                }
+            }
+        }
+        world.mark_pod_dirty(uid);
+    }
+    world.set_reconstructed();
+    Ok(report)
+}
+
+/// Unmounts all but the bottom mount on every stacked mount point under
+/// `ROOT/pods`. Returns how many were removed.
+fn unstack(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    table: &MountTable,
+    errors: &mut Vec<String>,
+) -> usize {
+    let pods = root.path().join("pods");
+    let mut removed = 0;
+    let mut seen = std::collections::HashSet::new();
+    for m in table.below(&pods) {
+        if table.count(&m.mount_point) < 2 || !seen.insert(m.mount_point.clone()) {
+            continue;
+        }
+        let Ok(rel) = m.mount_point.strip_prefix(root.path()) else {
+            continue;
+        };
+        let Ok(rel) = RelPath::new(rel.iter()) else {
+            continue;
+        };
+        for _ in 1..table.count(&m.mount_point) {
+            let result = root
+                .open_dir(&rel)
+                .map_err(VolumeError::from)
+                .and_then(|t| mounter.unmount(&t).map_err(VolumeError::from));
+            match result {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    errors.push(format!("unstacking {}: {e}", m.mount_point.display()));
+                    break;
+                }
+            }
+        }
+        tracing::warn!(path = %m.mount_point.display(), "removed stacked mounts left by a crash");
+    }
+    removed
+}

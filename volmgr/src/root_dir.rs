@@ -1,0 +1,521 @@
+//! Safe file-system access beneath the manager's root directory.
+//!
+//! Everything the manager creates, opens or deletes under `ROOT` goes through
+//! [`RootDir`]: paths are made of validated components, every open uses
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
+//! relative to a descriptor of the root, and deletion never follows a symlink
+//! or crosses into a mounted file system. A symlink planted anywhere under a
+//! pod's directory makes the operation fail instead of escaping.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::sys::{SyscallError, Target};
+
+/// Why a path under the root could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// A component was empty, `.`, `..`, absolute, or held `/` or NUL.
+    #[error("invalid path component {component:?} in {path}")]
+    InvalidComponent {
+        /// The whole relative path.
+        path: PathBuf,
+        /// The offending component.
+        component: String,
+    },
+    /// Resolution met a symlink or tried to leave the root.
+    #[error("refusing to follow a symlink or leave the root at {path}")]
+    Escape {
+        /// The absolute path.
+        path: PathBuf,
+    },
+    /// A directory to delete still has a mount inside it.
+    #[error("{path} is or contains a mount point; refusing to delete across it")]
+    MountInside {
+        /// The mount point found.
+        path: PathBuf,
+    },
+    /// Some other failed system call.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+}
+
+impl PathError {
+    /// Whether the error means "does not exist".
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, PathError::Syscall(e) if e.errno() == Some(libc::ENOENT))
+    }
+}
+
+/// A path relative to the root, made only of checked, normal components.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RelPath(PathBuf);
+
+impl RelPath {
+    /// Builds a relative path from components, each checked with [`check_component`].
+    pub fn new<I, S>(components: I) -> Result<Self, PathError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut p = PathBuf::new();
+        for c in components {
+            let c = c.as_ref();
+            if !check_component(c) {
+                return Err(PathError::InvalidComponent {
+                    path: p.join(c),
+                    component: c.to_string_lossy().into_owned(),
+                });
+            }
+            p.push(c);
+        }
+        Ok(Self(p))
+    }
+
+    /// Appends one checked component.
+    pub fn join(&self, component: impl AsRef<OsStr>) -> Result<Self, PathError> {
+        let c = component.as_ref();
+        if !check_component(c) {
+            return Err(PathError::InvalidComponent {
+                path: self.0.join(c),
+                component: c.to_string_lossy().into_owned(),
+            });
+        }
+        Ok(Self(self.0.join(c)))
+    }
+
+    /// The parent and last component, if any.
+    pub fn split_last(&self) -> Option<(RelPath, &OsStr)> {
+        let name = self.0.file_name()?;
+        let parent = self.0.parent().map(Path::to_path_buf).unwrap_or_default();
+        Some((RelPath(parent), name))
+    }
+
+    /// The path as a `Path`.
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// Whether `c` is usable as one path component: not empty, `.` or `..`, no `/`
+/// and no NUL.
+pub fn check_component(c: &OsStr) -> bool {
+    let b = c.as_bytes();
+    !b.is_empty() && b != b"." && b != b".." && !b.contains(&b'/') && !b.contains(&0)
+}
+
+/// The manager's root directory, held open.
+#[derive(Debug)]
+pub struct RootDir {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+fn resolve_beneath() -> ResolveFlag {
+    ResolveFlag::RESOLVE_BENEATH
+        | ResolveFlag::RESOLVE_NO_SYMLINKS
+        | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+impl RootDir {
+    /// Creates (if needed) and opens the root. The root itself may be reached
+    /// through symlinks chosen by the operator; it is canonicalized once here.
+    pub fn open(path: &Path) -> Result<Self, PathError> {
+        std::fs::create_dir_all(path).map_err(|e| SyscallError::io("mkdir", path, e))?;
+        let path = path
+            .canonicalize()
+            .map_err(|e| SyscallError::io("realpath", path, e))?;
+        let fd = nix::fcntl::open(
+            &path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| SyscallError::new("open", &path, e))?;
+        Ok(Self { path, fd })
+    }
+
+    /// The absolute, canonical path of the root.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The absolute path of `rel`.
+    pub fn abs(&self, rel: &RelPath) -> PathBuf {
+        self.path.join(rel.as_path())
+    }
+
+    fn open_how(&self, rel: &RelPath, flags: OFlag) -> Result<OwnedFd, PathError> {
+        let target = if rel.as_path().as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            rel.as_path()
+        };
+        openat2(
+            self.fd.as_fd(),
+            target,
+            OpenHow::new()
+                // RESOLVE_NO_SYMLINKS covers the last component too (ELOOP);
+                // O_NOFOLLOW would instead open a final symlink itself.
+                .flags(flags | OFlag::O_CLOEXEC)
+                .resolve(resolve_beneath()),
+        )
+        .map_err(|e| self.map_err("openat2", rel, e))
+    }
+
+    fn map_err(&self, call: &'static str, rel: &RelPath, e: Errno) -> PathError {
+        match e {
+            Errno::ELOOP | Errno::EXDEV => PathError::Escape {
+                path: self.abs(rel),
+            },
+            e => PathError::Syscall(SyscallError::new(call, self.abs(rel), e)),
+        }
+    }
+
+    /// Opens an existing directory as a mount [`Target`].
+    pub fn open_dir(&self, rel: &RelPath) -> Result<Target, PathError> {
+        let fd = self.open_how(rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+        Ok(Target::new(fd, self.abs(rel)))
+    }
+
+    /// Creates every missing directory of `rel` with `mode` (subject to umask)
+    /// and returns the last one opened as a [`Target`].
+    pub fn mkdir_all(&self, rel: &RelPath, mode: u32) -> Result<Target, PathError> {
+        match self.open_dir(rel) {
+            Ok(t) => return Ok(t),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        let mode = Mode::from_bits_truncate(mode);
+        let mut cur_rel = RelPath(PathBuf::new());
+        let mut cur = self.open_how(&cur_rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+        for c in rel.as_path().components() {
+            let Component::Normal(name) = c else {
+                return Err(PathError::InvalidComponent {
+                    path: rel.as_path().to_path_buf(),
+                    component: format!("{c:?}"),
+                });
+            };
+            cur_rel = cur_rel.join(name)?;
+            match mkdirat(cur.as_fd(), name, mode) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(self.map_err("mkdirat", &cur_rel, e)),
+            }
+            cur = openat2(
+                cur.as_fd(),
+                name,
+                OpenHow::new()
+                    .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                    .resolve(resolve_beneath()),
+            )
+            .map_err(|e| match e {
+                Errno::ENOTDIR => PathError::Escape {
+                    path: self.abs(&cur_rel),
+                },
+                e => self.map_err("openat2", &cur_rel, e),
+            })?;
+        }
+        Ok(Target::new(cur, self.abs(rel)))
+    }
+
+    /// Whether `rel` exists (without following symlinks).
+    pub fn exists(&self, rel: &RelPath) -> Result<bool, PathError> {
+        match self.open_how(rel, OFlag::O_PATH) {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The names in directory `rel`, without `.` and `..`; empty if it does not exist.
+    pub fn read_dir(&self, rel: &RelPath) -> Result<Vec<OsString>, PathError> {
+        let fd = match self.open_how(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+            Ok(fd) => fd,
+            Err(e) if e.is_not_found() => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        list_dir(fd, &self.abs(rel))
+    }
+
+    /// Writes `contents` to file `rel` atomically (temporary file + rename).
+    pub fn write_file(&self, rel: &RelPath, contents: &[u8]) -> Result<(), PathError> {
+        use std::io::Write;
+        let (dir_rel, name) = rel
+            .split_last()
+            .ok_or_else(|| PathError::InvalidComponent {
+                path: rel.as_path().to_path_buf(),
+                component: String::new(),
+            })?;
+        let dir = self.mkdir_all(&dir_rel, 0o750)?;
+        let dir_fd = self.open_how(&dir_rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+        drop(dir);
+        let mut tmp = name.to_os_string();
+        tmp.push(".tmp");
+        let fd = nix::fcntl::openat(
+            dir_fd.as_fd(),
+            tmp.as_os_str(),
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_TRUNC
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o640),
+        )
+        .map_err(|e| self.map_err("openat", rel, e))?;
+        let mut file = std::fs::File::from(fd);
+        file.write_all(contents)
+            .map_err(|e| SyscallError::io("write", self.abs(rel), e))?;
+        drop(file);
+        nix::fcntl::renameat(dir_fd.as_fd(), tmp.as_os_str(), dir_fd.as_fd(), name)
+            .map_err(|e| self.map_err("renameat", rel, e))?;
+        Ok(())
+    }
+
+    /// Reads a small file `rel`.
+    pub fn read_file(&self, rel: &RelPath) -> Result<Vec<u8>, PathError> {
+        use std::io::Read;
+        let fd = self.open_how(rel, OFlag::O_RDONLY)?;
+        let mut out = Vec::new();
+        std::fs::File::from(fd)
+            .read_to_end(&mut out)
+            .map_err(|e| SyscallError::io("read", self.abs(rel), e))?;
+        Ok(out)
+    }
+
+    /// Deletes `rel` and everything below it, never following symlinks and
+    /// never crossing into another mount (that fails with
+    /// [`PathError::MountInside`] and deletes nothing inside the mount).
+    /// A missing `rel` is not an error.
+    pub fn remove_all(&self, rel: &RelPath) -> Result<(), PathError> {
+        let Some((parent_rel, name)) = rel.split_last() else {
+            return Err(PathError::InvalidComponent {
+                path: PathBuf::new(),
+                component: String::new(),
+            });
+        };
+        let parent = match self.open_how(&parent_rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+            Ok(fd) => fd,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        remove_tree(parent, name.to_os_string(), &self.abs(rel))
+    }
+
+    /// Removes an empty directory `rel`; a missing one is fine, a non-empty
+    /// one is left and reported as `false`.
+    pub fn remove_empty_dir(&self, rel: &RelPath) -> Result<bool, PathError> {
+        let Some((parent_rel, name)) = rel.split_last() else {
+            return Ok(false);
+        };
+        let parent = match self.open_how(&parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) {
+            Ok(fd) => fd,
+            Err(e) if e.is_not_found() => return Ok(true),
+            Err(e) => return Err(e),
+        };
+        match unlinkat(parent.as_fd(), name, UnlinkatFlags::RemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(true),
+            Err(Errno::ENOTEMPTY) | Err(Errno::EEXIST) | Err(Errno::EBUSY) => Ok(false),
+            Err(e) => Err(self.map_err("unlinkat", rel, e)),
+        }
+    }
+}
+
+fn list_dir(fd: OwnedFd, abs: &Path) -> Result<Vec<OsString>, PathError> {
+    let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| SyscallError::new("fdopendir", abs, e))?;
+    let mut out = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry.map_err(|e| SyscallError::new("readdir", abs, e))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            out.push(OsStr::from_bytes(name).to_os_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Iterative post-order deletion of `parent/name`, so a deep tree cannot
+/// exhaust the stack.
+fn remove_tree(parent: OwnedFd, name: OsString, abs: &Path) -> Result<(), PathError> {
+    struct Frame {
+        parent: OwnedFd,
+        name: OsString,
+        abs: PathBuf,
+        fd: OwnedFd,
+        pending: Vec<OsString>,
+    }
+
+    let open_child = |parent: &OwnedFd,
+                      name: &OsStr,
+                      abs: &Path|
+     -> Result<Option<OwnedFd>, PathError> {
+        match fstatat(
+            parent.as_fd(),
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(SyscallError::new("fstatat", abs, e).into()),
+            Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFDIR => {
+                return match unlinkat(parent.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => Ok(None),
+                    Err(e) => Err(SyscallError::new("unlinkat", abs, e).into()),
+                };
+            }
+            Ok(_) => {}
+        }
+        match openat2(
+            parent.as_fd(),
+            name,
+            OpenHow::new()
+                .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+                .resolve(resolve_beneath() | ResolveFlag::RESOLVE_NO_XDEV),
+        ) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(Errno::EXDEV) => Err(PathError::MountInside {
+                path: abs.to_path_buf(),
+            }),
+            Err(Errno::ELOOP) => Err(PathError::Escape {
+                path: abs.to_path_buf(),
+            }),
+            Err(e) => Err(SyscallError::new("openat2", abs, e).into()),
+        }
+    };
+
+    let Some(fd) = open_child(&parent, &name, abs)? else {
+        return Ok(());
+    };
+    let dup =
+        |fd: &OwnedFd, abs: &Path| fd.try_clone().map_err(|e| SyscallError::io("dup", abs, e));
+    let pending = list_dir(dup(&fd, abs)?, abs)?;
+    let mut stack = vec![Frame {
+        parent,
+        name,
+        abs: abs.to_path_buf(),
+        fd,
+        pending,
+    }];
+    while let Some(top) = stack.last_mut() {
+        if let Some(child) = top.pending.pop() {
+            let child_abs = top.abs.join(&child);
+            if let Some(child_fd) = open_child(&top.fd, &child, &child_abs)? {
+                let pending = list_dir(dup(&child_fd, &child_abs)?, &child_abs)?;
+                let parent = dup(&top.fd, &top.abs)?;
+                stack.push(Frame {
+                    parent,
+                    name: child,
+                    abs: child_abs,
+                    fd: child_fd,
+                    pending,
+                });
+            }
+            continue;
+        }
+        if let Some(done) = stack.pop() {
+            match unlinkat(
+                done.parent.as_fd(),
+                done.name.as_os_str(),
+                UnlinkatFlags::RemoveDir,
+            ) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(Errno::EBUSY) => return Err(PathError::MountInside { path: done.abs }),
+                Err(e) => return Err(SyscallError::new("unlinkat", &done.abs, e).into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> (tempfile::TempDir, RootDir) {
+        let t = tempfile::tempdir().unwrap();
+        let r = RootDir::open(t.path()).unwrap();
+        (t, r)
+    }
+
+    #[test]
+    fn rejects_bad_components() {
+        for bad in ["", ".", "..", "a/b", "a\0b"] {
+            assert!(RelPath::new(["pods", bad]).is_err(), "{bad:?}");
+        }
+        assert!(RelPath::new(["pods", "uid", "..a", "a.."]).is_ok());
+    }
+
+    #[test]
+    fn mkdir_all_creates_and_reopens() {
+        let (_t, r) = root();
+        let rel = RelPath::new(["pods", "u1", "volumes", "x"]).unwrap();
+        let t = r.mkdir_all(&rel, 0o750).unwrap();
+        assert_eq!(t.path(), r.path().join("pods/u1/volumes/x"));
+        assert!(r.path().join("pods/u1/volumes/x").is_dir());
+        r.mkdir_all(&rel, 0o750).unwrap();
+        assert!(r.exists(&rel).unwrap());
+    }
+
+    #[test]
+    fn refuses_symlinks_anywhere_on_the_path() {
+        let (_t, r) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(r.path().join("pods")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), r.path().join("pods/evil")).unwrap();
+        let rel = RelPath::new(["pods", "evil", "volumes"]).unwrap();
+        assert!(matches!(
+            r.mkdir_all(&rel, 0o750),
+            Err(PathError::Escape { .. })
+        ));
+        assert!(matches!(
+            r.open_dir(&RelPath::new(["pods", "evil"]).unwrap()),
+            Err(PathError::Escape { .. })
+        ));
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+        // Removing the symlink removes the link, not the target's contents.
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        r.remove_all(&RelPath::new(["pods", "evil"]).unwrap())
+            .unwrap();
+        assert!(outside.path().join("keep").exists());
+        assert!(!r.path().join("pods/evil").exists());
+    }
+
+    #[test]
+    fn remove_all_deletes_deep_trees_without_following_links() {
+        let (_t, r) = root();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), b"x").unwrap();
+        let mut deep = r.path().join("pods/u/volumes");
+        for i in 0..300 {
+            deep.push(format!("d{i}"));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("f"), b"data").unwrap();
+        std::os::unix::fs::symlink(outside.path(), deep.join("link")).unwrap();
+        r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+        assert!(!r.path().join("pods/u").exists());
+        assert!(outside.path().join("keep").exists());
+        r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn write_and_read_files() {
+        let (_t, r) = root();
+        let rel = RelPath::new(["pods", "u", "plugins", "p", "ready"]).unwrap();
+        r.write_file(&rel, b"hello").unwrap();
+        assert_eq!(r.read_file(&rel).unwrap(), b"hello");
+        let names = r
+            .read_dir(&RelPath::new(["pods", "u", "plugins", "p"]).unwrap())
+            .unwrap();
+        assert_eq!(names, vec![OsString::from("ready")]);
+        assert!(r
+            .read_dir(&RelPath::new(["nope"]).unwrap())
+            .unwrap()
+            .is_empty());
+    }
+}

@@ -1,0 +1,153 @@
+//! A recording [`Mounter`] for unit tests: it keeps its own mount table, logs
+//! every call, and fails calls on request.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::mountinfo::{MountInfo, MountInfoError};
+use super::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
+
+/// One recorded call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// `mount(source, target, fstype, data)`.
+    Mount {
+        /// Mount source.
+        source: String,
+        /// Target path.
+        target: PathBuf,
+        /// File system type.
+        fstype: String,
+        /// Mount data (options).
+        data: Option<String>,
+    },
+    /// `umount2(target)`.
+    Unmount(PathBuf),
+}
+
+#[derive(Default)]
+struct State {
+    mounts: Vec<(PathBuf, String)>,
+    calls: Vec<Call>,
+    /// Errors to return from the next mount calls, in order.
+    mount_failures: VecDeque<nix::errno::Errno>,
+    unmount_failures: VecDeque<nix::errno::Errno>,
+}
+
+/// The recording fake.
+#[derive(Default)]
+pub struct FakeMounter {
+    state: Mutex<State>,
+}
+
+impl FakeMounter {
+    /// Makes the next `n` mounts fail with `errno`.
+    pub fn fail_mounts(&self, n: usize, errno: nix::errno::Errno) {
+        let mut s = self.state.lock().unwrap();
+        s.mount_failures.extend(std::iter::repeat_n(errno, n));
+    }
+
+    /// Makes the next `n` unmounts fail with `errno`.
+    pub fn fail_unmounts(&self, n: usize, errno: nix::errno::Errno) {
+        let mut s = self.state.lock().unwrap();
+        s.unmount_failures.extend(std::iter::repeat_n(errno, n));
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// Paths mounted now (a path mounted twice appears twice).
+    pub fn mounted(&self) -> Vec<PathBuf> {
+        let s = self.state.lock().unwrap();
+        s.mounts.iter().map(|(p, _)| p.clone()).collect()
+    }
+
+    /// Removes a mount behind the manager's back (an out-of-band unmount).
+    pub fn remove_out_of_band(&self, path: &Path) {
+        let mut s = self.state.lock().unwrap();
+        s.mounts.retain(|(p, _)| p != path);
+    }
+}
+
+impl Mounter for FakeMounter {
+    fn mount(
+        &self,
+        source: &str,
+        target: &Target,
+        fstype: &str,
+        _flags: MsFlags,
+        data: Option<&str>,
+    ) -> Result<(), SyscallError> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(Call::Mount {
+            source: source.to_string(),
+            target: target.path().to_path_buf(),
+            fstype: fstype.to_string(),
+            data: data.map(str::to_string),
+        });
+        if let Some(errno) = s.mount_failures.pop_front() {
+            return Err(SyscallError::new("mount", target.path(), errno));
+        }
+        s.mounts
+            .push((target.path().to_path_buf(), fstype.to_string()));
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Target) -> Result<(), SyscallError> {
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(Call::Unmount(target.path().to_path_buf()));
+        if let Some(errno) = s.unmount_failures.pop_front() {
+            return Err(SyscallError::new("umount2", target.path(), errno));
+        }
+        match s.mounts.iter().rposition(|(p, _)| p == target.path()) {
+            Some(i) => {
+                s.mounts.remove(i);
+                Ok(())
+            }
+            None => Err(SyscallError::new(
+                "umount2",
+                target.path(),
+                nix::errno::Errno::EINVAL,
+            )),
+        }
+    }
+
+    fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError> {
+        let s = self.state.lock().unwrap();
+        Ok(s.mounts.iter().any(|(p, _)| p == target.path()))
+    }
+
+    fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
+        let s = self.state.lock().unwrap();
+        Ok(
+            match s.mounts.iter().rev().find(|(p, _)| p == target.path()) {
+                Some((_, fstype)) if fstype == "tmpfs" => TMPFS_MAGIC,
+                _ => 0xEF53,
+            },
+        )
+    }
+
+    fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
+        let s = self.state.lock().unwrap();
+        Ok(s.mounts
+            .iter()
+            .enumerate()
+            .map(|(i, (p, fstype))| MountInfo {
+                mount_id: 100 + i as u32,
+                parent_id: 1,
+                major: 0,
+                minor: 100 + i as u32,
+                root: PathBuf::from("/"),
+                mount_point: p.clone(),
+                mount_options: "rw".into(),
+                optional_fields: vec![],
+                fstype: fstype.clone(),
+                source: fstype.clone(),
+                super_options: "rw".into(),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,82 @@
+//! The real [`Mounter`]: `mount(2)`, `umount2(2)`, `statx(2)` and `fstatfs(2)` on
+//! descriptors opened beneath the manager's root.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd};
+
+use nix::mount::MntFlags;
+
+use super::mountinfo::{self, MountInfo, MountInfoError};
+use super::{Mounter, MsFlags, SyscallError, Target};
+
+/// Mounts for real, in the mount namespace of the calling process.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinuxMounter;
+
+impl Mounter for LinuxMounter {
+    fn mount(
+        &self,
+        source: &str,
+        target: &Target,
+        fstype: &str,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> Result<(), SyscallError> {
+        nix::mount::mount(Some(source), &target.proc_path(), Some(fstype), flags, data)
+            .map_err(|e| SyscallError::new("mount", target.path(), e))
+    }
+
+    fn unmount(&self, target: &Target) -> Result<(), SyscallError> {
+        nix::mount::umount2(&target.proc_path(), MntFlags::empty())
+            .map_err(|e| SyscallError::new("umount2", target.path(), e))
+    }
+
+    fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError> {
+        let stx = statx_empty_path(target)?;
+        if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {
+            return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
+        }
+        // Kernels before 5.8 do not report the attribute: fall back to the
+        // classic "different device than the parent" check.
+        let parent = nix::sys::stat::fstatat(target, "..", nix::fcntl::AtFlags::empty())
+            .map_err(|e| SyscallError::new("fstatat", target.path(), e))?;
+        let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
+        Ok(parent.st_dev != dev)
+    }
+
+    fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
+        // An O_PATH descriptor works with fstatfs.
+        let st = nix::sys::statfs::fstatfs(target)
+            .map_err(|e| SyscallError::new("fstatfs", target.path(), e))?;
+        Ok(st.filesystem_type().0 as i64)
+    }
+
+    fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
+        mountinfo::read_self()
+    }
+}
+
+fn statx_empty_path(target: &Target) -> Result<libc::statx, SyscallError> {
+    let empty = CString::default();
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `empty` is a valid NUL-terminated string, `stx` points to writable
+    // memory of the right size, and the descriptor is owned by `target`.
+    let rc = unsafe {
+        libc::statx(
+            target.as_fd().as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(SyscallError::io(
+            "statx",
+            target.path(),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: statx returned 0, so the kernel filled the structure.
+    Ok(unsafe { stx.assume_init() })
+}

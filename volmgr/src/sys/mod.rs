@@ -1,0 +1,124 @@
+//! Every kernel call that changes or reads the mount table goes through the
+//! [`Mounter`] trait (the kubelet's `mount-utils` `Interface`), so the logic above
+//! it can be tested with the recording [`fake::FakeMounter`] while the real
+//! [`linux::LinuxMounter`] is tested in a private mount namespace.
+
+pub mod linux;
+pub mod mount_table;
+pub mod mountinfo;
+
+#[cfg(test)]
+pub mod fake;
+
+use std::fmt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+pub use nix::mount::MsFlags;
+
+/// A failed system call: which call, on which path, and the OS error.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} {path}: {source}")]
+pub struct SyscallError {
+    /// The call that failed (`mount`, `umount2`, `openat2`, ...).
+    pub call: &'static str,
+    /// The path it was applied to.
+    pub path: PathBuf,
+    /// The error the kernel returned.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl SyscallError {
+    /// Builds an error from a `nix` errno.
+    pub fn new(call: &'static str, path: impl Into<PathBuf>, errno: nix::errno::Errno) -> Self {
+        Self {
+            call,
+            path: path.into(),
+            source: std::io::Error::from(errno),
+        }
+    }
+
+    /// Builds an error from an `std::io::Error`.
+    pub fn io(call: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self {
+            call,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// The raw errno, when the error came from the kernel.
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
+/// A directory that was opened safely (beneath the manager's root, no symlinks)
+/// and is the target of a mount or unmount. Mounting through the descriptor
+/// instead of the path means nobody can swap a path component for a symlink
+/// between the check and the mount.
+pub struct Target {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Target {
+    /// Wraps an `O_PATH` descriptor and the absolute path it was opened at.
+    pub fn new(fd: OwnedFd, path: PathBuf) -> Self {
+        Self { fd, path }
+    }
+
+    /// The absolute path (for logs, the mount table and the fake).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The `/proc/self/fd/N` magic link that names the descriptor for `mount(2)`.
+    pub fn proc_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+    }
+}
+
+impl AsFd for Target {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Target").field(&self.path).finish()
+    }
+}
+
+/// What the manager needs from the kernel's mount table. One implementation
+/// does real syscalls; the fake records calls and can inject failures.
+pub trait Mounter: Send + Sync + 'static {
+    /// `mount(2)` of `source` with `fstype` on `target`.
+    fn mount(
+        &self,
+        source: &str,
+        target: &Target,
+        fstype: &str,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> Result<(), SyscallError>;
+
+    /// Unmounts the file system whose root `target` is (`umount2`, not lazy).
+    fn unmount(&self, target: &Target) -> Result<(), SyscallError>;
+
+    /// Whether `target` is the root of a mount (exact, via `statx`).
+    fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError>;
+
+    /// The file system type of the mount `target` is on (`tmpfs`, `ext4`, ...),
+    /// when the implementation can tell cheaply.
+    fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError>;
+
+    /// The whole mount table of this process's mount namespace.
+    fn mount_table(&self) -> Result<Vec<mountinfo::MountInfo>, mountinfo::MountInfoError>;
+}
+
+/// `TMPFS_MAGIC` from `linux/magic.h`, as returned by `statfs`.
+pub const TMPFS_MAGIC: i64 = 0x0102_1994;

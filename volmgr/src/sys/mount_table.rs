@@ -1,0 +1,54 @@
+//! An indexed snapshot of the mount table, for reconstruction and resync.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::mountinfo::MountInfo;
+
+/// The mount table, indexed by mount point.
+#[derive(Debug, Default, Clone)]
+pub struct MountTable {
+    entries: Vec<MountInfo>,
+    by_point: HashMap<PathBuf, Vec<usize>>,
+}
+
+impl MountTable {
+    /// Indexes `entries` (in mountinfo order, so the last mount on a point is on top).
+    pub fn new(entries: Vec<MountInfo>) -> Self {
+        let mut by_point: HashMap<PathBuf, Vec<usize>> = HashMap::with_capacity(entries.len());
+        for (i, m) in entries.iter().enumerate() {
+            by_point.entry(m.mount_point.clone()).or_default().push(i);
+        }
+        Self { entries, by_point }
+    }
+
+    /// Whether something is mounted on `path`.
+    pub fn is_mount_point(&self, path: &Path) -> bool {
+        self.by_point.contains_key(path)
+    }
+
+    /// How many mounts are stacked on `path`.
+    pub fn count(&self, path: &Path) -> usize {
+        self.by_point.get(path).map_or(0, Vec::len)
+    }
+
+    /// The top-most mount on `path`.
+    pub fn top(&self, path: &Path) -> Option<&MountInfo> {
+        self.by_point
+            .get(path)
+            .and_then(|v| v.last())
+            .and_then(|&i| self.entries.get(i))
+    }
+
+    /// Every mount whose mount point is below `dir` (not `dir` itself).
+    pub fn below<'a>(&'a self, dir: &'a Path) -> impl Iterator<Item = &'a MountInfo> + 'a {
+        self.entries
+            .iter()
+            .filter(move |m| m.mount_point != dir && m.mount_point.starts_with(dir))
+    }
+
+    /// All entries.
+    pub fn entries(&self) -> &[MountInfo] {
+        &self.entries
+    }
+}

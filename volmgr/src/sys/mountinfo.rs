@@ -1,0 +1,266 @@
+//! A parser for `/proc/<pid>/mountinfo` (proc(5)): one line per mount,
+//!
+//! ```text
+//! 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+//! (1)(2) (3)   (4)   (5)      (6)      (7)   (8) (9)    (10)         (11)
+//! ```
+//!
+//! where (7) is zero or more optional fields ended by the `-` separator, and
+//! paths escape space, tab, newline and backslash as octal (`\040`).
+
+use std::path::{Path, PathBuf};
+
+/// Why the mount table could not be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountInfoError {
+    /// Reading the file failed.
+    #[error("read {path}: {source}")]
+    Read {
+        /// The file that was read.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line did not have the documented shape.
+    #[error("mountinfo line {line}: {reason}: {text:?}")]
+    Malformed {
+        /// 1-based line number.
+        line: usize,
+        /// What was wrong.
+        reason: &'static str,
+        /// The offending line.
+        text: String,
+    },
+}
+
+/// One mount, as the kernel describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    /// Unique id of the mount (may be reused after unmount).
+    pub mount_id: u32,
+    /// Id of the parent mount.
+    pub parent_id: u32,
+    /// `st_dev` major number of files on this file system.
+    pub major: u32,
+    /// `st_dev` minor number.
+    pub minor: u32,
+    /// Path of the directory in the file system that forms the root of this mount.
+    pub root: PathBuf,
+    /// Mount point, relative to the process's root directory.
+    pub mount_point: PathBuf,
+    /// Per-mount options (`rw,nosuid,...`).
+    pub mount_options: String,
+    /// Optional fields (`shared:N`, `master:N`, `propagate_from:N`, `unbindable`).
+    pub optional_fields: Vec<String>,
+    /// File system type (`tmpfs`, `ext4`, `fuse.sshfs`, ...).
+    pub fstype: String,
+    /// File-system-specific source (`/dev/loop0`, `tmpfs`, ...).
+    pub source: String,
+    /// Per-superblock options (`rw,size=65536k`, ...).
+    pub super_options: String,
+}
+
+impl MountInfo {
+    /// Whether the mount is read-only (per-mount flag).
+    pub fn read_only(&self) -> bool {
+        self.mount_options.split(',').any(|o| o == "ro")
+    }
+
+    /// The value of a per-superblock option such as `size`.
+    pub fn super_option(&self, key: &str) -> Option<&str> {
+        self.super_options.split(',').find_map(|o| {
+            let (k, v) = o.split_once('=')?;
+            (k == key).then_some(v)
+        })
+    }
+}
+
+/// Reads and parses `/proc/self/mountinfo`.
+pub fn read_self() -> Result<Vec<MountInfo>, MountInfoError> {
+    read(Path::new("/proc/self/mountinfo"))
+}
+
+/// Reads and parses a mountinfo file.
+pub fn read(path: &Path) -> Result<Vec<MountInfo>, MountInfoError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MountInfoError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text)
+}
+
+/// Parses the text of a mountinfo file.
+pub fn parse(text: &str) -> Result<Vec<MountInfo>, MountInfoError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| parse_line(l).map_err(|reason| malformed(i + 1, reason, l)))
+        .collect()
+}
+
+fn malformed(line: usize, reason: &'static str, text: &str) -> MountInfoError {
+    MountInfoError::Malformed {
+        line,
+        reason,
+        text: text.to_string(),
+    }
+}
+
+/// Parses one line of mountinfo.
+pub fn parse_line(line: &str) -> Result<MountInfo, &'static str> {
+    let mut fields = line.split(' ');
+    let mut next = |what: &'static str| fields.next().ok_or(what);
+    let mount_id = next("missing mount id")?
+        .parse()
+        .map_err(|_| "bad mount id")?;
+    let parent_id = next("missing parent id")?
+        .parse()
+        .map_err(|_| "bad parent id")?;
+    let (major, minor) = next("missing major:minor")?
+        .split_once(':')
+        .ok_or("bad major:minor")?;
+    let major = major.parse().map_err(|_| "bad major")?;
+    let minor = minor.parse().map_err(|_| "bad minor")?;
+    let root = unescape(next("missing root")?)?;
+    let mount_point = unescape(next("missing mount point")?)?;
+    let mount_options = next("missing mount options")?.to_string();
+    let mut optional_fields = Vec::new();
+    loop {
+        match next("missing separator")? {
+            "-" => break,
+            f => optional_fields.push(f.to_string()),
+        }
+    }
+    let fstype = unescape_string(next("missing fstype")?)?;
+    let source = unescape_string(next("missing source")?)?;
+    let super_options = next("missing super options")?.to_string();
+    Ok(MountInfo {
+        mount_id,
+        parent_id,
+        major,
+        minor,
+        root: PathBuf::from(root),
+        mount_point: PathBuf::from(mount_point),
+        mount_options,
+        optional_fields,
+        fstype,
+        source,
+        super_options,
+    })
+}
+
+/// Decodes the kernel's `\ooo` octal escapes. Paths may hold any byte but NUL,
+/// so the result is an `OsString`.
+fn unescape(field: &str) -> Result<std::ffi::OsString, &'static str> {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = field.as_bytes();
+    if !bytes.contains(&b'\\') {
+        return Ok(field.into());
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            let digits = bytes.get(i + 1..i + 4).ok_or("truncated escape")?;
+            if !digits.iter().all(|d| (b'0'..=b'7').contains(d)) {
+                return Err("bad escape");
+            }
+            let value = digits
+                .iter()
+                .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
+            out.push(u8::try_from(value).map_err(|_| "escape out of range")?);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Ok(std::ffi::OsString::from_vec(out))
+}
+
+fn unescape_string(field: &str) -> Result<String, &'static str> {
+    Ok(unescape(field)?.to_string_lossy().into_owned())
+}
+
+/// Escapes a path the way the kernel does in mountinfo (for tests and tools).
+pub fn escape(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut out = String::new();
+    for &b in path.as_os_str().as_bytes() {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => out.push_str(&format!("\\{b:03o}")),
+            _ => out.push(char::from(b)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_man_page_example() {
+        let m = parse_line(
+            "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue",
+        )
+        .unwrap();
+        assert_eq!(m.mount_id, 36);
+        assert_eq!(m.parent_id, 35);
+        assert_eq!((m.major, m.minor), (98, 0));
+        assert_eq!(m.root, Path::new("/mnt1"));
+        assert_eq!(m.mount_point, Path::new("/mnt2"));
+        assert_eq!(m.optional_fields, vec!["master:1"]);
+        assert_eq!(m.fstype, "ext3");
+        assert_eq!(m.source, "/dev/root");
+        assert_eq!(m.super_option("errors"), Some("continue"));
+        assert!(!m.read_only());
+    }
+
+    #[test]
+    fn no_and_several_optional_fields() {
+        let m = parse_line("1 0 0:1 / / ro - tmpfs none rw").unwrap();
+        assert!(m.optional_fields.is_empty());
+        assert!(m.read_only());
+        let m = parse_line("2 1 0:2 / /x rw shared:3 master:4 unbindable - tmpfs t rw,size=64k")
+            .unwrap();
+        assert_eq!(
+            m.optional_fields,
+            vec!["shared:3", "master:4", "unbindable"]
+        );
+        assert_eq!(m.super_option("size"), Some("64k"));
+    }
+
+    #[test]
+    fn decodes_octal_escapes() {
+        let m = parse_line(r"3 1 0:3 / /a\040b\011c\012d\134e rw - tmpfs my\040src rw").unwrap();
+        assert_eq!(m.mount_point, Path::new("/a b\tc\nd\\e"));
+        assert_eq!(m.source, "my src");
+        assert_eq!(escape(&m.mount_point), r"/a\040b\011c\012d\134e");
+    }
+
+    #[test]
+    fn non_utf8_bytes_survive() {
+        use std::os::unix::ffi::OsStrExt;
+        let m = parse_line(r"3 1 0:3 / /x\377y rw - tmpfs t rw").unwrap();
+        assert_eq!(m.mount_point.as_os_str().as_bytes(), b"/x\xffy");
+    }
+
+    #[test]
+    fn rejects_malformed_lines() {
+        assert!(parse_line("").is_err());
+        assert!(parse_line("1 0 0:1 / / rw tmpfs none rw").is_err());
+        assert!(parse_line("x 0 0:1 / / rw - tmpfs none rw").is_err());
+        assert!(parse_line(r"1 0 0:1 / /a\09 rw - tmpfs none rw").is_err());
+        assert!(parse_line(r"1 0 0:1 / /a\0 rw - tmpfs none rw").is_err());
+        let err = parse("1 0 0:1 / / rw - tmpfs none rw\nbroken\n").unwrap_err();
+        assert!(matches!(err, MountInfoError::Malformed { line: 2, .. }));
+    }
+
+    #[test]
+    fn reads_this_process_table() {
+        let table = read_self().unwrap();
+        assert!(table.iter().any(|m| m.mount_point == Path::new("/")));
+    }
+}

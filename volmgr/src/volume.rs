@@ -1,0 +1,231 @@
+//! Names and specs of volumes, in the kubelet's vocabulary.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A validated pod UID: safe to use as one path component.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodUid(Arc<str>);
+
+/// Why a pod UID or volume name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The pod UID is empty, too long, or holds characters outside `[A-Za-z0-9._-]`
+    /// (in particular `/`, `..` or NUL).
+    #[error(
+        "invalid pod UID {0:?}: must be 1-128 characters of [A-Za-z0-9._-], not \".\" or \"..\""
+    )]
+    PodUid(String),
+    /// A volume name that is not an RFC 1123 DNS label.
+    #[error("invalid volume name {0:?}: must be a DNS label (at most 63 characters of [a-z0-9-], starting and ending with an alphanumeric)")]
+    VolumeName(String),
+}
+
+impl PodUid {
+    /// Validates `uid`.
+    pub fn new(uid: &str) -> Result<Self, NameError> {
+        let ok = !uid.is_empty()
+            && uid.len() <= 128
+            && uid != "."
+            && uid != ".."
+            && uid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if ok {
+            Ok(Self(uid.into()))
+        } else {
+            Err(NameError::PodUid(uid.to_string()))
+        }
+    }
+
+    /// The UID derived for a pod that has none: a name-based UUID (SHA-256 of
+    /// namespace and name, version 8 layout), stable across restarts.
+    pub fn derive(namespace: &str, name: &str) -> Self {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(b"volmgr-pod\0");
+        h.update(namespace.as_bytes());
+        h.update(b"\0");
+        h.update(name.as_bytes());
+        let d = h.finalize();
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&d[..16]);
+        b[6] = (b[6] & 0x0f) | 0x80;
+        b[8] = (b[8] & 0x3f) | 0x80;
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        let s = format!(
+            "{}-{}-{}-{}-{}",
+            &hex[0..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..32]
+        );
+        Self(s.into())
+    }
+
+    /// The UID as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PodUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks a volume name: an RFC 1123 DNS label, as the API server requires.
+pub fn check_volume_name(name: &str) -> Result<(), NameError> {
+    let b = name.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-';
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::VolumeName(name.to_string()))
+    }
+}
+
+/// The kubelet's `UniqueVolumeName`: the key of a volume in both worlds.
+/// For volumes that are not attachable it includes the pod
+/// (`kubernetes.io/empty-dir/<podUID>-<volume>`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UniqueVolumeName(Arc<str>);
+
+impl UniqueVolumeName {
+    /// Wraps a name.
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self(name.into())
+    }
+
+    /// The name of a per-pod volume of `plugin`.
+    pub fn per_pod(plugin: &str, pod: &PodUid, volume: &str) -> Self {
+        Self(format!("{plugin}/{pod}-{volume}").into())
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for UniqueVolumeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `emptyDir.medium`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageMedium {
+    /// The node's default storage (a directory under ROOT).
+    Default,
+    /// `Memory`: a tmpfs.
+    Memory,
+}
+
+/// `hostPath.type`, with Kubernetes' semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPathType {
+    /// `""`: no check.
+    Unset,
+    /// Create an empty directory (0755) if nothing exists.
+    DirectoryOrCreate,
+    /// A directory must exist.
+    Directory,
+    /// Create an empty file (0644) if nothing exists.
+    FileOrCreate,
+    /// A regular file must exist.
+    File,
+    /// A UNIX socket must exist.
+    Socket,
+    /// A character device must exist.
+    CharDevice,
+    /// A block device must exist.
+    BlockDevice,
+}
+
+impl HostPathType {
+    /// Parses the API string.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "" => Self::Unset,
+            "DirectoryOrCreate" => Self::DirectoryOrCreate,
+            "Directory" => Self::Directory,
+            "FileOrCreate" => Self::FileOrCreate,
+            "File" => Self::File,
+            "Socket" => Self::Socket,
+            "CharDevice" => Self::CharDevice,
+            "BlockDevice" => Self::BlockDevice,
+            _ => return None,
+        })
+    }
+
+    /// The API string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unset => "",
+            Self::DirectoryOrCreate => "DirectoryOrCreate",
+            Self::Directory => "Directory",
+            Self::FileOrCreate => "FileOrCreate",
+            Self::File => "File",
+            Self::Socket => "Socket",
+            Self::CharDevice => "CharDevice",
+            Self::BlockDevice => "BlockDevice",
+        }
+    }
+}
+
+/// The source of a volume, as far as the manager understands it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VolumeSource {
+    /// `emptyDir`.
+    EmptyDir {
+        /// Where it lives.
+        medium: StorageMedium,
+        /// `sizeLimit` in bytes (the tmpfs size for `Memory`).
+        size_limit: Option<u64>,
+    },
+    /// `hostPath`.
+    HostPath {
+        /// The absolute path on the node.
+        path: PathBuf,
+        /// The check to make (and what to create).
+        kind: HostPathType,
+    },
+    /// Any other source (`configMap`, `nfs`, ...), kept as the API JSON so a
+    /// plugin registered at run time (e.g. through the C ABI) can claim it.
+    Other {
+        /// The source's field name (`configMap`).
+        kind: String,
+        /// The whole `v1.Volume` as JSON.
+        spec: Arc<serde_json::Value>,
+    },
+}
+
+impl VolumeSource {
+    /// The API field name of the source (`emptyDir`, `hostPath`, ...).
+    pub fn kind(&self) -> &str {
+        match self {
+            Self::EmptyDir { .. } => "emptyDir",
+            Self::HostPath { .. } => "hostPath",
+            Self::Other { kind, .. } => kind,
+        }
+    }
+}
+
+/// A volume of a pod: its name in the pod (the "outer volume spec name") and source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeSpec {
+    /// `pod.spec.volumes[].name`.
+    pub name: String,
+    /// What to mount.
+    pub source: VolumeSource,
+}

@@ -1,0 +1,721 @@
+//! The kubelet's `VolumeManager` interface over the whole machinery: the one
+//! object the agent, the C ABI and tests drive. It owns both worlds, the
+//! plugins, the executor and the reconciler, and answers the kubelet's
+//! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::cache::actual_state_of_world::{MountedVolume, VolumeMountState};
+use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
+use crate::metrics::Metrics;
+use crate::operation_executor::{Backoff, OperationExecutor, OperationKind};
+use crate::plugins::empty_dir::EmptyDirPlugin;
+use crate::plugins::host_path::HostPathPlugin;
+use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
+use crate::pod::{DesiredPod, PodRejected};
+use crate::reconciler::Reconciler;
+use crate::reconstruct::{reconstruct, ReconstructionReport};
+use crate::root_dir::{PathError, RootDir};
+use crate::status::{PodStatus, SourceError, Status, VolumeStatus};
+use crate::sys::Mounter;
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+use crate::world::{EventListener, World};
+
+/// Settings of a manager.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The root directory (kubelet: `/var/lib/kubelet`).
+    pub root_dir: PathBuf,
+    /// This node's name.
+    pub node_name: String,
+    /// Period of the safety-net resync (mount table re-read, full pass).
+    pub resync_period: Duration,
+    /// Retry backoff of failed operations.
+    pub backoff: Backoff,
+    /// Most blocking syscall jobs at once.
+    pub max_blocking_ops: usize,
+}
+
+impl Config {
+    /// Defaults for `root_dir`.
+    pub fn new(root_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            node_name: String::new(),
+            resync_period: Duration::from_secs(60),
+            backoff: Backoff::default(),
+            max_blocking_ops: 16,
+        }
+    }
+}
+
+/// Why the manager could not be built or started.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The root directory is unusable.
+    #[error("root directory: {0}")]
+    Root(#[from] PathError),
+    /// Registering a plugin failed.
+    #[error(transparent)]
+    Plugin(#[from] PluginLookupError),
+    /// Reconstruction failed as a whole.
+    #[error("reconstruction: {0}")]
+    Reconstruction(String),
+    /// `start` was called twice.
+    #[error("the volume manager is already started")]
+    AlreadyStarted,
+    /// Called on a manager that is not started.
+    #[error("the volume manager is not started")]
+    NotStarted,
+}
+
+/// Why a wait ended without success.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The timeout passed. Lists `volume (state: error)` for what is missing.
+    #[error("timed out waiting for volumes of pod {pod}: {pending}")]
+    Timeout {
+        /// The pod.
+        pod: String,
+        /// What was still missing.
+        pending: String,
+    },
+    /// The manager stopped.
+    #[error("the volume manager stopped")]
+    Stopped,
+}
+
+#[derive(Default)]
+struct SourceState {
+    errors: Vec<String>,
+    rejected: Vec<PodRejected>,
+}
+
+/// The volume manager.
+pub struct VolumeManager {
+    config: Config,
+    world: Arc<World>,
+    plugins: Arc<VolumePluginMgr>,
+    executor: Arc<OperationExecutor>,
+    root: Arc<RootDir>,
+    mounter: Arc<dyn Mounter>,
+    pool: Arc<BlockingPool>,
+    metrics: Arc<Metrics>,
+    reconciler: Arc<Reconciler>,
+    sources: Mutex<BTreeMap<String, SourceState>>,
+    reported_in_use: Mutex<HashSet<UniqueVolumeName>>,
+    tracer: Mutex<(String, String)>,
+    shutdown: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
+}
+
+impl VolumeManager {
+    /// Builds a manager on `config.root_dir` using `mounter`, with the
+    /// built-in plugins (emptyDir, hostPath) registered. Nothing runs until
+    /// [`start`](Self::start).
+    pub fn new(config: Config, mounter: Arc<dyn Mounter>) -> Result<Arc<Self>, Error> {
+        let root = Arc::new(RootDir::open(&config.root_dir)?);
+        let world = Arc::new(World::default());
+        let metrics = Arc::new(Metrics::default());
+        let pool = Arc::new(BlockingPool::new(config.max_blocking_ops));
+        let plugins = Arc::new(VolumePluginMgr::default());
+        plugins.register(Arc::new(EmptyDirPlugin::new(
+            Arc::clone(&root),
+            Arc::clone(&mounter),
+            Arc::clone(&pool),
+        )))?;
+        plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(&pool))))?;
+        let executor =
+            OperationExecutor::new(config.backoff, Arc::clone(&metrics), Arc::clone(&world));
+        let reconciler = Reconciler::new(
+            Arc::clone(&world),
+            Arc::clone(&executor),
+            Arc::clone(&plugins),
+            Arc::clone(&root),
+            Arc::clone(&mounter),
+            Arc::clone(&pool),
+            config.resync_period,
+        );
+        Ok(Arc::new(Self {
+            config,
+            world,
+            plugins,
+            executor,
+            root,
+            mounter,
+            pool,
+            metrics,
+            reconciler,
+            sources: Mutex::default(),
+            reported_in_use: Mutex::default(),
+            tracer: Mutex::new(("off".into(), "no tracer configured".into())),
+            shutdown: watch::Sender::new(false),
+            task: Mutex::default(),
+            extra_metrics: Mutex::default(),
+        }))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Arc<RootDir> {
+        &self.root
+    }
+
+    /// The shared state (for tracers and tests).
+    pub fn world(&self) -> &Arc<World> {
+        &self.world
+    }
+
+    /// The reconciler (for tracers that report out-of-band changes).
+    pub fn reconciler(&self) -> &Arc<Reconciler> {
+        &self.reconciler
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The blocking pool.
+    pub fn pool(&self) -> &Arc<BlockingPool> {
+        &self.pool
+    }
+
+    /// The mounter.
+    pub fn mounter(&self) -> &Arc<dyn Mounter> {
+        &self.mounter
+    }
+
+    /// Registers another plugin (before pods that need it arrive).
+    pub fn register_plugin(&self, plugin: Arc<dyn VolumePlugin>) -> Result<(), Error> {
+        Ok(self.plugins.register(plugin)?)
+    }
+
+    /// Subscribes to volume events.
+    pub fn add_event_listener(&self, l: EventListener) {
+        self.world.add_listener(l);
+    }
+
+    /// Records which tracer is active and why (shown in status).
+    pub fn set_tracer(&self, name: &str, reason: &str) {
+        *self.tracer.lock().unwrap_or_else(|e| e.into_inner()) = (name.into(), reason.into());
+    }
+
+    /// Adds a producer of extra Prometheus text (e.g. the tracer's counters).
+    pub fn add_metrics_source(&self, f: Arc<dyn Fn() -> String + Send + Sync>) {
+        self.extra_metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(f);
+    }
+
+    /// Runs reconstruction and starts the reconciler on the current tokio runtime.
+    pub async fn start(self: &Arc<Self>) -> Result<ReconstructionReport, Error> {
+        if self
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            return Err(Error::AlreadyStarted);
+        }
+        let this = Arc::clone(self);
+        let report = tokio::task::spawn_blocking(move || {
+            reconstruct(
+                &this.root,
+                &this.plugins,
+                this.mounter.as_ref(),
+                &this.world,
+            )
+        })
+        .await
+        .map_err(|e| Error::Reconstruction(e.to_string()))?
+        .map_err(|e| Error::Reconstruction(e.to_string()))?;
+        for e in &report.errors {
+            tracing::warn!(error = %e, "reconstruction");
+        }
+        tracing::info!(
+            pods = report.pods,
+            mounted = report.mounted,
+            uncertain = report.uncertain,
+            unstacked = report.unstacked,
+            "reconstructed actual state"
+        );
+        let _ = self.shutdown.send(false);
+        let handle = tokio::spawn(Arc::clone(&self.reconciler).run(self.shutdown.subscribe()));
+        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(report)
+    }
+
+    /// Stops the reconciler; mounts stay in place (as the kubelet leaves them).
+    /// Operations already running finish on their own.
+    pub async fn stop(&self) -> Result<(), Error> {
+        let handle = self
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or(Error::NotStarted)?;
+        let _ = self.shutdown.send(true);
+        let _ = handle.await;
+        self.world.bump();
+        Ok(())
+    }
+
+    /// Whether the reconciler runs.
+    pub fn is_running(&self) -> bool {
+        self.task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Adds or updates a pod (populator). A pod rejected as a whole is
+    /// returned as an error and changes nothing.
+    pub fn upsert_pod(&self, pod: &Pod) -> Result<PodUid, PodRejected> {
+        let desired = DesiredPod::from_pod(pod)?;
+        let uid = desired.uid.clone();
+        self.set_desired_pod(desired);
+        Ok(uid)
+    }
+
+    /// Adds or updates an already converted pod.
+    pub fn set_desired_pod(&self, pod: DesiredPod) {
+        let mut entry = PodEntry {
+            namespace: pod.namespace.as_str().into(),
+            name: pod.name.as_str().into(),
+            volumes: Vec::with_capacity(pod.volumes.len()),
+            supplemental_groups: pod
+                .fs_group
+                .into_iter()
+                .chain(pod.supplemental_groups.iter().copied())
+                .collect(),
+        };
+        let mut mounts = Vec::with_capacity(pod.volumes.len());
+        let selinux: Option<Arc<str>> = pod.selinux_label.as_deref().map(Into::into);
+        for v in pod.volumes {
+            let resolved = v.source.and_then(|source| {
+                let plugin = self
+                    .plugins
+                    .find_by_source(&source)
+                    .map_err(|e| e.to_string())?;
+                Ok((plugin, source))
+            });
+            match resolved {
+                Err(e) => {
+                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume cannot be mounted");
+                    entry.volumes.push(PodVolumeEntry {
+                        outer_name: v.name,
+                        plugin_name: None,
+                        volume: Err(e),
+                    });
+                }
+                Ok((plugin, source)) => {
+                    let spec = Arc::new(VolumeSpec {
+                        name: v.name.clone(),
+                        source,
+                    });
+                    let name = plugin.unique_volume_name(&pod.uid, &spec);
+                    let plugin_name: Arc<str> = plugin.name().into();
+                    entry.volumes.push(PodVolumeEntry {
+                        outer_name: v.name.clone(),
+                        plugin_name: Some(Arc::clone(&plugin_name)),
+                        volume: Ok(name.clone()),
+                    });
+                    if !pod.terminated {
+                        mounts.push((
+                            name,
+                            plugin_name,
+                            PodToMount {
+                                outer_volume_spec_name: v.name,
+                                spec,
+                                fs_group: pod.fs_group,
+                                selinux_label: selinux.clone(),
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        let changed = self.world.dsw_mut().set_pod(PodUpdate {
+            uid: pod.uid,
+            entry,
+            mounts,
+        });
+        if changed.is_empty() {
+            self.world.bump();
+        } else {
+            self.world.mark_dirty(changed);
+        }
+    }
+
+    /// Removes a pod (populator). Returns whether it was known.
+    pub fn delete_pod(&self, uid: &PodUid) -> bool {
+        let mut dsw = self.world.dsw_mut();
+        let known = dsw.pod(uid).is_some();
+        let changed = dsw.delete_pod(uid);
+        drop(dsw);
+        self.world.mark_dirty(changed);
+        self.world.mark_pod_dirty(uid.clone());
+        known
+    }
+
+    /// Marks the desired state as populated: every source has delivered its
+    /// pods once, so volumes of unknown pods may now be torn down.
+    pub fn set_populated(&self) {
+        self.world.set_populated();
+    }
+
+    /// Replaces what a source (e.g. one manifest file) reported as unusable.
+    pub fn set_source_problems(
+        &self,
+        source: &str,
+        errors: Vec<String>,
+        rejected: Vec<PodRejected>,
+    ) {
+        let mut s = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if errors.is_empty() && rejected.is_empty() {
+            s.remove(source);
+        } else {
+            s.insert(source.to_string(), SourceState { errors, rejected });
+        }
+        drop(s);
+        self.world.bump();
+    }
+
+    /// The kubelet's `WaitForAttachAndMount`: returns once every volume of the
+    /// pod is mounted.
+    pub async fn wait_for_attach_and_mount(
+        &self,
+        uid: &PodUid,
+        timeout: Duration,
+    ) -> Result<(), WaitError> {
+        self.wait(uid, timeout, |this| this.pending_volumes(uid))
+            .await
+    }
+
+    /// The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.
+    pub async fn wait_for_unmount(&self, uid: &PodUid, timeout: Duration) -> Result<(), WaitError> {
+        self.wait(uid, timeout, |this| {
+            let left: Vec<String> = this
+                .world
+                .asw()
+                .all_mounts_of_pod(uid)
+                .into_iter()
+                .map(|m| format!("{} (still mounted)", m.outer_volume_spec_name))
+                .collect();
+            if left.is_empty() {
+                None
+            } else {
+                Some(left.join(", "))
+            }
+        })
+        .await
+    }
+
+    async fn wait<F>(&self, uid: &PodUid, timeout: Duration, pending: F) -> Result<(), WaitError>
+    where
+        F: Fn(&Self) -> Option<String>,
+    {
+        let mut rx = self.world.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            rx.borrow_and_update();
+            let Some(missing) = pending(self) else {
+                return Ok(());
+            };
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(WaitError::Stopped),
+                Err(_) => {
+                    return Err(WaitError::Timeout {
+                        pod: uid.to_string(),
+                        pending: missing,
+                    })
+                }
+            }
+        }
+    }
+
+    /// `None` when every volume of the pod is mounted; otherwise what is missing.
+    fn pending_volumes(&self, uid: &PodUid) -> Option<String> {
+        let dsw = self.world.dsw();
+        let Some(pod) = dsw.pod(uid) else {
+            return Some("pod is not known (yet)".into());
+        };
+        let asw = self.world.asw();
+        let missing: Vec<String> = pod
+            .volumes
+            .iter()
+            .filter_map(|v| match &v.volume {
+                Err(e) => Some(format!("{} (error: {e})", v.outer_name)),
+                Ok(name) => match asw.pod_mount(name, uid) {
+                    Some(m) if m.state == VolumeMountState::Mounted => None,
+                    _ => {
+                        let err = self
+                            .executor
+                            .record(name, Some(uid))
+                            .and_then(|r| r.last_error);
+                        Some(match err {
+                            Some(e) => format!("{} (error: {e})", v.outer_name),
+                            None => format!("{} (pending)", v.outer_name),
+                        })
+                    }
+                },
+            })
+            .collect();
+        if missing.is_empty() {
+            None
+        } else {
+            Some(missing.join(", "))
+        }
+    }
+
+    /// The kubelet's `GetMountedVolumesForPod`: volumes certainly mounted.
+    pub fn mounted_volumes_for_pod(&self, uid: &PodUid) -> Vec<MountedVolume> {
+        let mut v: Vec<_> = self
+            .possibly_mounted_volumes_for_pod(uid)
+            .into_iter()
+            .filter(|m| m.state == VolumeMountState::Mounted)
+            .collect();
+        v.sort_by(|a, b| a.outer_volume_spec_name.cmp(&b.outer_volume_spec_name));
+        v
+    }
+
+    /// The kubelet's `GetPossiblyMountedVolumesForPod`: mounted or uncertain.
+    pub fn possibly_mounted_volumes_for_pod(&self, uid: &PodUid) -> Vec<MountedVolume> {
+        let mut v = self.world.asw().all_mounts_of_pod(uid);
+        v.sort_by(|a, b| a.outer_volume_spec_name.cmp(&b.outer_volume_spec_name));
+        v
+    }
+
+    /// The kubelet's `GetExtraSupplementalGroupsForPod`: the pod's fsGroup and
+    /// supplemental groups (deduplicated), if the pod is known.
+    pub fn extra_supplemental_groups_for_pod(&self, uid: &PodUid) -> Vec<i64> {
+        let dsw = self.world.dsw();
+        let mut g: Vec<i64> = dsw
+            .pod(uid)
+            .map(|p| p.supplemental_groups.clone())
+            .unwrap_or_default();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
+
+    /// The kubelet's `GetVolumesInUse`: every volume desired or still mounted.
+    pub fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
+        let mut set: HashSet<UniqueVolumeName> =
+            self.world.dsw().volumes().map(|(n, _)| n.clone()).collect();
+        set.extend(self.world.asw().volumes().map(|(n, _)| n.clone()));
+        let mut v: Vec<_> = set.into_iter().collect();
+        v.sort();
+        v
+    }
+
+    /// The kubelet's `MarkVolumesAsReportedInUse`.
+    pub fn mark_volumes_as_reported_in_use(&self, names: Vec<UniqueVolumeName>) {
+        *self
+            .reported_in_use
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = names.into_iter().collect();
+    }
+
+    /// Whether a volume was reported in use.
+    pub fn volume_is_reported_in_use(&self, name: &UniqueVolumeName) -> bool {
+        self.reported_in_use
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
+    /// The kubelet's `VolumeIsAttached`.
+    pub fn volume_is_attached(&self, name: &UniqueVolumeName) -> bool {
+        self.world.asw().volume(name).is_some()
+    }
+
+    /// The kubelet's `ReconcilerStatesHasBeenSynced`.
+    pub fn reconciler_states_synced(&self) -> bool {
+        self.world.synced()
+    }
+
+    /// The status document.
+    pub fn status(&self) -> Status {
+        let dsw = self.world.dsw();
+        let asw = self.world.asw();
+        let mut pods = Vec::new();
+        for (uid, entry) in dsw.pods() {
+            let volumes = entry
+                .volumes
+                .iter()
+                .map(|v| self.volume_status(uid, v, &dsw, &asw))
+                .collect();
+            pods.push(PodStatus {
+                uid: uid.to_string(),
+                namespace: entry.namespace.to_string(),
+                name: entry.name.to_string(),
+                error: None,
+                volumes,
+            });
+        }
+        // Pods that are gone from the desired state but still have mounts.
+        for uid in asw.pods() {
+            if dsw.pod(uid).is_some() {
+                continue;
+            }
+            let volumes = asw
+                .all_mounts_of_pod(uid)
+                .into_iter()
+                .map(|m| {
+                    let rec = self.executor.record(&m.volume_name, Some(uid));
+                    VolumeStatus {
+                        name: m.outer_volume_spec_name,
+                        plugin: m.plugin_name,
+                        state: "unmounting".into(),
+                        path: Some(m.path.display().to_string()),
+                        attempts: rec.as_ref().map_or(0, |r| r.attempts),
+                        error: rec.and_then(|r| r.last_error),
+                    }
+                })
+                .collect();
+            pods.push(PodStatus {
+                uid: uid.to_string(),
+                namespace: String::new(),
+                name: String::new(),
+                error: None,
+                volumes,
+            });
+        }
+        drop(asw);
+        drop(dsw);
+        let mut errors = Vec::new();
+        {
+            let sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+            for (source, st) in sources.iter() {
+                for e in &st.errors {
+                    errors.push(SourceError {
+                        source: source.clone(),
+                        error: e.clone(),
+                    });
+                }
+                for r in &st.rejected {
+                    pods.push(PodStatus {
+                        uid: r.uid.clone().unwrap_or_default(),
+                        namespace: r.namespace.clone(),
+                        name: r.name.clone(),
+                        error: Some(format!("{}: {}", source, r.reason)),
+                        volumes: Vec::new(),
+                    });
+                }
+            }
+        }
+        pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+        let (tracer, tracer_reason) = self
+            .tracer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Status {
+            synced: self.world.synced(),
+            tracer,
+            tracer_reason,
+            pods,
+            errors,
+            operations: self.metrics.summaries(),
+        }
+    }
+
+    fn volume_status(
+        &self,
+        uid: &PodUid,
+        v: &PodVolumeEntry,
+        dsw: &crate::cache::desired_state_of_world::DesiredStateOfWorld,
+        asw: &crate::cache::actual_state_of_world::ActualStateOfWorld,
+    ) -> VolumeStatus {
+        let plugin = v.plugin_name.as_deref().unwrap_or("").to_string();
+        let name = match &v.volume {
+            Err(e) => {
+                return VolumeStatus {
+                    name: v.outer_name.clone(),
+                    plugin,
+                    state: "error".into(),
+                    path: None,
+                    attempts: 0,
+                    error: Some(e.clone()),
+                }
+            }
+            Ok(n) => n,
+        };
+        let mount = asw.pod_mount(name, uid);
+        let rec = self.executor.record(name, Some(uid));
+        let failed = rec
+            .as_ref()
+            .is_some_and(|r| r.last_error.is_some() && !r.running);
+        let uncertain_err = rec.as_ref().is_some_and(|r| r.uncertain);
+        let in_dsw = dsw.pod_exists_in_volume(name, uid);
+        let state = match (in_dsw, mount.map(|m| m.state)) {
+            (true, Some(VolumeMountState::Mounted)) => "mounted",
+            (true, Some(VolumeMountState::Uncertain)) if failed && !uncertain_err => "error",
+            (true, Some(VolumeMountState::Uncertain)) => "uncertain",
+            (true, None) if failed => "error",
+            (true, None) => "pending",
+            (false, Some(_)) => "unmounting",
+            (false, None) => "pending",
+        };
+        let attempts = rec.as_ref().map_or(0, |r| {
+            if r.kind == OperationKind::MountVolume || !in_dsw {
+                r.attempts
+            } else {
+                0
+            }
+        });
+        VolumeStatus {
+            name: v.outer_name.clone(),
+            plugin,
+            state: state.into(),
+            path: mount.map(|m| m.path.display().to_string()),
+            attempts,
+            error: rec.and_then(|r| r.last_error),
+        }
+    }
+
+    /// Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        let desired = self.world.dsw().count_by_plugin();
+        let actual = self.world.asw().count_by_plugin();
+        let mut plugins: Vec<String> = self
+            .plugins
+            .all()
+            .iter()
+            .map(|p| p.name().to_string())
+            .collect();
+        plugins.sort();
+        let counts: Vec<(String, usize, usize)> = plugins
+            .into_iter()
+            .map(|p| {
+                let d = desired.get(p.as_str()).copied().unwrap_or(0);
+                let a = actual.get(p.as_str()).copied().unwrap_or(0);
+                (p, d, a)
+            })
+            .collect();
+        let extra: String = self
+            .extra_metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|f| f())
+            .collect();
+        self.metrics.render(&counts, &extra)
+    }
+}

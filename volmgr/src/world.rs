@@ -1,0 +1,226 @@
+//! The state shared by the populator, the reconciler, operations and readers:
+//! both worlds (each behind its own lock, held only for short, non-blocking
+//! sections), the set of volumes the reconciler must look at next, and a
+//! change counter that waiters watch.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tokio::sync::{watch, Notify};
+
+use crate::cache::actual_state_of_world::ActualStateOfWorld;
+use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use crate::volume::{PodUid, UniqueVolumeName};
+
+/// What happened to a volume, for event subscribers (logs, the C ABI callback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeEventKind {
+    /// Set up for the pod.
+    Mounted,
+    /// Torn down for the pod.
+    Unmounted,
+    /// An operation failed (it will be retried with backoff).
+    Failed,
+    /// Found unmounted behind the manager's back.
+    LostOutOfBand,
+}
+
+impl VolumeEventKind {
+    /// A stable lowercase name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Mounted => "mounted",
+            Self::Unmounted => "unmounted",
+            Self::Failed => "failed",
+            Self::LostOutOfBand => "lost",
+        }
+    }
+}
+
+/// One volume event.
+#[derive(Debug, Clone)]
+pub struct VolumeEvent {
+    /// What happened.
+    pub kind: VolumeEventKind,
+    /// The pod.
+    pub pod_uid: PodUid,
+    /// The volume's name in the pod.
+    pub volume: String,
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The path, if known.
+    pub path: Option<std::path::PathBuf>,
+    /// The error, for failures.
+    pub error: Option<String>,
+}
+
+/// A subscriber to volume events. Called on a volmgr runtime thread; must not block.
+pub type EventListener = Arc<dyn Fn(&VolumeEvent) + Send + Sync>;
+
+/// Which volumes the next reconcile pass must look at.
+#[derive(Debug, Default)]
+pub struct Dirty {
+    /// Look at everything.
+    pub all: bool,
+    /// Look at these.
+    pub volumes: HashSet<UniqueVolumeName>,
+    /// Pods whose directory may be removable.
+    pub pods: HashSet<PodUid>,
+}
+
+impl Dirty {
+    fn is_empty(&self) -> bool {
+        !self.all && self.volumes.is_empty() && self.pods.is_empty()
+    }
+}
+
+/// The shared state.
+pub struct World {
+    dsw: RwLock<DesiredStateOfWorld>,
+    asw: RwLock<ActualStateOfWorld>,
+    dirty: Mutex<Dirty>,
+    wake: Notify,
+    generation: watch::Sender<u64>,
+    populated: AtomicBool,
+    reconstructed: AtomicBool,
+    synced: AtomicBool,
+    listeners: RwLock<Vec<EventListener>>,
+}
+
+impl Default for World {
+    fn default() -> Self {
+        Self {
+            dsw: RwLock::default(),
+            asw: RwLock::default(),
+            dirty: Mutex::default(),
+            wake: Notify::new(),
+            generation: watch::Sender::new(0),
+            populated: AtomicBool::new(false),
+            reconstructed: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            listeners: RwLock::default(),
+        }
+    }
+}
+
+impl World {
+    /// Reads the desired state.
+    pub fn dsw(&self) -> RwLockReadGuard<'_, DesiredStateOfWorld> {
+        self.dsw.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the desired state (populator only).
+    pub fn dsw_mut(&self) -> RwLockWriteGuard<'_, DesiredStateOfWorld> {
+        self.dsw.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the actual state.
+    pub fn asw(&self) -> RwLockReadGuard<'_, ActualStateOfWorld> {
+        self.asw.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the actual state (operations, resync, reconstruction).
+    pub fn asw_mut(&self) -> RwLockWriteGuard<'_, ActualStateOfWorld> {
+        self.asw.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues volumes for the reconciler and wakes it.
+    pub fn mark_dirty(&self, volumes: impl IntoIterator<Item = UniqueVolumeName>) {
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        d.volumes.extend(volumes);
+        drop(d);
+        self.wake.notify_one();
+        self.bump();
+    }
+
+    /// Queues a pod whose directory may now be removable.
+    pub fn mark_pod_dirty(&self, pod: PodUid) {
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        d.pods.insert(pod);
+        drop(d);
+        self.wake.notify_one();
+    }
+
+    /// Asks for a full pass.
+    pub fn mark_all_dirty(&self) {
+        self.dirty.lock().unwrap_or_else(|e| e.into_inner()).all = true;
+        self.wake.notify_one();
+        self.bump();
+    }
+
+    /// Waits until something is dirty and takes it.
+    pub async fn take_dirty(&self) -> Dirty {
+        loop {
+            let notified = self.wake.notified();
+            {
+                let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+                if !d.is_empty() {
+                    return std::mem::take(&mut *d);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Signals waiters that the state changed.
+    pub fn bump(&self) {
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// A receiver that sees every change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// The populator has delivered every pod of its sources at least once.
+    pub fn populated(&self) -> bool {
+        self.populated.load(Ordering::Acquire)
+    }
+
+    /// Marks the desired state as populated.
+    pub fn set_populated(&self) {
+        if !self.populated.swap(true, Ordering::AcqRel) {
+            self.mark_all_dirty();
+        }
+    }
+
+    /// Reconstruction has run.
+    pub fn reconstructed(&self) -> bool {
+        self.reconstructed.load(Ordering::Acquire)
+    }
+
+    /// Marks reconstruction as done.
+    pub fn set_reconstructed(&self) {
+        self.reconstructed.store(true, Ordering::Release);
+    }
+
+    /// Reconstruction done, sources populated, and one full pass made since
+    /// (the kubelet's `ReconcilerStatesHasBeenSynced`).
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Marks the states synced.
+    pub fn set_synced(&self) {
+        if !self.synced.swap(true, Ordering::AcqRel) {
+            self.bump();
+        }
+    }
+
+    /// Adds an event listener.
+    pub fn add_listener(&self, l: EventListener) {
+        self.listeners
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(l);
+    }
+
+    /// Delivers an event to every listener.
+    pub fn emit(&self, ev: VolumeEvent) {
+        let listeners = self.listeners.read().unwrap_or_else(|e| e.into_inner());
+        for l in listeners.iter() {
+            l(&ev);
+        }
+    }
+}
