@@ -15,7 +15,7 @@ use volmgr::status::Status;
 
 /// volmgr: a node-level Kubernetes volume manager.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -117,10 +117,23 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("volmgr: {e:#}");
+            eprintln!("volmgr: {}", render_error(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// The error and its causes, skipping causes whose text is already shown.
+fn render_error(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -172,18 +185,35 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let timeout =
                 Duration::try_from_secs_f64(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            let req = if unmounted {
+            let mut req = if unmounted {
                 Request::WaitUnmount { pod, timeout_ms }
             } else {
                 Request::Wait { pod, timeout_ms }
             };
-            match api::call(&root, &req).await {
-                Ok(_) => Ok(ExitCode::SUCCESS),
-                Err(api::ApiError::Remote(e)) => {
-                    eprintln!("volmgr: {e}");
-                    Ok(ExitCode::FAILURE)
+            // The agent may be starting or restarting: keep trying to reach
+            // it until the deadline.
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                match api::call(&root, &req).await {
+                    Ok(_) => return Ok(ExitCode::SUCCESS),
+                    Err(api::ApiError::Remote(e)) => {
+                        eprintln!("volmgr: {e}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    Err(e) if tokio::time::Instant::now() >= deadline => {
+                        eprintln!("volmgr: cannot reach the agent before the timeout: {e}");
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
-                Err(e) => Err(anyhow!(e).context("is the agent running on this root?")),
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+                match &mut req {
+                    Request::Wait { timeout_ms, .. } | Request::WaitUnmount { timeout_ms, .. } => {
+                        *timeout_ms = left_ms
+                    }
+                    _ => {}
+                }
             }
         }
     }

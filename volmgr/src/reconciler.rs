@@ -286,6 +286,12 @@ impl Reconciler {
                             path: mounted.path.clone(),
                         })
                         .await;
+                    match &res {
+                        Ok(()) => tracing::info!(pod = %u, volume = %outer, "volume unmounted"),
+                        Err(e) => {
+                            tracing::warn!(pod = %u, volume = %outer, error = %e, "unmount failed; will retry with backoff")
+                        }
+                    }
                     if res.is_ok() {
                         let mut asw = world.asw_mut();
                         asw.mark_volume_as_unmounted(&v, &u);
@@ -336,7 +342,7 @@ impl Reconciler {
         r: Result<(), crate::operation_executor::NotStarted>,
     ) {
         if let Err(why) = r {
-            tracing::trace!(%volume, %pod, ?why, "operation not started");
+            tracing::debug!(%volume, %pod, ?why, "operation not started");
         }
     }
 

@@ -75,7 +75,14 @@ pub fn reconstruct(
         report.pods += 1;
         for (dir, plugin) in &plugin_dirs {
             let rel = RelPath::new(["pods", uid.as_str(), "volumes", dir.as_str()])?;
-            for vol in root.read_dir(&rel)? {
+            let vols = match root.read_dir(&rel) {
+                Ok(v) => v,
+                Err(e) => {
+                    report.errors.push(format!("pod {uid}: {e}"));
+                    continue;
+                }
+            };
+            for vol in vols {
                 let Some(vol) = vol.to_str() else { continue };
                 match plugin.reconstruct(&uid, vol, &table) {
                     Ok(Some(rec)) => {
@@ -134,10 +141,13 @@ fn unstack(
             continue;
         };
         for _ in 1..table.count(&m.mount_point) {
-            let result = root
-                .open_dir(&rel)
-                .map_err(VolumeError::from)
-                .and_then(|t| mounter.unmount(&t).map_err(VolumeError::from));
+            let result = rel
+                .split_last()
+                .ok_or_else(|| VolumeError::Internal("empty path".into()))
+                .and_then(|(parent, name)| {
+                    let parent = root.open_dir(&parent)?;
+                    Ok(mounter.unmount(&parent, name)?)
+                });
             match result {
                 Ok(()) => removed += 1,
                 Err(e) => {

@@ -131,6 +131,34 @@ fn set_volume_ownership(target: &crate::sys::Target, gid: i64) -> Result<(), Vol
     Ok(())
 }
 
+/// Unmounts every mount stacked on `rel` (a bounded loop). Returns how many.
+pub(crate) fn unmount_all(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    rel: &RelPath,
+) -> Result<usize, VolumeError> {
+    let Some((parent_rel, name)) = rel.split_last() else {
+        return Ok(0);
+    };
+    for n in 0..64 {
+        let mounted = match root.open_dir(rel) {
+            Ok(t) => mounter.is_mount_point(&t)?,
+            Err(e) if e.is_not_found() => false,
+            Err(e) => return Err(e.into()),
+        };
+        if !mounted {
+            return Ok(n);
+        }
+        let parent = root.open_dir(&parent_rel)?;
+        mounter.unmount(&parent, name)?;
+        failpoint::hit("emptydir.after_unmount");
+    }
+    Err(VolumeError::Internal(format!(
+        "{} still has mounts after 64 unmounts",
+        root.abs(rel).display()
+    )))
+}
+
 /// Unmounts everything stacked on `rel`, then deletes it and its marker.
 pub(crate) fn tear_down_dir(
     root: &RootDir,
@@ -138,19 +166,7 @@ pub(crate) fn tear_down_dir(
     rel: &RelPath,
     marker_dir: Option<&RelPath>,
 ) -> Result<(), VolumeError> {
-    // A bounded loop: a path can carry several stacked mounts.
-    for _ in 0..64 {
-        let target = match root.open_dir(rel) {
-            Ok(t) => t,
-            Err(e) if e.is_not_found() => break,
-            Err(e) => return Err(e.into()),
-        };
-        if !mounter.is_mount_point(&target)? {
-            break;
-        }
-        mounter.unmount(&target)?;
-        failpoint::hit("emptydir.after_unmount");
-    }
+    unmount_all(root, mounter, rel)?;
     root.remove_all(rel)?;
     if let Some(marker) = marker_dir {
         root.remove_all(marker)?;

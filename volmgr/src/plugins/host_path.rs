@@ -48,7 +48,12 @@ pub fn check_type(path: &Path, kind: HostPathType) -> Result<(), VolumeError> {
                 .recursive(true)
                 .mode(0o755)
                 .create(path)
-                .map_err(|e| SyscallError::io("mkdir", path, e))?;
+                .map_err(|e| {
+                    VolumeError::InvalidSpec(format!(
+                        "hostPath type check failed: cannot create directory {}: {e}",
+                        path.display()
+                    ))
+                })?;
         }
         HostPathType::FileOrCreate if missing => {
             // Like Kubernetes, the parent directory is not created.
@@ -58,7 +63,12 @@ pub fn check_type(path: &Path, kind: HostPathType) -> Result<(), VolumeError> {
                 .truncate(false)
                 .mode(0o644)
                 .open(path)
-                .map_err(|e| SyscallError::io("open(O_CREAT)", path, e))?;
+                .map_err(|e| {
+                    VolumeError::InvalidSpec(format!(
+                        "hostPath type check failed: cannot create file {} (its parent directory is not created): {e}",
+                        path.display()
+                    ))
+                })?;
         }
         _ if missing => {
             return Err(VolumeError::InvalidSpec(format!(

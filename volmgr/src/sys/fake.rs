@@ -96,20 +96,21 @@ impl Mounter for FakeMounter {
         Ok(())
     }
 
-    fn unmount(&self, target: &Target) -> Result<(), SyscallError> {
+    fn unmount(&self, parent: &Target, name: &std::ffi::OsStr) -> Result<(), SyscallError> {
+        let path = parent.path().join(name);
         let mut s = self.state.lock().unwrap();
-        s.calls.push(Call::Unmount(target.path().to_path_buf()));
+        s.calls.push(Call::Unmount(path.clone()));
         if let Some(errno) = s.unmount_failures.pop_front() {
-            return Err(SyscallError::new("umount2", target.path(), errno));
+            return Err(SyscallError::new("umount2", &path, errno));
         }
-        match s.mounts.iter().rposition(|(p, _)| p == target.path()) {
+        match s.mounts.iter().rposition(|(p, _)| *p == path) {
             Some(i) => {
                 s.mounts.remove(i);
                 Ok(())
             }
             None => Err(SyscallError::new(
                 "umount2",
-                target.path(),
+                &path,
                 nix::errno::Errno::EINVAL,
             )),
         }

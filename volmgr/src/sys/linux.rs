@@ -1,7 +1,7 @@
 //! The real [`Mounter`]: `mount(2)`, `umount2(2)`, `statx(2)` and `fstatfs(2)` on
 //! descriptors opened beneath the manager's root.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd};
 
 use nix::mount::MntFlags;
@@ -26,9 +26,9 @@ impl Mounter for LinuxMounter {
             .map_err(|e| SyscallError::new("mount", target.path(), e))
     }
 
-    fn unmount(&self, target: &Target) -> Result<(), SyscallError> {
-        nix::mount::umount2(&target.proc_path(), MntFlags::empty())
-            .map_err(|e| SyscallError::new("umount2", target.path(), e))
+    fn unmount(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError> {
+        nix::mount::umount2(&parent.proc_path().join(name), MntFlags::UMOUNT_NOFOLLOW)
+            .map_err(|e| SyscallError::new("umount2", parent.path().join(name), e))
     }
 
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError> {

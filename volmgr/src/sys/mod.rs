@@ -10,6 +10,7 @@ pub mod mountinfo;
 #[cfg(test)]
 pub mod fake;
 
+use std::ffi::OsStr;
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -106,8 +107,10 @@ pub trait Mounter: Send + Sync + 'static {
         data: Option<&str>,
     ) -> Result<(), SyscallError>;
 
-    /// Unmounts the file system whose root `target` is (`umount2`, not lazy).
-    fn unmount(&self, target: &Target) -> Result<(), SyscallError>;
+    /// Unmounts the top mount on `parent/name` (`umount2`, not lazy, never
+    /// following a symlink). The mount is named through its parent's
+    /// descriptor: a descriptor of the mount itself would keep it busy.
+    fn unmount(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError>;
 
     /// Whether `target` is the root of a mount (exact, via `statx`).
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError>;

@@ -1,0 +1,275 @@
+//! Test support: run a test body in a private mount namespace (a re-executed
+//! child of the test binary, so no thread of the harness ever changes
+//! namespace), drive the real `volmgr` binary, and read the real mount table.
+
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use volmgr::status::Status;
+use volmgr::sys::mountinfo::{self, MountInfo};
+
+const CHILD_ENV: &str = "VOLMGR_TEST_IN_PRIVATE_NS";
+
+/// Runs `body` in a fresh private mount namespace, or prints why it skips.
+/// `name` must be the test function's name (top level of its file).
+pub fn isolated(name: &str, body: impl FnOnce()) {
+    if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
+        body();
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP {name}: needs root (CAP_SYS_ADMIN) to create a private mount namespace");
+        return;
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, name);
+    // SAFETY: only async-signal-safe syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )?;
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("spawn the isolated test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        panic!("isolated test {name} failed:\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+    }
+    if !stdout.contains("1 passed") {
+        panic!("isolated test {name} did not run:\n{stdout}\n{stderr}");
+    }
+}
+
+/// The path of the built `volmgr` binary.
+pub fn volmgr_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_volmgr"))
+}
+
+/// A scratch area: ROOT, manifests, and a directory "outside" ROOT.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub manifests: PathBuf,
+    pub outside: PathBuf,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        let manifests = dir.path().join("manifests");
+        let outside = dir.path().join("outside");
+        for d in [&root, &manifests, &outside] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        let root = root.canonicalize().expect("canonical root");
+        Self {
+            dir,
+            root,
+            manifests,
+            outside,
+        }
+    }
+
+    /// Writes a manifest atomically (temporary file + rename).
+    pub fn write_manifest(&self, name: &str, text: &str) {
+        let tmp = self.manifests.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(name)).expect("rename manifest");
+    }
+
+    pub fn remove_manifest(&self, name: &str) {
+        std::fs::remove_file(self.manifests.join(name)).expect("remove manifest");
+    }
+
+    /// `ROOT/pods/<uid>/volumes/kubernetes.io~empty-dir/<vol>`.
+    pub fn empty_dir(&self, uid: &str, vol: &str) -> PathBuf {
+        self.root
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(vol)
+    }
+
+    pub fn start_agent(&self, extra: &[&str]) -> Agent {
+        self.start_agent_env(extra, &[])
+    }
+
+    pub fn start_agent_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = self.dir.path().join(format!("agent-{n}.log"));
+        let f = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(volmgr_bin());
+        cmd.arg("agent")
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--manifests")
+            .arg(&self.manifests)
+            .args(["--backoff-initial", "100ms", "--backoff-max", "1s"])
+            .args(extra)
+            .env("RUST_LOG", "volmgr=debug")
+            .stdout(Stdio::null())
+            .stderr(f);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn agent");
+        Agent { child, log }
+    }
+
+    /// `volmgr status --json`, once the agent answers.
+    pub fn status(&self) -> Status {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = Command::new(volmgr_bin())
+                .args(["status", "--json", "--root"])
+                .arg(&self.root)
+                .output()
+                .expect("run volmgr status");
+            if out.status.success() {
+                return serde_json::from_slice(&out.stdout).expect("status JSON");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "agent never answered status: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// State of one volume of one pod in status.
+    pub fn volume_state(&self, uid: &str, vol: &str) -> Option<(String, u32, Option<String>)> {
+        let s = self.status();
+        let p = s.pods.iter().find(|p| p.uid == uid)?;
+        let v = p.volumes.iter().find(|v| v.name == vol)?;
+        Some((v.state.clone(), v.attempts, v.error.clone()))
+    }
+
+    /// Waits (up to a generous limit that only catches hangs) for `cond`.
+    pub fn wait_for(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cond() {
+            assert!(Instant::now() < deadline, "gave up waiting for: {what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn wait_synced(&self) {
+        self.wait_for("status synced", || self.status().synced);
+    }
+
+    /// `volmgr wait` for a pod; returns the exit code.
+    pub fn wait_pod(&self, uid: &str, timeout: f64) -> i32 {
+        Command::new(volmgr_bin())
+            .args([
+                "wait",
+                "--pod",
+                uid,
+                "--timeout",
+                &timeout.to_string(),
+                "--root",
+            ])
+            .arg(&self.root)
+            .status()
+            .expect("run volmgr wait")
+            .code()
+            .unwrap_or(-1)
+    }
+
+    /// Mounts at or below ROOT.
+    pub fn mounts(&self) -> Vec<MountInfo> {
+        mountinfo::read_self()
+            .expect("mountinfo")
+            .into_iter()
+            .filter(|m| m.mount_point.starts_with(&self.root))
+            .collect()
+    }
+
+    /// How many mounts sit on `path`.
+    pub fn mount_count(&self, path: &Path) -> usize {
+        self.mounts()
+            .iter()
+            .filter(|m| m.mount_point == path)
+            .count()
+    }
+
+    /// Nothing was created outside ROOT (in the "outside" sentinel directory).
+    pub fn assert_outside_untouched(&self) {
+        let n = std::fs::read_dir(&self.outside).expect("outside").count();
+        assert_eq!(n, 0, "something was created outside ROOT");
+    }
+}
+
+/// A running agent.
+pub struct Agent {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait; returns whether it exited 0.
+    pub fn term(mut self) -> bool {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().map(|s| s.success()).unwrap_or(false)
+    }
+
+    /// Waits for an agent that is expected to die (e.g. at a failpoint).
+    pub fn wait_exit(mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait agent")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pod manifest with the given volumes (YAML flow mappings) all mounted by
+/// one container.
+pub fn pod_yaml(name: &str, uid: &str, volumes: &[(&str, &str)]) -> String {
+    let mounts: Vec<String> = volumes
+        .iter()
+        .map(|(n, _)| format!("{{name: \"{n}\", mountPath: /m/{n}}}"))
+        .collect();
+    let vols: Vec<String> = volumes
+        .iter()
+        .map(|(n, src)| format!("  - {{name: \"{n}\", {src}}}"))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: test, uid: \"{uid}\"}}\nspec:\n  containers: [{{name: c, image: i, volumeMounts: [{}]}}]\n  volumes:\n{}\n",
+        mounts.join(", "),
+        vols.join("\n")
+    )
+}
