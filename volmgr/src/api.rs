@@ -3,7 +3,8 @@
 //!
 //! Requests: `{"method":"status"}`, `{"method":"metrics"}`,
 //! `{"method":"wait","pod":UID,"timeout_ms":N}`,
-//! `{"method":"wait_unmount","pod":UID,"timeout_ms":N}`.
+//! `{"method":"wait_unmount","pod":UID,"timeout_ms":N}`,
+//! `{"method":"wait_all","pods":N|null,"timeout_ms":N}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
 
 use std::path::{Path, PathBuf};
@@ -56,6 +57,14 @@ pub enum Request {
     Wait {
         /// Pod UID.
         pod: String,
+        /// Timeout.
+        timeout_ms: u64,
+    },
+    /// Wait until the node has converged (every desired volume mounted,
+    /// nothing else mounted), with exactly `pods` pods desired if given.
+    WaitAll {
+        /// Expected number of desired pods.
+        pods: Option<usize>,
         /// Timeout.
         timeout_ms: u64,
     },
@@ -165,6 +174,13 @@ async fn answer(req: Request, vm: &VolumeManager) -> Response {
         Request::Metrics => ok(serde_json::Value::String(vm.metrics_text())),
         Request::Wait { pod, timeout_ms } => wait(vm, &pod, timeout_ms, false).await,
         Request::WaitUnmount { pod, timeout_ms } => wait(vm, &pod, timeout_ms, true).await,
+        Request::WaitAll { pods, timeout_ms } => {
+            let t = Duration::from_millis(timeout_ms).min(MAX_WAIT);
+            match vm.wait_converged(pods, t).await {
+                Ok(()) => ok(serde_json::Value::Null),
+                Err(e) => err(e.to_string()),
+            }
+        }
     }
 }
 

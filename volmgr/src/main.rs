@@ -65,8 +65,15 @@ enum Command {
         #[arg(long)]
         root: PathBuf,
         /// The pod's UID.
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        pod: Option<String>,
+        /// Wait for the whole node instead: every desired volume mounted and
+        /// nothing else mounted.
         #[arg(long)]
-        pod: String,
+        all: bool,
+        /// With --all: also wait until exactly this many pods are desired.
+        #[arg(long, requires = "all")]
+        pods: Option<usize>,
         /// Seconds to wait.
         #[arg(long, default_value_t = 120.0)]
         timeout: f64,
@@ -179,16 +186,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Wait {
             root,
             pod,
+            all,
+            pods,
             timeout,
             unmounted,
         } => {
             let timeout =
                 Duration::try_from_secs_f64(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
             let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            let mut req = if unmounted {
-                Request::WaitUnmount { pod, timeout_ms }
-            } else {
-                Request::Wait { pod, timeout_ms }
+            let mut req = match pod {
+                _ if all => Request::WaitAll { pods, timeout_ms },
+                Some(pod) if unmounted => Request::WaitUnmount { pod, timeout_ms },
+                Some(pod) => Request::Wait { pod, timeout_ms },
+                None => return Err(anyhow!("--pod or --all is required")),
             };
             // The agent may be starting or restarting: keep trying to reach
             // it until the deadline.

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cache::pod_map::PodMap;
 use crate::metrics::{Metrics, OperationLabels};
 use crate::plugins::VolumeError;
 use crate::volume::{PodUid, UniqueVolumeName};
@@ -102,7 +103,7 @@ pub enum NotStarted {
 #[derive(Default)]
 struct VolumeOps {
     device: Option<OperationRecord>,
-    pods: HashMap<PodUid, OperationRecord>,
+    pods: PodMap<OperationRecord>,
 }
 
 impl VolumeOps {
@@ -163,10 +164,7 @@ impl OperationExecutor {
                 return Err(NotStarted::AlreadyRunning);
             }
             let rec = match pod {
-                Some(p) => vol
-                    .pods
-                    .entry(p.clone())
-                    .or_insert_with(|| new_record(kind)),
+                Some(p) => vol.pods.get_or_insert_with(p, || new_record(kind)),
                 None => vol.device.get_or_insert_with(|| new_record(kind)),
             };
             if rec.kind == kind {
@@ -205,10 +203,7 @@ impl OperationExecutor {
             let mut ops = self.lock();
             let vol = ops.entry(volume.clone()).or_default();
             let rec = match pod {
-                Some(p) => vol
-                    .pods
-                    .entry(p.clone())
-                    .or_insert_with(|| new_record(kind)),
+                Some(p) => vol.pods.get_or_insert_with(p, || new_record(kind)),
                 None => vol.device.get_or_insert_with(|| new_record(kind)),
             };
             rec.running = false;
@@ -229,6 +224,10 @@ impl OperationExecutor {
                 }
             }
         }
+        if result.is_ok() && kind == OperationKind::CleanupPodDir {
+            // Nothing left to report about a removed directory.
+            self.forget_volume(volume);
+        }
         self.metrics.record_operation(
             OperationLabels {
                 operation_name: kind.metric_name(),
@@ -241,7 +240,11 @@ impl OperationExecutor {
             },
             elapsed,
         );
-        self.world.mark_dirty([volume.clone()]);
+        // A finished clean-up has nothing more to reconcile (only its retry
+        // after a backoff has); any other operation changed its volume.
+        if kind != OperationKind::CleanupPodDir {
+            self.world.mark_dirty([volume.clone()]);
+        }
         if let Some(delay) = retry {
             let world = Arc::clone(&self.world);
             let volume = volume.clone();

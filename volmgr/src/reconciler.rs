@@ -24,8 +24,13 @@ use crate::sys::Mounter;
 use crate::volume::{PodUid, UniqueVolumeName};
 use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
 
-/// The operation key for pod-directory clean-ups.
-const POD_DIRS: &str = "volmgr/pod-dir";
+/// Prefix of the operation keys of pod-directory clean-ups
+/// (`volmgr/pod-dir/<uid>`): one key per pod, so each has its own backoff.
+const POD_DIR_PREFIX: &str = "volmgr/pod-dir/";
+
+fn pod_dir_key(uid: &PodUid) -> UniqueVolumeName {
+    UniqueVolumeName::new(format!("{POD_DIR_PREFIX}{uid}"))
+}
 
 /// The reconciler.
 pub struct Reconciler {
@@ -36,9 +41,8 @@ pub struct Reconciler {
     mounter: Arc<dyn Mounter>,
     pool: Arc<BlockingPool>,
     resync_period: Duration,
-    /// Orphaned pods whose directory removal waits (for the sources to be
-    /// populated, or for a backoff).
-    pending_pod_dirs: Arc<Mutex<HashSet<PodUid>>>,
+    /// Orphan candidates seen before the sources were populated.
+    deferred_pod_dirs: Mutex<HashSet<PodUid>>,
 }
 
 enum Action {
@@ -76,7 +80,7 @@ impl Reconciler {
             mounter,
             pool,
             resync_period,
-            pending_pod_dirs: Arc::default(),
+            deferred_pod_dirs: Mutex::default(),
         })
     }
 
@@ -106,7 +110,7 @@ impl Reconciler {
         let populated = self.world.populated();
         let mut actions = Vec::new();
         let mut forget = Vec::new();
-        let mut check_pod_dirs = dirty.all;
+        let mut pod_dirs = dirty.pods;
         {
             let dsw = self.world.dsw();
             let mut asw = self.world.asw_mut();
@@ -137,8 +141,9 @@ impl Reconciler {
             }
             // 2. Mount what is desired and not (certainly) mounted.
             for v in &scope {
-                if v.as_str() == POD_DIRS {
-                    check_pod_dirs = true;
+                if let Some(uid) = v.as_str().strip_prefix(POD_DIR_PREFIX) {
+                    // A clean-up finished or its backoff expired.
+                    pod_dirs.extend(PodUid::new(uid).ok());
                     continue;
                 }
                 let Some(dv) = dsw.volume(v) else { continue };
@@ -170,7 +175,7 @@ impl Reconciler {
             // plugins), and operation records of volumes neither world has.
             if populated {
                 for v in &scope {
-                    if dsw.volume_exists(v) || v.as_str() == POD_DIRS {
+                    if dsw.volume_exists(v) || v.as_str().starts_with(POD_DIR_PREFIX) {
                         continue;
                     }
                     match asw.volume(v) {
@@ -190,7 +195,7 @@ impl Reconciler {
         for a in actions {
             self.start(a);
         }
-        self.cleanup_pod_dirs(dirty.pods, check_pod_dirs, populated);
+        self.cleanup_pod_dirs(pod_dirs, populated);
         if dirty.all && populated && self.world.reconstructed() {
             self.world.set_synced();
         }
@@ -349,52 +354,42 @@ impl Reconciler {
     /// Removes `ROOT/pods/<uid>` of pods that are neither desired nor have
     /// anything mounted (the kubelet's `cleanupOrphanedPodDirs`). The removal
     /// never crosses a mount, so a volume unknown to the manager is left intact.
-    fn cleanup_pod_dirs(
-        self: &Arc<Self>,
-        dirty: HashSet<PodUid>,
-        check_pending: bool,
-        populated: bool,
-    ) {
-        let mut pending = self
-            .pending_pod_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        pending.extend(dirty);
-        if !populated || (pending.is_empty() && !check_pending) {
+    fn cleanup_pod_dirs(self: &Arc<Self>, mut candidates: HashSet<PodUid>, populated: bool) {
+        {
+            let mut deferred = self
+                .deferred_pod_dirs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if !populated {
+                deferred.extend(candidates);
+                return;
+            }
+            candidates.extend(deferred.drain());
+        }
+        if candidates.is_empty() {
             return;
         }
-        let candidates: Vec<PodUid> = pending.iter().cloned().collect();
         let eligible: Vec<PodUid> = {
             let dsw = self.world.dsw();
             let asw = self.world.asw();
             candidates
                 .into_iter()
-                .filter(|u| {
-                    let keep = dsw.pod(u).is_none() && !asw.pod_has_mounts(u);
-                    if !keep {
-                        pending.remove(u);
-                    }
-                    keep
-                })
+                .filter(|u| dsw.pod(u).is_none() && !asw.pod_has_mounts(u))
                 .collect()
         };
-        drop(pending);
-        let key = UniqueVolumeName::new(POD_DIRS);
         for uid in eligible {
             let root = Arc::clone(&self.root);
             let pool = Arc::clone(&self.pool);
-            let pending = Arc::clone(&self.pending_pod_dirs);
             let u = uid.clone();
             let op = async move {
                 let rel = RelPath::new(["pods", u.as_str()])?;
                 pool.run(move || Ok(root.remove_all(&rel)?)).await?;
-                pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&u);
                 tracing::debug!(pod = %u, "removed orphaned pod directory");
                 Ok(())
             };
             let _ = self.executor.start(
-                &key,
-                Some(&uid),
+                &pod_dir_key(&uid),
+                None,
                 OperationKind::CleanupPodDir,
                 "volmgr".into(),
                 op,

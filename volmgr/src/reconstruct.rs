@@ -63,7 +63,7 @@ pub fn reconstruct(
     let plugin_dirs: Vec<_> = plugins
         .all()
         .into_iter()
-        .filter_map(|p| p.volumes_dir_name().map(|d| (d, p)))
+        .filter_map(|(n, p)| p.volumes_dir_name().map(|d| (d, n, p)))
         .collect();
     for name in root.read_dir(&pods_rel)? {
         let Some(uid) = name.to_str().and_then(|n| PodUid::new(n).ok()) else {
@@ -73,7 +73,7 @@ pub fn reconstruct(
             continue;
         };
         report.pods += 1;
-        for (dir, plugin) in &plugin_dirs {
+        for (dir, plugin_name, plugin) in &plugin_dirs {
             let rel = RelPath::new(["pods", uid.as_str(), "volumes", dir.as_str()])?;
             let vols = match root.read_dir(&rel) {
                 Ok(v) => v,
@@ -96,7 +96,7 @@ pub fn reconstruct(
                         let spec = Arc::new(rec.spec);
                         let volume_name = plugin.unique_volume_name(&uid, &spec);
                         let mut asw = world.asw_mut();
-                        asw.mark_volume_as_attached(&volume_name, plugin.name().into());
+                        asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
                         asw.mark_volume_as_mounted(
                             &volume_name,
                             &uid,

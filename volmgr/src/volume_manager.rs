@@ -322,13 +322,12 @@ impl VolumeManager {
                         volume: Err(e),
                     });
                 }
-                Ok((plugin, source)) => {
+                Ok(((plugin_name, plugin), source)) => {
                     let spec = Arc::new(VolumeSpec {
                         name: v.name.clone(),
                         source,
                     });
                     let name = plugin.unique_volume_name(&pod.uid, &spec);
-                    let plugin_name: Arc<str> = plugin.name().into();
                     entry.volumes.push(PodVolumeEntry {
                         outer_name: v.name.clone(),
                         plugin_name: Some(Arc::clone(&plugin_name)),
@@ -423,6 +422,80 @@ impl VolumeManager {
             }
         })
         .await
+    }
+
+    /// Waits until the node has converged: states synced, (if given) exactly
+    /// `pods` pods desired, every desired volume mounted and nothing else
+    /// mounted. The check is O(volumes), so it runs at most every 10 ms.
+    pub async fn wait_converged(
+        &self,
+        pods: Option<usize>,
+        timeout: Duration,
+    ) -> Result<(), WaitError> {
+        let mut rx = self.world.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            rx.borrow_and_update();
+            let missing = self.not_converged(pods);
+            let Some(missing) = missing else {
+                return Ok(());
+            };
+            let timed_out = |missing: String| WaitError::Timeout {
+                pod: "*".into(),
+                pending: missing,
+            };
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(WaitError::Stopped),
+                Err(_) => return Err(timed_out(missing)),
+            }
+            tokio::time::sleep_until(
+                deadline.min(tokio::time::Instant::now() + Duration::from_millis(10)),
+            )
+            .await;
+        }
+    }
+
+    fn not_converged(&self, pods: Option<usize>) -> Option<String> {
+        if !self.world.synced() {
+            return Some("states not synced yet".into());
+        }
+        let dsw = self.world.dsw();
+        if let Some(n) = pods {
+            let have = dsw.pods().count();
+            if have != n {
+                return Some(format!("{have} pods desired, waiting for {n}"));
+            }
+        }
+        // Return at the first difference: while converging that is found
+        // almost at once, so polling this stays cheap.
+        let asw = self.world.asw();
+        for (name, v) in dsw.volumes() {
+            for uid in v.pods.keys() {
+                if asw
+                    .pod_mount(name, uid)
+                    .is_none_or(|m| m.state != VolumeMountState::Mounted)
+                {
+                    return Some(format!("pod {uid} volume {name}: not mounted yet"));
+                }
+            }
+        }
+        for (name, v) in asw.volumes() {
+            for uid in v.pods.keys() {
+                if !dsw.pod_exists_in_volume(name, uid) {
+                    return Some(format!("pod {uid} volume {name}: still mounted"));
+                }
+            }
+        }
+        for (uid, pod) in dsw.pods() {
+            if let Some(v) = pod.volumes.iter().find(|v| v.volume.is_err()) {
+                return Some(format!(
+                    "pod {uid} volume {}: cannot be mounted",
+                    v.outer_name
+                ));
+            }
+        }
+        None
     }
 
     async fn wait<F>(&self, uid: &PodUid, timeout: Duration, pending: F) -> Result<(), WaitError>
@@ -698,7 +771,7 @@ impl VolumeManager {
             .plugins
             .all()
             .iter()
-            .map(|p| p.name().to_string())
+            .map(|(n, _)| n.to_string())
             .collect();
         plugins.sort();
         let counts: Vec<(String, usize, usize)> = plugins

@@ -302,8 +302,8 @@ fn kill9_at_failpoints_then_restart_converges() {
         let a = env.start_agent_env(&[], &[("VOLMGR_FAILPOINTS", "emptydir.after_mount")]);
         assert!(!a.wait_exit().success());
         assert!(!env.mounts().is_empty());
-        // Crash right after the ready marker (complete on restart).
-        let a = env.start_agent_env(&[], &[("VOLMGR_FAILPOINTS", "emptydir.after_ready")]);
+        // Crash at the end of a set-up, before it is recorded.
+        let a = env.start_agent_env(&[], &[("VOLMGR_FAILPOINTS", "emptydir.after_setup")]);
         assert!(!a.wait_exit().success());
         let agent = env.start_agent(&[]);
         assert_converged(&env, &pods);

@@ -3,10 +3,11 @@
 //! or may not have happened). Written only by operation results, resync and
 //! reconstruction.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::pod_map::PodMap;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 
 /// The state of one pod's mount of a volume.
@@ -51,7 +52,7 @@ pub struct AttachedVolume {
     /// Staging state.
     pub device_mount_state: DeviceMountState,
     /// The pods it is mounted for.
-    pub pods: HashMap<PodUid, MountedPod>,
+    pub pods: PodMap<MountedPod>,
 }
 
 /// A row of [`ActualStateOfWorld::mounted_volumes_for_pod`].
@@ -74,7 +75,7 @@ pub struct MountedVolume {
 pub struct ActualStateOfWorld {
     volumes: HashMap<UniqueVolumeName, AttachedVolume>,
     /// Index: the volumes each pod has mounted.
-    by_pod: HashMap<PodUid, HashSet<UniqueVolumeName>>,
+    by_pod: HashMap<PodUid, Vec<UniqueVolumeName>>,
 }
 
 impl ActualStateOfWorld {
@@ -85,7 +86,7 @@ impl ActualStateOfWorld {
             .or_insert_with(|| AttachedVolume {
                 plugin_name: plugin,
                 device_mount_state: DeviceMountState::NotMounted,
-                pods: HashMap::new(),
+                pods: PodMap::default(),
             });
     }
 
@@ -104,10 +105,10 @@ impl ActualStateOfWorld {
             m.state != mounted.state || m.path != mounted.path || m.spec != mounted.spec
         });
         v.pods.insert(pod.clone(), mounted);
-        self.by_pod
-            .entry(pod.clone())
-            .or_default()
-            .insert(volume.clone());
+        let vols = self.by_pod.entry(pod.clone()).or_default();
+        if !vols.contains(volume) {
+            vols.push(volume.clone());
+        }
         changed
     }
 
@@ -118,7 +119,7 @@ impl ActualStateOfWorld {
             .get_mut(volume)
             .is_some_and(|v| v.pods.remove(pod).is_some());
         if let Some(set) = self.by_pod.get_mut(pod) {
-            set.remove(volume);
+            set.retain(|v| v != volume);
             if set.is_empty() {
                 self.by_pod.remove(pod);
             }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::pod_map::PodMap;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 
 /// A pod that needs a volume, with what the mount needs to know.
@@ -25,7 +26,7 @@ pub struct VolumeToMount {
     /// The plugin that handles it.
     pub plugin_name: Arc<str>,
     /// The pods that need it.
-    pub pods: HashMap<PodUid, PodToMount>,
+    pub pods: PodMap<PodToMount>,
 }
 
 /// One volume of a desired pod, as status reports it.
@@ -81,7 +82,7 @@ impl DesiredStateOfWorld {
                 .entry(name.clone())
                 .or_insert_with(|| VolumeToMount {
                     plugin_name: plugin,
-                    pods: HashMap::new(),
+                    pods: PodMap::default(),
                 });
             if v.pods.get(&update.uid) != Some(&pod) {
                 v.pods.insert(update.uid.clone(), pod);

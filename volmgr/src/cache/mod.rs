@@ -3,3 +3,4 @@
 
 pub mod actual_state_of_world;
 pub mod desired_state_of_world;
+pub mod pod_map;

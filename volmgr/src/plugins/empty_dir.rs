@@ -1,7 +1,12 @@
 //! `emptyDir`: a directory under the pod (`medium: ""`) or a tmpfs mounted on
-//! it (`medium: Memory`, sized by `sizeLimit`). As in the kubelet, a `ready`
-//! file under `pods/<uid>/plugins/kubernetes.io~empty-dir/<volume>/` marks a
-//! completed set-up, so a crash mid-way is detected and finished on restart.
+//! it (`medium: Memory`, sized by `sizeLimit`).
+//!
+//! Set-up is idempotent (an existing tmpfs is kept, ownership re-applied), so
+//! no "ready" marker is written: a volume found at start-up is recorded as
+//! *uncertain* and set up once more, which completes a set-up a crash
+//! interrupted and never remounts. The kubelet's marker directory
+//! (`pods/<uid>/plugins/kubernetes.io~empty-dir/<volume>`) is removed on
+//! tear-down if present.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -70,7 +75,6 @@ fn set_up_blocking(
         return Err(VolumeError::InvalidSpec("not an emptyDir volume".into()));
     };
     let rel = volume_dir(&req.pod_uid, &req.spec.name)?;
-    let ready = plugin_dir(&req.pod_uid, &req.spec.name)?.join("ready")?;
     let target = root.mkdir_all(&rel, 0o750)?;
     let mut mounted_now = false;
     match medium {
@@ -100,7 +104,6 @@ fn set_up_blocking(
             let top = root.open_dir(&rel)?;
             set_volume_ownership(&top, gid)?;
         }
-        root.write_file(&ready, b"")?;
         Ok(())
     };
     match finish() {
@@ -110,7 +113,7 @@ fn set_up_blocking(
         Err(e) if mounted_now => return Err(VolumeError::Uncertain(e.to_string())),
         Err(e) => return Err(e),
     }
-    failpoint::hit("emptydir.after_ready");
+    failpoint::hit("emptydir.after_setup");
     Ok(target.path().to_path_buf())
 }
 
@@ -226,7 +229,6 @@ impl VolumePlugin for EmptyDirPlugin {
     ) -> Result<Option<ReconstructedVolume>, VolumeError> {
         let rel = volume_dir(pod, volume)?;
         let path = self.root.abs(&rel);
-        let ready = plugin_dir(pod, volume)?.join("ready")?;
         let top = table.top(&path);
         let medium = match top {
             Some(m) if m.fstype == "tmpfs" => StorageMedium::Memory,
@@ -241,7 +243,8 @@ impl VolumePlugin for EmptyDirPlugin {
                 source: VolumeSource::EmptyDir { medium, size_limit },
             },
             path,
-            complete: self.root.exists(&ready)?,
+            // Set up once more before it is trusted (idempotent, no remount).
+            complete: false,
         }))
     }
 }
@@ -371,7 +374,7 @@ mod tests {
             .reconstruct(&PodUid::new("pod1").unwrap(), "v", &table)
             .unwrap()
             .unwrap();
-        assert!(rec.complete);
+        assert!(!rec.complete, "reconstructed volumes are set up once more");
         assert_eq!(
             rec.spec.source,
             VolumeSource::EmptyDir {

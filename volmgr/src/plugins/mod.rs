@@ -141,7 +141,8 @@ pub fn escape_plugin_name(name: &str) -> String {
 /// The registered plugins.
 #[derive(Default)]
 pub struct VolumePluginMgr {
-    plugins: RwLock<Vec<Arc<dyn VolumePlugin>>>,
+    /// Each plugin with its name, shared by every volume that records it.
+    plugins: RwLock<Vec<(Arc<str>, Arc<dyn VolumePlugin>)>>,
 }
 
 /// No plugin (or more than one) handles a volume.
@@ -170,30 +171,31 @@ impl VolumePluginMgr {
     /// Registers a plugin; names must be unique.
     pub fn register(&self, plugin: Arc<dyn VolumePlugin>) -> Result<(), PluginLookupError> {
         let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
-        if plugins.iter().any(|p| p.name() == plugin.name()) {
+        if plugins.iter().any(|(n, _)| **n == *plugin.name()) {
             return Err(PluginLookupError::Duplicate(plugin.name().to_string()));
         }
-        plugins.push(plugin);
+        plugins.push((plugin.name().into(), plugin));
         Ok(())
     }
 
     /// The one plugin that supports `source` (the kubelet's `FindPluginBySpec`).
+    /// Returns the plugin's shared name with it.
     pub fn find_by_source(
         &self,
         source: &VolumeSource,
-    ) -> Result<Arc<dyn VolumePlugin>, PluginLookupError> {
+    ) -> Result<(Arc<str>, Arc<dyn VolumePlugin>), PluginLookupError> {
         let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
-        let mut found = plugins.iter().filter(|p| p.can_support(source));
+        let mut found = plugins.iter().filter(|(_, p)| p.can_support(source));
         let first = found.next().cloned();
-        let rest: Vec<_> = found.map(|p| p.name().to_string()).collect();
+        let rest: Vec<_> = found.map(|(n, _)| n.to_string()).collect();
         match first {
             None => Err(PluginLookupError::NotFound {
                 kind: source.kind().to_string(),
             }),
             Some(p) if rest.is_empty() => Ok(p),
-            Some(p) => Err(PluginLookupError::Ambiguous {
+            Some((n, _)) => Err(PluginLookupError::Ambiguous {
                 kind: source.kind().to_string(),
-                names: std::iter::once(p.name().to_string())
+                names: std::iter::once(n.to_string())
                     .chain(rest)
                     .collect::<Vec<_>>()
                     .join(", "),
@@ -204,11 +206,14 @@ impl VolumePluginMgr {
     /// The plugin named `name`.
     pub fn find_by_name(&self, name: &str) -> Option<Arc<dyn VolumePlugin>> {
         let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
-        plugins.iter().find(|p| p.name() == name).cloned()
+        plugins
+            .iter()
+            .find(|(n, _)| **n == *name)
+            .map(|(_, p)| Arc::clone(p))
     }
 
-    /// All plugins.
-    pub fn all(&self) -> Vec<Arc<dyn VolumePlugin>> {
+    /// All plugins, with their shared names.
+    pub fn all(&self) -> Vec<(Arc<str>, Arc<dyn VolumePlugin>)> {
         self.plugins
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -74,7 +74,7 @@ impl FileKey {
 #[derive(Debug, Default)]
 struct FileState {
     key: Option<FileKey>,
-    pods: BTreeSet<PodUid>,
+    pods: Vec<PodUid>,
 }
 
 /// What one file yielded.
@@ -428,16 +428,20 @@ impl ManifestsSource {
                 }
                 let state = self.files.entry(name.clone()).or_default();
                 if parsed.complete {
-                    for uid in state.pods.difference(&now) {
+                    for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
                         if self.owners.get(uid) == Some(&name) {
                             self.owners.remove(uid);
                             self.vm.delete_pod(uid);
                             tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
                         }
                     }
-                    state.pods = now;
+                    state.pods = now.into_iter().collect();
                 } else {
-                    state.pods.extend(now);
+                    for uid in now {
+                        if !state.pods.contains(&uid) {
+                            state.pods.push(uid);
+                        }
+                    }
                 }
                 state.key = Some(key);
                 self.vm

@@ -3,6 +3,8 @@
 //! namespace), drive the real `volmgr` binary, and read the real mount table.
 
 #![allow(dead_code)]
+// Test-only code: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,372 @@
+//! Benchmark of the core issue: N pods, each with one `emptyDir{medium: Memory}`,
+//! mounted and torn down by `volmgr agent`, next to the physical limit measured
+//! in the same run (a plain loop of `mkdir -p` + `mount(tmpfs)`, then
+//! `umount` + `rm -r`, on the same paths). Also the agent's idle CPU and RSS
+//! with everything mounted.
+//!
+//! Runs in a private mount namespace it creates itself (re-executing itself),
+//! so the host's mount table is never touched. Needs root. Each run (raw or
+//! volmgr) gets a fresh tmpfs as its base directory, so both pay the same
+//! directory-creation costs and no run inherits another's file-system state
+//! (ext4's inode allocator slows down after mass deletions, which made
+//! back-to-back rounds on disk differ by 2x).
+//!
+//! ```text
+//! cargo bench -p volmgr --bench mounts -- [--n 1000,10000] [--rounds 3] [--idle-secs 10]
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHILD_ENV: &str = "VOLMGR_BENCH_IN_PRIVATE_NS";
+
+struct Args {
+    ns: Vec<usize>,
+    rounds: usize,
+    idle_secs: u64,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        ns: vec![1000, 10_000],
+        rounds: 3,
+        idle_secs: 10,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--n" => {
+                a.ns = it
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|s| s.parse().unwrap())
+                    .collect()
+            }
+            "--rounds" => a.rounds = it.next().unwrap().parse().unwrap(),
+            "--idle-secs" => a.idle_secs = it.next().unwrap().parse().unwrap(),
+            "--bench" => {}
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    a
+}
+
+fn main() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: the benchmark mounts, so it needs root (a private mount namespace)");
+            return;
+        }
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(std::env::args().skip(1)).env(CHILD_ENV, "1");
+        // SAFETY: only async-signal-safe syscalls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+                nix::mount::mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                    None::<&str>,
+                )?;
+                Ok(())
+            });
+        }
+        let st = cmd.status().unwrap();
+        std::process::exit(st.code().unwrap_or(1));
+    }
+    let args = parse_args();
+    let base = tempfile::Builder::new()
+        .prefix("volmgr-bench")
+        .tempdir()
+        .unwrap();
+    println!(
+        "machine: nproc={} kernel={}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    let baseline_rss = agent_baseline_rss(base.path());
+    println!("agent RSS with no pods: {baseline_rss} KiB");
+    println!();
+    println!("| N | raw mount (s) | volmgr mount (s) | ratio | raw teardown (s) | volmgr teardown (s) | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    for &n in &args.ns {
+        let mut rows = Vec::new();
+        let mut idle = None;
+        for round in 0..args.rounds {
+            let (rm, ru) = raw_loop(base.path(), n, round);
+            let measure_idle = round == 0 && n == *args.ns.iter().max().unwrap();
+            let r = agent_run(
+                base.path(),
+                n,
+                round,
+                measure_idle.then_some(args.idle_secs),
+            );
+            if r.idle.is_some() {
+                idle = r.idle;
+            }
+            eprintln!(
+                "n={n} round={round}: raw mount {rm:.3}s agent mount {:.3}s | raw teardown {ru:.3}s agent teardown {:.3}s",
+                r.mount, r.teardown
+            );
+            rows.push((rm, r.mount, ru, r.teardown));
+        }
+        let med = |f: fn(&(f64, f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = rows.iter().map(f).collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        let ratio_m = {
+            let mut v: Vec<f64> = rows.iter().map(|r| r.1 / r.0).collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        let ratio_u = {
+            let mut v: Vec<f64> = rows.iter().map(|r| r.3 / r.2).collect();
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        println!(
+            "| {n} | {:.3} | {:.3} | {ratio_m:.2}x | {:.3} | {:.3} | {ratio_u:.2}x |",
+            med(|r| r.0),
+            med(|r| r.1),
+            med(|r| r.2),
+            med(|r| r.3)
+        );
+        if let Some((cpu, rss)) = idle {
+            println!();
+            println!(
+                "idle with N={n} mounted over {}s: CPU {:.3}% of one core; RSS {} KiB = {:.2} KiB per volume ({:.2} KiB per volume above the empty agent)",
+                args.idle_secs,
+                cpu * 100.0,
+                rss,
+                rss as f64 / n as f64,
+                rss.saturating_sub(baseline_rss) as f64 / n as f64
+            );
+            println!();
+        }
+    }
+    println!(
+        "(medians of {} interleaved rounds; ratio = volmgr / raw, per round)",
+        args.rounds
+    );
+}
+
+fn volume_path(root: &Path, i: usize) -> PathBuf {
+    root.join(format!(
+        "pods/{}/volumes/kubernetes.io~empty-dir/cache",
+        uid(i)
+    ))
+}
+
+fn uid(i: usize) -> String {
+    format!("00000000-0000-4000-8000-{i:012}")
+}
+
+/// The physical limit: mkdir -p + mount, then umount + rm -r, in a plain loop.
+fn raw_loop(base: &Path, n: usize, round: usize) -> (f64, f64) {
+    let area = fresh_tmpfs(&base.join(format!("raw-{round}")));
+    let root = area.join("root");
+    let t = Instant::now();
+    for i in 0..n {
+        let p = volume_path(&root, i);
+        std::fs::create_dir_all(&p).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &p,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap();
+    }
+    let mount = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for i in 0..n {
+        nix::mount::umount2(&volume_path(&root, i), nix::mount::MntFlags::empty()).unwrap();
+        std::fs::remove_dir_all(root.join("pods").join(uid(i))).unwrap();
+    }
+    let teardown = t.elapsed().as_secs_f64();
+    drop_tmpfs(&area);
+    (mount, teardown)
+}
+
+/// Mounts a new tmpfs on `dir` (created if needed).
+fn fresh_tmpfs(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    dir.to_path_buf()
+}
+
+fn drop_tmpfs(dir: &Path) {
+    nix::mount::umount2(dir, nix::mount::MntFlags::empty()).unwrap();
+    std::fs::remove_dir(dir).unwrap();
+}
+
+fn manifest(i: usize) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("pod-{i}"), "namespace": "bench", "uid": uid(i)},
+        "spec": {
+            "containers": [{"name": "app", "image": "busybox", "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}],
+            "volumes": [{"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
+        }
+    })
+    .to_string()
+}
+
+struct AgentResult {
+    mount: f64,
+    teardown: f64,
+    idle: Option<(f64, u64)>,
+}
+
+fn volmgr() -> &'static str {
+    env!("CARGO_BIN_EXE_volmgr")
+}
+
+fn spawn_agent(root: &Path, manifests: &Path) -> std::process::Child {
+    Command::new(volmgr())
+        .arg("agent")
+        .arg("--root")
+        .arg(root)
+        .arg("--manifests")
+        .arg(manifests)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_all(root: &Path, pods: usize) {
+    let st = Command::new(volmgr())
+        .args([
+            "wait",
+            "--all",
+            "--timeout",
+            "900",
+            "--pods",
+            &pods.to_string(),
+            "--root",
+        ])
+        .arg(root)
+        .status()
+        .unwrap();
+    assert!(st.success(), "volmgr wait --all failed");
+}
+
+fn stop(mut child: std::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+}
+
+fn agent_run(base: &Path, n: usize, round: usize, idle_secs: Option<u64>) -> AgentResult {
+    let area = fresh_tmpfs(&base.join(format!("agent-{round}")));
+    let root = area.join("root");
+    let manifests = area.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    for i in 0..n {
+        std::fs::write(manifests.join(format!("pod-{i}.json")), manifest(i)).unwrap();
+    }
+    let t = Instant::now();
+    let child = spawn_agent(&root, &manifests);
+    wait_all(&root, n);
+    let mount = t.elapsed().as_secs_f64();
+    assert_eq!(count_mounts(&root), n);
+    let idle = idle_secs.map(|secs| {
+        let pid = child.id();
+        std::thread::sleep(Duration::from_secs(1));
+        let c0 = cpu_ns(pid);
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs(secs));
+        let cpu = (cpu_ns(pid) - c0) as f64 / t0.elapsed().as_nanos() as f64;
+        (cpu, rss_kib(pid))
+    });
+    let t = Instant::now();
+    for i in 0..n {
+        std::fs::remove_file(manifests.join(format!("pod-{i}.json"))).unwrap();
+    }
+    wait_all(&root, 0);
+    while std::fs::read_dir(root.join("pods"))
+        .unwrap()
+        .next()
+        .is_some()
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let teardown = t.elapsed().as_secs_f64();
+    assert_eq!(count_mounts(&root), 0);
+    stop(child);
+    drop_tmpfs(&area);
+    AgentResult {
+        mount,
+        teardown,
+        idle,
+    }
+}
+
+fn agent_baseline_rss(base: &Path) -> u64 {
+    let area = fresh_tmpfs(&base.join("agent-empty"));
+    let root = area.join("root");
+    let manifests = area.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    let child = spawn_agent(&root, &manifests);
+    wait_all(&root, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    let rss = rss_kib(child.id());
+    stop(child);
+    drop_tmpfs(&area);
+    rss
+}
+
+fn count_mounts(root: &Path) -> usize {
+    let root = root.canonicalize().unwrap();
+    volmgr::sys::mountinfo::read_self()
+        .unwrap()
+        .iter()
+        .filter(|m| m.mount_point.starts_with(&root))
+        .count()
+}
+
+/// CPU time of every thread of `pid`, in ns (from schedstat).
+fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let p = t.unwrap().path().join("schedstat");
+        if let Ok(s) = std::fs::read_to_string(p) {
+            total += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
