@@ -249,6 +249,9 @@ fn spawn_agent(root: &Path, manifests: &Path) -> std::process::Child {
         .arg(root)
         .arg("--manifests")
         .arg(manifests)
+        // Both safety nets fire inside the 10 s idle window, so the idle
+        // figure includes one full resync and one manifests rescan.
+        .args(["--resync-period", "10s", "--rescan-period", "10s"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -347,20 +350,17 @@ fn count_mounts(root: &Path) -> usize {
         .count()
 }
 
-/// CPU time of every thread of `pid`, in ns (from schedstat).
+/// CPU time (user + system) of the whole process `pid`, including threads
+/// that have exited, in ns (from /proc/PID/stat, in clock ticks).
 fn cpu_ns(pid: u32) -> u64 {
-    let mut total = 0;
-    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let p = t.unwrap().path().join("schedstat");
-        if let Ok(s) = std::fs::read_to_string(p) {
-            total += s
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    total
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    ticks * 1_000_000_000 / hz
 }
 
 fn rss_kib(pid: u32) -> u64 {

@@ -187,14 +187,21 @@ impl RootDir {
     /// Creates every missing directory of `rel` with `mode` (subject to umask)
     /// and returns the last one opened as a [`Target`].
     pub fn mkdir_all(&self, rel: &RelPath, mode: u32) -> Result<Target, PathError> {
+        self.mkdir_all_created(rel, mode).map(|(t, _)| t)
+    }
+
+    /// Like [`mkdir_all`](Self::mkdir_all), and tells whether the last
+    /// directory was created by this call (so it cannot be a mount point).
+    pub fn mkdir_all_created(&self, rel: &RelPath, mode: u32) -> Result<(Target, bool), PathError> {
         match self.open_dir(rel) {
-            Ok(t) => return Ok(t),
+            Ok(t) => return Ok((t, false)),
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
         let mode = Mode::from_bits_truncate(mode);
         let mut cur_rel = RelPath(PathBuf::new());
-        let mut cur = self.open_how(&cur_rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+        let mut cur: Option<OwnedFd> = None;
+        let mut created = false;
         for c in rel.as_path().components() {
             let Component::Normal(name) = c else {
                 return Err(PathError::InvalidComponent {
@@ -203,25 +210,27 @@ impl RootDir {
                 });
             };
             cur_rel = cur_rel.join(name)?;
-            match mkdirat(cur.as_fd(), name, mode) {
-                Ok(()) | Err(Errno::EEXIST) => {}
+            let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+            created = match mkdirat(parent, name, mode) {
+                Ok(()) => true,
+                Err(Errno::EEXIST) => false,
                 Err(e) => return Err(self.map_err("mkdirat", &cur_rel, e)),
-            }
-            cur = openat2(
-                cur.as_fd(),
+            };
+            let next = openat2(
+                parent,
                 name,
                 OpenHow::new()
                     .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
                     .resolve(resolve_beneath()),
             )
-            .map_err(|e| match e {
-                Errno::ENOTDIR => PathError::Escape {
-                    path: self.abs(&cur_rel),
-                },
-                e => self.map_err("openat2", &cur_rel, e),
-            })?;
+            .map_err(|e| self.map_err("openat2", &cur_rel, e))?;
+            cur = Some(next);
         }
-        Ok(Target::new(cur, self.abs(rel)))
+        let fd = cur.ok_or_else(|| PathError::InvalidComponent {
+            path: PathBuf::new(),
+            component: String::new(),
+        })?;
+        Ok((Target::new(fd, self.abs(rel)), created))
     }
 
     /// Whether `rel` exists (without following symlinks).

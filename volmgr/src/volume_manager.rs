@@ -130,7 +130,6 @@ impl VolumeManager {
         plugins.register(Arc::new(EmptyDirPlugin::new(
             Arc::clone(&root),
             Arc::clone(&mounter),
-            Arc::clone(&pool),
         )))?;
         plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(&pool))))?;
         let executor =
@@ -426,7 +425,8 @@ impl VolumeManager {
 
     /// Waits until the node has converged: states synced, (if given) exactly
     /// `pods` pods desired, every desired volume mounted and nothing else
-    /// mounted. The check is O(volumes), so it runs at most every 10 ms.
+    /// mounted. The check stops at the first difference, and runs at most
+    /// every 2 ms.
     pub async fn wait_converged(
         &self,
         pods: Option<usize>,

@@ -97,6 +97,17 @@ pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
         ..ParsedFile::default()
     };
     let mut docs: Vec<Result<serde_json::Value, String>> = Vec::new();
+    // Fast path: a JSON file holding exactly one pod parses straight into
+    // the typed object, without an intermediate `Value`.
+    if json {
+        if let Ok(pod) = serde_json::from_str::<Pod>(text) {
+            match DesiredPod::from_pod(&pod) {
+                Ok(p) => out.pods.push(p),
+                Err(r) => out.rejected.push(r),
+            }
+            return out;
+        }
+    }
     if json {
         let stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
         for d in stream {
