@@ -138,11 +138,14 @@ pub fn escape_plugin_name(name: &str) -> String {
     name.replace('/', "~")
 }
 
+/// A registered plugin with its name, shared by every volume that records it.
+pub type NamedPlugin = (Arc<str>, Arc<dyn VolumePlugin>);
+
 /// The registered plugins.
 #[derive(Default)]
 pub struct VolumePluginMgr {
     /// Each plugin with its name, shared by every volume that records it.
-    plugins: RwLock<Vec<(Arc<str>, Arc<dyn VolumePlugin>)>>,
+    plugins: RwLock<Vec<NamedPlugin>>,
 }
 
 /// No plugin (or more than one) handles a volume.
@@ -183,7 +186,7 @@ impl VolumePluginMgr {
     pub fn find_by_source(
         &self,
         source: &VolumeSource,
-    ) -> Result<(Arc<str>, Arc<dyn VolumePlugin>), PluginLookupError> {
+    ) -> Result<NamedPlugin, PluginLookupError> {
         let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
         let mut found = plugins.iter().filter(|(_, p)| p.can_support(source));
         let first = found.next().cloned();
@@ -213,7 +216,7 @@ impl VolumePluginMgr {
     }
 
     /// All plugins, with their shared names.
-    pub fn all(&self) -> Vec<(Arc<str>, Arc<dyn VolumePlugin>)> {
+    pub fn all(&self) -> Vec<NamedPlugin> {
         self.plugins
             .read()
             .unwrap_or_else(|e| e.into_inner())
