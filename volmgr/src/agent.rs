@@ -92,6 +92,11 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         ),
         None => None,
     };
+    if let Some(l) = &metrics {
+        if let Ok(addr) = l.local_addr() {
+            tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+        }
+    }
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
     let api_task = tokio::spawn(api::serve(listener, Arc::clone(&vm), stop_rx.clone()));

@@ -183,10 +183,7 @@ impl VolumePluginMgr {
 
     /// The one plugin that supports `source` (the kubelet's `FindPluginBySpec`).
     /// Returns the plugin's shared name with it.
-    pub fn find_by_source(
-        &self,
-        source: &VolumeSource,
-    ) -> Result<NamedPlugin, PluginLookupError> {
+    pub fn find_by_source(&self, source: &VolumeSource) -> Result<NamedPlugin, PluginLookupError> {
         let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
         let mut found = plugins.iter().filter(|(_, p)| p.can_support(source));
         let first = found.next().cloned();

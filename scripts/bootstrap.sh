@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs everything volmgr needs on a fresh Debian machine, and nothing that
+# is already there. Called by the README's commands (scripts/demo.sh,
+# scripts/test.sh); safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" -eq 0 ]; then
+    log "apt-get update"
+    as_root apt-get update -qq
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# System tools: unshare/mount/umount (util-linux, mount) for private mount
+# namespaces and the out-of-band tests; a C compiler for crates with C parts.
+need_pkgs=()
+command -v unshare >/dev/null 2>&1 || need_pkgs+=(util-linux)
+command -v umount >/dev/null 2>&1 || need_pkgs+=(mount)
+command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
+command -v curl >/dev/null 2>&1 || need_pkgs+=(curl ca-certificates)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+  apt_install "${need_pkgs[@]}"
+fi
+
+# Rust: the toolchain pinned in rust-toolchain.toml, with rustfmt and clippy.
+if ! command -v rustup >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/rustup" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v rustup >/dev/null 2>&1; then
+  log "installing rustup"
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain none
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+channel=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml)
+if ! rustup run "$channel" cargo --version >/dev/null 2>&1; then
+  log "installing Rust $channel"
+  rustup toolchain install "$channel" --profile minimal
+fi
+for c in rustfmt clippy; do
+  if ! rustup component list --toolchain "$channel" --installed 2>/dev/null | grep -q "^$c"; then
+    log "adding $c to $channel"
+    rustup component add "$c" --toolchain "$channel"
+  fi
+done
+log "ready: $(rustup run "$channel" rustc --version)"
