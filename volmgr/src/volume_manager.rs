@@ -792,3 +792,177 @@ impl VolumeManager {
         self.metrics.render(&counts, &extra)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::fake::{Call, FakeMounter};
+
+    fn pod(uid: &str, vols: &[(&str, serde_json::Value)]) -> Pod {
+        let mounts: Vec<_> = vols
+            .iter()
+            .map(|(n, _)| serde_json::json!({"name": n, "mountPath": format!("/{n}")}))
+            .collect();
+        let volumes: Vec<_> = vols
+            .iter()
+            .map(|(n, src)| {
+                let mut v = src.clone();
+                v["name"] = serde_json::Value::from(*n);
+                v
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c", "volumeMounts": mounts}], "volumes": volumes}
+        }))
+        .unwrap()
+    }
+
+    fn mem() -> serde_json::Value {
+        serde_json::json!({"emptyDir": {"medium": "Memory"}})
+    }
+
+    async fn manager() -> (tempfile::TempDir, Arc<FakeMounter>, Arc<VolumeManager>) {
+        let t = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeMounter::default());
+        let mut cfg = Config::new(t.path());
+        cfg.backoff = Backoff {
+            initial: Duration::from_millis(20),
+            factor: 2,
+            max: Duration::from_millis(100),
+        };
+        let vm = VolumeManager::new(cfg, fake.clone()).unwrap();
+        vm.start().await.unwrap();
+        (t, fake, vm)
+    }
+
+    const T: Duration = Duration::from_secs(20);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mounts_unmounts_and_cleans_up_through_the_seam() {
+        let (t, fake, vm) = manager().await;
+        let uid = vm.upsert_pod(&pod("a", &[("m", mem())])).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let mounted = vm.mounted_volumes_for_pod(&uid);
+        assert_eq!(mounted.len(), 1);
+        assert_eq!(fake.mounted(), vec![mounted[0].path.clone()]);
+        // An unchanged upsert starts nothing.
+        vm.upsert_pod(&pod("a", &[("m", mem())])).unwrap();
+        vm.wait_converged(Some(1), T).await.unwrap();
+        assert_eq!(fake.calls().len(), 1);
+        assert!(vm.reconciler_states_synced());
+        assert!(vm.delete_pod(&uid));
+        vm.wait_for_unmount(&uid, T).await.unwrap();
+        assert!(fake.mounted().is_empty());
+        assert!(matches!(fake.calls().last(), Some(Call::Unmount(_))));
+        let pod_dir = t.path().canonicalize().unwrap().join("pods/a");
+        for _ in 0..200 {
+            if !pod_dir.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!pod_dir.exists(), "orphaned pod directory removed");
+        vm.stop().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failures_back_off_and_recover() {
+        let (_t, fake, vm) = manager().await;
+        fake.fail_mounts(3, nix::errno::Errno::ENOMEM);
+        let uid = vm.upsert_pod(&pod("b", &[("m", mem())])).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let mounts = fake
+            .calls()
+            .iter()
+            .filter(|c| matches!(c, Call::Mount { .. }))
+            .count();
+        assert_eq!(mounts, 4, "three failures, then success");
+        let st = vm.status();
+        let v = &st.pods[0].volumes[0];
+        assert_eq!(
+            (v.state.as_str(), v.attempts, v.error.as_deref()),
+            ("mounted", 4, None)
+        );
+        let ops = vm.metrics_text();
+        assert!(ops.contains("status=\"fail-unknown\""));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resync_repairs_an_out_of_band_unmount() {
+        let (_t, fake, vm) = manager().await;
+        let uid = vm.upsert_pod(&pod("c", &[("m", mem())])).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let path = vm.mounted_volumes_for_pod(&uid)[0].path.clone();
+        fake.remove_out_of_band(&path);
+        vm.reconciler().resync().await;
+        vm.wait_converged(Some(1), T).await.unwrap();
+        assert_eq!(fake.mounted(), vec![path]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unknown_volumes_wait_for_populated_sources() {
+        let t = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeMounter::default());
+        // A first manager mounts a volume, then "crashes" (is dropped).
+        {
+            let vm = VolumeManager::new(Config::new(t.path()), fake.clone()).unwrap();
+            vm.start().await.unwrap();
+            let uid = vm.upsert_pod(&pod("d", &[("m", mem())])).unwrap();
+            vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+            vm.stop().await.unwrap();
+        }
+        // The next one reconstructs it and leaves it alone until the sources
+        // say they are complete; then, as nobody wants it, tears it down.
+        let vm = VolumeManager::new(Config::new(t.path()), fake.clone()).unwrap();
+        let report = vm.start().await.unwrap();
+        assert_eq!((report.pods, report.uncertain), (1, 1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            fake.mounted().len(),
+            1,
+            "not torn down before the sources are populated"
+        );
+        vm.set_populated();
+        vm.wait_converged(Some(0), T).await.unwrap();
+        assert!(fake.mounted().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queries_mirror_the_kubelet_interface() {
+        let (_t, _fake, vm) = manager().await;
+        let mut p = pod(
+            "e",
+            &[
+                ("m", mem()),
+                ("cm", serde_json::json!({"configMap": {"name": "x"}})),
+            ],
+        );
+        p.spec.as_mut().unwrap().security_context = Some(
+            serde_json::from_value(serde_json::json!({"fsGroup": 7, "supplementalGroups": [9, 7]}))
+                .unwrap(),
+        );
+        let uid = vm.upsert_pod(&p).unwrap();
+        vm.set_populated();
+        let err = vm
+            .wait_for_attach_and_mount(&uid, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("cm (error: no volume plugin supports configMap"),
+            "{err}"
+        );
+        assert_eq!(vm.extra_supplemental_groups_for_pod(&uid), vec![7, 9]);
+        let in_use = vm.volumes_in_use();
+        assert_eq!(in_use.len(), 1);
+        assert!(vm.volume_is_attached(&in_use[0]));
+        vm.mark_volumes_as_reported_in_use(in_use.clone());
+        assert!(vm.volume_is_reported_in_use(&in_use[0]));
+        assert_eq!(vm.possibly_mounted_volumes_for_pod(&uid).len(), 1);
+    }
+}
