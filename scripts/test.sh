@@ -13,6 +13,11 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
-cargo test --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
 echo "== demo smoke run"
 ./scripts/demo.sh --once
+# One closing line for the whole run.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1); if ($i == "ignored;") s += $(i-1) } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
