@@ -67,14 +67,7 @@ fn main() {
         // SAFETY: only async-signal-safe syscalls between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
-                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
-                nix::mount::mount(
-                    None::<&str>,
-                    "/",
-                    None::<&str>,
-                    nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-                    None::<&str>,
-                )?;
+                volmgr::sys::namespace::enter_private_mount_namespace()?;
                 Ok(())
             });
         }

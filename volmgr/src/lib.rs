@@ -13,6 +13,7 @@ pub mod cache;
 pub mod failpoint;
 pub mod metrics;
 pub mod operation_executor;
+pub mod operation_generator;
 pub mod plugins;
 pub mod pod;
 pub mod populator;

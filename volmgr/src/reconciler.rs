@@ -17,7 +17,8 @@ use tokio::sync::watch;
 
 use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
 use crate::operation_executor::{OperationExecutor, OperationKind};
-use crate::plugins::{BlockingPool, MountRequest, UnmountRequest, VolumeError, VolumePluginMgr};
+use crate::operation_generator;
+use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::MountTable;
 use crate::sys::Mounter;
@@ -202,142 +203,58 @@ impl Reconciler {
     }
 
     fn start(self: &Arc<Self>, action: Action) {
-        match action {
+        let (volume, pod, plugin_name, kind) = match &action {
             Action::Mount {
                 volume,
                 pod,
                 plugin,
-                req,
-            } => {
-                let Some(p) = self.plugins.find_by_name(&plugin) else {
-                    tracing::warn!(%volume, %plugin, "plugin is not registered");
-                    return;
-                };
-                let world = Arc::clone(&self.world);
-                let (v, u, pl) = (volume.clone(), pod.clone(), Arc::clone(&plugin));
-                let op = async move {
-                    let spec = Arc::clone(&req.spec);
-                    let outer = req.spec.name.clone();
-                    let res = p.set_up(req).await;
-                    let mut asw = world.asw_mut();
-                    match &res {
-                        Ok(path) => {
-                            asw.mark_volume_as_attached(&v, Arc::clone(&pl));
-                            asw.mark_volume_as_mounted(
-                                &v,
-                                &u,
-                                MountedPod {
-                                    outer_volume_spec_name: outer.clone(),
-                                    spec,
-                                    path: path.clone(),
-                                    state: VolumeMountState::Mounted,
-                                },
-                            );
-                        }
-                        Err(e) if e.is_uncertain() => {
-                            asw.mark_volume_as_attached(&v, Arc::clone(&pl));
-                            let path = asw
-                                .pod_mount(&v, &u)
-                                .map(|m| m.path.clone())
-                                .unwrap_or_default();
-                            asw.mark_volume_as_mounted(
-                                &v,
-                                &u,
-                                MountedPod {
-                                    outer_volume_spec_name: outer.clone(),
-                                    spec,
-                                    path,
-                                    state: VolumeMountState::Uncertain,
-                                },
-                            );
-                        }
-                        Err(_) => {}
-                    }
-                    drop(asw);
-                    emit(&world, &u, &outer, &v, &res);
-                    res.map(|_| ())
-                };
-                self.log_not_started(
-                    &volume,
-                    &pod,
-                    self.executor.start(
-                        &volume,
-                        Some(&pod),
-                        OperationKind::MountVolume,
-                        plugin,
-                        op,
-                    ),
-                );
-            }
+                ..
+            } => (
+                volume.clone(),
+                pod.clone(),
+                Arc::clone(plugin),
+                OperationKind::MountVolume,
+            ),
             Action::Unmount {
                 volume,
                 pod,
                 plugin,
-                mounted,
-            } => {
-                let Some(p) = self.plugins.find_by_name(&plugin) else {
-                    tracing::warn!(%volume, %plugin, "plugin is not registered; cannot unmount");
-                    return;
-                };
-                let world = Arc::clone(&self.world);
-                let (v, u) = (volume.clone(), pod.clone());
-                let op = async move {
-                    let outer = mounted.outer_volume_spec_name.clone();
-                    let res = p
-                        .tear_down(UnmountRequest {
-                            pod_uid: u.clone(),
-                            volume_name: v.clone(),
-                            spec: mounted.spec,
-                            path: mounted.path.clone(),
-                        })
-                        .await;
-                    match &res {
-                        Ok(()) => tracing::info!(pod = %u, volume = %outer, "volume unmounted"),
-                        Err(e) => {
-                            tracing::warn!(pod = %u, volume = %outer, error = %e, "unmount failed; will retry with backoff")
-                        }
-                    }
-                    if res.is_ok() {
-                        let mut asw = world.asw_mut();
-                        asw.mark_volume_as_unmounted(&v, &u);
-                        let orphan = !asw.pod_has_mounts(&u);
-                        drop(asw);
-                        world.emit(VolumeEvent {
-                            kind: VolumeEventKind::Unmounted,
-                            pod_uid: u.clone(),
-                            volume: outer,
-                            volume_name: v.clone(),
-                            path: Some(mounted.path),
-                            error: None,
-                        });
-                        if orphan {
-                            world.mark_pod_dirty(u);
-                        }
-                    } else if let Err(e) = &res {
-                        world.emit(VolumeEvent {
-                            kind: VolumeEventKind::Failed,
-                            pod_uid: u.clone(),
-                            volume: outer,
-                            volume_name: v.clone(),
-                            path: Some(mounted.path),
-                            error: Some(e.to_string()),
-                        });
-                    }
-                    res
-                };
-                self.log_not_started(
-                    &volume,
-                    &pod,
-                    self.executor.start(
-                        &volume,
-                        Some(&pod),
-                        OperationKind::UnmountVolume,
-                        plugin,
-                        op,
-                    ),
-                );
-            }
-        }
+                ..
+            } => (
+                volume.clone(),
+                pod.clone(),
+                Arc::clone(plugin),
+                OperationKind::UnmountVolume,
+            ),
+        };
+        let Some(plugin) = self.plugins.find_by_name(&plugin_name) else {
+            tracing::warn!(%volume, plugin = %plugin_name, "volume plugin is not registered");
+            return;
+        };
+        let world = Arc::clone(&self.world);
+        let started = match action {
+            Action::Mount { req, .. } => self.executor.start(
+                &volume,
+                Some(&pod),
+                kind,
+                Arc::clone(&plugin_name),
+                operation_generator::mount_volume(world, plugin, plugin_name, req),
+            ),
+            Action::Unmount { mounted, .. } => self.executor.start(
+                &volume,
+                Some(&pod),
+                kind,
+                plugin_name,
+                operation_generator::unmount_volume(
+                    world,
+                    plugin,
+                    volume.clone(),
+                    pod.clone(),
+                    mounted,
+                ),
+            ),
+        };
+        self.log_not_started(&volume, &pod, started);
     }
 
     fn log_not_started(
@@ -483,31 +400,4 @@ impl Reconciler {
             self.world.mark_dirty([v]);
         }
     }
-}
-
-fn emit(
-    world: &World,
-    pod: &PodUid,
-    outer: &str,
-    v: &UniqueVolumeName,
-    res: &Result<PathBuf, VolumeError>,
-) {
-    let (kind, path, error) = match res {
-        Ok(p) => (VolumeEventKind::Mounted, Some(p.clone()), None),
-        Err(e) => (VolumeEventKind::Failed, None, Some(e.to_string())),
-    };
-    match &error {
-        None => tracing::info!(pod = %pod, volume = outer, "volume mounted"),
-        Some(e) => {
-            tracing::warn!(pod = %pod, volume = outer, error = %e, "mount failed; will retry with backoff")
-        }
-    }
-    world.emit(VolumeEvent {
-        kind,
-        pod_uid: pod.clone(),
-        volume: outer.to_string(),
-        volume_name: v.clone(),
-        path,
-        error,
-    });
 }

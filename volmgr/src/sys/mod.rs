@@ -6,6 +6,7 @@
 pub mod linux;
 pub mod mount_table;
 pub mod mountinfo;
+pub mod namespace;
 
 #[cfg(test)]
 pub mod fake;
