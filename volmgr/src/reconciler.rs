@@ -111,10 +111,13 @@ impl Reconciler {
         let populated = self.world.populated();
         let mut actions = Vec::new();
         let mut forget = Vec::new();
+        let mut detach = Vec::new();
         let mut pod_dirs = dirty.pods;
         {
+            // Read locks only: operations finishing meanwhile wait for the
+            // analysis, never for the operations this pass starts.
             let dsw = self.world.dsw();
-            let mut asw = self.world.asw_mut();
+            let asw = self.world.asw();
             let scope: Vec<UniqueVolumeName> = if dirty.all {
                 let mut all: HashSet<UniqueVolumeName> =
                     dsw.volumes().map(|(n, _)| n.clone()).collect();
@@ -180,13 +183,19 @@ impl Reconciler {
                         continue;
                     }
                     match asw.volume(v) {
-                        Some(av) if av.pods.is_empty() => {
-                            asw.mark_volume_as_detached(v);
-                            forget.push(v.clone());
-                        }
+                        Some(av) if av.pods.is_empty() => detach.push(v.clone()),
                         Some(_) => {}
                         None => forget.push(v.clone()),
                     }
+                }
+            }
+        }
+        if !detach.is_empty() {
+            let mut asw = self.world.asw_mut();
+            for v in &detach {
+                // Still unused? An operation may have finished since.
+                if asw.mark_volume_as_detached(v) {
+                    forget.push(v.clone());
                 }
             }
         }
