@@ -4,7 +4,6 @@
 //! every other operation on its volume), and a failed operation is retried only
 //! after an exponential backoff. Attempts and the last error are kept for status.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::cache::pod_map::PodMap;
 use crate::metrics::{Metrics, OperationLabels};
 use crate::plugins::VolumeError;
-use crate::volume::{PodUid, UniqueVolumeName};
+use crate::volume::{FastMap, PodUid, UniqueVolumeName};
 use crate::world::World;
 
 /// Backoff policy (the kubelet's `exponentialbackoff` defaults).
@@ -104,6 +103,9 @@ pub enum NotStarted {
 struct VolumeOps {
     device: Option<OperationRecord>,
     pods: PodMap<OperationRecord>,
+    /// An operation was refused because another one ran: look again at
+    /// the volume when it finishes.
+    recheck: bool,
 }
 
 impl VolumeOps {
@@ -114,7 +116,7 @@ impl VolumeOps {
 
 /// Runs and tracks operations.
 pub struct OperationExecutor {
-    ops: Mutex<HashMap<UniqueVolumeName, VolumeOps>>,
+    ops: Mutex<FastMap<UniqueVolumeName, VolumeOps>>,
     backoff: Backoff,
     metrics: Arc<Metrics>,
     world: Arc<World>,
@@ -131,7 +133,7 @@ impl OperationExecutor {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<UniqueVolumeName, VolumeOps>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<UniqueVolumeName, VolumeOps>> {
         self.ops.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -161,6 +163,7 @@ impl OperationExecutor {
                 None => vol.any_running(),
             };
             if conflict {
+                vol.recheck = true;
                 return Err(NotStarted::AlreadyRunning);
             }
             let rec = match pod {
@@ -199,9 +202,11 @@ impl OperationExecutor {
     ) {
         let elapsed = started.elapsed();
         let mut retry = None;
+        let recheck;
         {
             let mut ops = self.lock();
             let vol = ops.entry(volume.clone()).or_default();
+            recheck = std::mem::take(&mut vol.recheck);
             let rec = match pod {
                 Some(p) => vol.pods.get_or_insert_with(p, || new_record(kind)),
                 None => vol.device.get_or_insert_with(|| new_record(kind)),
@@ -240,10 +245,20 @@ impl OperationExecutor {
             },
             elapsed,
         );
-        // A finished clean-up has nothing more to reconcile (only its retry
-        // after a backoff has); any other operation changed its volume.
-        if kind != OperationKind::CleanupPodDir {
+        // A mount that succeeded left its volume as the reconciler wanted it,
+        // and a clean-up has nothing more to reconcile (a failure is looked
+        // at again when its backoff expires): those only tell waiters.
+        // Anything else, or an operation that was refused meanwhile, needs
+        // another look at the volume.
+        let settled = match kind {
+            OperationKind::MountVolume => result.is_ok(),
+            OperationKind::UnmountVolume => false,
+            OperationKind::CleanupPodDir => true,
+        };
+        if recheck || !settled {
             self.world.mark_dirty([volume.clone()]);
+        } else {
+            self.world.bump();
         }
         if let Some(delay) = retry {
             let world = Arc::clone(&self.world);

@@ -192,6 +192,14 @@ impl RootDir {
 
     /// Like [`mkdir_all`](Self::mkdir_all), and tells whether the last
     /// directory was created by this call (so it cannot be a mount point).
+    ///
+    /// Existing components are opened one at a time with
+    /// `RESOLVE_NO_SYMLINKS`. Once a component had to be created, everything
+    /// below it is new and lives in a directory only this process has
+    /// written (mode 0750, created just now), so the remaining levels are
+    /// created relative to the last opened directory in one call each, and
+    /// only the final directory is opened (again with `RESOLVE_BENEATH |
+    /// RESOLVE_NO_SYMLINKS`, so a race could only make it fail).
     pub fn mkdir_all_created(&self, rel: &RelPath, mode: u32) -> Result<(Target, bool), PathError> {
         match self.open_dir(rel) {
             Ok(t) => return Ok((t, false)),
@@ -201,7 +209,8 @@ impl RootDir {
         let mode = Mode::from_bits_truncate(mode);
         let mut cur_rel = RelPath(PathBuf::new());
         let mut cur: Option<OwnedFd> = None;
-        let mut created = false;
+        // Below `cur`: components created by this call, as a relative path.
+        let mut fresh = PathBuf::new();
         for c in rel.as_path().components() {
             let Component::Normal(name) = c else {
                 return Err(PathError::InvalidComponent {
@@ -211,26 +220,53 @@ impl RootDir {
             };
             cur_rel = cur_rel.join(name)?;
             let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
-            created = match mkdirat(parent, name, mode) {
-                Ok(()) => true,
-                Err(Errno::EEXIST) => false,
+            if !fresh.as_os_str().is_empty() {
+                fresh.push(name);
+                mkdirat(parent, &fresh, mode).map_err(|e| self.map_err("mkdirat", &cur_rel, e))?;
+                continue;
+            }
+            match mkdirat(parent, name, mode) {
+                Ok(()) => fresh.push(name),
+                Err(Errno::EEXIST) => {
+                    let next = self.open_component(parent, name, &cur_rel)?;
+                    cur = Some(next);
+                }
                 Err(e) => return Err(self.map_err("mkdirat", &cur_rel, e)),
-            };
-            let next = openat2(
-                parent,
-                name,
-                OpenHow::new()
-                    .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-                    .resolve(resolve_beneath()),
-            )
-            .map_err(|e| self.map_err("openat2", &cur_rel, e))?;
-            cur = Some(next);
+            }
         }
-        let fd = cur.ok_or_else(|| PathError::InvalidComponent {
-            path: PathBuf::new(),
-            component: String::new(),
-        })?;
+        let created = !fresh.as_os_str().is_empty();
+        let fd = match cur {
+            _ if created => {
+                let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+                self.open_component(parent, &fresh, rel)?
+            }
+            Some(fd) => fd,
+            None => {
+                return Err(PathError::InvalidComponent {
+                    path: PathBuf::new(),
+                    component: String::new(),
+                })
+            }
+        };
         Ok((Target::new(fd, self.abs(rel)), created))
+    }
+
+    /// Opens `name` (one or more components) under `parent` as a directory,
+    /// refusing symlinks and escapes.
+    fn open_component(
+        &self,
+        parent: std::os::fd::BorrowedFd<'_>,
+        name: &(impl nix::NixPath + ?Sized),
+        rel: &RelPath,
+    ) -> Result<OwnedFd, PathError> {
+        openat2(
+            parent,
+            name,
+            OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                .resolve(resolve_beneath()),
+        )
+        .map_err(|e| self.map_err("openat2", rel, e))
     }
 
     /// Whether `rel` exists (without following symlinks).

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{FastMap, PodUid, UniqueVolumeName, VolumeSpec};
 
 /// The state of one pod's mount of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,9 +73,9 @@ pub struct MountedVolume {
 /// The actual state of world.
 #[derive(Debug, Default)]
 pub struct ActualStateOfWorld {
-    volumes: HashMap<UniqueVolumeName, AttachedVolume>,
+    volumes: FastMap<UniqueVolumeName, AttachedVolume>,
     /// Index: the volumes each pod has mounted.
-    by_pod: HashMap<PodUid, Vec<UniqueVolumeName>>,
+    by_pod: FastMap<PodUid, Vec<UniqueVolumeName>>,
 }
 
 impl ActualStateOfWorld {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{FastMap, PodUid, UniqueVolumeName, VolumeSpec};
 
 /// A pod that needs a volume, with what the mount needs to know.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,8 +68,8 @@ pub struct PodUpdate {
 /// The desired state of world.
 #[derive(Debug, Default)]
 pub struct DesiredStateOfWorld {
-    volumes: HashMap<UniqueVolumeName, VolumeToMount>,
-    pods: HashMap<PodUid, PodEntry>,
+    volumes: FastMap<UniqueVolumeName, VolumeToMount>,
+    pods: FastMap<PodUid, PodEntry>,
 }
 
 impl DesiredStateOfWorld {
