@@ -261,7 +261,14 @@ impl ManifestsSource {
                 path: self.dir.clone(),
                 source: std::io::Error::from(e),
             })?;
+        let started = std::time::Instant::now();
         self.rescan().await;
+        tracing::info!(
+            files = self.files.len(),
+            pods = self.owners.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "initial manifests scan done"
+        );
         self.vm.set_populated();
         let mut tick = tokio::time::interval(self.rescan_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
