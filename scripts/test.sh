@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it: formatting, clippy (warnings are
-# errors, no unwrap/expect outside tests), unit tests, and the end-to-end
-# tests that mount for real in private mount namespaces (root needed; without
-# root they print why they skip), then a smoke run of the demo.
+# errors, no unwrap/expect outside tests), unit tests (including the check that
+# include/volmgr.h matches a fresh cbindgen run), the end-to-end tests that
+# mount for real in private mount namespaces (root needed; without root they
+# print why they skip), the C consumer under AddressSanitizer, then a smoke
+# run of the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -16,8 +18,11 @@ echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
+echo "== C consumer (include/volmgr.h + libvolmgr.a, AddressSanitizer, real mounts)"
+./tests/c/run.sh 2>&1 | tee -a "$log"
 echo "== demo smoke run"
 ./scripts/demo.sh --once
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1); if ($i == "ignored;") s += $(i-1) } }
+     /^c flow:/ { p += $3; f += $5 }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -103,9 +103,6 @@ pub enum NotStarted {
 struct VolumeOps {
     device: Option<OperationRecord>,
     pods: PodMap<OperationRecord>,
-    /// An operation was refused because another one ran: look again at
-    /// the volume when it finishes.
-    recheck: bool,
 }
 
 impl VolumeOps {
@@ -163,7 +160,6 @@ impl OperationExecutor {
                 None => vol.any_running(),
             };
             if conflict {
-                vol.recheck = true;
                 return Err(NotStarted::AlreadyRunning);
             }
             let rec = match pod {
@@ -202,11 +198,9 @@ impl OperationExecutor {
     ) {
         let elapsed = started.elapsed();
         let mut retry = None;
-        let recheck;
         {
             let mut ops = self.lock();
             let vol = ops.entry(volume.clone()).or_default();
-            recheck = std::mem::take(&mut vol.recheck);
             let rec = match pod {
                 Some(p) => vol.pods.get_or_insert_with(p, || new_record(kind)),
                 None => vol.device.get_or_insert_with(|| new_record(kind)),
@@ -245,20 +239,14 @@ impl OperationExecutor {
             },
             elapsed,
         );
-        // A mount that succeeded left its volume as the reconciler wanted it,
-        // and a clean-up has nothing more to reconcile (a failure is looked
-        // at again when its backoff expires): those only tell waiters.
-        // Anything else, or an operation that was refused meanwhile, needs
-        // another look at the volume.
-        let settled = match kind {
-            OperationKind::MountVolume => result.is_ok(),
-            OperationKind::UnmountVolume => false,
-            OperationKind::CleanupPodDir => true,
-        };
-        if recheck || !settled {
-            self.world.mark_dirty([volume.clone()]);
-        } else {
+        // Any operation may leave its volume needing more (the pod may have
+        // gone while it mounted, another operation may have been refused
+        // meanwhile): look at the volume again. A clean-up has nothing more
+        // to reconcile (a failed one is retried when its backoff expires).
+        if kind == OperationKind::CleanupPodDir {
             self.world.bump();
+        } else {
+            self.world.mark_dirty([volume.clone()]);
         }
         if let Some(delay) = retry {
             let world = Arc::clone(&self.world);

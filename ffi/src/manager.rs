@@ -1,0 +1,587 @@
+//! The `volmgr` handle: the kubelet's `VolumeManager` interface.
+
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use volmgr_core::cache::actual_state_of_world::{MountedVolume, VolumeMountState};
+use volmgr_core::operation_executor::Backoff;
+use volmgr_core::sys::linux::LinuxMounter;
+use volmgr_core::volume::{PodUid, UniqueVolumeName};
+use volmgr_core::volume_manager::{Config, VolumeManager, WaitError};
+use volmgr_core::world::VolumeEvent;
+
+use crate::boundary::{guard, guard_value, out_arg, str_arg, to_c_string, try_ffi};
+use crate::error::*;
+
+/// An opaque volume manager. Created by `volmgr_new`, destroyed by
+/// `volmgr_free`; every other call may come from any thread at once.
+pub struct volmgr {
+    pub(crate) rt: tokio::runtime::Runtime,
+    pub(crate) vm: Arc<VolumeManager>,
+    events: Arc<Mutex<Option<EventCallback>>>,
+    wait_for_sources: bool,
+}
+
+/// Called for each volume event (`event_json` is only valid during the
+/// call). Runs on a volmgr runtime thread; it must not block and must not
+/// call back into the same handle's `volmgr_free`.
+pub type volmgr_event_callback =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, event_json: *const c_char)>;
+
+#[derive(Clone, Copy)]
+struct EventCallback {
+    f: unsafe extern "C" fn(*mut c_void, *const c_char),
+    userdata: *mut c_void,
+}
+
+// SAFETY: the caller of volmgr_set_event_callback promises that the callback
+// and its userdata may be used from volmgr's threads (documented there).
+unsafe impl Send for EventCallback {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewConfig {
+    root_dir: String,
+    #[serde(default)]
+    node_name: String,
+    #[serde(default = "default_tracer")]
+    tracer: String,
+    #[serde(default)]
+    resync_period_ms: Option<u64>,
+    #[serde(default)]
+    backoff_initial_ms: Option<u64>,
+    #[serde(default)]
+    backoff_max_ms: Option<u64>,
+    #[serde(default)]
+    wait_for_sources_ready: bool,
+}
+
+fn default_tracer() -> String {
+    "auto".into()
+}
+
+/// Borrows the handle.
+///
+/// # Safety
+/// `vm` is NULL or a live handle from `volmgr_new`.
+unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_status> {
+    if vm.is_null() {
+        return Err(fail(VOLMGR_ERR_INVALID_ARGUMENT, "volmgr handle is NULL"));
+    }
+    // SAFETY: non-NULL and live per the caller's contract.
+    Ok(unsafe { &*vm })
+}
+
+fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
+    PodUid::new(s).map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string()))
+}
+
+/// Creates a manager from `config_json`:
+/// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"off",
+///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
+///   "wait_for_sources_ready": false}` (only `root_dir` is required).
+/// With `wait_for_sources_ready`, nothing is torn down until
+/// `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
+/// pods first). On success `*out` owns the handle (free with `volmgr_free`).
+///
+/// # Safety
+/// `config_json` is NULL or a NUL-terminated string; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_new(
+    config_json: *const c_char,
+    out: *mut *mut volmgr,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let text = try_ffi!(unsafe { str_arg(config_json, "config_json") });
+        let out = try_ffi!(out_arg(out, "out"));
+        let cfg: NewConfig = try_ffi!(serde_json::from_str(text)
+            .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("config_json: {e}"))));
+        match cfg.tracer.as_str() {
+            "auto" | "off" => {}
+            "ebpf" | "mountinfo" => {
+                return fail(
+                    VOLMGR_ERR_UNSUPPORTED,
+                    format!("tracer {:?} is not available in this build", cfg.tracer),
+                )
+            }
+            t => return fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("unknown tracer {t:?}")),
+        }
+        let mut config = Config::new(&cfg.root_dir);
+        config.node_name = cfg.node_name;
+        if let Some(ms) = cfg.resync_period_ms {
+            config.resync_period = Duration::from_millis(ms.max(1));
+        }
+        let d = Backoff::default();
+        config.backoff = Backoff {
+            initial: cfg
+                .backoff_initial_ms
+                .map_or(d.initial, Duration::from_millis),
+            factor: d.factor,
+            max: cfg.backoff_max_ms.map_or(d.max, Duration::from_millis),
+        };
+        let rt = try_ffi!(tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("volmgr-rt")
+            .enable_all()
+            .build()
+            .map_err(|e| fail(VOLMGR_ERR_INTERNAL, format!("runtime: {e}"))));
+        let vm = try_ffi!({
+            let _enter = rt.enter();
+            VolumeManager::new(config, Arc::new(LinuxMounter))
+                .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string()))
+        });
+        vm.set_tracer("off", "tracers are not available through the C ABI yet");
+        let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();
+        let sink = Arc::clone(&events);
+        vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
+            let cb = *sink.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(cb) = cb {
+                let json = event_json(ev);
+                if let Ok(c) = std::ffi::CString::new(json) {
+                    // SAFETY: the callback's contract (volmgr_set_event_callback).
+                    unsafe { (cb.f)(cb.userdata, c.as_ptr()) };
+                }
+            }
+        }));
+        let h = Box::new(volmgr {
+            rt,
+            vm,
+            events,
+            wait_for_sources: cfg.wait_for_sources_ready,
+        });
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { *out = Box::into_raw(h) };
+        VOLMGR_OK
+    })
+}
+
+fn event_json(ev: &VolumeEvent) -> String {
+    serde_json::json!({
+        "kind": ev.kind.as_str(),
+        "pod_uid": ev.pod_uid.as_str(),
+        "volume": ev.volume,
+        "volume_name": ev.volume_name.as_str(),
+        "path": ev.path.as_ref().map(|p| p.display().to_string()),
+        "error": ev.error,
+    })
+    .to_string()
+}
+
+/// Rebuilds the actual state from the mount table and starts the reconciler
+/// on volmgr's own threads. `VOLMGR_ERR_BUSY` if already started.
+///
+/// # Safety
+/// `vm` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_start(vm: *mut volmgr) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        if h.vm.is_running() {
+            return fail(VOLMGR_ERR_BUSY, "already started");
+        }
+        match h.rt.block_on(h.vm.start()) {
+            Ok(_) => {
+                if !h.wait_for_sources {
+                    h.vm.set_populated();
+                }
+                VOLMGR_OK
+            }
+            Err(e) => fail(VOLMGR_ERR_INTERNAL, e.to_string()),
+        }
+    })
+}
+
+/// Tells the manager that every pod source has delivered its pods, so
+/// volumes of unknown pods may be torn down (only needed with
+/// `"wait_for_sources_ready": true`).
+///
+/// # Safety
+/// `vm` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_sources_ready(vm: *mut volmgr) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        h.vm.set_populated();
+        VOLMGR_OK
+    })
+}
+
+/// Stops the reconciler; mounts stay in place. `VOLMGR_ERR_BUSY` if not started.
+///
+/// # Safety
+/// `vm` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_stop(vm: *mut volmgr) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        match h.rt.block_on(h.vm.stop()) {
+            Ok(()) => VOLMGR_OK,
+            Err(e) => fail(VOLMGR_ERR_BUSY, e.to_string()),
+        }
+    })
+}
+
+/// Destroys the handle (stopping it first if needed; mounts stay). NULL is a
+/// no-op. No other call on this handle may run concurrently or follow.
+///
+/// # Safety
+/// `vm` is NULL or a live handle not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_free(vm: *mut volmgr) {
+    if vm.is_null() {
+        return;
+    }
+    let _ = guard(|| {
+        // SAFETY: `vm` came from Box::into_raw in volmgr_new and is not used again.
+        let h = unsafe { Box::from_raw(vm) };
+        if h.vm.is_running() {
+            let _ = h.rt.block_on(h.vm.stop());
+        }
+        let h = *h;
+        h.rt.shutdown_timeout(Duration::from_secs(5));
+        VOLMGR_OK
+    });
+}
+
+/// Sets (or with NULL clears) the event callback. It is called on a volmgr
+/// thread with a JSON object `{"kind": "mounted"|"unmounted"|"failed"|"lost",
+/// "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
+/// back unchanged and must be usable from that thread.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `cb` is NULL or a valid function.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_set_event_callback(
+    vm: *mut volmgr,
+    cb: volmgr_event_callback,
+    userdata: *mut c_void,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        *h.events.lock().unwrap_or_else(|e| e.into_inner()) =
+            cb.map(|f| EventCallback { f, userdata });
+        VOLMGR_OK
+    })
+}
+
+/// Adds or updates a pod (`pod_json`: a Kubernetes v1.Pod). A pod rejected as
+/// a whole (no name, invalid UID, duplicate volume names) is
+/// `VOLMGR_ERR_INVALID_ARGUMENT`; a volume that cannot be mounted is reported
+/// by the waits and volume queries instead.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `pod_json` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_pod_upsert(
+    vm: *mut volmgr,
+    pod_json: *const c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let text = try_ffi!(unsafe { str_arg(pod_json, "pod_json") });
+        let pod: k8s_openapi::api::core::v1::Pod = try_ffi!(serde_json::from_str(text)
+            .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("pod_json: {e}"))));
+        match h.vm.upsert_pod(&pod) {
+            Ok(_) => VOLMGR_OK,
+            Err(r) => fail(VOLMGR_ERR_INVALID_ARGUMENT, r.to_string()),
+        }
+    })
+}
+
+/// Removes a pod; its volumes are torn down. `VOLMGR_ERR_NOT_FOUND` if unknown.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_pod_delete(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        if h.vm.delete_pod(&uid) {
+            VOLMGR_OK
+        } else {
+            fail(VOLMGR_ERR_NOT_FOUND, format!("pod {uid} is not known"))
+        }
+    })
+}
+
+fn wait_status(r: Result<(), WaitError>) -> volmgr_status {
+    match r {
+        Ok(()) => VOLMGR_OK,
+        Err(e @ WaitError::Timeout { .. }) => fail(VOLMGR_ERR_TIMEOUT, e.to_string()),
+        Err(e) => fail(VOLMGR_ERR_BUSY, e.to_string()),
+    }
+}
+
+/// The kubelet's `WaitForAttachAndMount`: returns `VOLMGR_OK` once every
+/// volume of the pod is mounted, `VOLMGR_ERR_TIMEOUT` (with what is missing)
+/// after `timeout_ms`, `VOLMGR_ERR_NOT_FOUND` for a pod never upserted.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_wait_for_attach_and_mount(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    timeout_ms: u64,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        if h.vm.world().dsw().pod(&uid).is_none() {
+            return fail(VOLMGR_ERR_NOT_FOUND, format!("pod {uid} is not known"));
+        }
+        wait_status(
+            h.rt.block_on(h.vm.wait_for_attach_and_mount(&uid, Duration::from_millis(timeout_ms))),
+        )
+    })
+}
+
+/// The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_wait_for_unmount(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    timeout_ms: u64,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        wait_status(h.rt.block_on(h.vm.wait_for_unmount(&uid, Duration::from_millis(timeout_ms))))
+    })
+}
+
+fn volumes_json(v: &[MountedVolume]) -> String {
+    let arr: Vec<serde_json::Value> = v
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "outer_volume_spec_name": m.outer_volume_spec_name,
+                "volume_name": m.volume_name.as_str(),
+                "plugin": m.plugin_name,
+                "path": m.path.display().to_string(),
+                "state": match m.state { VolumeMountState::Mounted => "mounted", VolumeMountState::Uncertain => "uncertain" },
+            })
+        })
+        .collect();
+    serde_json::Value::Array(arr).to_string()
+}
+
+/// Shared body of the JSON-returning pod queries.
+///
+/// # Safety
+/// As for the public functions that call it.
+unsafe fn pod_query(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    out_json: *mut *mut c_char,
+    f: impl FnOnce(&VolumeManager, &PodUid) -> String,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per the caller's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per the caller's contract.
+        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let out = try_ffi!(out_arg(out_json, "out_json"));
+        let s = f(&h.vm, &uid);
+        // SAFETY: checked non-NULL.
+        unsafe { *out = to_c_string(s) };
+        VOLMGR_OK
+    })
+}
+
+/// The kubelet's `GetMountedVolumesForPod`: a JSON array of
+/// `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state"}` for
+/// the volumes certainly mounted (empty for an unknown pod). `*out_json` is
+/// owned by the caller (`volmgr_string_free`).
+///
+/// # Safety
+/// `vm` live or NULL; `pod_uid` a string or NULL; `out_json` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_get_mounted_volumes_for_pod(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    out_json: *mut *mut c_char,
+) -> volmgr_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        pod_query(vm, pod_uid, out_json, |vm, uid| {
+            volumes_json(&vm.mounted_volumes_for_pod(uid))
+        })
+    }
+}
+
+/// The kubelet's `GetPossiblyMountedVolumesForPod`: like
+/// `volmgr_get_mounted_volumes_for_pod`, plus volumes whose state is uncertain.
+///
+/// # Safety
+/// As for `volmgr_get_mounted_volumes_for_pod`.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_get_possibly_mounted_volumes_for_pod(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    out_json: *mut *mut c_char,
+) -> volmgr_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        pod_query(vm, pod_uid, out_json, |vm, uid| {
+            volumes_json(&vm.possibly_mounted_volumes_for_pod(uid))
+        })
+    }
+}
+
+/// The kubelet's `GetExtraSupplementalGroupsForPod`: a JSON array of GIDs.
+///
+/// # Safety
+/// As for `volmgr_get_mounted_volumes_for_pod`.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_get_extra_supplemental_groups_for_pod(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    out_json: *mut *mut c_char,
+) -> volmgr_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        pod_query(vm, pod_uid, out_json, |vm, uid| {
+            serde_json::Value::from(vm.extra_supplemental_groups_for_pod(uid)).to_string()
+        })
+    }
+}
+
+/// The kubelet's `GetVolumesInUse`: a JSON array of unique volume names.
+///
+/// # Safety
+/// `vm` live or NULL; `out_json` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_get_volumes_in_use(
+    vm: *mut volmgr,
+    out_json: *mut *mut c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        let out = try_ffi!(out_arg(out_json, "out_json"));
+        let names: Vec<String> =
+            h.vm.volumes_in_use()
+                .iter()
+                .map(|n| n.to_string())
+                .collect();
+        // SAFETY: checked non-NULL.
+        unsafe { *out = to_c_string(serde_json::Value::from(names).to_string()) };
+        VOLMGR_OK
+    })
+}
+
+/// The kubelet's `MarkVolumesAsReportedInUse`: `names_json` is a JSON array
+/// of unique volume names.
+///
+/// # Safety
+/// `vm` live or NULL; `names_json` a string or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_mark_volumes_as_reported_in_use(
+    vm: *mut volmgr,
+    names_json: *const c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let text = try_ffi!(unsafe { str_arg(names_json, "names_json") });
+        let names: Vec<String> = try_ffi!(serde_json::from_str(text)
+            .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("names_json: {e}"))));
+        h.vm.mark_volumes_as_reported_in_use(
+            names.into_iter().map(UniqueVolumeName::new).collect(),
+        );
+        VOLMGR_OK
+    })
+}
+
+/// The kubelet's `VolumeIsAttached`.
+///
+/// # Safety
+/// `vm` live or NULL; `volume_name` a string or NULL; `out` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_volume_is_attached(
+    vm: *mut volmgr,
+    volume_name: *const c_char,
+    out: *mut bool,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let name = try_ffi!(unsafe { str_arg(volume_name, "volume_name") });
+        let out = try_ffi!(out_arg(out, "out"));
+        // SAFETY: checked non-NULL.
+        unsafe { *out = h.vm.volume_is_attached(&UniqueVolumeName::new(name)) };
+        VOLMGR_OK
+    })
+}
+
+/// The kubelet's `ReconcilerStatesHasBeenSynced`; false for NULL.
+///
+/// # Safety
+/// `vm` live or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_reconciler_states_synced(vm: *mut volmgr) -> bool {
+    guard_value(false, || {
+        // SAFETY: per this function's contract.
+        unsafe { handle(vm) }.is_ok_and(|h| h.vm.reconciler_states_synced())
+    })
+}
+
+/// Prometheus text exposition of the manager's metrics (`*out` owned by the caller).
+///
+/// # Safety
+/// `vm` live or NULL; `out` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_metrics_text(
+    vm: *mut volmgr,
+    out: *mut *mut c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        let out = try_ffi!(out_arg(out, "out"));
+        // SAFETY: checked non-NULL.
+        unsafe { *out = to_c_string(h.vm.metrics_text()) };
+        VOLMGR_OK
+    })
+}
+
+/// Frees a string returned by volmgr. NULL is a no-op.
+///
+/// # Safety
+/// `s` is NULL or a string returned by volmgr and not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_string_free(s: *mut c_char) {
+    if s.is_null() {
+        return;
+    }
+    let _ = guard(|| {
+        // SAFETY: `s` came from CString::into_raw in this library.
+        drop(unsafe { std::ffi::CString::from_raw(s) });
+        VOLMGR_OK
+    });
+}

@@ -1,0 +1,276 @@
+/*
+ * The full volmgr flow from C, with real mounts: run it inside a private
+ * mount namespace (tests/c/run.sh does, under valgrind).
+ *   flow ROOT_DIR HOST_DIR
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "volmgr.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                     \
+  do {                                                                       \
+    if (cond) {                                                              \
+      passed++;                                                              \
+    } else {                                                                 \
+      failed++;                                                              \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
+      fprintf(stderr, __VA_ARGS__);                                          \
+      fprintf(stderr, " (last error: %s)\n",                                 \
+              volmgr_last_error() ? volmgr_last_error() : "none");           \
+    }                                                                        \
+  } while (0)
+
+#define EXPECT(call, status) CHECK((call) == (status), "%s", #call)
+
+static atomic_int events;
+
+static void on_event(void *userdata, const char *event_json) {
+  (void)userdata;
+  if (strstr(event_json, "\"kind\"") != NULL) {
+    atomic_fetch_add(&events, 1);
+  }
+}
+
+/* Whether PATH is a mount point in this process's mount table. */
+static int mounted(const char *path) {
+  FILE *f = fopen("/proc/self/mountinfo", "r");
+  char line[8192];
+  int found = 0;
+  size_t n = strlen(path);
+  if (f == NULL) {
+    return -1;
+  }
+  while (fgets(line, sizeof line, f) != NULL) {
+    /* Field 5 is the mount point. */
+    char *p = line;
+    for (int i = 0; i < 4 && p != NULL; i++) {
+      p = strchr(p, ' ');
+      if (p != NULL) p++;
+    }
+    if (p != NULL && strncmp(p, path, n) == 0 && p[n] == ' ') {
+      found = 1;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+static _Thread_local char pod_json[4096];
+
+static const char *make_pod(const char *uid, const char *host_dir, const char *host_type) {
+  snprintf(pod_json, sizeof pod_json,
+           "{\"apiVersion\":\"v1\",\"kind\":\"Pod\","
+           "\"metadata\":{\"name\":\"p-%s\",\"namespace\":\"c\",\"uid\":\"%s\"},"
+           "\"spec\":{\"securityContext\":{\"fsGroup\":1234,\"supplementalGroups\":[5,6]},"
+           "\"containers\":[{\"name\":\"c\",\"volumeMounts\":["
+           "{\"name\":\"cache\",\"mountPath\":\"/cache\"},{\"name\":\"host\",\"mountPath\":\"/host\"}]}],"
+           "\"volumes\":[{\"name\":\"cache\",\"emptyDir\":{\"medium\":\"Memory\",\"sizeLimit\":\"8Mi\"}},"
+           "{\"name\":\"host\",\"hostPath\":{\"path\":\"%s\",\"type\":\"%s\"}}]}}",
+           uid, uid, host_dir, host_type);
+  return pod_json;
+}
+
+/* Counts the mounts on PATH (a stacked mount counts twice). */
+static int mount_count(const char *path) {
+  FILE *f = fopen("/proc/self/mountinfo", "r");
+  char line[8192];
+  int count = 0;
+  size_t n = strlen(path);
+  if (f == NULL) {
+    return -1;
+  }
+  while (fgets(line, sizeof line, f) != NULL) {
+    char *p = line;
+    for (int i = 0; i < 4 && p != NULL; i++) {
+      p = strchr(p, ' ');
+      if (p != NULL) p++;
+    }
+    if (p != NULL && strncmp(p, path, n) == 0 && p[n] == ' ') {
+      count++;
+    }
+  }
+  fclose(f);
+  return count;
+}
+
+#define THREADS 16
+#define ROUNDS 40
+
+struct worker {
+  volmgr *vm;
+  const char *host;
+  int id;
+  int errors;
+};
+
+/* Upserts, queries and deletes its own pods; the last one stays desired. */
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  char uid[64], *out = NULL;
+  for (int r = 0; r < ROUNDS; r++) {
+    snprintf(uid, sizeof uid, "t%d-r%d", w->id, r);
+    if (volmgr_pod_upsert(w->vm, make_pod(uid, w->host, "Directory")) != VOLMGR_OK) w->errors++;
+    if (volmgr_get_mounted_volumes_for_pod(w->vm, uid, &out) != VOLMGR_OK) w->errors++;
+    volmgr_string_free(out);
+    out = NULL;
+    (void)volmgr_reconciler_states_synced(w->vm);
+    if (r % 3 == 0 && volmgr_wait_for_attach_and_mount(w->vm, uid, 20000) != VOLMGR_OK) w->errors++;
+    if (r + 1 < ROUNDS && volmgr_pod_delete(w->vm, uid) != VOLMGR_OK) w->errors++;
+  }
+  return NULL;
+}
+
+/* 16 threads hammer one handle; then every desired volume is mounted
+ * exactly once and every deleted one is gone. */
+static void thread_safety(const char *root, const char *host) {
+  char config[1024], uid[64], path[2048];
+  volmgr *vm = NULL;
+  pthread_t th[THREADS];
+  struct worker w[THREADS];
+  snprintf(config, sizeof config, "{\"root_dir\":\"%s/threads\"}", root);
+  EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
+  EXPECT(volmgr_start(vm), VOLMGR_OK);
+  for (int i = 0; i < THREADS; i++) {
+    w[i] = (struct worker){.vm = vm, .host = host, .id = i, .errors = 0};
+    CHECK(pthread_create(&th[i], NULL, worker_main, &w[i]) == 0, "pthread_create");
+  }
+  for (int i = 0; i < THREADS; i++) {
+    pthread_join(th[i], NULL);
+    CHECK(w[i].errors == 0, "thread %d had %d failed calls", i, w[i].errors);
+  }
+  for (int i = 0; i < THREADS; i++) {
+    snprintf(uid, sizeof uid, "t%d-r%d", i, ROUNDS - 1);
+    EXPECT(volmgr_wait_for_attach_and_mount(vm, uid, 30000), VOLMGR_OK);
+  }
+  for (int i = 0; i < THREADS; i++) {
+    for (int r = 0; r < ROUNDS; r++) {
+      snprintf(uid, sizeof uid, "t%d-r%d", i, r);
+      if (r + 1 < ROUNDS) {
+        EXPECT(volmgr_wait_for_unmount(vm, uid, 30000), VOLMGR_OK);
+      }
+      snprintf(path, sizeof path, "%s/threads/pods/%s/volumes/kubernetes.io~empty-dir/cache", root, uid);
+      int want = r + 1 < ROUNDS ? 0 : 1;
+      CHECK(mount_count(path) == want, "%s mounted %d times, want %d", path, mount_count(path), want);
+    }
+  }
+  volmgr_free(vm);
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s ROOT_DIR HOST_DIR\n", argv[0]);
+    return 2;
+  }
+  const char *root = argv[1];
+  const char *host = argv[2];
+  char config[1024], path[2048], missing[1024];
+  volmgr *vm = NULL;
+  char *out = NULL;
+  bool attached = false;
+
+  /* Misuse before there is a handle. */
+  EXPECT(volmgr_new(NULL, &vm), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(volmgr_last_error() != NULL && strstr(volmgr_last_error(), "NULL") != NULL, "NULL config message");
+  EXPECT(volmgr_new("{\"root_dir\":", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_new("{\"root_dir\":\"/tmp\",\"bogus\":1}", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_new("{\"root_dir\":\"/tmp\",\"tracer\":\"ebpf\"}", &vm), VOLMGR_ERR_UNSUPPORTED);
+  EXPECT(volmgr_new("{\"root_dir\":\"\xff\"}", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(volmgr_last_error(), "UTF-8") != NULL, "bad UTF-8 message");
+  EXPECT(volmgr_new("{\"root_dir\":\"/tmp\"}", NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(vm == NULL, "no handle written on failure");
+  volmgr_free(NULL);
+  volmgr_string_free(NULL);
+  EXPECT(volmgr_start(NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(!volmgr_reconciler_states_synced(NULL), "NULL is not synced");
+
+  snprintf(config, sizeof config,
+           "{\"root_dir\":\"%s\",\"node_name\":\"n1\",\"tracer\":\"off\",\"backoff_initial_ms\":50,\"backoff_max_ms\":200}",
+           root);
+  EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
+  CHECK(vm != NULL, "handle");
+  EXPECT(volmgr_set_event_callback(vm, on_event, NULL), VOLMGR_OK);
+  EXPECT(volmgr_start(vm), VOLMGR_OK);
+  EXPECT(volmgr_start(vm), VOLMGR_ERR_BUSY);
+
+  /* A pod with a tmpfs emptyDir and a hostPath. */
+  EXPECT(volmgr_pod_upsert(vm, make_pod("pod-1", host, "Directory")), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "pod-1", 20000), VOLMGR_OK);
+  CHECK(volmgr_reconciler_states_synced(vm), "synced");
+  snprintf(path, sizeof path, "%s/pods/pod-1/volumes/kubernetes.io~empty-dir/cache", root);
+  CHECK(mounted(path) == 1, "%s is mounted", path);
+  EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "pod-1", &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, path) != NULL && strstr(out, host) != NULL && strstr(out, "\"mounted\"") != NULL,
+        "mounted volumes: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  EXPECT(volmgr_get_possibly_mounted_volumes_for_pod(vm, "pod-1", &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, "kubernetes.io/empty-dir") != NULL, "possibly mounted: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  EXPECT(volmgr_get_extra_supplemental_groups_for_pod(vm, "pod-1", &out), VOLMGR_OK);
+  CHECK(out != NULL && strcmp(out, "[5,6,1234]") == 0, "groups: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  EXPECT(volmgr_get_volumes_in_use(vm, &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, "kubernetes.io/empty-dir/pod-1-cache") != NULL, "in use: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  EXPECT(volmgr_mark_volumes_as_reported_in_use(vm, "[\"kubernetes.io/empty-dir/pod-1-cache\"]"), VOLMGR_OK);
+  EXPECT(volmgr_mark_volumes_as_reported_in_use(vm, "{\"not\":\"a list\"}"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_volume_is_attached(vm, "kubernetes.io/empty-dir/pod-1-cache", &attached), VOLMGR_OK);
+  CHECK(attached, "attached");
+  EXPECT(volmgr_volume_is_attached(vm, "nope", &attached), VOLMGR_OK);
+  CHECK(!attached, "unknown volume not attached");
+  EXPECT(volmgr_metrics_text(vm, &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, "storage_operation_duration_seconds_count{operation_name=\"volume_mount\"") != NULL,
+        "metrics");
+  volmgr_string_free(out);
+  out = NULL;
+
+  /* Misuse with a live handle: nothing written, clear errors. */
+  EXPECT(volmgr_pod_upsert(vm, NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_pod_upsert(vm, "{not json"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_pod_upsert(vm, "\xfe\xff"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_pod_upsert(vm, make_pod("../escape", host, "Directory")), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(volmgr_last_error(), "invalid pod UID") != NULL, "uid message: %s", volmgr_last_error());
+  EXPECT(volmgr_pod_delete(vm, "nobody"), VOLMGR_ERR_NOT_FOUND);
+  EXPECT(volmgr_pod_delete(vm, "a/b"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "nobody", 10), VOLMGR_ERR_NOT_FOUND);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, NULL, 10), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "pod-1", NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_get_mounted_volumes_for_pod(NULL, "pod-1", &out), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(out == NULL, "out untouched on failure");
+  EXPECT(volmgr_volume_is_attached(vm, "x", NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+
+  /* A pod that cannot mount (type check fails): the wait times out. */
+  snprintf(missing, sizeof missing, "%s/does-not-exist", host);
+  EXPECT(volmgr_pod_upsert(vm, make_pod("pod-2", missing, "Directory")), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "pod-2", 300), VOLMGR_ERR_TIMEOUT);
+  CHECK(strstr(volmgr_last_error(), "hostPath type check failed") != NULL, "timeout says why: %s", volmgr_last_error());
+
+  /* Tear down. */
+  EXPECT(volmgr_pod_delete(vm, "pod-1"), VOLMGR_OK);
+  EXPECT(volmgr_pod_delete(vm, "pod-2"), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_unmount(vm, "pod-1", 20000), VOLMGR_OK);
+  CHECK(mounted(path) == 0, "%s is unmounted", path);
+  EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "pod-1", &out), VOLMGR_OK);
+  CHECK(out != NULL && strcmp(out, "[]") == 0, "no volumes left: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  CHECK(atomic_load(&events) >= 3, "events delivered: %d", atomic_load(&events));
+  EXPECT(volmgr_set_event_callback(vm, NULL, NULL), VOLMGR_OK);
+  EXPECT(volmgr_stop(vm), VOLMGR_OK);
+  EXPECT(volmgr_stop(vm), VOLMGR_ERR_BUSY);
+  volmgr_free(vm);
+
+  thread_safety(root, host);
+
+  printf("c flow: %d passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
