@@ -19,6 +19,11 @@
 #include <stdint.h>
 
 /**
+ * Size of the error buffer handed to `set_up` and `tear_down`.
+ */
+#define VOLMGR_PLUGIN_ERROR_LEN 1024
+
+/**
  * Result of every call. Values are stable: retired values are never reused.
  */
 enum volmgr_status
@@ -75,6 +80,45 @@ typedef struct volmgr volmgr;
  * call back into the same handle's `volmgr_free`.
  */
 typedef void (*volmgr_event_callback)(void *userdata, const char *event_json);
+
+/**
+ * A volume plugin implemented by the caller. Every callback gets the
+ * `userdata` given to `volmgr_register_plugin` first, and runs on a volmgr
+ * thread (`can_support` on the thread that upserts the pod; `set_up` and
+ * `tear_down` on volmgr's blocking threads, possibly several at once for
+ * different volumes, never twice at once for the same volume of a pod).
+ */
+typedef struct {
+  /**
+   * Plugin name, e.g. `example.com/nfs` (copied at registration; must be
+   * unique; `/` becomes `~` in directory names).
+   */
+  const char *name;
+  /**
+   * Whether the plugin handles this volume: `spec_json` is the pod's
+   * `v1.Volume` as JSON. Only volume types volmgr does not handle itself
+   * are offered.
+   */
+  bool (*can_support)(void *userdata, const char *spec_json);
+  /**
+   * Sets the volume up in `target_dir` (created by volmgr beforehand, under
+   * `ROOT/pods/<uid>/volumes/<name>/<volume>`). Must be idempotent: it is
+   * called again after a restart or an uncertain failure. On failure, write
+   * a message into `err` (`err_len` bytes, NUL-terminated) and return a
+   * status; `VOLMGR_ERR_TIMEOUT` means "may have happened" (uncertain).
+   */
+  volmgr_status (*set_up)(void *userdata,
+                          const char *spec_json,
+                          const char *target_dir,
+                          char *err,
+                          uintptr_t err_len);
+  /**
+   * Tears the volume down in `target_dir`; volmgr removes the directory
+   * afterwards (it refuses to delete across a mount left behind).
+   * Idempotent; same error convention as `set_up`.
+   */
+  volmgr_status (*tear_down)(void *userdata, const char *target_dir, char *err, uintptr_t err_len);
+} volmgr_plugin;
 
 #ifdef __cplusplus
 extern "C" {
@@ -267,6 +311,18 @@ volmgr_status volmgr_metrics_text(volmgr *vm, char **out);
  * `s` is NULL or a string returned by volmgr and not freed yet.
  */
 void volmgr_string_free(char *s);
+
+/**
+ * Registers a host plugin (before pods that need it are upserted). The
+ * vtable is copied; `userdata` is passed to every callback and must stay
+ * valid, and the callbacks callable from any thread, until `volmgr_free`.
+ * `VOLMGR_ERR_BUSY` if the name is taken.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `vtable` is NULL or points to a valid
+ * `volmgr_plugin` whose `name` is a NUL-terminated string.
+ */
+volmgr_status volmgr_register_plugin(volmgr *vm, const volmgr_plugin *vtable, void *userdata);
 
 #ifdef __cplusplus
 }  // extern "C"

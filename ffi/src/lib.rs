@@ -12,9 +12,11 @@
 mod boundary;
 pub mod error;
 pub mod manager;
+pub mod plugin;
 
 pub use error::*;
 pub use manager::*;
+pub use plugin::*;
 
 #[cfg(test)]
 mod header_tests {

@@ -99,6 +99,87 @@ static int mount_count(const char *path) {
   return count;
 }
 
+/* A host plugin: handles configMap volumes by writing the spec to a file. */
+struct fake_plugin {
+  atomic_int setups, teardowns, fail_next;
+};
+
+static bool fp_can_support(void *userdata, const char *spec_json) {
+  (void)userdata;
+  return strstr(spec_json, "\"configMap\"") != NULL;
+}
+
+static volmgr_status fp_set_up(void *userdata, const char *spec_json, const char *target_dir, char *err,
+                               size_t err_len) {
+  struct fake_plugin *p = userdata;
+  char path[4096];
+  if (atomic_fetch_sub(&p->fail_next, 1) > 0) {
+    snprintf(err, err_len, "injected failure");
+    return VOLMGR_ERR_INTERNAL;
+  }
+  snprintf(path, sizeof path, "%s/spec.json", target_dir);
+  FILE *f = fopen(path, "w");
+  if (f == NULL) {
+    snprintf(err, err_len, "cannot write %s", path);
+    return VOLMGR_ERR_INTERNAL;
+  }
+  fputs(spec_json, f);
+  fclose(f);
+  atomic_fetch_add(&p->setups, 1);
+  return VOLMGR_OK;
+}
+
+static volmgr_status fp_tear_down(void *userdata, const char *target_dir, char *err, size_t err_len) {
+  struct fake_plugin *p = userdata;
+  char path[4096];
+  (void)err;
+  (void)err_len;
+  snprintf(path, sizeof path, "%s/spec.json", target_dir);
+  remove(path);
+  atomic_fetch_add(&p->teardowns, 1);
+  return VOLMGR_OK;
+}
+
+static void host_plugin(volmgr *vm, const char *root) {
+  static struct fake_plugin fp;
+  volmgr_plugin vt = {.name = "example.com/fake",
+                      .can_support = fp_can_support,
+                      .set_up = fp_set_up,
+                      .tear_down = fp_tear_down};
+  volmgr_plugin dup = vt;
+  volmgr_plugin bad = vt;
+  char path[2048], *out = NULL;
+  bad.set_up = NULL;
+  dup.name = "kubernetes.io/empty-dir";
+  atomic_store(&fp.fail_next, 2);
+  EXPECT(volmgr_register_plugin(vm, NULL, &fp), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_register_plugin(vm, &bad, &fp), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_register_plugin(vm, &dup, &fp), VOLMGR_ERR_BUSY);
+  EXPECT(volmgr_register_plugin(vm, &vt, &fp), VOLMGR_OK);
+  EXPECT(volmgr_register_plugin(vm, &vt, &fp), VOLMGR_ERR_BUSY);
+  EXPECT(volmgr_pod_upsert(vm,
+                           "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"cm\",\"uid\":\"pod-3\"},"
+                           "\"spec\":{\"containers\":[{\"name\":\"c\",\"volumeMounts\":[{\"name\":\"cfg\",\"mountPath\":\"/c\"}]}],"
+                           "\"volumes\":[{\"name\":\"cfg\",\"configMap\":{\"name\":\"settings\"}}]}}"),
+         VOLMGR_OK);
+  /* Two injected failures, then success after the backoff. */
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "pod-3", 20000), VOLMGR_OK);
+  CHECK(atomic_load(&fp.setups) == 1, "one successful set-up, got %d", atomic_load(&fp.setups));
+  snprintf(path, sizeof path, "%s/pods/pod-3/volumes/example.com~fake/cfg", root);
+  EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "pod-3", &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, path) != NULL && strstr(out, "example.com/fake") != NULL, "plugin volume: %s",
+        out ? out : "(null)");
+  volmgr_string_free(out);
+  strncat(path, "/spec.json", sizeof path - strlen(path) - 1);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL, "set_up wrote %s", path);
+  if (f != NULL) fclose(f);
+  EXPECT(volmgr_pod_delete(vm, "pod-3"), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_unmount(vm, "pod-3", 20000), VOLMGR_OK);
+  CHECK(atomic_load(&fp.teardowns) == 1, "one tear-down, got %d", atomic_load(&fp.teardowns));
+  CHECK(fopen(path, "r") == NULL, "volume directory removed");
+}
+
 #define THREADS 16
 #define ROUNDS 40
 
@@ -253,6 +334,8 @@ int main(int argc, char **argv) {
   EXPECT(volmgr_pod_upsert(vm, make_pod("pod-2", missing, "Directory")), VOLMGR_OK);
   EXPECT(volmgr_wait_for_attach_and_mount(vm, "pod-2", 300), VOLMGR_ERR_TIMEOUT);
   CHECK(strstr(volmgr_last_error(), "hostPath type check failed") != NULL, "timeout says why: %s", volmgr_last_error());
+
+  host_plugin(vm, root);
 
   /* Tear down. */
   EXPECT(volmgr_pod_delete(vm, "pod-1"), VOLMGR_OK);
