@@ -29,6 +29,8 @@ command -v unshare >/dev/null 2>&1 || need_pkgs+=(util-linux)
 command -v umount >/dev/null 2>&1 || need_pkgs+=(mount)
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl ca-certificates)
+# Go for the cgo package in ffi/go (Debian's golang-go).
+command -v go >/dev/null 2>&1 || need_pkgs+=(golang-go)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   apt_install "${need_pkgs[@]}"
 fi

@@ -1,0 +1,3 @@
+module volmgr/ffi/go/volmgr
+
+go 1.19

@@ -1,0 +1,371 @@
+// Package volmgr wraps libvolmgr (the C ABI of volmgr, include/volmgr.h)
+// for Go kubelet forks: a Manager mirrors the kubelet's VolumeManager
+// interface, with Go errors, context deadlines and typed results.
+//
+// Build with the library on the linker path, e.g.
+//
+//	CGO_LDFLAGS="-L$REPO/target/release -l:libvolmgr.a -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
+//
+// (the native libraries are what `cargo rustc -p volmgr-ffi --lib
+// --crate-type staticlib -- --print native-static-libs` prints).
+package volmgr
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../../include
+#include <stdlib.h>
+#include <string.h>
+#include "volmgr.h"
+
+// A call that does nothing, to measure the bare cgo overhead next to
+// volmgr's calls.
+static inline int volmgr_go_noop(int x) { return x; }
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+)
+
+// Status is a volmgr_status.
+type Status uint32
+
+// The statuses of include/volmgr.h.
+const (
+	OK              Status = C.VOLMGR_OK
+	InvalidArgument Status = C.VOLMGR_ERR_INVALID_ARGUMENT
+	NotFound        Status = C.VOLMGR_ERR_NOT_FOUND
+	Timeout         Status = C.VOLMGR_ERR_TIMEOUT
+	Busy            Status = C.VOLMGR_ERR_BUSY
+	Unsupported     Status = C.VOLMGR_ERR_UNSUPPORTED
+	Internal        Status = C.VOLMGR_ERR_INTERNAL
+)
+
+var statusNames = map[Status]string{
+	OK: "ok", InvalidArgument: "invalid argument", NotFound: "not found",
+	Timeout: "timeout", Busy: "busy", Unsupported: "unsupported", Internal: "internal error",
+}
+
+func (s Status) String() string {
+	if n, ok := statusNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("status %d", uint32(s))
+}
+
+// Error is a failed call: its status and volmgr's message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("volmgr: %s: %s", e.Status, e.Message) }
+
+// Is makes errors.Is(err, volmgr.ErrNotFound) and friends work.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message == "" && t.Status == e.Status
+}
+
+// Sentinels for errors.Is.
+var (
+	ErrInvalidArgument = &Error{Status: InvalidArgument}
+	ErrNotFound        = &Error{Status: NotFound}
+	ErrTimeout         = &Error{Status: Timeout}
+	ErrBusy            = &Error{Status: Busy}
+	ErrUnsupported     = &Error{Status: Unsupported}
+	ErrClosed          = errors.New("volmgr: manager is closed")
+)
+
+// Config is volmgr_new's configuration.
+type Config struct {
+	RootDir             string `json:"root_dir"`
+	NodeName            string `json:"node_name,omitempty"`
+	Tracer              string `json:"tracer,omitempty"`
+	ResyncPeriodMs      uint64 `json:"resync_period_ms,omitempty"`
+	BackoffInitialMs    uint64 `json:"backoff_initial_ms,omitempty"`
+	BackoffMaxMs        uint64 `json:"backoff_max_ms,omitempty"`
+	WaitForSourcesReady bool   `json:"wait_for_sources_ready,omitempty"`
+}
+
+// MountedVolume is one entry of GetMountedVolumesForPod.
+type MountedVolume struct {
+	OuterVolumeSpecName string `json:"outer_volume_spec_name"`
+	VolumeName          string `json:"volume_name"`
+	Plugin              string `json:"plugin"`
+	Path                string `json:"path"`
+	State               string `json:"state"`
+}
+
+// Manager is a volmgr handle. Its methods are safe for concurrent use;
+// Close waits for calls in flight.
+type Manager struct {
+	mu sync.RWMutex
+	h  *C.volmgr
+}
+
+// call runs f on a locked OS thread (volmgr_last_error is per thread) and
+// turns a failure into an *Error.
+func call(f func() C.volmgr_status) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	st := Status(f())
+	if st == OK {
+		return nil
+	}
+	msg := ""
+	if p := C.volmgr_last_error(); p != nil {
+		msg = C.GoString(p)
+	}
+	return &Error{Status: st, Message: msg}
+}
+
+// New creates a manager (not started).
+func New(cfg Config) (*Manager, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cs := C.CString(string(b))
+	defer C.free(unsafe.Pointer(cs))
+	var h *C.volmgr
+	if err := call(func() C.volmgr_status { return C.volmgr_new(cs, &h) }); err != nil {
+		return nil, err
+	}
+	return &Manager{h: h}, nil
+}
+
+// with runs f with the handle, or fails with ErrClosed.
+func (m *Manager) with(f func(h *C.volmgr) error) error {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.h == nil {
+		return ErrClosed
+	}
+	return f(m.h)
+}
+
+// Start rebuilds the actual state and starts reconciling.
+func (m *Manager) Start() error {
+	return m.with(func(h *C.volmgr) error {
+		return call(func() C.volmgr_status { return C.volmgr_start(h) })
+	})
+}
+
+// SourcesReady allows tearing down volumes of unknown pods (only needed
+// with Config.WaitForSourcesReady).
+func (m *Manager) SourcesReady() error {
+	return m.with(func(h *C.volmgr) error {
+		return call(func() C.volmgr_status { return C.volmgr_sources_ready(h) })
+	})
+}
+
+// Stop stops reconciling; mounts stay in place.
+func (m *Manager) Stop() error {
+	return m.with(func(h *C.volmgr) error {
+		return call(func() C.volmgr_status { return C.volmgr_stop(h) })
+	})
+}
+
+// Close stops the manager if needed and frees it. Further calls fail with
+// ErrClosed. Closing twice is a no-op.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.h != nil {
+		C.volmgr_free(m.h)
+		m.h = nil
+	}
+	return nil
+}
+
+func withString(s string, f func(*C.char) error) error {
+	cs := C.CString(s)
+	defer C.free(unsafe.Pointer(cs))
+	return f(cs)
+}
+
+// UpsertPod adds or updates a pod given as v1.Pod JSON.
+func (m *Manager) UpsertPod(podJSON []byte) error {
+	return m.with(func(h *C.volmgr) error {
+		return withString(string(podJSON), func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_pod_upsert(h, cs) })
+		})
+	})
+}
+
+// DeletePod removes a pod; its volumes are torn down.
+func (m *Manager) DeletePod(uid string) error {
+	return m.with(func(h *C.volmgr) error {
+		return withString(uid, func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_pod_delete(h, cs) })
+		})
+	})
+}
+
+// waitSlice bounds one blocking C wait, so a cancelled context is noticed.
+const waitSlice = 100 * time.Millisecond
+
+func (m *Manager) wait(ctx context.Context, uid string, unmount bool) error {
+	return withString(uid, func(cs *C.char) error {
+		for {
+			slice := waitSlice
+			if dl, ok := ctx.Deadline(); ok {
+				left := time.Until(dl)
+				if left <= 0 {
+					left = 0
+				}
+				if left < slice {
+					slice = left
+				}
+			}
+			err := m.with(func(h *C.volmgr) error {
+				return call(func() C.volmgr_status {
+					if unmount {
+						return C.volmgr_wait_for_unmount(h, cs, C.uint64_t(slice.Milliseconds()))
+					}
+					return C.volmgr_wait_for_attach_and_mount(h, cs, C.uint64_t(slice.Milliseconds()))
+				})
+			})
+			if !errors.Is(err, ErrTimeout) {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return err
+			default:
+			}
+			if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+				return err
+			}
+		}
+	})
+}
+
+// WaitForAttachAndMount returns once every volume of the pod is mounted, or
+// an error (errors.Is(err, ErrTimeout) when ctx ends first).
+func (m *Manager) WaitForAttachAndMount(ctx context.Context, uid string) error {
+	return m.wait(ctx, uid, false)
+}
+
+// WaitForUnmount returns once nothing of the pod is mounted.
+func (m *Manager) WaitForUnmount(ctx context.Context, uid string) error {
+	return m.wait(ctx, uid, true)
+}
+
+// jsonCall runs a call that returns a JSON string and decodes it into out.
+func (m *Manager) jsonCall(out interface{}, f func(h *C.volmgr, res **C.char) C.volmgr_status) error {
+	return m.with(func(h *C.volmgr) error {
+		var res *C.char
+		if err := call(func() C.volmgr_status { return f(h, &res) }); err != nil {
+			return err
+		}
+		defer C.volmgr_string_free(res)
+		n := C.strlen(res)
+		return json.Unmarshal(C.GoBytes(unsafe.Pointer(res), C.int(n)), out)
+	})
+}
+
+func (m *Manager) podJSON(uid string, out interface{},
+	f func(h *C.volmgr, uid *C.char, res **C.char) C.volmgr_status) error {
+	return withString(uid, func(cs *C.char) error {
+		return m.jsonCall(out, func(h *C.volmgr, res **C.char) C.volmgr_status { return f(h, cs, res) })
+	})
+}
+
+// GetMountedVolumesForPod lists the volumes certainly mounted for the pod.
+func (m *Manager) GetMountedVolumesForPod(uid string) ([]MountedVolume, error) {
+	var v []MountedVolume
+	err := m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
+		return C.volmgr_get_mounted_volumes_for_pod(h, u, r)
+	})
+	return v, err
+}
+
+// GetPossiblyMountedVolumesForPod also lists volumes in an uncertain state.
+func (m *Manager) GetPossiblyMountedVolumesForPod(uid string) ([]MountedVolume, error) {
+	var v []MountedVolume
+	err := m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
+		return C.volmgr_get_possibly_mounted_volumes_for_pod(h, u, r)
+	})
+	return v, err
+}
+
+// GetExtraSupplementalGroupsForPod returns the pod's fsGroup and supplemental groups.
+func (m *Manager) GetExtraSupplementalGroupsForPod(uid string) ([]int64, error) {
+	var v []int64
+	err := m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
+		return C.volmgr_get_extra_supplemental_groups_for_pod(h, u, r)
+	})
+	return v, err
+}
+
+// GetVolumesInUse lists every volume desired or still mounted.
+func (m *Manager) GetVolumesInUse() ([]string, error) {
+	var v []string
+	err := m.jsonCall(&v, func(h *C.volmgr, r **C.char) C.volmgr_status {
+		return C.volmgr_get_volumes_in_use(h, r)
+	})
+	return v, err
+}
+
+// MarkVolumesAsReportedInUse records the volumes reported in the node status.
+func (m *Manager) MarkVolumesAsReportedInUse(names []string) error {
+	if names == nil {
+		names = []string{}
+	}
+	b, err := json.Marshal(names)
+	if err != nil {
+		return err
+	}
+	return m.with(func(h *C.volmgr) error {
+		return withString(string(b), func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_mark_volumes_as_reported_in_use(h, cs) })
+		})
+	})
+}
+
+// VolumeIsAttached reports whether the volume is known to be attached.
+func (m *Manager) VolumeIsAttached(name string) (bool, error) {
+	var out C.bool
+	err := m.with(func(h *C.volmgr) error {
+		return withString(name, func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_volume_is_attached(h, cs, &out) })
+		})
+	})
+	return bool(out), err
+}
+
+// ReconcilerStatesSynced is the kubelet's ReconcilerStatesHasBeenSynced.
+func (m *Manager) ReconcilerStatesSynced() bool {
+	synced := false
+	_ = m.with(func(h *C.volmgr) error {
+		synced = bool(C.volmgr_reconciler_states_synced(h))
+		return nil
+	})
+	return synced
+}
+
+// MetricsText returns the Prometheus text exposition.
+func (m *Manager) MetricsText() (string, error) {
+	var s string
+	err := m.with(func(h *C.volmgr) error {
+		var res *C.char
+		if err := call(func() C.volmgr_status { return C.volmgr_metrics_text(h, &res) }); err != nil {
+			return err
+		}
+		s = C.GoString(res)
+		C.volmgr_string_free(res)
+		return nil
+	})
+	return s, err
+}
+
+// noop is the bare cgo call, for benchmarks.
+func noop(x int) int { return int(C.volmgr_go_noop(C.int(x))) }

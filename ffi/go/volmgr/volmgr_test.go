@@ -1,0 +1,297 @@
+package volmgr
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const childEnv = "VOLMGR_GO_TEST_IN_PRIVATE_NS"
+
+// TestMain re-executes the test binary in a new mount namespace with "/"
+// made recursively private (Go's SysProcAttr.Unshareflags does both), so the
+// real mounts of these tests never reach the host. Without root it skips.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "1" {
+		os.Exit(m.Run())
+	}
+	if os.Geteuid() != 0 {
+		fmt.Println("SKIP volmgr Go tests: need root to create a private mount namespace")
+		os.Exit(0)
+	}
+	cmd := exec.Command(os.Args[0], os.Args[1:]...)
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.ExitCode())
+		}
+		fmt.Println("cannot run the tests in a private mount namespace:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func podJSON(uid, hostDir string, volumes int) []byte {
+	mounts := []string{`{"name":"host","mountPath":"/host"}`}
+	vols := []string{fmt.Sprintf(`{"name":"host","hostPath":{"path":%q,"type":"Directory"}}`, hostDir)}
+	for i := 0; i < volumes; i++ {
+		mounts = append(mounts, fmt.Sprintf(`{"name":"m%d","mountPath":"/m%d"}`, i, i))
+		vols = append(vols, fmt.Sprintf(`{"name":"m%d","emptyDir":{"medium":"Memory","sizeLimit":"4Mi"}}`, i))
+	}
+	return []byte(fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p-%s","namespace":"go","uid":%q},`+
+		`"spec":{"containers":[{"name":"c","volumeMounts":[%s]}],"volumes":[%s]}}`,
+		uid, uid, strings.Join(mounts, ","), strings.Join(vols, ",")))
+}
+
+func mountCount(t testing.TB, path string) int {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64*1024), 1024*1024)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) > 4 && fields[4] == path {
+			n++
+		}
+	}
+	return n
+}
+
+func newManager(t testing.TB) (*Manager, string, string) {
+	dir := t.TempDir()
+	root, host := dir+"/root", dir+"/host"
+	if err := os.MkdirAll(host, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{RootDir: root, Tracer: "off", BackoffInitialMs: 50, BackoffMaxMs: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = m.Close()
+		// Close leaves mounts in place (as the kubelet does); remove them so
+		// the temporary directory can go.
+		for _, p := range mountsUnder(t, root) {
+			_ = syscall.Unmount(p, 0)
+		}
+	})
+	return m, root, host
+}
+
+func mountsUnder(t testing.TB, dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			out = append(out, fields[4])
+		}
+	}
+	return out
+}
+
+func TestFullFlow(t *testing.T) {
+	m, root, host := newManager(t)
+	if err := m.UpsertPod(podJSON("go-1", host, 2)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := m.WaitForAttachAndMount(ctx, "go-1"); err != nil {
+		t.Fatal(err)
+	}
+	vols, err := m.GetMountedVolumesForPod("go-1")
+	if err != nil || len(vols) != 3 {
+		t.Fatalf("volumes %v, %v", vols, err)
+	}
+	path := root + "/pods/go-1/volumes/kubernetes.io~empty-dir/m0"
+	if vols[1].OuterVolumeSpecName != "m0" || vols[1].Path != path || vols[1].State != "mounted" || vols[0].Path != host {
+		t.Fatalf("unexpected volumes %+v", vols)
+	}
+	if n := mountCount(t, path); n != 1 {
+		t.Fatalf("%s mounted %d times", path, n)
+	}
+	if !m.ReconcilerStatesSynced() {
+		t.Fatal("not synced")
+	}
+	inUse, err := m.GetVolumesInUse()
+	if err != nil || len(inUse) != 3 {
+		t.Fatalf("in use %v, %v", inUse, err)
+	}
+	if err := m.MarkVolumesAsReportedInUse(inUse); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := m.VolumeIsAttached("kubernetes.io/empty-dir/go-1-m0"); !ok || err != nil {
+		t.Fatalf("attached %v %v", ok, err)
+	}
+	if txt, err := m.MetricsText(); err != nil || !strings.Contains(txt, "volume_manager_total_volumes") {
+		t.Fatalf("metrics %v", err)
+	}
+	if err := m.DeletePod("go-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitForUnmount(ctx, "go-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := mountCount(t, path); n != 0 {
+		t.Fatalf("%s still mounted", path)
+	}
+	if err := m.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Stop(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second stop: %v", err)
+	}
+	_ = m.Close()
+	if err := m.Start(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after close: %v", err)
+	}
+	_ = m.Close()
+}
+
+func TestErrors(t *testing.T) {
+	if _, err := New(Config{RootDir: "/tmp", Tracer: "ebpf"}); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("ebpf tracer: %v", err)
+	}
+	m, _, host := newManager(t)
+	if err := m.UpsertPod([]byte("{nope")); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("bad json: %v", err)
+	}
+	if err := m.UpsertPod(podJSON("../x", host, 1)); !errors.Is(err, ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "invalid pod UID") {
+		t.Fatalf("bad uid: %v", err)
+	}
+	if err := m.DeletePod("nobody"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown pod: %v", err)
+	}
+	if err := m.UpsertPod(podJSON("go-bad", host+"/missing", 0)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := m.WaitForAttachAndMount(ctx, "go-bad")
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "hostPath type check failed") {
+		t.Fatalf("timeout: %v", err)
+	}
+}
+
+// 16 goroutines upsert, query and delete concurrently; then every desired
+// volume is mounted exactly once and every deleted one is gone.
+func TestConcurrentGoroutines(t *testing.T) {
+	m, root, host := newManager(t)
+	const workers, rounds = 16, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for r := 0; r < rounds; r++ {
+				uid := fmt.Sprintf("g%d-r%d", w, r)
+				if err := m.UpsertPod(podJSON(uid, host, 1)); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := m.GetMountedVolumesForPod(uid); err != nil {
+					errs <- err
+					return
+				}
+				if r+1 < rounds {
+					if err := m.DeletePod(uid); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for w := 0; w < workers; w++ {
+		for r := 0; r < rounds; r++ {
+			uid := fmt.Sprintf("g%d-r%d", w, r)
+			want := 0
+			if r+1 == rounds {
+				want = 1
+				if err := m.WaitForAttachAndMount(ctx, uid); err != nil {
+					t.Fatal(err)
+				}
+			} else if err := m.WaitForUnmount(ctx, uid); err != nil {
+				t.Fatal(err)
+			}
+			path := root + "/pods/" + uid + "/volumes/kubernetes.io~empty-dir/m0"
+			if n := mountCount(t, path); n != want {
+				t.Fatalf("%s mounted %d times, want %d", path, n, want)
+			}
+		}
+	}
+}
+
+// Per-call costs (see BENCHMARKS.md): a read for a pod with 10 mounted
+// volumes, an upsert of an unchanged pod, and a bare cgo call.
+func BenchmarkGetMountedVolumesForPod(b *testing.B) {
+	m, _, host := newManager(b)
+	if err := m.UpsertPod(podJSON("bench", host, 9)); err != nil {
+		b.Fatal(err)
+	}
+	if err := m.WaitForAttachAndMount(context.Background(), "bench"); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		v, err := m.GetMountedVolumesForPod("bench")
+		if err != nil || len(v) != 10 {
+			b.Fatal(len(v), err)
+		}
+	}
+}
+
+func BenchmarkUpsertUnchangedPod(b *testing.B) {
+	m, _, host := newManager(b)
+	pod := podJSON("bench", host, 9)
+	if err := m.UpsertPod(pod); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := m.UpsertPod(pod); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkBareCgoCall(b *testing.B) {
+	s := 0
+	for i := 0; i < b.N; i++ {
+		s += noop(i)
+	}
+	_ = s
+}
