@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
-use volmgr_core::cache::actual_state_of_world::{MountedVolume, VolumeMountState};
+use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::operation_executor::Backoff;
 use volmgr_core::sys::linux::LinuxMounter;
-use volmgr_core::volume::{PodUid, UniqueVolumeName};
+use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
 use volmgr_core::volume_manager::{Config, VolumeManager, WaitError};
 use volmgr_core::world::VolumeEvent;
 
@@ -22,6 +22,10 @@ pub struct volmgr {
     pub(crate) vm: Arc<VolumeManager>,
     events: Arc<Mutex<Option<EventCallback>>>,
     wait_for_sources: bool,
+    /// Last volume list served per (pod, with uncertain), with the world
+    /// generation it was built at: kubelets ask for the same pods' volumes
+    /// again and again, and between changes the answer is the same.
+    volume_lists: Mutex<volmgr_core::volume::FastMap<(String, bool), (u64, std::ffi::CString)>>,
 }
 
 /// Called for each volume event (`event_json` is only valid during the
@@ -151,6 +155,7 @@ pub unsafe extern "C" fn volmgr_new(
             vm,
             events,
             wait_for_sources: cfg.wait_for_sources_ready,
+            volume_lists: Mutex::default(),
         });
         // SAFETY: `out` was checked non-NULL.
         unsafe { *out = Box::into_raw(h) };
@@ -372,20 +377,94 @@ pub unsafe extern "C" fn volmgr_wait_for_unmount(
     })
 }
 
-fn volumes_json(v: &[MountedVolume]) -> String {
-    let arr: Vec<serde_json::Value> = v
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "outer_volume_spec_name": m.outer_volume_spec_name,
-                "volume_name": m.volume_name.as_str(),
-                "plugin": m.plugin_name,
-                "path": m.path.display().to_string(),
-                "state": match m.state { VolumeMountState::Mounted => "mounted", VolumeMountState::Uncertain => "uncertain" },
+/// One entry of the volume lists, serialized straight from the actual state.
+#[derive(serde::Serialize)]
+struct VolumeJson<'a> {
+    outer_volume_spec_name: &'a str,
+    volume_name: &'a str,
+    plugin: &'a str,
+    path: std::borrow::Cow<'a, str>,
+    state: &'static str,
+}
+
+/// The pod's volumes as a JSON array, sorted by name, built under the actual
+/// state's read lock without copying it; `uncertain` includes uncertain ones.
+fn volumes_json(
+    vm: &VolumeManager,
+    uid: &str,
+    uncertain: bool,
+) -> Result<std::ffi::CString, volmgr_status> {
+    vm.with_actual_state(|asw| {
+        let mut rows: Vec<VolumeJson<'_>> = asw
+            .mounts_of_pod(uid)
+            .filter(|(_, _, m)| uncertain || m.state == VolumeMountState::Mounted)
+            .map(|(name, plugin, m)| VolumeJson {
+                outer_volume_spec_name: &m.outer_volume_spec_name,
+                volume_name: name.as_str(),
+                plugin,
+                path: m.path.to_string_lossy(),
+                state: match m.state {
+                    VolumeMountState::Mounted => "mounted",
+                    VolumeMountState::Uncertain => "uncertain",
+                },
             })
-        })
-        .collect();
-    serde_json::Value::Array(arr).to_string()
+            .collect();
+        rows.sort_unstable_by(|a, b| a.outer_volume_spec_name.cmp(b.outer_volume_spec_name));
+        let mut buf = Vec::with_capacity(64 + rows.len() * 192);
+        serde_json::to_writer(&mut buf, &rows)
+            .map_err(|e| fail(VOLMGR_ERR_INTERNAL, e.to_string()))?;
+        // JSON escapes every control character, so there is no NUL inside.
+        std::ffi::CString::new(buf).map_err(|e| fail(VOLMGR_ERR_INTERNAL, e.to_string()))
+    })
+}
+
+impl volmgr {
+    /// The pod's volume list, from the cache while nothing changed.
+    fn volume_list(&self, uid: &str, uncertain: bool) -> Result<std::ffi::CString, volmgr_status> {
+        // Read the generation first: a list built after it is at least as new.
+        let generation = self.vm.world().generation();
+        let mut cache = self.volume_lists.lock().unwrap_or_else(|e| e.into_inner());
+        // Forget everything when the pods asked about outnumber any node's.
+        if cache.len() > 4096 {
+            cache.clear();
+        }
+        if let Some((g, json)) = cache.get(&(uid.to_string(), uncertain)) {
+            if *g == generation {
+                return Ok(json.clone());
+            }
+        }
+        drop(cache);
+        let json = volumes_json(&self.vm, uid, uncertain)?;
+        self.volume_lists
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((uid.to_string(), uncertain), (generation, json.clone()));
+        Ok(json)
+    }
+}
+
+/// Shared body of the volume-list queries.
+///
+/// # Safety
+/// As for the public functions that call it.
+unsafe fn volumes_query(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    out_json: *mut *mut c_char,
+    uncertain: bool,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per the caller's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per the caller's contract.
+        let uid = try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") });
+        let out = try_ffi!(out_arg(out_json, "out_json"));
+        try_ffi!(check_pod_uid(uid).map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string())));
+        let json = try_ffi!(h.volume_list(uid, uncertain));
+        // SAFETY: checked non-NULL.
+        unsafe { *out = json.into_raw() };
+        VOLMGR_OK
+    })
 }
 
 /// Shared body of the JSON-returning pod queries.
@@ -425,11 +504,7 @@ pub unsafe extern "C" fn volmgr_get_mounted_volumes_for_pod(
     out_json: *mut *mut c_char,
 ) -> volmgr_status {
     // SAFETY: forwarded contract.
-    unsafe {
-        pod_query(vm, pod_uid, out_json, |vm, uid| {
-            volumes_json(&vm.mounted_volumes_for_pod(uid))
-        })
-    }
+    unsafe { volumes_query(vm, pod_uid, out_json, false) }
 }
 
 /// The kubelet's `GetPossiblyMountedVolumesForPod`: like
@@ -444,11 +519,7 @@ pub unsafe extern "C" fn volmgr_get_possibly_mounted_volumes_for_pod(
     out_json: *mut *mut c_char,
 ) -> volmgr_status {
     // SAFETY: forwarded contract.
-    unsafe {
-        pod_query(vm, pod_uid, out_json, |vm, uid| {
-            volumes_json(&vm.possibly_mounted_volumes_for_pod(uid))
-        })
-    }
+    unsafe { volumes_query(vm, pod_uid, out_json, true) }
 }
 
 /// The kubelet's `GetExtraSupplementalGroupsForPod`: a JSON array of GIDs.

@@ -30,18 +30,8 @@ pub enum NameError {
 impl PodUid {
     /// Validates `uid`.
     pub fn new(uid: &str) -> Result<Self, NameError> {
-        let ok = !uid.is_empty()
-            && uid.len() <= 128
-            && uid != "."
-            && uid != ".."
-            && uid
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-        if ok {
-            Ok(Self(uid.into()))
-        } else {
-            Err(NameError::PodUid(uid.to_string()))
-        }
+        check_pod_uid(uid)?;
+        Ok(Self(uid.into()))
     }
 
     /// The UID derived for a pod that has none: a name-based UUID (SHA-256 of
@@ -76,9 +66,33 @@ impl PodUid {
     }
 }
 
+/// Lets maps keyed by `PodUid` be queried with a `&str` (no allocation).
+impl std::borrow::Borrow<str> for PodUid {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for PodUid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// Checks a pod UID without allocating: 1-128 characters of `[A-Za-z0-9._-]`,
+/// not `.` or `..` (so never `/`, `..` as a component, or NUL).
+pub fn check_pod_uid(uid: &str) -> Result<(), NameError> {
+    let ok = !uid.is_empty()
+        && uid.len() <= 128
+        && uid != "."
+        && uid != ".."
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(NameError::PodUid(uid.to_string()))
     }
 }
 

@@ -574,6 +574,15 @@ impl VolumeManager {
         v
     }
 
+    /// Runs `f` on the actual state under its read lock (keep `f` short:
+    /// operations wait for it).
+    pub fn with_actual_state<R>(
+        &self,
+        f: impl FnOnce(&crate::cache::actual_state_of_world::ActualStateOfWorld) -> R,
+    ) -> R {
+        f(&self.world.asw())
+    }
+
     /// The kubelet's `GetExtraSupplementalGroupsForPod`: the pod's fsGroup and
     /// supplemental groups (deduplicated), if the pod is known.
     pub fn extra_supplemental_groups_for_pod(&self, uid: &PodUid) -> Vec<i64> {

@@ -163,9 +163,16 @@ impl World {
         }
     }
 
-    /// Signals waiters that the state changed.
+    /// Signals waiters that the state changed. Every change of either world
+    /// is followed by a bump, so a reader that saw generation G before
+    /// reading may reuse what it read while the generation is still G.
     pub fn bump(&self) {
         self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// The current change generation (see [`bump`](Self::bump)).
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
     }
 
     /// A receiver that sees every change.

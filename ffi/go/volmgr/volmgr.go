@@ -23,6 +23,7 @@ static inline int volmgr_go_noop(int x) { return x; }
 import "C"
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -108,6 +109,21 @@ type MountedVolume struct {
 type Manager struct {
 	mu sync.RWMutex
 	h  *C.volmgr
+
+	// The last decoded volume list per pod: decoding JSON costs far more
+	// than the call, and between changes volmgr returns the same bytes.
+	listsMu sync.Mutex
+	lists   map[listKey]cachedList
+}
+
+type listKey struct {
+	uid       string
+	uncertain bool
+}
+
+type cachedList struct {
+	raw  []byte
+	vols []MountedVolume
 }
 
 // call runs f on a locked OS thread (volmgr_last_error is per thread) and
@@ -138,7 +154,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := call(func() C.volmgr_status { return C.volmgr_new(cs, &h) }); err != nil {
 		return nil, err
 	}
-	return &Manager{h: h}, nil
+	return &Manager{h: h, lists: map[listKey]cachedList{}}, nil
 }
 
 // with runs f with the handle, or fails with ErrClosed.
@@ -259,17 +275,65 @@ func (m *Manager) WaitForUnmount(ctx context.Context, uid string) error {
 	return m.wait(ctx, uid, true)
 }
 
-// jsonCall runs a call that returns a JSON string and decodes it into out.
-func (m *Manager) jsonCall(out interface{}, f func(h *C.volmgr, res **C.char) C.volmgr_status) error {
-	return m.with(func(h *C.volmgr) error {
+// rawCall runs a call that returns a string and hands back its bytes.
+func (m *Manager) rawCall(f func(h *C.volmgr, res **C.char) C.volmgr_status) ([]byte, error) {
+	var raw []byte
+	err := m.with(func(h *C.volmgr) error {
 		var res *C.char
 		if err := call(func() C.volmgr_status { return f(h, &res) }); err != nil {
 			return err
 		}
-		defer C.volmgr_string_free(res)
-		n := C.strlen(res)
-		return json.Unmarshal(C.GoBytes(unsafe.Pointer(res), C.int(n)), out)
+		raw = C.GoBytes(unsafe.Pointer(res), C.int(C.strlen(res)))
+		C.volmgr_string_free(res)
+		return nil
 	})
+	return raw, err
+}
+
+// jsonCall runs a call that returns a JSON string and decodes it into out.
+func (m *Manager) jsonCall(out interface{}, f func(h *C.volmgr, res **C.char) C.volmgr_status) error {
+	raw, err := m.rawCall(f)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(raw, out)
+}
+
+// volumeList returns the pod's volumes, reusing the last decoded list when
+// volmgr returned the same bytes.
+func (m *Manager) volumeList(uid string, uncertain bool) ([]MountedVolume, error) {
+	var raw []byte
+	err := withString(uid, func(cs *C.char) error {
+		var err error
+		raw, err = m.rawCall(func(h *C.volmgr, r **C.char) C.volmgr_status {
+			if uncertain {
+				return C.volmgr_get_possibly_mounted_volumes_for_pod(h, cs, r)
+			}
+			return C.volmgr_get_mounted_volumes_for_pod(h, cs, r)
+		})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	key := listKey{uid, uncertain}
+	m.listsMu.Lock()
+	c, ok := m.lists[key]
+	m.listsMu.Unlock()
+	if ok && bytes.Equal(c.raw, raw) {
+		return append([]MountedVolume(nil), c.vols...), nil
+	}
+	var vols []MountedVolume
+	if err := json.Unmarshal(raw, &vols); err != nil {
+		return nil, err
+	}
+	m.listsMu.Lock()
+	if len(m.lists) > 4096 {
+		m.lists = map[listKey]cachedList{}
+	}
+	m.lists[key] = cachedList{raw: raw, vols: vols}
+	m.listsMu.Unlock()
+	return append([]MountedVolume(nil), vols...), nil
 }
 
 func (m *Manager) podJSON(uid string, out interface{},
@@ -281,20 +345,12 @@ func (m *Manager) podJSON(uid string, out interface{},
 
 // GetMountedVolumesForPod lists the volumes certainly mounted for the pod.
 func (m *Manager) GetMountedVolumesForPod(uid string) ([]MountedVolume, error) {
-	var v []MountedVolume
-	err := m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
-		return C.volmgr_get_mounted_volumes_for_pod(h, u, r)
-	})
-	return v, err
+	return m.volumeList(uid, false)
 }
 
 // GetPossiblyMountedVolumesForPod also lists volumes in an uncertain state.
 func (m *Manager) GetPossiblyMountedVolumesForPod(uid string) ([]MountedVolume, error) {
-	var v []MountedVolume
-	err := m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
-		return C.volmgr_get_possibly_mounted_volumes_for_pod(h, u, r)
-	})
-	return v, err
+	return m.volumeList(uid, true)
 }
 
 // GetExtraSupplementalGroupsForPod returns the pod's fsGroup and supplemental groups.

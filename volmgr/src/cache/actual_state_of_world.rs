@@ -190,6 +190,24 @@ impl ActualStateOfWorld {
             .collect()
     }
 
+    /// Every mount (or uncertain mount) of the pod whose UID is `uid`, as
+    /// borrowed `(volume name, plugin name, mount)` — for readers that
+    /// serialize straight from the state without copying it.
+    pub fn mounts_of_pod<'a>(
+        &'a self,
+        uid: &'a str,
+    ) -> impl Iterator<Item = (&'a UniqueVolumeName, &'a str, &'a MountedPod)> + 'a {
+        self.by_pod
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .filter_map(move |name| {
+                let v = self.volumes.get(name)?;
+                let m = v.pods.get_str(uid)?;
+                Some((name, &*v.plugin_name, m))
+            })
+    }
+
     /// Every mount of a pod, desired or not.
     pub fn all_mounts_of_pod(&self, pod: &PodUid) -> Vec<MountedVolume> {
         match self.by_pod.get(pod) {

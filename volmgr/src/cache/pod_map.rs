@@ -28,6 +28,14 @@ impl<T> PodMap<T> {
         self.entries.iter().find(|(p, _)| p == pod).map(|(_, v)| v)
     }
 
+    /// The value for the pod whose UID is `uid`.
+    pub fn get_str(&self, uid: &str) -> Option<&T> {
+        self.entries
+            .iter()
+            .find(|(p, _)| p.as_str() == uid)
+            .map(|(_, v)| v)
+    }
+
     /// The value for `pod`, mutably.
     pub fn get_mut(&mut self, pod: &PodUid) -> Option<&mut T> {
         self.entries
