@@ -17,6 +17,13 @@ trap 'rm -rf "$out"' EXIT
 # The native libraries Rust's staticlib needs (`--print native-static-libs`).
 libs=$(cargo rustc -q -p volmgr-ffi --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
   | sed -n 's/.*native-static-libs: //p' | tail -n 1)
+# The link line documented for users (ffi/go/volmgr/volmgr.go) must match.
+documented=$(sed -n 's/.*-l:libvolmgr.a \(-l[^"]*\)".*/\1/p' ffi/go/volmgr/volmgr.go | head -n 1)
+if [ "$documented" != "$libs" ]; then
+  echo "FAIL: documented native libs '$documented' differ from rustc's '$libs' (update ffi/go/volmgr/volmgr.go)"
+  echo "c flow: 0 passed, 1 failed"
+  exit 1
+fi
 gcc -std=c11 -Wall -Wextra -Werror -g -O1 -fsanitize=address -fno-omit-frame-pointer \
   -Iinclude tests/c/flow.c target/debug/libvolmgr.a $libs -o "$out/flow"
 mkdir -p "$out/root" "$out/host"
