@@ -214,7 +214,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         eprintln!("volmgr: cannot reach the agent before the timeout: {e}");
                         return Ok(ExitCode::FAILURE);
                     }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
                 }
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
