@@ -37,29 +37,10 @@ static void on_event(void *userdata, const char *event_json) {
   }
 }
 
+static int mount_count(const char *path);
+
 /* Whether PATH is a mount point in this process's mount table. */
-static int mounted(const char *path) {
-  FILE *f = fopen("/proc/self/mountinfo", "r");
-  char line[8192];
-  int found = 0;
-  size_t n = strlen(path);
-  if (f == NULL) {
-    return -1;
-  }
-  while (fgets(line, sizeof line, f) != NULL) {
-    /* Field 5 is the mount point. */
-    char *p = line;
-    for (int i = 0; i < 4 && p != NULL; i++) {
-      p = strchr(p, ' ');
-      if (p != NULL) p++;
-    }
-    if (p != NULL && strncmp(p, path, n) == 0 && p[n] == ' ') {
-      found = 1;
-    }
-  }
-  fclose(f);
-  return found;
-}
+static int mounted(const char *path) { return mount_count(path) > 0; }
 
 static _Thread_local char pod_json[4096];
 
