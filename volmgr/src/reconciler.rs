@@ -327,25 +327,23 @@ impl Reconciler {
     /// were torn down behind the manager's back as unmounted, and makes a
     /// full pass (which mounts them again).
     pub async fn resync(self: &Arc<Self>) {
-        let mounter = Arc::clone(&self.mounter);
-        let table = match self
+        // Reading the table and checking every volume makes syscalls: do it
+        // on a blocking thread, not on the runtime.
+        let this = Arc::clone(self);
+        let lost = self
             .pool
             .run(move || {
-                mounter
+                let table = this
+                    .mounter
                     .mount_table()
-                    .map_err(|e| VolumeError::Internal(e.to_string()))
+                    .map_err(|e| VolumeError::Internal(e.to_string()))?;
+                Ok(this.find_lost(&MountTable::new(table)))
             })
-            .await
-        {
-            Ok(t) => MountTable::new(t),
-            Err(e) => {
-                tracing::warn!(error = %e, "resync: cannot read the mount table");
-                self.world.mark_all_dirty();
-                return;
-            }
-        };
-        let lost = self.find_lost(&table);
-        self.forget_lost(lost);
+            .await;
+        match lost {
+            Ok(lost) => self.forget_lost(lost),
+            Err(e) => tracing::warn!(error = %e, "resync: cannot read the mount table"),
+        }
         self.world.mark_all_dirty();
     }
 
