@@ -115,6 +115,8 @@ pub struct VolumeManager {
     shutdown: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
+    /// Namespace and name of deleted pods still being torn down.
+    departing: Mutex<crate::volume::FastMap<PodUid, (Arc<str>, Arc<str>)>>,
 }
 
 impl VolumeManager {
@@ -159,6 +161,7 @@ impl VolumeManager {
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
             extra_metrics: Mutex::default(),
+            departing: Mutex::default(),
         }))
     }
 
@@ -362,12 +365,41 @@ impl VolumeManager {
     /// Removes a pod (populator). Returns whether it was known.
     pub fn delete_pod(&self, uid: &PodUid) -> bool {
         let mut dsw = self.world.dsw_mut();
-        let known = dsw.pod(uid).is_some();
+        let names = dsw
+            .pod(uid)
+            .map(|p| (Arc::clone(&p.namespace), Arc::clone(&p.name)));
+        let known = names.is_some();
         let changed = dsw.delete_pod(uid);
         drop(dsw);
+        if let Some(names) = names {
+            self.remember_departing(uid, names);
+        }
         self.world.mark_dirty(changed);
         self.world.mark_pod_dirty(uid.clone());
         known
+    }
+
+    /// Keeps a deleted pod's namespace and name for status while its volumes
+    /// are torn down; entries of pods with nothing mounted any more go.
+    fn remember_departing(&self, uid: &PodUid, names: (Arc<str>, Arc<str>)) {
+        let lock = || self.departing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut departing = lock();
+        if departing.len() >= 1024 {
+            // Never hold this lock while taking a world's lock.
+            let uids: Vec<PodUid> = departing.keys().cloned().collect();
+            drop(departing);
+            let done: Vec<PodUid> = {
+                let asw = self.world.asw();
+                uids.into_iter()
+                    .filter(|u| !asw.pod_has_mounts(u))
+                    .collect()
+            };
+            departing = lock();
+            for u in &done {
+                departing.remove(u);
+            }
+        }
+        departing.insert(uid.clone(), names);
     }
 
     /// Marks the desired state as populated: every source has delivered its
@@ -634,6 +666,12 @@ impl VolumeManager {
 
     /// The status document.
     pub fn status(&self) -> Status {
+        // A snapshot, so this lock is never held with a world's lock.
+        let departing = self
+            .departing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let dsw = self.world.dsw();
         let asw = self.world.asw();
         let mut pods = Vec::new();
@@ -651,7 +689,8 @@ impl VolumeManager {
                 volumes,
             });
         }
-        // Pods that are gone from the desired state but still have mounts.
+        // Pods that are gone from the desired state but still have mounts
+        // (names unknown only for pods found at start-up).
         for uid in asw.pods() {
             if dsw.pod(uid).is_some() {
                 continue;
@@ -671,10 +710,14 @@ impl VolumeManager {
                     }
                 })
                 .collect();
+            let (namespace, name) = departing
+                .get(uid)
+                .map(|(ns, n)| (ns.to_string(), n.to_string()))
+                .unwrap_or_default();
             pods.push(PodStatus {
                 uid: uid.to_string(),
-                namespace: String::new(),
-                name: String::new(),
+                namespace,
+                name,
                 error: None,
                 volumes,
             });
@@ -898,6 +941,35 @@ mod tests {
         );
         let ops = vm.metrics_text();
         assert!(ops.contains("status=\"fail-unknown\""));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_teardown_shows_in_status_with_the_pod_name() {
+        let (_t, fake, vm) = manager().await;
+        let uid = vm.upsert_pod(&pod("f", &[("m", mem())])).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        fake.fail_unmounts(2, nix::errno::Errno::EBUSY);
+        vm.delete_pod(&uid);
+        let mut rx = vm.world().subscribe();
+        let stuck = loop {
+            let st = vm.status();
+            let p = st.pods.iter().find(|p| p.uid == "f").cloned();
+            if let Some(p) = p.filter(|p| p.volumes.first().is_some_and(|v| v.error.is_some())) {
+                break p;
+            }
+            rx.changed().await.unwrap();
+        };
+        assert_eq!((stuck.namespace.as_str(), stuck.name.as_str()), ("ns", "f"));
+        assert_eq!(stuck.volumes[0].state, "unmounting");
+        assert!(stuck.volumes[0]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("umount2"));
+        // The backoff expires, the third attempt succeeds.
+        vm.wait_for_unmount(&uid, T).await.unwrap();
+        assert!(vm.status().pods.iter().all(|p| p.uid != "f"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
