@@ -92,6 +92,9 @@ pub enum WaitError {
     Stopped,
 }
 
+/// A pod's namespace and name.
+type PodNames = (Arc<str>, Arc<str>);
+
 #[derive(Default)]
 struct SourceState {
     errors: Vec<String>,
@@ -116,7 +119,7 @@ pub struct VolumeManager {
     task: Mutex<Option<JoinHandle<()>>>,
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
     /// Namespace and name of deleted pods still being torn down.
-    departing: Mutex<crate::volume::FastMap<PodUid, (Arc<str>, Arc<str>)>>,
+    departing: Mutex<crate::volume::FastMap<PodUid, PodNames>>,
 }
 
 impl VolumeManager {
@@ -381,7 +384,7 @@ impl VolumeManager {
 
     /// Keeps a deleted pod's namespace and name for status while its volumes
     /// are torn down; entries of pods with nothing mounted any more go.
-    fn remember_departing(&self, uid: &PodUid, names: (Arc<str>, Arc<str>)) {
+    fn remember_departing(&self, uid: &PodUid, names: PodNames) {
         let lock = || self.departing.lock().unwrap_or_else(|e| e.into_inner());
         let mut departing = lock();
         if departing.len() >= 1024 {
