@@ -21,11 +21,8 @@ pub struct Status {
     pub errors: Vec<SourceError>,
     /// Operation latencies (p50/p99 from hdrhistogram).
     #[serde(default)]
-    pub operations: Vec<LatencySummaryJson>,
+    pub operations: Vec<LatencySummary>,
 }
-
-/// Latency summary as serialized.
-pub type LatencySummaryJson = LatencySummary;
 
 /// One pod.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
