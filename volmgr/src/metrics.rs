@@ -1,12 +1,14 @@
 //! Operation latencies in `hdrhistogram` histograms, rendered as Prometheus
 //! text with the kubelet's metric names so existing dashboards keep working.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+
+use crate::volume::FastMap;
 
 /// The kubelet's buckets for `storage_operation_duration_seconds`.
 pub const OPERATION_BUCKETS: [f64; 13] = [
@@ -107,7 +109,7 @@ pub struct LatencySummary {
 /// All metrics of a manager.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    operations: Mutex<HashMap<OperationLabels, LatencyHistogram>>,
+    operations: Mutex<FastMap<OperationLabels, LatencyHistogram>>,
 }
 
 impl Metrics {

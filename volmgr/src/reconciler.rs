@@ -22,7 +22,7 @@ use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::MountTable;
 use crate::sys::Mounter;
-use crate::volume::{PodUid, UniqueVolumeName};
+use crate::volume::{FastSet, PodUid, UniqueVolumeName};
 use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -119,7 +119,7 @@ impl Reconciler {
             let dsw = self.world.dsw();
             let asw = self.world.asw();
             let scope: Vec<UniqueVolumeName> = if dirty.all {
-                let mut all: HashSet<UniqueVolumeName> =
+                let mut all: FastSet<UniqueVolumeName> =
                     dsw.volumes().map(|(n, _)| n.clone()).collect();
                 all.extend(asw.volumes().map(|(n, _)| n.clone()));
                 all.into_iter().collect()
@@ -280,7 +280,7 @@ impl Reconciler {
     /// Removes `ROOT/pods/<uid>` of pods that are neither desired nor have
     /// anything mounted (the kubelet's `cleanupOrphanedPodDirs`). The removal
     /// never crosses a mount, so a volume unknown to the manager is left intact.
-    fn cleanup_pod_dirs(self: &Arc<Self>, mut candidates: HashSet<PodUid>, populated: bool) {
+    fn cleanup_pod_dirs(self: &Arc<Self>, mut candidates: FastSet<PodUid>, populated: bool) {
         {
             let mut deferred = self
                 .deferred_pod_dirs

@@ -11,6 +11,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
@@ -116,6 +117,12 @@ pub fn check_component(c: &OsStr) -> bool {
 pub struct RootDir {
     path: PathBuf,
     fd: OwnedFd,
+    /// First-level directories (`pods`, `plugins`) held open, so creating a
+    /// new pod's directories does not walk to them every time. A cached
+    /// directory that was deleted meanwhile is noticed (`ENOENT` from
+    /// `mkdirat`) and reopened. ROOT and these directories belong to the
+    /// manager: renaming them away while it runs is not supported.
+    top_dirs: Mutex<Vec<(OsString, Arc<OwnedFd>)>>,
 }
 
 fn resolve_beneath() -> ResolveFlag {
@@ -138,7 +145,11 @@ impl RootDir {
             Mode::empty(),
         )
         .map_err(|e| SyscallError::new("open", &path, e))?;
-        Ok(Self { path, fd })
+        Ok(Self {
+            path,
+            fd,
+            top_dirs: Mutex::new(Vec::new()),
+        })
     }
 
     /// The absolute, canonical path of the root.
@@ -201,6 +212,9 @@ impl RootDir {
     /// only the final directory is opened (again with `RESOLVE_BENEATH |
     /// RESOLVE_NO_SYMLINKS`, so a race could only make it fail).
     pub fn mkdir_all_created(&self, rel: &RelPath, mode: u32) -> Result<(Target, bool), PathError> {
+        if let Some(done) = self.mkdir_new_under_top(rel, mode)? {
+            return Ok(done);
+        }
         match self.open_dir(rel) {
             Ok(t) => return Ok((t, false)),
             Err(e) if e.is_not_found() => {}
@@ -249,6 +263,71 @@ impl RootDir {
             }
         };
         Ok((Target::new(fd, self.abs(rel)), created))
+    }
+
+    /// The fast path of [`mkdir_all_created`](Self::mkdir_all_created) for
+    /// the common case, a new pod: the first component (`pods`) is a cached
+    /// open directory, and creating the second one (`<uid>`) succeeds, so
+    /// every level below is new too and is created relative to the cached
+    /// descriptor; only the final directory is opened. `None` when the case
+    /// does not apply (the second component exists, the path is too short,
+    /// the cached directory is gone): the caller takes the general path.
+    fn mkdir_new_under_top(
+        &self,
+        rel: &RelPath,
+        mode: u32,
+    ) -> Result<Option<(Target, bool)>, PathError> {
+        let mut comps = rel.as_path().components();
+        let (Some(Component::Normal(top)), Some(Component::Normal(second))) =
+            (comps.next(), comps.next())
+        else {
+            return Ok(None);
+        };
+        let Some(parent) = self.top_dir(top) else {
+            return Ok(None);
+        };
+        let mode = Mode::from_bits_truncate(mode);
+        match mkdirat(parent.as_fd(), second, mode) {
+            Ok(()) => {}
+            Err(Errno::EEXIST) => return Ok(None),
+            Err(Errno::ENOENT) => {
+                // The cached directory was deleted: forget it.
+                self.forget_top_dir(top);
+                return Ok(None);
+            }
+            Err(e) => return Err(self.map_err("mkdirat", rel, e)),
+        }
+        let mut fresh = PathBuf::from(second);
+        for c in comps {
+            fresh.push(c);
+            mkdirat(parent.as_fd(), &fresh, mode).map_err(|e| self.map_err("mkdirat", rel, e))?;
+        }
+        let fd = self.open_component(parent.as_fd(), &fresh, rel)?;
+        Ok(Some((Target::new(fd, self.abs(rel)), true)))
+    }
+
+    /// The cached descriptor of the first-level directory `name`, opened
+    /// (and created) on first use; `None` if it cannot be.
+    fn top_dir(&self, name: &OsStr) -> Option<Arc<OwnedFd>> {
+        let mut cache = self.top_dirs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, fd)) = cache.iter().find(|(n, _)| n == name) {
+            return Some(Arc::clone(fd));
+        }
+        match mkdirat(self.fd.as_fd(), name, Mode::from_bits_truncate(0o750)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(_) => return None,
+        }
+        let rel = RelPath::new([name]).ok()?;
+        let fd = Arc::new(self.open_component(self.fd.as_fd(), name, &rel).ok()?);
+        cache.push((name.to_os_string(), Arc::clone(&fd)));
+        Some(fd)
+    }
+
+    fn forget_top_dir(&self, name: &OsStr) {
+        self.top_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(n, _)| n != name);
     }
 
     /// Opens `name` (one or more components) under `parent` as a directory,

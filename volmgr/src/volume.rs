@@ -9,6 +9,9 @@ use std::sync::Arc;
 /// process, unlike an unkeyed hash).
 pub type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
+/// A `HashSet` with the same fast hasher as [`FastMap`].
+pub type FastSet<T> = std::collections::HashSet<T, ahash::RandomState>;
+
 /// A validated pod UID: safe to use as one path component.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodUid(Arc<str>);

@@ -3,7 +3,7 @@
 //! sections), the set of volumes the reconciler must look at next, and a
 //! change counter that waiters watch.
 
-use std::collections::HashSet;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -11,7 +11,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::cache::actual_state_of_world::ActualStateOfWorld;
 use crate::cache::desired_state_of_world::DesiredStateOfWorld;
-use crate::volume::{PodUid, UniqueVolumeName};
+use crate::volume::{FastSet, PodUid, UniqueVolumeName};
 
 /// What happened to a volume, for event subscribers (logs, the C ABI callback).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,9 +64,9 @@ pub struct Dirty {
     /// Look at everything.
     pub all: bool,
     /// Look at these.
-    pub volumes: HashSet<UniqueVolumeName>,
+    pub volumes: FastSet<UniqueVolumeName>,
     /// Pods whose directory may be removable.
-    pub pods: HashSet<PodUid>,
+    pub pods: FastSet<PodUid>,
 }
 
 impl Dirty {

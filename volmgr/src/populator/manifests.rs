@@ -477,10 +477,31 @@ enum FileRead {
 }
 
 fn read_file(path: &Path, json: bool, known: Option<FileKey>) -> FileRead {
-    let meta = match std::fs::metadata(path) {
+    let gone_or = |what: &str, e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            FileRead::Gone
+        } else {
+            FileRead::Failed(None, format!("{what}: {e}"))
+        }
+    };
+    // A file already read is only stat'ed (a rescan opens nothing that did
+    // not change); a new one is opened at once and stat'ed through its
+    // descriptor.
+    if let Some(known) = known {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_file() && FileKey::of(&m) == known => return FileRead::Unchanged,
+            Ok(m) if !m.is_file() => return FileRead::Gone,
+            Ok(_) => {}
+            Err(e) => return gone_or("stat", e),
+        }
+    }
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) => return gone_or("open", e),
+    };
+    let meta = match file.metadata() {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileRead::Gone,
-        Err(e) => return FileRead::Failed(None, format!("stat: {e}")),
+        Err(e) => return gone_or("stat", e),
     };
     if !meta.is_file() {
         return FileRead::Gone;
@@ -495,15 +516,46 @@ fn read_file(path: &Path, json: bool, known: Option<FileKey>) -> FileRead {
             format!("file is larger than {MAX_FILE_BYTES} bytes"),
         );
     }
-    let text = match std::fs::read(path) {
-        Ok(b) => match String::from_utf8(b) {
-            Ok(t) => t,
-            Err(_) => return FileRead::Failed(Some(key), "file is not valid UTF-8".into()),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return FileRead::Gone,
+    let bytes = match read_sized(&mut file, meta.len()) {
+        Ok(b) => b,
         Err(e) => return FileRead::Failed(Some(key), format!("read: {e}")),
     };
+    let Ok(text) = String::from_utf8(bytes) else {
+        return FileRead::Failed(Some(key), "file is not valid UTF-8".into());
+    };
     FileRead::Parsed(key, parse_manifest(&text, json))
+}
+
+/// Reads a regular file whose size `fstat` gave: one `read` of one byte more
+/// than that size normally returns everything (a short read of a regular
+/// file means end of file); a file that grew meanwhile is read on, up to
+/// [`MAX_FILE_BYTES`] (its change is seen again through inotify).
+fn read_sized(file: &mut std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let want = usize::try_from(len).unwrap_or(usize::MAX).saturating_add(1);
+    let mut buf = vec![0u8; want];
+    let mut filled = 0;
+    loop {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                filled += n;
+                if filled < buf.len() {
+                    break;
+                }
+                if buf.len() as u64 > MAX_FILE_BYTES {
+                    return Err(std::io::Error::other(format!(
+                        "file grew past {MAX_FILE_BYTES} bytes"
+                    )));
+                }
+                buf.resize(buf.len() * 2, 0);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
 }
 
 #[cfg(test)]
