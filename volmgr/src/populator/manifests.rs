@@ -90,6 +90,11 @@ pub struct ParsedFile {
     pub complete: bool,
 }
 
+/// Files read before the first batch is applied (small: mounting starts early).
+const FIRST_BATCH: usize = 32;
+/// Files per batch after the first.
+const BATCH: usize = 256;
+
 /// Parses the text of a manifest file.
 pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
     let mut out = ParsedFile {
@@ -351,37 +356,51 @@ impl ManifestsSource {
         self.sync_files(all.into_iter().collect()).await;
     }
 
-    /// Re-reads the named files whose stat changed, in a blocking task, and
+    /// Re-reads the named files whose stat changed, on a blocking thread, and
     /// applies the results in order.
+    ///
+    /// The reader streams parsed batches through a small channel while this
+    /// task applies the previous ones, so reading and parsing overlap with
+    /// the mounts the applied pods start; the first batch is small so the
+    /// first mounts start early.
     async fn sync_files(&mut self, names: Vec<OsString>) {
         let names: Vec<(OsString, bool)> = names
             .into_iter()
             .filter_map(|n| is_manifest_name(&n).map(|json| (n, json)))
             .collect();
-        // Stat and parse in batches off the async threads; apply each batch
-        // as soon as it is parsed so mounting starts early.
-        for chunk in names.chunks(256) {
-            let dir = self.dir.clone();
-            let known: Vec<Option<FileKey>> = chunk
-                .iter()
-                .map(|(n, _)| self.files.get(n).and_then(|f| f.key))
-                .collect();
-            let chunk = chunk.to_vec();
-            let parsed = tokio::task::spawn_blocking(move || {
-                chunk
-                    .into_iter()
-                    .zip(known)
-                    .map(|((name, json), known)| {
-                        let r = read_file(&dir.join(&name), json, known);
-                        (name, r)
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .await;
-            let Ok(parsed) = parsed else { continue };
-            for (name, r) in parsed {
+        if names.is_empty() {
+            return;
+        }
+        let known: Vec<Option<FileKey>> = names
+            .iter()
+            .map(|(n, _)| self.files.get(n).and_then(|f| f.key))
+            .collect();
+        let dir = self.dir.clone();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<(OsString, FileRead)>>(4);
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut batch = Vec::with_capacity(FIRST_BATCH);
+            let mut limit = FIRST_BATCH;
+            for ((name, json), known) in names.into_iter().zip(known) {
+                let r = read_file(&dir.join(&name), json, known);
+                batch.push((name, r));
+                if batch.len() >= limit {
+                    if tx.blocking_send(std::mem::take(&mut batch)).is_err() {
+                        return;
+                    }
+                    limit = BATCH;
+                }
+            }
+            if !batch.is_empty() {
+                let _ = tx.blocking_send(batch);
+            }
+        });
+        while let Some(batch) = rx.recv().await {
+            for (name, r) in batch {
                 self.apply(name, r);
             }
+        }
+        if let Err(e) = reader.await {
+            tracing::warn!(error = %e, "manifests reader failed");
         }
     }
 
