@@ -28,6 +28,11 @@ use crate::sys::Mounter;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 use crate::world::{EventListener, World};
 
+/// Shortest pause between two convergence checks of a waiter.
+const MIN_WAIT_PACE: Duration = Duration::from_micros(200);
+/// Longest pause between two convergence checks of a waiter.
+const MAX_WAIT_PACE: Duration = Duration::from_millis(10);
+
 /// Settings of a manager.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -460,8 +465,10 @@ impl VolumeManager {
 
     /// Waits until the node has converged: states synced, (if given) exactly
     /// `pods` pods desired, every desired volume mounted and nothing else
-    /// mounted. The check stops at the first difference, and runs at most
-    /// every 2 ms.
+    /// mounted. The check stops at the first difference and runs after each
+    /// change of the state, paced so that it costs at most about a tenth of
+    /// the time it waits (a check of 10,000 volumes near the end takes a few
+    /// hundred microseconds): between 0.2 ms and 10 ms apart.
     pub async fn wait_converged(
         &self,
         pods: Option<usize>,
@@ -471,10 +478,12 @@ impl VolumeManager {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             rx.borrow_and_update();
+            let checked = std::time::Instant::now();
             let missing = self.not_converged(pods);
             let Some(missing) = missing else {
                 return Ok(());
             };
+            let pace = (checked.elapsed() * 10).clamp(MIN_WAIT_PACE, MAX_WAIT_PACE);
             let timed_out = |missing: String| WaitError::Timeout {
                 pod: "*".into(),
                 pending: missing,
@@ -484,10 +493,7 @@ impl VolumeManager {
                 Ok(Err(_)) => return Err(WaitError::Stopped),
                 Err(_) => return Err(timed_out(missing)),
             }
-            tokio::time::sleep_until(
-                deadline.min(tokio::time::Instant::now() + Duration::from_millis(10)),
-            )
-            .await;
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pace)).await;
         }
     }
 
