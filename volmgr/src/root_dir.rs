@@ -8,17 +8,17 @@
 //! pod's directory makes the operation fail instead of escaping.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
+use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use crate::sys::{SyscallError, Target};
+use crate::sys::{dirents, SyscallError, Target};
 
 /// Why a path under the root could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -423,12 +423,25 @@ impl RootDir {
                 component: String::new(),
             });
         };
-        let parent = match self.open_how(&parent_rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+        // A pod directory's parent (`pods`) is held open.
+        let top = match parent_rel
+            .as_path()
+            .components()
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            [Component::Normal(top)] => self.top_dir(top),
+            _ => None,
+        };
+        if let Some(parent) = top {
+            return remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel));
+        }
+        let parent = match self.open_how(&parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) {
             Ok(fd) => fd,
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e),
         };
-        remove_tree(parent, name.to_os_string(), &self.abs(rel))
+        remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel))
     }
 
     /// Removes an empty directory `rel`; a missing one is fine, a non-empty
@@ -451,107 +464,140 @@ impl RootDir {
 }
 
 fn list_dir(fd: OwnedFd, abs: &Path) -> Result<Vec<OsString>, PathError> {
-    let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| SyscallError::new("fdopendir", abs, e))?;
-    let mut out = Vec::new();
-    for entry in dir.iter() {
-        let entry = entry.map_err(|e| SyscallError::new("readdir", abs, e))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            out.push(OsStr::from_bytes(name).to_os_string());
-        }
+    let entries =
+        dirents::read_all(fd.as_fd()).map_err(|e| SyscallError::new("getdents64", abs, e))?;
+    Ok(entries.into_iter().map(|e| e.name).collect())
+}
+
+/// How many times a directory is listed again because entries appeared
+/// while it was being emptied, before giving up.
+const MAX_RELISTS: usize = 1000;
+
+/// Opens directory `name` under `parent` for listing, refusing symlinks and
+/// mount crossings. `None` when it is gone; `Err(ENOTDIR)` when it is not a
+/// directory.
+fn open_subdir(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    abs: &Path,
+) -> Result<Option<OwnedFd>, Result<Errno, PathError>> {
+    match openat2(
+        parent,
+        name,
+        OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(resolve_beneath() | ResolveFlag::RESOLVE_NO_XDEV),
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOENT) => Ok(None),
+        // A symlink (O_NOFOLLOW/RESOLVE_NO_SYMLINKS) or a plain file.
+        Err(e @ (Errno::ENOTDIR | Errno::ELOOP)) => Err(Ok(e)),
+        Err(Errno::EXDEV) => Err(Err(PathError::MountInside {
+            path: abs.to_path_buf(),
+        })),
+        Err(e) => Err(Err(SyscallError::new("openat2", abs, e).into())),
     }
-    Ok(out)
+}
+
+/// Unlinks the non-directory `name` under `parent` (never following it).
+fn unlink_file(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<(), PathError> {
+    match unlinkat(parent, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(SyscallError::new("unlinkat", abs, e).into()),
+    }
 }
 
 /// Iterative post-order deletion of `parent/name`, so a deep tree cannot
-/// exhaust the stack.
-fn remove_tree(parent: OwnedFd, name: OsString, abs: &Path) -> Result<(), PathError> {
+/// exhaust the stack. Directories are read with `getdents64`, whose entry
+/// types spare a `stat` per entry; each directory is opened once, with
+/// `RESOLVE_NO_XDEV`, so the walk never enters another mount.
+fn remove_tree(parent: BorrowedFd<'_>, name: OsString, abs: &Path) -> Result<(), PathError> {
     struct Frame {
-        parent: OwnedFd,
         name: OsString,
         abs: PathBuf,
         fd: OwnedFd,
-        pending: Vec<OsString>,
+        pending: Vec<dirents::DirEntry>,
+        /// The last listing reached the end of the directory.
+        listed_all: bool,
+        relists: usize,
     }
 
-    let open_child = |parent: &OwnedFd,
-                      name: &OsStr,
-                      abs: &Path|
-     -> Result<Option<OwnedFd>, PathError> {
-        match fstatat(
-            parent.as_fd(),
-            name,
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
-            Err(Errno::ENOENT) => return Ok(None),
-            Err(e) => return Err(SyscallError::new("fstatat", abs, e).into()),
-            Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFDIR => {
-                return match unlinkat(parent.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
-                    Ok(()) | Err(Errno::ENOENT) => Ok(None),
-                    Err(e) => Err(SyscallError::new("unlinkat", abs, e).into()),
-                };
-            }
-            Ok(_) => {}
-        }
-        match openat2(
-            parent.as_fd(),
-            name,
-            OpenHow::new()
-                .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-                .resolve(resolve_beneath() | ResolveFlag::RESOLVE_NO_XDEV),
-        ) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(Errno::ENOENT) => Ok(None),
-            Err(Errno::EXDEV) => Err(PathError::MountInside {
-                path: abs.to_path_buf(),
-            }),
-            Err(Errno::ELOOP) => Err(PathError::Escape {
-                path: abs.to_path_buf(),
-            }),
-            Err(e) => Err(SyscallError::new("openat2", abs, e).into()),
-        }
+    let list = |fd: &OwnedFd, abs: &Path| {
+        dirents::read_batch(fd.as_fd())
+            .map_err(|e| PathError::from(SyscallError::new("getdents64", abs, e)))
     };
-
-    let Some(fd) = open_child(&parent, &name, abs)? else {
-        return Ok(());
+    let fd = match open_subdir(parent, &name, abs) {
+        Ok(Some(fd)) => fd,
+        Ok(None) => return Ok(()),
+        Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, abs),
+        Err(Err(e)) => return Err(e),
     };
-    let dup =
-        |fd: &OwnedFd, abs: &Path| fd.try_clone().map_err(|e| SyscallError::io("dup", abs, e));
-    let pending = list_dir(dup(&fd, abs)?, abs)?;
+    let first = list(&fd, abs)?;
     let mut stack = vec![Frame {
-        parent,
         name,
         abs: abs.to_path_buf(),
         fd,
-        pending,
+        pending: first.entries,
+        listed_all: first.at_end,
+        relists: 0,
     }];
     while let Some(top) = stack.last_mut() {
         if let Some(child) = top.pending.pop() {
-            let child_abs = top.abs.join(&child);
-            if let Some(child_fd) = open_child(&top.fd, &child, &child_abs)? {
-                let pending = list_dir(dup(&child_fd, &child_abs)?, &child_abs)?;
-                let parent = dup(&top.fd, &top.abs)?;
-                stack.push(Frame {
-                    parent,
-                    name: child,
-                    abs: child_abs,
-                    fd: child_fd,
-                    pending,
-                });
+            let child_abs = top.abs.join(&child.name);
+            if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
+                unlink_file(top.fd.as_fd(), &child.name, &child_abs)?;
+                continue;
+            }
+            match open_subdir(top.fd.as_fd(), &child.name, &child_abs) {
+                Ok(Some(child_fd)) => {
+                    let first = list(&child_fd, &child_abs)?;
+                    stack.push(Frame {
+                        name: child.name,
+                        abs: child_abs,
+                        fd: child_fd,
+                        pending: first.entries,
+                        listed_all: first.at_end,
+                        relists: 0,
+                    });
+                }
+                Ok(None) => {}
+                Err(Ok(_not_a_dir)) => unlink_file(top.fd.as_fd(), &child.name, &child_abs)?,
+                Err(Err(e)) => return Err(e),
             }
             continue;
         }
-        if let Some(done) = stack.pop() {
-            match unlinkat(
-                done.parent.as_fd(),
-                done.name.as_os_str(),
-                UnlinkatFlags::RemoveDir,
-            ) {
-                Ok(()) | Err(Errno::ENOENT) => {}
-                Err(Errno::EBUSY) => return Err(PathError::MountInside { path: done.abs }),
-                Err(e) => return Err(SyscallError::new("unlinkat", &done.abs, e).into()),
-            }
+        // Every listed entry is gone. A big directory is read a batch at a
+        // time; entries may also have appeared meanwhile (rmdir then says
+        // ENOTEMPTY): list again, a bounded number of times.
+        if !top.listed_all {
+            let more = list(&top.fd, &top.abs)?;
+            top.listed_all = more.at_end || more.entries.is_empty();
+            top.pending = more.entries;
+            continue;
         }
+        let rc = match stack.split_last() {
+            Some((top, below)) => {
+                let dir_parent = below.last().map_or(parent, |f| f.fd.as_fd());
+                unlinkat(dir_parent, top.name.as_os_str(), UnlinkatFlags::RemoveDir)
+            }
+            None => break,
+        };
+        let Some(top) = stack.last_mut() else { break };
+        match rc {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(Errno::ENOTEMPTY | Errno::EEXIST) if top.relists < MAX_RELISTS => {
+                top.relists += 1;
+                top.listed_all = false;
+                continue;
+            }
+            Err(Errno::EBUSY) => {
+                return Err(PathError::MountInside {
+                    path: top.abs.clone(),
+                })
+            }
+            Err(e) => return Err(SyscallError::new("unlinkat", &top.abs, e).into()),
+        }
+        stack.pop();
     }
     Ok(())
 }

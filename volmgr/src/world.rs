@@ -3,7 +3,6 @@
 //! sections), the set of volumes the reconciler must look at next, and a
 //! change counter that waiters watch.
 
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 

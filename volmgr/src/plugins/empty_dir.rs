@@ -147,16 +147,17 @@ pub(crate) fn unmount_all(
     let Some((parent_rel, name)) = rel.split_last() else {
         return Ok(0);
     };
+    // The parent is opened once: checks and unmounts name the volume
+    // through it (a descriptor of the mount itself would keep it busy).
+    let parent = match root.open_dir(&parent_rel) {
+        Ok(p) => p,
+        Err(e) if e.is_not_found() => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
     for n in 0..64 {
-        let mounted = match root.open_dir(rel) {
-            Ok(t) => mounter.is_mount_point(&t)?,
-            Err(e) if e.is_not_found() => false,
-            Err(e) => return Err(e.into()),
-        };
-        if !mounted {
+        if !mounter.is_mount_point_at(&parent, name)? {
             return Ok(n);
         }
-        let parent = root.open_dir(&parent_rel)?;
         mounter.unmount(&parent, name)?;
         failpoint::hit("emptydir.after_unmount");
     }

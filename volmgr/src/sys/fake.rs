@@ -121,6 +121,16 @@ impl Mounter for FakeMounter {
         Ok(s.mounts.iter().any(|(p, _)| p == target.path()))
     }
 
+    fn is_mount_point_at(
+        &self,
+        parent: &Target,
+        name: &std::ffi::OsStr,
+    ) -> Result<bool, SyscallError> {
+        let path = parent.path().join(name);
+        let s = self.state.lock().unwrap();
+        Ok(s.mounts.iter().any(|(p, _)| *p == path))
+    }
+
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
         let s = self.state.lock().unwrap();
         Ok(

@@ -3,6 +3,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::ffi::OsStrExt;
 
 use nix::mount::MntFlags;
 
@@ -44,6 +45,24 @@ impl Mounter for LinuxMounter {
         Ok(parent.st_dev != dev)
     }
 
+    fn is_mount_point_at(&self, parent: &Target, name: &OsStr) -> Result<bool, SyscallError> {
+        let path = || parent.path().join(name);
+        let c_name = CString::new(name.as_bytes())
+            .map_err(|_| SyscallError::new("statx", path(), nix::errno::Errno::EINVAL))?;
+        let stx = match statx_at(parent, &c_name, libc::AT_SYMLINK_NOFOLLOW) {
+            Ok(stx) => stx,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
+            Err(e) => return Err(SyscallError::io("statx", path(), e)),
+        };
+        if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {
+            return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
+        }
+        // Kernels before 5.8: a different device than the parent's.
+        let up = statx_at(parent, &CString::default(), libc::AT_EMPTY_PATH)
+            .map_err(|e| SyscallError::io("statx", parent.path(), e))?;
+        Ok((stx.stx_dev_major, stx.stx_dev_minor) != (up.stx_dev_major, up.stx_dev_minor))
+    }
+
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
         // An O_PATH descriptor works with fstatfs.
         let st = nix::sys::statfs::fstatfs(target)
@@ -57,25 +76,30 @@ impl Mounter for LinuxMounter {
 }
 
 fn statx_empty_path(target: &Target) -> Result<libc::statx, SyscallError> {
-    let empty = CString::default();
+    statx_at(
+        target,
+        &CString::default(),
+        libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| SyscallError::io("statx", target.path(), e))
+}
+
+/// `statx(dir, name, flags | AT_NO_AUTOMOUNT, STATX_BASIC_STATS)`.
+fn statx_at(dir: &Target, name: &CString, flags: i32) -> std::io::Result<libc::statx> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: `empty` is a valid NUL-terminated string, `stx` points to writable
-    // memory of the right size, and the descriptor is owned by `target`.
+    // SAFETY: `name` is a valid NUL-terminated string, `stx` points to
+    // writable memory of the right size, and the descriptor is owned by `dir`.
     let rc = unsafe {
         libc::statx(
-            target.as_fd().as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            dir.as_fd().as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::AT_NO_AUTOMOUNT,
             libc::STATX_BASIC_STATS,
             stx.as_mut_ptr(),
         )
     };
     if rc != 0 {
-        return Err(SyscallError::io(
-            "statx",
-            target.path(),
-            std::io::Error::last_os_error(),
-        ));
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: statx returned 0, so the kernel filled the structure.
     Ok(unsafe { stx.assume_init() })

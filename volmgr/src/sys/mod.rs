@@ -3,6 +3,7 @@
 //! it can be tested with the recording [`fake::FakeMounter`] while the real
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
+pub mod dirents;
 pub mod linux;
 pub mod mount_table;
 pub mod mountinfo;
@@ -115,6 +116,11 @@ pub trait Mounter: Send + Sync + 'static {
 
     /// Whether `target` is the root of a mount (exact, via `statx`).
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError>;
+
+    /// Whether `parent/name` is the root of a mount, without opening it
+    /// (`statx` relative to the parent, not following a symlink). A missing
+    /// entry is not a mount point.
+    fn is_mount_point_at(&self, parent: &Target, name: &OsStr) -> Result<bool, SyscallError>;
 
     /// The file system type of the mount `target` is on (`tmpfs`, `ext4`, ...),
     /// when the implementation can tell cheaply.
