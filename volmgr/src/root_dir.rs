@@ -674,6 +674,48 @@ mod tests {
     }
 
     #[test]
+    fn remove_all_empties_directories_bigger_than_one_listing() {
+        let (_t, r) = root();
+        let big = r.path().join("pods/u/volumes/big");
+        std::fs::create_dir_all(&big).unwrap();
+        for i in 0..2000 {
+            std::fs::write(big.join(format!("file-{i:05}-{}", "x".repeat(30))), b"").unwrap();
+        }
+        for i in 0..50 {
+            std::fs::create_dir(big.join(format!("dir-{i}"))).unwrap();
+        }
+        r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+        assert!(!r.path().join("pods/u").exists());
+        // A plain file as the thing to remove.
+        std::fs::write(r.path().join("pods/file"), b"x").unwrap();
+        r.remove_all(&RelPath::new(["pods", "file"]).unwrap())
+            .unwrap();
+        assert!(!r.path().join("pods/file").exists());
+    }
+
+    #[test]
+    fn cached_pods_dir_survives_deletion_and_recreation() {
+        let (_t, r) = root();
+        let rel = RelPath::new(["pods", "u1", "volumes", "x"]).unwrap();
+        let (_, created) = r.mkdir_all_created(&rel, 0o750).unwrap();
+        assert!(created);
+        // Someone deletes ROOT/pods under the manager: the next pod still
+        // lands in ROOT/pods, not in the deleted directory.
+        std::fs::remove_dir_all(r.path().join("pods")).unwrap();
+        let rel2 = RelPath::new(["pods", "u2", "volumes", "x"]).unwrap();
+        let (t, created) = r.mkdir_all_created(&rel2, 0o750).unwrap();
+        assert!(created);
+        assert_eq!(t.path(), r.path().join("pods/u2/volumes/x"));
+        assert!(r.path().join("pods/u2/volumes/x").is_dir());
+        // An existing pod directory takes the general path.
+        let (_, created) = r.mkdir_all_created(&rel2, 0o750).unwrap();
+        assert!(!created);
+        let rel3 = RelPath::new(["pods", "u2", "volumes", "y"]).unwrap();
+        let (_, created) = r.mkdir_all_created(&rel3, 0o750).unwrap();
+        assert!(created);
+    }
+
+    #[test]
     fn write_and_read_files() {
         let (_t, r) = root();
         let rel = RelPath::new(["pods", "u", "plugins", "p", "ready"]).unwrap();
