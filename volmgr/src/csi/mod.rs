@@ -1,0 +1,3 @@
+//! CSI: drive CSI node plugins over gRPC like the kubelet.
+
+pub mod registry;
