@@ -1,7 +1,10 @@
 //! The kubelet's reconciler: compares the desired and actual states and starts
-//! operations until they agree, in kubelet order — unmount what is no longer
-//! desired, then mount what is desired, then forget volumes nobody uses — and
-//! finally removes the directories of pods that are gone.
+//! operations until they agree, in kubelet order — unmount what pods no
+//! longer want, then mount what is desired (for plugins with a device phase,
+//! such as CSI: mount the device once per volume first, then set it up for
+//! each pod), grow volumes whose desired size grew, then unmount the devices
+//! of volumes no pod uses any more and forget them — and finally removes the
+//! directories of pods that are gone.
 //!
 //! It is woken by changes (a desired-state edit, an operation finishing, a
 //! backoff expiring, the tracer) and looks only at the volumes that changed;
@@ -15,14 +18,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
 use crate::operation_executor::{OperationExecutor, OperationKind};
 use crate::operation_generator;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::MountTable;
 use crate::sys::Mounter;
-use crate::volume::{PodUid, UniqueVolumeName};
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -58,6 +61,22 @@ enum Action {
         pod: PodUid,
         plugin: Arc<str>,
         req: MountRequest,
+    },
+    MountDevice {
+        volume: UniqueVolumeName,
+        plugin: Arc<str>,
+        spec: Arc<VolumeSpec>,
+    },
+    UnmountDevice {
+        volume: UniqueVolumeName,
+        plugin: Arc<str>,
+        spec: Option<Arc<VolumeSpec>>,
+    },
+    Expand {
+        volume: UniqueVolumeName,
+        plugin: Arc<str>,
+        spec: Arc<VolumeSpec>,
+        new_size: u64,
     },
 }
 
@@ -151,6 +170,43 @@ impl Reconciler {
                     continue;
                 }
                 let Some(dv) = dsw.volume(v) else { continue };
+                if let Some(first) = dv.pods.values().next() {
+                    // Plugins with a device phase: the device first, once.
+                    if let Some(plugin) = self.plugins.find_by_name(&dv.plugin_name) {
+                        let device_mountable = plugin
+                            .device_mountable()
+                            .is_some_and(|d| d.can_device_mount(&first.spec));
+                        if device_mountable {
+                            if asw.device_mount_state(v) != DeviceMountState::Mounted {
+                                actions.push(Action::MountDevice {
+                                    volume: v.clone(),
+                                    plugin: Arc::clone(&dv.plugin_name),
+                                    spec: Arc::clone(&first.spec),
+                                });
+                                continue;
+                            }
+                        }
+                        // A desired size beyond the recorded one: expand.
+                        if let (Some(ex), Some(av)) = (plugin.node_expandable(), asw.volume(v)) {
+                            if let (Some(want), Some(have)) =
+                                (ex.requested_size(&first.spec), av.size_bytes)
+                            {
+                                let mounted = av
+                                    .pods
+                                    .values()
+                                    .any(|m| m.state == VolumeMountState::Mounted);
+                                if want > have && mounted {
+                                    actions.push(Action::Expand {
+                                        volume: v.clone(),
+                                        plugin: Arc::clone(&dv.plugin_name),
+                                        spec: Arc::clone(&first.spec),
+                                        new_size: want,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
                 for (pod, p) in &dv.pods {
                     let needs = match asw.pod_mount(v, pod) {
                         Some(m) => {
@@ -175,14 +231,25 @@ impl Reconciler {
                     }
                 }
             }
-            // 3. Forget volumes no pod uses (nothing to detach for these
-            // plugins), and operation records of volumes neither world has.
+            // 3. Unmount the devices of volumes no pod uses (only after the
+            // last pod's tear-down), then forget them (nothing to detach for
+            // these plugins), and operation records of volumes neither world has.
             if populated {
                 for v in &scope {
                     if dsw.volume_exists(v) || v.as_str().starts_with(POD_DIR_PREFIX) {
                         continue;
                     }
                     match asw.volume(v) {
+                        Some(av)
+                            if av.pods.is_empty()
+                                && av.device_mount_state != DeviceMountState::NotMounted =>
+                        {
+                            actions.push(Action::UnmountDevice {
+                                volume: v.clone(),
+                                plugin: Arc::clone(&av.plugin_name),
+                                spec: av.device_spec.clone(),
+                            });
+                        }
                         Some(av) if av.pods.is_empty() => detach.push(v.clone()),
                         Some(_) => {}
                         None => forget.push(v.clone()),
@@ -218,62 +285,98 @@ impl Reconciler {
                 pod,
                 plugin,
                 ..
-            } => (
-                volume.clone(),
-                pod.clone(),
-                Arc::clone(plugin),
-                OperationKind::MountVolume,
-            ),
+            } => (volume, Some(pod), plugin, OperationKind::MountVolume),
             Action::Unmount {
                 volume,
                 pod,
                 plugin,
                 ..
-            } => (
-                volume.clone(),
-                pod.clone(),
-                Arc::clone(plugin),
-                OperationKind::UnmountVolume,
-            ),
+            } => (volume, Some(pod), plugin, OperationKind::UnmountVolume),
+            Action::MountDevice { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::MountDevice)
+            }
+            Action::UnmountDevice { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::UnmountDevice)
+            }
+            Action::Expand { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::ExpandVolume)
+            }
         };
+        let (volume, pod, plugin_name) = (volume.clone(), pod.cloned(), Arc::clone(plugin_name));
         let Some(plugin) = self.plugins.find_by_name(&plugin_name) else {
             tracing::warn!(%volume, plugin = %plugin_name, "volume plugin is not registered");
             return;
+        };
+        // The metrics label: the plugin name, or a finer one (CSI driver).
+        let label_of = |spec: Option<&VolumeSpec>| {
+            spec.and_then(|s| plugin.metric_label(s))
+                .unwrap_or_else(|| Arc::clone(&plugin_name))
         };
         let world = Arc::clone(&self.world);
         let started = match action {
             Action::Mount { req, .. } => self.executor.start(
                 &volume,
-                Some(&pod),
+                pod.as_ref(),
                 kind,
-                Arc::clone(&plugin_name),
-                operation_generator::mount_volume(world, plugin, plugin_name, req),
+                label_of(Some(&req.spec)),
+                operation_generator::mount_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    Arc::clone(&plugin_name),
+                    req,
+                ),
             ),
-            Action::Unmount { mounted, .. } => self.executor.start(
+            Action::Unmount {
+                mounted, pod: upod, ..
+            } => self.executor.start(
                 &volume,
-                Some(&pod),
+                pod.as_ref(),
                 kind,
-                plugin_name,
+                label_of(Some(&mounted.spec)),
                 operation_generator::unmount_volume(
                     world,
-                    plugin,
+                    Arc::clone(&plugin),
                     volume.clone(),
-                    pod.clone(),
+                    upod,
                     mounted,
                 ),
             ),
+            Action::MountDevice { spec, .. } => self.executor.start(
+                &volume,
+                None,
+                kind,
+                label_of(Some(&spec)),
+                operation_generator::mount_device(
+                    world,
+                    Arc::clone(&plugin),
+                    Arc::clone(&plugin_name),
+                    volume.clone(),
+                    spec,
+                ),
+            ),
+            Action::UnmountDevice { spec, .. } => self.executor.start(
+                &volume,
+                None,
+                kind,
+                label_of(spec.as_deref()),
+                operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
+            ),
+            Action::Expand { spec, new_size, .. } => self.executor.start(
+                &volume,
+                None,
+                kind,
+                label_of(Some(&spec)),
+                operation_generator::expand_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    volume.clone(),
+                    spec,
+                    new_size,
+                ),
+            ),
         };
-        self.log_not_started(&volume, &pod, started);
-    }
-
-    fn log_not_started(
-        &self,
-        volume: &UniqueVolumeName,
-        pod: &PodUid,
-        r: Result<(), crate::operation_executor::NotStarted>,
-    ) {
-        if let Err(why) = r {
-            tracing::debug!(%volume, %pod, ?why, "operation not started");
+        if let Err(why) = started {
+            tracing::debug!(%volume, pod = ?pod, ?why, "operation not started");
         }
     }
 

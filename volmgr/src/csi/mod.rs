@@ -1,3 +1,4 @@
 //! CSI: drive CSI node plugins over gRPC like the kubelet.
 
+pub mod proto;
 pub mod registry;
