@@ -41,6 +41,12 @@ pub async fn mount_volume(
     let res = plugin.set_up(req).await;
     {
         let mut asw = world.asw_mut();
+        if let Err(VolumeError::NeedsDeviceMount(_)) = &res {
+            // Stage again before the next set-up.
+            if asw.device_mount_state(&volume) == DeviceMountState::Mounted {
+                asw.set_device_mount_state(&volume, DeviceMountState::Uncertain);
+            }
+        }
         let known_path = || asw.pod_mount(&volume, &pod).map(|m| m.path.clone());
         let outcome = match &res {
             Ok(path) => Some((path.clone(), VolumeMountState::Mounted)),

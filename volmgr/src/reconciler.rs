@@ -176,15 +176,15 @@ impl Reconciler {
                         let device_mountable = plugin
                             .device_mountable()
                             .is_some_and(|d| d.can_device_mount(&first.spec));
-                        if device_mountable {
-                            if asw.device_mount_state(v) != DeviceMountState::Mounted {
-                                actions.push(Action::MountDevice {
-                                    volume: v.clone(),
-                                    plugin: Arc::clone(&dv.plugin_name),
-                                    spec: Arc::clone(&first.spec),
-                                });
-                                continue;
-                            }
+                        if device_mountable
+                            && asw.device_mount_state(v) != DeviceMountState::Mounted
+                        {
+                            actions.push(Action::MountDevice {
+                                volume: v.clone(),
+                                plugin: Arc::clone(&dv.plugin_name),
+                                spec: Arc::clone(&first.spec),
+                            });
+                            continue;
                         }
                         // A desired size beyond the recorded one: expand.
                         if let (Some(ex), Some(av)) = (plugin.node_expandable(), asw.volume(v)) {
@@ -509,5 +509,200 @@ impl Reconciler {
             });
             self.world.mark_dirty([v]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The device phase through the plugin trait seam: a fake plugin with a
+    //! device phase (like CSI staging) and the recording fake mounter.
+
+    use std::path::Path;
+    use std::sync::Mutex as StdMutex;
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+
+    use crate::cache::actual_state_of_world::DeviceMountState;
+    use crate::operation_executor::Backoff;
+    use crate::plugins::{
+        DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, MountRequest,
+        UnmountRequest, VolumeError, VolumePlugin,
+    };
+    use crate::sys::fake::FakeMounter;
+    use crate::sys::mount_table::MountTable;
+    use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
+    use crate::volume_manager::{Config, VolumeManager};
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    /// Claims `nfs` volumes, one volume for every pod (like a PV), and logs
+    /// its calls; `fail_next` makes the next stage uncertain.
+    #[derive(Default)]
+    struct FakeDevicePlugin {
+        calls: StdMutex<Vec<String>>,
+        uncertain_stages: StdMutex<u32>,
+    }
+
+    impl FakeDevicePlugin {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+        fn log(&self, c: String) {
+            self.calls.lock().unwrap().push(c);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl VolumePlugin for FakeDevicePlugin {
+        fn name(&self) -> &str {
+            "fake/device"
+        }
+        fn can_support(&self, s: &VolumeSource) -> bool {
+            matches!(s, VolumeSource::Other { kind, .. } if kind == "nfs")
+        }
+        fn unique_volume_name(&self, _pod: &PodUid, spec: &VolumeSpec) -> UniqueVolumeName {
+            UniqueVolumeName::new(format!("fake/device/{}", spec.name))
+        }
+        async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+            self.log(format!("publish {}", req.pod_uid));
+            Ok(PathBuf::from(format!("/fake/{}", req.pod_uid)))
+        }
+        async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
+            self.log(format!("unpublish {}", req.pod_uid));
+            Ok(())
+        }
+        fn verify(&self, _: &VolumeSpec, _: &Path, _: &MountTable) -> bool {
+            true
+        }
+        fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
+            Some(self)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DeviceMountableVolumePlugin for FakeDevicePlugin {
+        fn can_device_mount(&self, _: &VolumeSpec) -> bool {
+            true
+        }
+        fn device_mount_path(&self, _: &VolumeSpec) -> Result<PathBuf, VolumeError> {
+            Ok("/fake/global".into())
+        }
+        async fn mount_device(&self, _: DeviceMountRequest) -> Result<PathBuf, VolumeError> {
+            self.log("stage".into());
+            let mut n = self.uncertain_stages.lock().unwrap();
+            if *n > 0 {
+                *n -= 1;
+                return Err(VolumeError::Uncertain("timed out".into()));
+            }
+            Ok("/fake/global".into())
+        }
+        async fn unmount_device(&self, _: DeviceUnmountRequest) -> Result<(), VolumeError> {
+            self.log("unstage".into());
+            Ok(())
+        }
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {
+                "containers": [{"name": "c", "volumeMounts": [{"name": "shared", "mountPath": "/s"}]}],
+                "volumes": [{"name": "shared", "nfs": {"server": "s", "path": "/"}}]
+            }
+        }))
+        .unwrap()
+    }
+
+    async fn manager() -> (tempfile::TempDir, Arc<FakeDevicePlugin>, Arc<VolumeManager>) {
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new(t.path());
+        cfg.backoff = Backoff {
+            initial: Duration::from_millis(10),
+            factor: 2,
+            max: Duration::from_millis(50),
+        };
+        let vm = VolumeManager::new(cfg, Arc::new(FakeMounter::default())).unwrap();
+        let plugin = Arc::new(FakeDevicePlugin::default());
+        vm.register_plugin(plugin.clone()).unwrap();
+        vm.start().await.unwrap();
+        (t, plugin, vm)
+    }
+
+    const T: Duration = Duration::from_secs(20);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_pods_one_device_mount_unmounted_after_the_last_pod() {
+        let (_t, plugin, vm) = manager().await;
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        let b = vm.upsert_pod(&pod("b")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        vm.wait_for_attach_and_mount(&b, T).await.unwrap();
+        let calls = plugin.calls();
+        assert_eq!(
+            calls.iter().filter(|c| *c == "stage").count(),
+            1,
+            "{calls:?}"
+        );
+        assert_eq!(calls[0], "stage", "staged before any publish: {calls:?}");
+        assert_eq!(calls.iter().filter(|c| c.starts_with("publish")).count(), 2);
+        let v = UniqueVolumeName::new("fake/device/shared");
+        assert_eq!(
+            vm.world().asw().device_mount_state(&v),
+            DeviceMountState::Mounted
+        );
+
+        // One pod goes: its publish is undone, the device stays.
+        vm.delete_pod(&a);
+        vm.wait_for_unmount(&a, T).await.unwrap();
+        vm.wait_converged(Some(1), T).await.unwrap();
+        let calls = plugin.calls();
+        assert!(calls.contains(&"unpublish a".to_string()));
+        assert!(!calls.contains(&"unstage".to_string()), "{calls:?}");
+
+        // The last one goes: unpublish, then unstage, then the volume is forgotten.
+        vm.delete_pod(&b);
+        vm.wait_converged(Some(0), T).await.unwrap();
+        let mut rx = vm.world().subscribe();
+        while vm.world().asw().volume(&v).is_some() {
+            rx.changed().await.unwrap();
+        }
+        let calls = plugin.calls();
+        assert_eq!(
+            calls.last().map(String::as_str),
+            Some("unstage"),
+            "{calls:?}"
+        );
+        assert_eq!(calls.iter().filter(|c| *c == "unstage").count(), 1);
+        let text = vm.metrics_text();
+        assert!(
+            text.contains(
+                "operation_name=\"mount_device\",volume_plugin=\"fake/device\",status=\"success\""
+            ),
+            "{text}"
+        );
+        assert!(text.contains("operation_name=\"unmount_device\""));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_uncertain_device_mount_is_mounted_again_before_any_set_up() {
+        let (_t, plugin, vm) = manager().await;
+        *plugin.uncertain_stages.lock().unwrap() = 2;
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        assert_eq!(plugin.calls(), vec!["stage", "stage", "stage", "publish a"]);
+        // Unwanted while uncertain: still unmounted (not assumed gone).
+        *plugin.uncertain_stages.lock().unwrap() = 1;
+        vm.delete_pod(&a);
+        vm.wait_converged(Some(0), T).await.unwrap();
+        let v = UniqueVolumeName::new("fake/device/shared");
+        let mut rx = vm.world().subscribe();
+        while vm.world().asw().volume(&v).is_some() {
+            rx.changed().await.unwrap();
+        }
+        assert_eq!(plugin.calls().last().map(String::as_str), Some("unstage"));
     }
 }

@@ -256,6 +256,7 @@ impl VolumeManager {
             mounted = report.mounted,
             uncertain = report.uncertain,
             unstacked = report.unstacked,
+            devices = report.devices,
             "reconstructed actual state"
         );
         let _ = self.shutdown.send(false);
@@ -361,7 +362,18 @@ impl VolumeManager {
         if changed.is_empty() {
             self.world.bump();
         } else {
+            // A changed spec may fix what failed for good.
+            self.executor.reset_final(&changed);
             self.world.mark_dirty(changed);
+        }
+    }
+
+    /// Retries at once every operation that waits for something to appear
+    /// (called when a CSI driver registers).
+    pub fn retry_waiting(&self) {
+        let volumes = self.executor.retry_waiting();
+        if !volumes.is_empty() {
+            self.world.mark_dirty(volumes);
         }
     }
 
@@ -575,7 +587,8 @@ impl VolumeManager {
                         let err = self
                             .executor
                             .record(name, Some(uid))
-                            .and_then(|r| r.last_error);
+                            .and_then(|r| r.last_error)
+                            .or_else(|| self.device_error(name));
                         Some(match err {
                             Some(e) => format!("{} (error: {e})", v.outer_name),
                             None => format!("{} (pending)", v.outer_name),
@@ -589,6 +602,11 @@ impl VolumeManager {
         } else {
             Some(missing.join(", "))
         }
+    }
+
+    /// The last error of a volume's device operation, if any.
+    fn device_error(&self, name: &UniqueVolumeName) -> Option<String> {
+        self.executor.record(name, None).and_then(|r| r.last_error)
     }
 
     /// The kubelet's `GetMountedVolumesForPod`: volumes certainly mounted.
@@ -786,10 +804,24 @@ impl VolumeManager {
             Ok(n) => n,
         };
         let mount = asw.pod_mount(name, uid);
-        let rec = self.executor.record(name, Some(uid));
+        let mut rec = self.executor.record(name, Some(uid));
+        if mount.is_none() {
+            // Not set up yet: the volume's device operation (CSI staging)
+            // may be what holds it back.
+            if let Some(dev) = self
+                .executor
+                .record(name, None)
+                .filter(|d| d.kind == OperationKind::MountDevice && d.attempts > 0)
+            {
+                if rec.as_ref().is_none_or(|r| r.last_error.is_none()) {
+                    rec = Some(dev);
+                }
+            }
+        }
+        // Waiting for a driver to register is pending, not an error.
         let failed = rec
             .as_ref()
-            .is_some_and(|r| r.last_error.is_some() && !r.running);
+            .is_some_and(|r| r.last_error.is_some() && !r.running && !r.waiting);
         let uncertain_err = rec.as_ref().is_some_and(|r| r.uncertain);
         let in_dsw = dsw.pod_exists_in_volume(name, uid);
         let state = match (in_dsw, mount.map(|m| m.state)) {
@@ -802,7 +834,11 @@ impl VolumeManager {
             (false, None) => "pending",
         };
         let attempts = rec.as_ref().map_or(0, |r| {
-            if r.kind == OperationKind::MountVolume || !in_dsw {
+            if matches!(
+                r.kind,
+                OperationKind::MountVolume | OperationKind::MountDevice
+            ) || !in_dsw
+            {
                 r.attempts
             } else {
                 0

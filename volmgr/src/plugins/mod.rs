@@ -1,6 +1,7 @@
 //! Volume plugins (the kubelet's `VolumePlugin`, `Mounter` and `Unmounter` in
 //! one trait) and the [`VolumePluginMgr`] that picks one for a volume.
 
+pub mod csi;
 pub mod empty_dir;
 pub mod host_path;
 
@@ -43,6 +44,10 @@ pub enum VolumeError {
     /// not registered): retried with backoff, and at once when it appears.
     #[error("{0}")]
     Waiting(String),
+    /// Set-up found the device not mounted (CSI: publish answered
+    /// `FAILED_PRECONDITION`): the device is mounted again first.
+    #[error("device not mounted: {0}")]
+    NeedsDeviceMount(String),
     /// Retrying cannot help (e.g. the driver answered `UNIMPLEMENTED`): the
     /// operation is not retried until the volume's spec changes.
     #[error("{0}")]
