@@ -36,6 +36,8 @@ pub struct AgentOptions {
     pub backoff: Backoff,
     /// Node name.
     pub node_name: String,
+    /// Deadline of each CSI call.
+    pub csi_timeout: Duration,
 }
 
 /// Why the agent could not run.
@@ -73,6 +75,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.backoff = opts.backoff;
     config.node_name = opts.node_name.clone();
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    let csi_registry = crate::csi::registry::DriverRegistry::new();
+    crate::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
     let root = vm.root().path().to_path_buf();
     let _lock = lock_root(&root)?;
     if !opts.manifests.is_dir() {

@@ -49,6 +49,9 @@ enum Command {
         /// This node's name.
         #[arg(long, default_value = "")]
         node_name: String,
+        /// Deadline of each CSI call (the kubelet uses 2 minutes).
+        #[arg(long, default_value = "120s", value_parser = parse_duration)]
+        csi_timeout: Duration,
     },
     /// Show the agent's status.
     Status {
@@ -154,6 +157,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backoff_initial,
             backoff_max,
             node_name,
+            csi_timeout,
         } => {
             agent::run(AgentOptions {
                 root,
@@ -167,6 +171,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     max: backoff_max,
                 },
                 node_name,
+                csi_timeout,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
