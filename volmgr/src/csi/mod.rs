@@ -3,6 +3,7 @@
 pub mod client;
 pub mod errors;
 pub mod metrics;
+pub mod plugin_watcher;
 pub mod proto;
 pub mod registry;
 
