@@ -118,6 +118,8 @@ pub struct VolumeManager {
     shutdown: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
+    /// The CSI drivers shown in status, once set.
+    csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
     /// Namespace and name of deleted pods still being torn down.
     departing: Mutex<crate::volume::FastMap<PodUid, PodNames>>,
 }
@@ -164,6 +166,7 @@ impl VolumeManager {
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
             extra_metrics: Mutex::default(),
+            csi_drivers: std::sync::OnceLock::new(),
             departing: Mutex::default(),
         }))
     }
@@ -779,7 +782,27 @@ impl VolumeManager {
             pods,
             errors,
             operations: self.metrics.summaries(),
+            csi_drivers: self
+                .csi_drivers
+                .get()
+                .map(|r| {
+                    r.driver_infos()
+                        .into_iter()
+                        .map(|d| crate::status::CsiDriverStatus {
+                            name: d.name,
+                            endpoint: d.endpoint.display().to_string(),
+                            versions: d.versions,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
+    }
+
+    /// Shows the drivers of `registry` in status (`csi_drivers`). The first
+    /// registry set stays.
+    pub fn set_csi_driver_registry(&self, registry: Arc<crate::csi::registry::DriverRegistry>) {
+        let _ = self.csi_drivers.set(registry);
     }
 
     fn volume_status(
