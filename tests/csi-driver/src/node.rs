@@ -25,6 +25,9 @@ pub const DEFAULT_SIZE: u64 = 64 << 20;
 /// The smallest image mkfs.ext4 handles comfortably.
 const MIN_SIZE: u64 = 4 << 20;
 
+/// mkfs.xfs refuses file systems smaller than this.
+const MIN_XFS_SIZE: u64 = 300 << 20;
+
 fn internal(what: &str, e: impl std::fmt::Display) -> Status {
     Status::internal(format!("{what}: {e}"))
 }
@@ -104,9 +107,9 @@ fn access(cap: Option<&csi::VolumeCapability>) -> Result<(Access, bool), Status>
             } else {
                 m.fs_type.clone()
             };
-            if !matches!(fs_type.as_str(), "ext2" | "ext3" | "ext4") {
+            if !matches!(fs_type.as_str(), "ext2" | "ext3" | "ext4" | "xfs") {
                 return Err(Status::invalid_argument(format!(
-                    "unsupported fs_type {fs_type:?} (ext2, ext3, ext4)"
+                    "unsupported fs_type {fs_type:?} (ext2, ext3, ext4, xfs)"
                 )));
             }
             Access::Mount {
@@ -133,7 +136,7 @@ fn mount_error(what: &str, e: nix::Error) -> Status {
 
 /// The file system type on a device ("" when there is none).
 fn fs_type_of(dev: &Path) -> Result<String, Status> {
-    let out = Command::new("blkid")
+    let out = tool("blkid")
         .args(["-p", "-o", "value", "-s", "TYPE"])
         .arg(dev)
         .output()
@@ -147,6 +150,23 @@ fn fs_type_of(dev: &Path) -> Result<String, Status> {
             String::from_utf8_lossy(&out.stderr).trim().to_string(),
         )),
     }
+}
+
+/// A system tool: from PATH, else /usr/sbin or /sbin (root's tools are
+/// there and a non-login PATH may miss them).
+fn tool(name: &str) -> Command {
+    let in_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    if !in_path {
+        for dir in ["/usr/sbin", "/sbin"] {
+            let p = Path::new(dir).join(name);
+            if p.is_file() {
+                return Command::new(p);
+            }
+        }
+    }
+    Command::new(name)
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), Status> {
@@ -200,6 +220,13 @@ impl Driver {
             )));
         }
         let image = self.image_path(id);
+        if let Access::Mount { fs_type, .. } = &access {
+            if fs_type == "xfs" && size < MIN_XFS_SIZE && !image.exists() {
+                return Err(Status::out_of_range(format!(
+                    "xfs needs at least {MIN_XFS_SIZE} bytes, size is {size}"
+                )));
+            }
+        }
         std::fs::create_dir_all(self.images_dir()).map_err(|e| internal("mkdir images", e))?;
         match OpenOptions::new()
             .write(true)
@@ -255,9 +282,10 @@ impl Driver {
         let found = fs_type_of(&dev.path())?;
         if found.is_empty() {
             tracing::info!(volume_id = id, device = %dev.path().display(), "mkfs.{fs_type}");
+            let force = if fs_type == "xfs" { "-f" } else { "-F" };
             run(
-                Command::new(format!("mkfs.{fs_type}"))
-                    .args(["-q", "-F"])
+                tool(&format!("mkfs.{fs_type}"))
+                    .args(["-q", force])
                     .arg(dev.path()),
                 "mkfs",
             )?;
@@ -433,6 +461,36 @@ impl Driver {
         }
     }
 
+    /// Grows the mounted file system on `dev` (mounted at `mount_point`) to
+    /// the device's size, online.
+    fn grow_fs(&self, dev: LoopDevice, mount_point: &Path) -> Result<(), Status> {
+        let fs = fs_type_of(&dev.path())?;
+        if fs == "xfs" {
+            return run(tool("xfs_growfs").arg("-d").arg(mount_point), "xfs_growfs");
+        }
+        let out = tool("resize2fs")
+            .arg(dev.path())
+            .output()
+            .map_err(|e| internal("running resize2fs", e))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("Permission denied") {
+            // EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE in the initial user
+            // namespace; some containers drop it.
+            return Err(Status::internal(format!(
+                "online {fs} resize refused by the kernel: it needs CAP_SYS_RESOURCE, \
+                 which this process lacks ({})",
+                stderr.trim()
+            )));
+        }
+        Err(internal(
+            "resize2fs",
+            format!("{}: {}", out.status, stderr.trim()),
+        ))
+    }
+
     /// NodeGetVolumeStats.
     pub fn stats(
         &self,
@@ -522,7 +580,7 @@ impl Driver {
                 .map_err(|e| internal("LOOP_SET_CAPACITY", e))?;
         }
         if !block {
-            run(Command::new("resize2fs").arg(dev.path()), "resize2fs")?;
+            self.grow_fs(dev, &path)?;
         }
         let capacity = dev.size_bytes().map_err(|e| internal("device size", e))?;
         Ok(csi::NodeExpandVolumeResponse {
