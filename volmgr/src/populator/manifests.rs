@@ -10,7 +10,11 @@
 //! [`crate::pod::ObjectLookup`]), and when one of them appears, changes or
 //! disappears, the pods that read it are re-resolved (a missing object's
 //! volume error clears itself; a PV whose capacity grew raises the desired
-//! size). Secret values are never logged nor shown in status.
+//! size). Like the kubelet, a volume that resolved once is not torn down
+//! because its PVC, PV or Secret went away: it keeps its last resolution and
+//! the problem shows in status (source `pod NS/NAME (UID)`) until the object
+//! is back or the pod changes. Secret values are never logged nor shown in
+//! status.
 //!
 //! A file that cannot be read or parsed keeps the pods and objects it last
 //! defined (a half-written edit must not tear volumes down) and shows the
@@ -31,7 +35,7 @@ use tokio::sync::watch;
 
 use crate::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
-use crate::volume::PodUid;
+use crate::volume::{PodUid, VolumeSource};
 use crate::volume_manager::VolumeManager;
 
 /// Files larger than this are refused.
@@ -292,6 +296,12 @@ pub struct ManifestsSource {
     resolvable: HashMap<PodUid, Arc<Pod>>,
     /// Which of those pods read which objects.
     dependents: Dependents,
+    /// The last successful resolution of each volume of those pods: a
+    /// volume whose object goes away keeps it (like the kubelet, which never
+    /// drops a volume of a running pod because its PVC or PV vanished).
+    last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
+    /// Pods currently running on a last good resolution (shown in status).
+    stale: HashMap<PodUid, String>,
 }
 
 impl ManifestsSource {
@@ -307,6 +317,8 @@ impl ManifestsSource {
             object_owners: HashMap::new(),
             resolvable: HashMap::new(),
             dependents: Dependents::default(),
+            last_good: HashMap::new(),
+            stale: HashMap::new(),
         }
     }
 
@@ -585,25 +597,35 @@ impl ManifestsSource {
                         continue;
                     }
                     self.owners.insert(pod.uid.clone(), name.clone());
-                    match resolvable {
+                    let pod = match resolvable {
                         Some((raw, deps)) => {
+                            // The same pod as before: its volumes may keep
+                            // their last good resolution.
+                            let same = self.resolvable.get(&pod.uid) == Some(&raw);
                             self.dependents.set(&pod.uid, deps);
                             self.resolvable.insert(pod.uid.clone(), raw);
+                            self.settle(pod, same)
                         }
-                        None => self.forget_pod(&pod.uid),
-                    }
+                        None => {
+                            self.forget_pod(&pod.uid);
+                            pod
+                        }
+                    };
                     self.vm.set_desired_pod(pod);
                 }
                 let state = self.files.entry(name.clone()).or_default();
+                let mut gone = Vec::new();
                 if parsed.complete {
                     for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
                         if self.owners.get(uid) == Some(&name) {
                             self.owners.remove(uid);
-                            self.resolvable.remove(uid);
-                            self.dependents.remove(uid);
+                            gone.push(uid.clone());
                             self.vm.delete_pod(uid);
                             tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
                         }
+                    }
+                    for uid in &gone {
+                        self.forget_pod(uid);
                     }
                     self.reresolve(&changed, &now);
                     let state = self.files.entry(name.clone()).or_default();
@@ -635,6 +657,46 @@ impl ManifestsSource {
     fn forget_pod(&mut self, uid: &PodUid) {
         self.resolvable.remove(uid);
         self.dependents.remove(uid);
+        self.last_good.remove(uid);
+        if let Some(key) = self.stale.remove(uid) {
+            self.vm.set_source_problems(&key, vec![], vec![]);
+        }
+    }
+
+    /// Records the volumes that resolved; with `keep_last`, a volume that no
+    /// longer resolves keeps its last good resolution (and the problem shows
+    /// in status under the pod).
+    fn settle(&mut self, mut pod: DesiredPod, keep_last: bool) -> DesiredPod {
+        let prev = self.last_good.remove(&pod.uid).unwrap_or_default();
+        let mut problems = Vec::new();
+        for v in &mut pod.volumes {
+            if let (Err(e), true) = (&v.source, keep_last) {
+                if let Some(old) = prev.get(&v.name) {
+                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume no longer resolves; keeping its last resolution");
+                    problems.push(format!(
+                        "volume {:?}: {e}; the volume stays as last resolved",
+                        v.name
+                    ));
+                    v.source = Ok(old.clone());
+                }
+            }
+        }
+        let good = pod
+            .volumes
+            .iter()
+            .filter_map(|v| v.source.as_ref().ok().map(|s| (v.name.clone(), s.clone())))
+            .collect();
+        self.last_good.insert(pod.uid.clone(), good);
+        let key = format!("pod {}/{} ({})", pod.namespace, pod.name, pod.uid);
+        if problems.is_empty() {
+            if let Some(k) = self.stale.remove(&pod.uid) {
+                self.vm.set_source_problems(&k, vec![], vec![]);
+            }
+        } else {
+            self.vm.set_source_problems(&key, problems, vec![]);
+            self.stale.insert(pod.uid.clone(), key);
+        }
+        pod
     }
 
     /// Converts again the pods that read one of `changed` (except those in
@@ -654,6 +716,7 @@ impl ManifestsSource {
                 Ok((pod, deps)) => {
                     tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
                     self.dependents.set(&uid, deps);
+                    let pod = self.settle(pod, true);
                     self.vm.set_desired_pod(pod);
                 }
                 // Rejection depends on the pod alone, which did not change.
@@ -952,16 +1015,29 @@ spec:
         src.rescan().await;
         let e = volume_of(&vm, "uid-p").unwrap_err();
         assert!(e.contains("is not bound"), "{e}");
-        put(d, "pv.yaml", &pv_yaml("64Mi", false));
+        // The PV needs a stage secret that is missing; then it appears (its
+        // value never in status).
+        put(d, "pv.yaml", &pv_yaml("64Mi", true));
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(e.contains("Secret ns/creds not found"), "{e}");
+        put(
+            d,
+            "secret.json",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"creds","namespace":"ns"},"stringData":{"password":"hunter2"}}"#,
+        );
         src.rescan().await;
         let c = volume_of(&vm, "uid-p").unwrap();
         assert_eq!(
             (c.volume_handle.as_str(), c.capacity_bytes),
             ("vol-1", Some(64 << 20))
         );
+        assert_eq!(c.node_stage_secrets.unwrap().0["password"], "hunter2");
+        let json = serde_json::to_string(&vm.status()).unwrap();
+        assert!(!json.contains("hunter2"), "{json}");
 
         // A resize raises the desired capacity.
-        put(d, "pv.yaml", &pv_yaml("128Mi", false));
+        put(d, "pv.yaml", &pv_yaml("128Mi", true));
         src.rescan().await;
         assert_eq!(
             volume_of(&vm, "uid-p").unwrap().capacity_bytes,
@@ -987,22 +1063,8 @@ spec:
             "{:?}",
             st.errors
         );
-
-        // A stage secret: missing, then present (its value never in status).
         put(d, "pv.yaml", &pv_yaml("128Mi", true));
         src.rescan().await;
-        let e = volume_of(&vm, "uid-p").unwrap_err();
-        assert!(e.contains("Secret ns/creds not found"), "{e}");
-        put(
-            d,
-            "secret.json",
-            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"creds","namespace":"ns"},"stringData":{"password":"hunter2"}}"#,
-        );
-        src.rescan().await;
-        let c = volume_of(&vm, "uid-p").unwrap();
-        assert_eq!(c.node_stage_secrets.unwrap().0["password"], "hunter2");
-        let json = serde_json::to_string(&vm.status()).unwrap();
-        assert!(!json.contains("hunter2"), "{json}");
 
         // The same object in two files: the second is refused.
         put(d, "dup.yaml", &pv_yaml("1Gi", true));
@@ -1020,11 +1082,42 @@ spec:
                     .contains("PersistentVolume pv-1 is already defined in")));
         std::fs::remove_file(d.join("dup.yaml")).unwrap();
 
-        // Objects go away with their file; the error comes back.
+        // The PV goes away with its file: the pod's volume stays as last
+        // resolved (like the kubelet), and the problem shows in status.
         std::fs::remove_file(d.join("pv.yaml")).unwrap();
         src.rescan().await;
+        assert_eq!(
+            volume_of(&vm, "uid-p").unwrap().capacity_bytes,
+            Some(128 << 20)
+        );
+        let stale = |vm: &VolumeManager| {
+            vm.status()
+                .errors
+                .into_iter()
+                .find(|e| e.source == "pod ns/p (uid-p)")
+                .map(|e| e.error)
+        };
+        let e = stale(&vm).expect("stale volume reported");
+        assert!(
+            e.contains("is not bound") && e.contains("stays as last resolved"),
+            "{e}"
+        );
+        put(d, "pv.yaml", &pv_yaml("128Mi", true));
+        src.rescan().await;
+        assert_eq!(stale(&vm), None);
+
+        // A changed pod is resolved afresh: no last good for a new claim.
+        put(
+            d,
+            "pod.yaml",
+            &PVC_POD.replace("claimName: claim", "claimName: other"),
+        );
+        src.rescan().await;
         let e = volume_of(&vm, "uid-p").unwrap_err();
-        assert!(e.contains("is not bound"), "{e}");
+        assert!(
+            e.contains("PersistentVolumeClaim ns/other not found"),
+            "{e}"
+        );
 
         // A pod that no longer uses a PVC stops being re-resolved.
         put(
