@@ -121,7 +121,13 @@ pub fn backing_file(number: u32) -> io::Result<Option<PathBuf>> {
             }
             Ok(Some(PathBuf::from(std::ffi::OsStr::from_bytes(&b))))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        // Not attached, or a device being created or removed right now.
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound
+                || matches!(e.raw_os_error(), Some(libc::ENODEV | libc::ENXIO)) =>
+        {
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }
@@ -162,10 +168,16 @@ pub fn attach(image: &Path) -> io::Result<LoopDevice> {
         .read(true)
         .write(true)
         .open("/dev/loop-control")?;
-    // Another process may take the free device between GET_FREE and
-    // CONFIGURE (EBUSY): ask again.
+    // GET_FREE returns the same device to concurrent callers: attach one at a
+    // time in this process. Another process may still take the device between
+    // GET_FREE and CONFIGURE (EBUSY): ask again.
+    static ATTACH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = ATTACH.lock().unwrap_or_else(|p| p.into_inner());
     let mut last = io::Error::other("no free loop device");
-    for _ in 0..32 {
+    for attempt in 0..200u64 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(attempt.min(20)));
+        }
         // SAFETY: LOOP_CTL_GET_FREE takes no argument; the fd is open.
         let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _, 0) };
         if n < 0 {
@@ -177,7 +189,6 @@ pub fn attach(image: &Path) -> io::Result<LoopDevice> {
             // devtmpfs creates the node asynchronously on some kernels.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 last = e;
-                std::thread::sleep(std::time::Duration::from_millis(5));
                 continue;
             }
             Err(e) => return Err(e),

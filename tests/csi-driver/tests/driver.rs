@@ -778,3 +778,77 @@ fn plugin_registration_socket() {
         assert!(d.log().contains("version mismatch"));
     });
 }
+
+#[test]
+fn many_volumes_concurrently() {
+    isolated("many_volumes_concurrently", |dir| {
+        // More volumes than the 8 loop devices most systems start with, all
+        // at once: the driver races for free devices (EBUSY) and wins.
+        let n: usize = std::env::var("CSI_DRIVER_TEST_VOLUMES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(24);
+        let d = Driver::start(dir, &[]);
+        rt().block_on(async {
+            let c = connect(&d).await;
+            let mut tasks = Vec::new();
+            for i in 0..n {
+                let mut c = c.clone();
+                let dir = dir.to_path_buf();
+                tasks.push(tokio::spawn(async move {
+                    let id = format!("many-{i}");
+                    let staging = dir.join(format!("staging/{id}"));
+                    let target = dir.join(format!("pods/{id}"));
+                    std::fs::create_dir_all(dir.join("pods")).unwrap();
+                    c.node
+                        .node_stage_volume(stage_req(&id, &staging, mount_cap(&[]), Some("8Mi")))
+                        .await
+                        .unwrap();
+                    c.node
+                        .node_publish_volume(publish_req(
+                            &id,
+                            &staging,
+                            &target,
+                            mount_cap(&[]),
+                            false,
+                        ))
+                        .await
+                        .unwrap();
+                    std::fs::write(target.join("id"), &id).unwrap();
+                    (id, staging, target)
+                }));
+            }
+            let mut vols = Vec::new();
+            for t in tasks {
+                vols.push(t.await.unwrap());
+            }
+            assert_eq!(loops_under(dir).len(), n);
+            let mut tasks = Vec::new();
+            for (id, staging, target) in vols {
+                let mut c = c.clone();
+                tasks.push(tokio::spawn(async move {
+                    // Each volume has its own file system.
+                    assert_eq!(std::fs::read_to_string(target.join("id")).unwrap(), id);
+                    c.node
+                        .node_unpublish_volume(unpublish_req(&id, &target))
+                        .await
+                        .unwrap();
+                    c.node
+                        .node_unstage_volume(unstage_req(&id, &staging))
+                        .await
+                        .unwrap();
+                }));
+            }
+            for t in tasks {
+                t.await.unwrap();
+            }
+            assert_clean(dir);
+            let ok = d
+                .calls()
+                .iter()
+                .filter(|c| c["code"] == "OK" && c["method"] != "Probe")
+                .count();
+            assert_eq!(ok, 4 * n);
+        });
+    });
+}
