@@ -1,8 +1,10 @@
 //! The call journal: one JSON line per call appended to
 //! `STATE_DIR/calls.jsonl`:
 //! `{"method","volume_id","start_unix_ns","duration_ns","code"}`.
-//! `code` is the gRPC code name ("OK", "UNAVAILABLE", ...) or "EXIT" for a
-//! call during which the process was made to exit. `duration_ns` is the
+//! `code` is the gRPC code name ("OK", "UNAVAILABLE", ...), "EXIT" for a
+//! call during which the process was made to exit, or "CANCELLED" for a call
+//! whose caller went away before the answer (work already started on the
+//! blocking thread still finishes). `duration_ns` is the
 //! driver's own handling time, injected delays and hangs included.
 
 use std::io::Write;

@@ -28,18 +28,69 @@ pub struct Driver {
     busy: Mutex<HashSet<String>>,
 }
 
-/// Marks a volume as having an operation in flight; cleared on drop.
-struct Busy<'a> {
-    set: &'a Mutex<HashSet<String>>,
+/// Marks a volume as having an operation in flight; cleared on drop (after
+/// the work finished, even when the caller gave up earlier).
+struct Busy {
+    driver: Arc<Driver>,
     id: String,
 }
 
-impl Drop for Busy<'_> {
+impl Drop for Busy {
     fn drop(&mut self) {
-        if let Ok(mut s) = self.set.lock() {
+        if let Ok(mut s) = self.driver.busy.lock() {
             s.remove(&self.id);
         }
     }
+}
+
+/// One call's journal entry; a call dropped before it finished (the caller
+/// cancelled or its deadline passed) is recorded as CANCELLED.
+struct CallRecord {
+    driver: Arc<Driver>,
+    method: &'static str,
+    volume_id: Option<String>,
+    start: SystemTime,
+    t0: Instant,
+    done: bool,
+}
+
+impl CallRecord {
+    fn finish(&mut self, code: &str, message: &str) {
+        self.done = true;
+        let vid = self.volume_id.as_deref();
+        self.driver
+            .journal
+            .record(self.method, vid, self.start, self.t0.elapsed(), code);
+        if code == "OK" {
+            tracing::info!(method = self.method, volume_id = vid, "ok");
+        } else {
+            tracing::warn!(method = self.method, volume_id = vid, code, "{message}");
+        }
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        if !self.done {
+            self.finish("CANCELLED", "the caller went away before the answer");
+        }
+    }
+}
+
+/// Ends the process as an injected crash, after journaling the call as EXIT.
+fn crash(
+    driver: &Driver,
+    method: &str,
+    volume_id: Option<&str>,
+    start: SystemTime,
+    t0: Instant,
+    when: &str,
+) -> ! {
+    tracing::warn!(method, volume_id, "injected exit {when}");
+    driver
+        .journal
+        .record(method, volume_id, start, t0.elapsed(), "EXIT");
+    std::process::exit(faults::EXIT_STATUS);
 }
 
 impl Driver {
@@ -56,7 +107,7 @@ impl Driver {
         }
     }
 
-    fn mark_busy(&self, volume_id: &str) -> Result<Busy<'_>, Status> {
+    fn mark_busy(self: &Arc<Self>, volume_id: &str) -> Result<Busy, Status> {
         let mut set = self
             .busy
             .lock()
@@ -67,61 +118,57 @@ impl Driver {
             )));
         }
         Ok(Busy {
-            set: &self.busy,
+            driver: Arc::clone(self),
             id: volume_id.to_string(),
         })
     }
 
-    /// Runs one RPC: `work` runs on a blocking thread. `volume_id` (when the
-    /// call is about a volume) serializes calls per volume: a second call
-    /// while one is in flight gets ABORTED, as the spec asks.
+    /// Runs one RPC: `work` runs on a blocking thread. With `serialize`,
+    /// calls for one volume are serialized: a second call while one is in
+    /// flight gets ABORTED, as the spec asks ("operation pending for volume").
     pub async fn call<T, F>(
         self: &Arc<Self>,
         method: &'static str,
         volume_id: Option<String>,
+        serialize: bool,
         work: F,
     ) -> Result<Response<T>, Status>
     where
         T: Send + 'static,
         F: FnOnce(&Driver) -> Result<T, Status> + Send + 'static,
     {
-        let start = SystemTime::now();
-        let t0 = Instant::now();
-        let result = self.call_inner(method, volume_id.as_deref(), work).await;
-        let code = match &result {
-            Ok(_) => "OK",
-            Err(s) => faults::code_name(s.code()),
+        let mut record = CallRecord {
+            driver: Arc::clone(self),
+            method,
+            volume_id,
+            start: SystemTime::now(),
+            t0: Instant::now(),
+            done: false,
         };
-        self.journal
-            .record(method, volume_id.as_deref(), start, t0.elapsed(), code);
+        let result = self.call_inner(&record, serialize, work).await;
         match &result {
-            Ok(_) => tracing::info!(method, volume_id = volume_id.as_deref(), "ok"),
-            Err(s) => tracing::warn!(
-                method,
-                volume_id = volume_id.as_deref(),
-                code,
-                "{}",
-                s.message()
-            ),
+            Ok(_) => record.finish("OK", ""),
+            Err(s) => record.finish(faults::code_name(s.code()), s.message()),
         }
         result.map(Response::new)
     }
 
     async fn call_inner<T, F>(
         self: &Arc<Self>,
-        method: &'static str,
-        volume_id: Option<&str>,
+        record: &CallRecord,
+        serialize: bool,
         work: F,
     ) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce(&Driver) -> Result<T, Status> + Send + 'static,
     {
-        let start = SystemTime::now();
-        let t0 = Instant::now();
-        let _busy = match volume_id {
-            Some(id) => Some(self.mark_busy(id)?),
-            None => None,
+        let method = record.method;
+        let volume_id = record.volume_id.as_deref();
+        let (start, t0) = (record.start, record.t0);
+        let busy = match volume_id {
+            Some(id) if serialize => Some(self.mark_busy(id)?),
+            _ => None,
         };
         let plan = self.faults.plan(method, volume_id)?;
         if !plan.delay.is_zero() {
@@ -135,26 +182,27 @@ impl Driver {
             );
             self.faults.wait_changed(bytes).await;
         }
-        let crash = |when: &str| {
-            tracing::warn!(method, volume_id, "injected exit {when}");
-            self.journal
-                .record(method, volume_id, start, t0.elapsed(), "EXIT");
-            std::process::exit(faults::EXIT_STATUS);
-        };
         if plan.exit == Some(ExitWhen::BeforeWork) {
-            crash("before the work");
+            crash(self, method, volume_id, start, t0, "before the work");
         }
         if let Some(status) = plan.error {
             return Err(status);
         }
         let me = Arc::clone(self);
-        let result = tokio::task::spawn_blocking(move || work(&me))
-            .await
-            .map_err(|e| Status::internal(format!("worker failed: {e}")))?;
-        if plan.exit == Some(ExitWhen::AfterWork) {
-            crash("after the work");
-        }
-        result
+        let exit_after = plan.exit == Some(ExitWhen::AfterWork);
+        let vid = record.volume_id.clone();
+        // The work, the crash after it and the release of the volume happen
+        // on the blocking thread even if the caller gives up meanwhile.
+        tokio::task::spawn_blocking(move || {
+            let _busy = busy;
+            let result = work(&me);
+            if exit_after {
+                crash(&me, method, vid.as_deref(), start, t0, "after the work");
+            }
+            result
+        })
+        .await
+        .map_err(|e| Status::internal(format!("worker failed: {e}")))?
     }
 }
 

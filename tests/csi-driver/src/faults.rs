@@ -11,7 +11,8 @@
 //! Actions (any combination), in this order:
 //! - `"delay_ms": N`: sleep N ms (delays of several rules add up);
 //! - `"hang": true`: block the call until faults.json changes (by anyone),
-//!   then go on normally;
+//!   then go on normally; if the caller gives up first (deadline, cancel)
+//!   the call ends there, does nothing and is journaled CANCELLED;
 //! - `"exit": "before_work"`: the process exits (status 70) before doing the
 //!   work, without answering;
 //! - `"code": "UNAVAILABLE"` (a gRPC code name; optional `"message"`): answer

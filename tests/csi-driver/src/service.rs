@@ -25,7 +25,7 @@ impl csi::identity_server::Identity for Csi {
         _: Request<csi::GetPluginInfoRequest>,
     ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
         self.0
-            .call("GetPluginInfo", None, |d| {
+            .call("GetPluginInfo", None, false, |d| {
                 Ok(csi::GetPluginInfoResponse {
                     name: d.name.clone(),
                     vendor_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -41,7 +41,7 @@ impl csi::identity_server::Identity for Csi {
     ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
         use csi::plugin_capability::{volume_expansion, Type, VolumeExpansion};
         self.0
-            .call("GetPluginCapabilities", None, |_| {
+            .call("GetPluginCapabilities", None, false, |_| {
                 // Node-only plugin: no CONTROLLER_SERVICE. Expansion happens on
                 // the node while the volume is in use.
                 Ok(csi::GetPluginCapabilitiesResponse {
@@ -60,7 +60,7 @@ impl csi::identity_server::Identity for Csi {
         _: Request<csi::ProbeRequest>,
     ) -> Result<Response<csi::ProbeResponse>, Status> {
         self.0
-            .call("Probe", None, |_| {
+            .call("Probe", None, false, |_| {
                 Ok(csi::ProbeResponse { ready: Some(true) })
             })
             .await
@@ -75,7 +75,7 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let req = request.into_inner();
         self.0
-            .call("NodeStageVolume", vol(&req.volume_id), move |d| {
+            .call("NodeStageVolume", vol(&req.volume_id), true, move |d| {
                 d.stage(req).map(|()| csi::NodeStageVolumeResponse {})
             })
             .await
@@ -87,7 +87,7 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodeUnstageVolumeResponse>, Status> {
         let req = request.into_inner();
         self.0
-            .call("NodeUnstageVolume", vol(&req.volume_id), move |d| {
+            .call("NodeUnstageVolume", vol(&req.volume_id), true, move |d| {
                 d.unstage(req).map(|()| csi::NodeUnstageVolumeResponse {})
             })
             .await
@@ -99,7 +99,7 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
         self.0
-            .call("NodePublishVolume", vol(&req.volume_id), move |d| {
+            .call("NodePublishVolume", vol(&req.volume_id), true, move |d| {
                 d.publish(req).map(|()| csi::NodePublishVolumeResponse {})
             })
             .await
@@ -111,7 +111,7 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
         self.0
-            .call("NodeUnpublishVolume", vol(&req.volume_id), move |d| {
+            .call("NodeUnpublishVolume", vol(&req.volume_id), true, move |d| {
                 d.unpublish(req)
                     .map(|()| csi::NodeUnpublishVolumeResponse {})
             })
@@ -126,7 +126,9 @@ impl csi::node_server::Node for Csi {
         // Stats do not take the volume's operation lock: the kubelet polls
         // them while other operations run.
         self.0
-            .call("NodeGetVolumeStats", None, move |d| d.stats(req))
+            .call("NodeGetVolumeStats", vol(&req.volume_id), false, move |d| {
+                d.stats(req)
+            })
             .await
     }
 
@@ -136,7 +138,7 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
         self.0
-            .call("NodeExpandVolume", vol(&req.volume_id), move |d| {
+            .call("NodeExpandVolume", vol(&req.volume_id), true, move |d| {
                 d.expand(req)
             })
             .await
@@ -148,7 +150,7 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         use csi::node_service_capability::{rpc::Type, Rpc, Type as Cap};
         self.0
-            .call("NodeGetCapabilities", None, |_| {
+            .call("NodeGetCapabilities", None, false, |_| {
                 let cap = |t: Type| csi::NodeServiceCapability {
                     r#type: Some(Cap::Rpc(Rpc { r#type: t as i32 })),
                 };
@@ -168,7 +170,7 @@ impl csi::node_server::Node for Csi {
         _: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
         self.0
-            .call("NodeGetInfo", None, |d| {
+            .call("NodeGetInfo", None, false, |d| {
                 Ok(csi::NodeGetInfoResponse {
                     node_id: d.node_id.clone(),
                     max_volumes_per_node: 0,
@@ -191,7 +193,7 @@ impl reg::registration_server::Registration for Registration {
         _: Request<reg::InfoRequest>,
     ) -> Result<Response<reg::PluginInfo>, Status> {
         self.0
-            .call("GetInfo", None, |d| {
+            .call("GetInfo", None, false, |d| {
                 Ok(reg::PluginInfo {
                     r#type: "CSIPlugin".to_string(),
                     name: d.name.clone(),
@@ -208,7 +210,7 @@ impl reg::registration_server::Registration for Registration {
     ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
         self.0
-            .call("NotifyRegistrationStatus", None, move |d| {
+            .call("NotifyRegistrationStatus", None, false, move |d| {
                 d.record_registration(status.plugin_registered, &status.error)
                     .map(|()| reg::RegistrationStatusResponse {})
             })

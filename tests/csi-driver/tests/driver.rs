@@ -852,3 +852,38 @@ fn many_volumes_concurrently() {
         });
     });
 }
+
+#[test]
+fn fault_hang_then_caller_deadline() {
+    isolated("fault_hang_then_caller_deadline", |dir| {
+        let d = Driver::start(dir, &[]);
+        rt().block_on(async {
+            let mut c = connect(&d).await;
+            let publish = staged(&mut c, dir).await;
+            d.set_faults(r#"[{"method":"NodePublishVolume","hang":true,"count":1}]"#);
+            // The caller's deadline ends the hung call: the driver journals it
+            // CANCELLED, does no work and frees the volume.
+            let mut req = tonic::Request::new(publish.clone());
+            req.set_timeout(std::time::Duration::from_millis(200));
+            let e = c.node.node_publish_volume(req).await.unwrap_err();
+            assert!(
+                matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled),
+                "{e:?}"
+            );
+            let mut cancelled = false;
+            for _ in 0..6000 {
+                if d.calls().iter().any(|c| c["code"] == "CANCELLED") {
+                    cancelled = true;
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            assert!(cancelled, "{:?}", d.calls());
+            assert!(!is_mount(&dir.join("pod")));
+            // The count was consumed: the retry succeeds.
+            c.node.node_publish_volume(publish).await.unwrap();
+            assert!(is_mount(&dir.join("pod")));
+            teardown(&mut c, dir).await;
+        });
+    });
+}
