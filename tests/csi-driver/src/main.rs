@@ -36,7 +36,8 @@
 //!   `DIR/registration.json` (in the state dir).
 //! - Secrets in requests are never logged (requests are never logged whole).
 //!
-//! SIGTERM/SIGINT: stop serving, remove the sockets, exit 0.
+//! SIGTERM/SIGINT: stop serving (in-flight calls get up to 5 s), remove the
+//! sockets, exit 0.
 
 mod calls;
 mod driver;
@@ -168,11 +169,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     tracing::info!(endpoint = %endpoint.display(), name = %args.name, "serving CSI");
 
-    let signal = async {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-        let _ = stop_tx.send(true);
-    };
     let servers = async {
         match reg_server {
             Some(reg) => {
@@ -182,7 +178,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
             None => csi_server.await,
         }
     };
-    let (_, served) = tokio::join!(signal, servers);
+    tokio::pin!(servers);
+    let served = tokio::select! {
+        r = &mut servers => r,
+        () = shutdown_signal() => {
+            tracing::info!("shutting down");
+            let _ = stop_tx.send(true);
+            // In-flight calls get a moment to finish; a hung one does not
+            // keep the process alive.
+            match tokio::time::timeout(std::time::Duration::from_secs(5), servers).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("calls still in flight after 5 s; exiting anyway");
+                    Ok(())
+                }
+            }
+        }
+    };
     for s in &sockets {
         let _ = std::fs::remove_file(s);
     }

@@ -887,3 +887,24 @@ fn fault_hang_then_caller_deadline() {
         });
     });
 }
+
+#[test]
+fn sigterm_stops_and_removes_sockets() {
+    isolated("sigterm_stops_and_removes_sockets", |dir| {
+        let reg_dir = dir.join("registry");
+        let mut d = Driver::start(dir, &["--registration-dir", reg_dir.to_str().unwrap()]);
+        rt().block_on(async {
+            connect(&d).await;
+        });
+        let reg_sock = reg_dir.join("loop.csi.volmgr.dev-reg.sock");
+        assert!(d.socket.exists() && reg_sock.exists());
+        let pid = d.child.as_ref().unwrap().id();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert_eq!(d.wait_exit(), Some(0));
+        assert!(!d.socket.exists() && !reg_sock.exists());
+    });
+}
