@@ -238,7 +238,19 @@ impl Driver {
             Ok(f) => f
                 .set_len(size)
                 .map_err(|e| internal("sizing the image", e))?,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // A previous stage that died between creating and sizing it.
+                let len = std::fs::metadata(&image)
+                    .map_err(|e| internal("stat image", e))?
+                    .len();
+                if len == 0 {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&image)
+                        .and_then(|f| f.set_len(size))
+                        .map_err(|e| internal("sizing the image", e))?;
+                }
+            }
             Err(e) => return Err(internal("creating the image", e)),
         }
         let (dev, attached_now) = match self.loop_of(&image)? {
@@ -282,11 +294,15 @@ impl Driver {
         let found = fs_type_of(&dev.path())?;
         if found.is_empty() {
             tracing::info!(volume_id = id, device = %dev.path().display(), "mkfs.{fs_type}");
-            let force = if fs_type == "xfs" { "-f" } else { "-F" };
+            // Force (it is a whole device, not a partition); no discard (a
+            // fresh sparse image has nothing to discard).
+            let args: &[&str] = if fs_type == "xfs" {
+                &["-q", "-f", "-K"]
+            } else {
+                &["-q", "-F", "-E", "nodiscard"]
+            };
             run(
-                tool(&format!("mkfs.{fs_type}"))
-                    .args(["-q", force])
-                    .arg(dev.path()),
+                tool(&format!("mkfs.{fs_type}")).args(args).arg(dev.path()),
                 "mkfs",
             )?;
         } else if found != *fs_type {
@@ -324,6 +340,13 @@ impl Driver {
     pub fn publish(&self, req: csi::NodePublishVolumeRequest) -> Result<(), Status> {
         let id = required("volume_id", &req.volume_id)?;
         let target = required_path("target_path", &req.target_path)?;
+        // The spec's answer when STAGE_UNSTAGE_VOLUME is advertised and the
+        // staging path is missing: FAILED_PRECONDITION (stage first).
+        if req.staging_target_path.is_empty() {
+            return Err(Status::failed_precondition(
+                "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)",
+            ));
+        }
         let staging = required_path("staging_target_path", &req.staging_target_path)?;
         let (access, reader_only) = access(req.volume_capability.as_ref())?;
         let read_only = req.readonly || reader_only;
@@ -478,8 +501,10 @@ impl Driver {
         let stderr = String::from_utf8_lossy(&out.stderr);
         if stderr.contains("Permission denied") {
             // EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE in the initial user
-            // namespace; some containers drop it.
-            return Err(Status::internal(format!(
+            // namespace; some containers drop it. The spec's "volume in use"
+            // case: the file system cannot grow while published; the caller
+            // must not retry.
+            return Err(Status::failed_precondition(format!(
                 "online {fs} resize refused by the kernel: it needs CAP_SYS_RESOURCE, \
                  which this process lacks ({})",
                 stderr.trim()

@@ -116,6 +116,11 @@ fn filesystem_stage_publish_unpublish_unstage() {
             bad.volume_capability = None;
             let e = c.node.node_stage_volume(bad).await.unwrap_err();
             assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            // No staging path: FAILED_PRECONDITION (the spec's answer).
+            let mut p = publish_req("vol-1", &staging, &a, cap.clone(), false);
+            p.staging_target_path.clear();
+            let e = c.node.node_publish_volume(p).await.unwrap_err();
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
             // Publish before stage.
             let e = c
                 .node
@@ -451,7 +456,7 @@ fn expansion_ext4_visible_in_statfs() {
             // The kernel refuses online ext4 growth without
             // CAP_SYS_RESOURCE: the driver says so instead of pretending.
             let e = r.unwrap_err();
-            assert_eq!(e.code(), Code::Internal);
+            assert_eq!(e.code(), Code::FailedPrecondition);
             assert!(e.message().contains("CAP_SYS_RESOURCE"), "{e:?}");
             eprintln!("NOTE: no CAP_SYS_RESOURCE here: checked the ext4 refusal only");
         }
