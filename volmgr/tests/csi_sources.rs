@@ -12,6 +12,9 @@
 //!   mounted by the driver and grown when the PV's capacity grows; secret
 //!   values never reach status or the agent's log.
 
+// Test-only helpers: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod support;
 
 use std::path::PathBuf;
