@@ -139,9 +139,9 @@ fn drivers(env: &Env) -> Vec<(String, String, Vec<String>)> {
 }
 
 fn registered(env: &Env, driver: &Driver) -> bool {
-    drivers(env).iter().any(|(n, e, v)| {
-        n == DRIVER && PathBuf::from(e) == driver.socket && v == &vec!["1.0.0".to_string()]
-    })
+    drivers(env)
+        .iter()
+        .any(|(n, e, v)| n == DRIVER && std::path::Path::new(e) == driver.socket && v == &["1.0.0"])
 }
 
 #[test]
