@@ -233,3 +233,68 @@ impl Faults {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn counted_rules_are_consumed_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Faults::new(dir.path());
+        assert!(f
+            .plan("NodeStageVolume", Some("v"))
+            .unwrap()
+            .error
+            .is_none());
+        std::fs::write(
+            dir.path().join("faults.json"),
+            r#"[{"method":"NodeStageVolume","volume_id":"v","code":"ABORTED","count":2},
+                {"method":"*","delay_ms":5},
+                {"method":"NodeStageVolume","exit":"after_work"}]"#,
+        )
+        .unwrap();
+        // Another volume: only the "*" rule and the uncounted exit apply.
+        let p = f.plan("NodeStageVolume", Some("w")).unwrap();
+        assert!(p.error.is_none());
+        assert_eq!(p.delay, Duration::from_millis(5));
+        assert_eq!(p.exit, Some(ExitWhen::AfterWork));
+        for _ in 0..2 {
+            let p = f.plan("NodeStageVolume", Some("v")).unwrap();
+            assert_eq!(p.error.unwrap().code(), Code::Aborted);
+        }
+        assert!(f
+            .plan("NodeStageVolume", Some("v"))
+            .unwrap()
+            .error
+            .is_none());
+        let left: Vec<Rule> =
+            serde_json::from_slice(&std::fs::read(dir.path().join("faults.json")).unwrap())
+                .unwrap();
+        assert_eq!(left.len(), 2);
+        // Bad input: INTERNAL, with the reason.
+        std::fs::write(
+            dir.path().join("faults.json"),
+            r#"[{"method":"X","code":"NOPE"}]"#,
+        )
+        .unwrap();
+        let e = f.plan("X", None).unwrap_err();
+        assert_eq!(e.code(), Code::Internal);
+        assert!(e.message().contains("NOPE"));
+        std::fs::write(
+            dir.path().join("faults.json"),
+            r#"[{"method":"X","typo":1}]"#,
+        )
+        .unwrap();
+        assert_eq!(f.plan("X", None).unwrap_err().code(), Code::Internal);
+    }
+
+    #[test]
+    fn code_names_round_trip() {
+        for n in 0..=16 {
+            let code = Code::from_i32(n);
+            assert_eq!(parse_code(code_name(code)), Some(code));
+        }
+    }
+}

@@ -35,6 +35,7 @@ fn unescape(s: &str) -> PathBuf {
         if b[i] == b'\\'
             && i + 3 < b.len()
             && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+            && b[i + 1] <= b'3'
         {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
@@ -159,4 +160,29 @@ pub fn bind(source: &Path, target: &Path, read_only: bool, extra: MsFlags) -> ni
 /// Unmounts `target` (not following a symlink). Not mounted is an error.
 pub fn unmount(target: &Path) -> nix::Result<()> {
     nix::mount::umount2(target, MntFlags::UMOUNT_NOFOLLOW)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(unescape(r"/a\040b\011c"), PathBuf::from("/a b\tc"));
+        assert_eq!(unescape(r"/x\134y"), PathBuf::from("/x\\y"));
+        // Not an escape: kept as is.
+        assert_eq!(unescape(r"/a\9zz\777"), PathBuf::from(r"/a\9zz\777"));
+        assert_eq!(unescape("/tail\\04"), PathBuf::from("/tail\\04"));
+    }
+
+    #[test]
+    fn mount_flags_split_into_flags_and_data() {
+        let (ms, data) = parse_mount_flags(&[
+            "ro,noatime".to_string(),
+            "errors=remount-ro".to_string(),
+            "defaults".to_string(),
+        ]);
+        assert_eq!(ms, MsFlags::MS_RDONLY | MsFlags::MS_NOATIME);
+        assert_eq!(data, "errors=remount-ro");
+    }
 }

@@ -613,3 +613,30 @@ impl Driver {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_quantities() {
+        assert_eq!(parse_size("64Mi"), Some(64 << 20));
+        assert_eq!(parse_size("1Gi"), Some(1 << 30));
+        assert_eq!(parse_size("100M"), Some(100_000_000));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("12k"), Some(12_000));
+        for bad in ["", "Mi", "1.5Gi", "-1", "1Xi", "99999999999999999999Ti"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn image_names_are_safe_file_names() {
+        assert_eq!(image_name("vol-1_a.b"), "vol-1_a.b.img");
+        for id in ["../x", "a/b", ".hidden", "x y", &"v".repeat(200)] {
+            let n = image_name(id);
+            assert!(n.starts_with("h-") && n.len() == 2 + 64 + 4, "{id}: {n}");
+        }
+        assert_ne!(image_name("a/b"), image_name("a_b"));
+    }
+}
