@@ -169,16 +169,19 @@ fn tool(name: &str) -> Command {
     Command::new(name)
 }
 
+/// The first lines of a tool's error output (not its whole usage text).
+fn first_lines(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text.trim().lines().take(3).collect();
+    lines.join(" / ")
+}
+
 fn run(cmd: &mut Command, what: &str) -> Result<(), Status> {
     let out = cmd.output().map_err(|e| internal(what, e))?;
     if !out.status.success() {
         return Err(internal(
             what,
-            format!(
-                "{}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
+            format!("{}: {}", out.status, first_lines(&out.stderr)),
         ));
     }
     Ok(())
@@ -221,9 +224,15 @@ impl Driver {
         }
         let image = self.image_path(id);
         if let Access::Mount { fs_type, .. } = &access {
-            if fs_type == "xfs" && size < MIN_XFS_SIZE && !image.exists() {
+            // The image's size once it exists.
+            let size = std::fs::metadata(&image)
+                .map(|m| m.len())
+                .ok()
+                .filter(|&l| l > 0)
+                .unwrap_or(size);
+            if fs_type == "xfs" && size < MIN_XFS_SIZE {
                 return Err(Status::out_of_range(format!(
-                    "xfs needs at least {MIN_XFS_SIZE} bytes, size is {size}"
+                    "xfs needs at least {MIN_XFS_SIZE} bytes, the volume has {size}"
                 )));
             }
         }
@@ -498,7 +507,7 @@ impl Driver {
         if out.status.success() {
             return Ok(());
         }
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = first_lines(&out.stderr);
         if stderr.contains("Permission denied") {
             // EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE in the initial user
             // namespace; some containers drop it. The spec's "volume in use"
@@ -506,14 +515,10 @@ impl Driver {
             // must not retry.
             return Err(Status::failed_precondition(format!(
                 "online {fs} resize refused by the kernel: it needs CAP_SYS_RESOURCE, \
-                 which this process lacks ({})",
-                stderr.trim()
+                 which this process lacks ({stderr})"
             )));
         }
-        Err(internal(
-            "resize2fs",
-            format!("{}: {}", out.status, stderr.trim()),
-        ))
+        Err(internal("resize2fs", format!("{}: {stderr}", out.status)))
     }
 
     /// NodeGetVolumeStats.

@@ -913,3 +913,108 @@ fn sigterm_stops_and_removes_sockets() {
         assert!(!d.socket.exists() && !reg_sock.exists());
     });
 }
+
+#[test]
+fn conflicts_and_bad_input() {
+    isolated("conflicts_and_bad_input", |dir| {
+        let d = Driver::start(dir, &[]);
+        rt().block_on(async {
+            let mut c = connect(&d).await;
+            // Something else mounted at the staging path: ALREADY_EXISTS, and
+            // the loop device attached for the attempt is detached again.
+            let busy = dir.join("busy");
+            std::fs::create_dir_all(&busy).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                &busy,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            )
+            .unwrap();
+            let e = c
+                .node
+                .node_stage_volume(stage_req("v", &busy, mount_cap(&[]), None))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
+            assert!(loops_under(dir).is_empty());
+            nix::mount::umount(&busy).unwrap();
+
+            let staging = dir.join("staging");
+            for (cap, size) in [
+                (mount_cap_fs("btrfs", &[]), None),
+                (mount_cap(&[]), Some("lots")),
+                (mount_cap(&[]), Some("1Ki")),
+                (mount_cap_fs("xfs", &[]), Some("64Mi")),
+            ] {
+                let e = c
+                    .node
+                    .node_stage_volume(stage_req("v", &staging, cap, size))
+                    .await
+                    .unwrap_err();
+                assert!(
+                    matches!(e.code(), Code::InvalidArgument | Code::OutOfRange),
+                    "{e:?}"
+                );
+            }
+            // Formatted ext4 once; asked for xfs later: INVALID_ARGUMENT, the
+            // data is not reformatted.
+            c.node
+                .node_stage_volume(stage_req("w", &staging, mount_cap(&[]), Some("320Mi")))
+                .await
+                .unwrap();
+            std::fs::write(staging.join("data"), b"ext4 data").unwrap();
+            c.node
+                .node_unstage_volume(unstage_req("w", &staging))
+                .await
+                .unwrap();
+            let e = c
+                .node
+                .node_stage_volume(stage_req("w", &staging, mount_cap_fs("xfs", &[]), None))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(loops_under(dir).is_empty());
+            c.node
+                .node_stage_volume(stage_req("w", &staging, mount_cap(&[]), None))
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read(staging.join("data")).unwrap(), b"ext4 data");
+
+            // Unpublish never deletes data: an unmounted, non-empty target
+            // is an error and stays.
+            let stray = dir.join("stray");
+            std::fs::create_dir_all(&stray).unwrap();
+            std::fs::write(stray.join("precious"), b"x").unwrap();
+            let e = c
+                .node
+                .node_unpublish_volume(unpublish_req("w", &stray))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::Internal, "{e:?}");
+            assert!(stray.join("precious").exists());
+
+            // Relative paths are refused.
+            let mut rel = publish_req(
+                "w",
+                &staging,
+                Path::new("rel/target"),
+                mount_cap(&[]),
+                false,
+            );
+            let e = c.node.node_publish_volume(rel.clone()).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            rel.target_path = dir.join("t").to_string_lossy().into_owned();
+            rel.volume_capability = None;
+            let e = c.node.node_publish_volume(rel).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+
+            c.node
+                .node_unstage_volume(unstage_req("w", &staging))
+                .await
+                .unwrap();
+            assert_clean(dir);
+        });
+    });
+}
