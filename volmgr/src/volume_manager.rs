@@ -873,7 +873,13 @@ impl VolumeManager {
             state: state.into(),
             path: mount.map(|m| m.path.display().to_string()),
             attempts,
-            error: rec.and_then(|r| r.last_error),
+            // A failed expansion of a mounted volume shows too.
+            error: rec.and_then(|r| r.last_error).or_else(|| {
+                self.executor
+                    .record(name, None)
+                    .filter(|d| d.kind == OperationKind::ExpandVolume)
+                    .and_then(|d| d.last_error)
+            }),
         }
     }
 
