@@ -38,6 +38,8 @@ fn driver_bin() -> PathBuf {
 /// A running test driver and its state directory.
 struct Driver {
     child: Option<Child>,
+    /// Serve the kubelet plugin registration API in this directory.
+    registration: Option<PathBuf>,
     state: PathBuf,
     socket: PathBuf,
     log: PathBuf,
@@ -51,6 +53,7 @@ impl Driver {
         let log = env.dir.path().join("driver.log");
         let mut d = Self {
             child: None,
+            registration: None,
             state,
             socket,
             log,
@@ -72,6 +75,11 @@ impl Driver {
             .arg("--state-dir")
             .arg(&self.state)
             .args(["--name", DRIVER, "--node-id", "node-1"])
+            .args(
+                self.registration
+                    .iter()
+                    .flat_map(|r| [std::ffi::OsStr::new("--registration-dir"), r.as_os_str()]),
+            )
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -81,6 +89,14 @@ impl Driver {
         wait_for("driver socket", || {
             std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
         });
+    }
+
+    /// Stops the driver (SIGKILL).
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// Waits for the driver to exit (an injected crash).
@@ -610,32 +626,68 @@ fn agent_restarts_keep_the_staging_reference_count() {
 fn cleanup_waits_for_an_unregistered_driver() {
     isolated("cleanup_waits_for_an_unregistered_driver", || {
         let env = Env::new();
-        let driver = Driver::start(&env);
+        let mut driver = Driver::start(&env);
         env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
         env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
         let agent = start_agent(&env, &driver, &[]);
         assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
         agent.kill9();
+        driver.kill();
         env.remove_manifest("a.yaml");
-        // Restarted without the driver: the tear-down waits, it does not fail.
+        // Restarted while the driver is not registered: the tear-down
+        // waits for it (pending, not failed for good).
         let agent = env.start_agent(&["--node-name", "node-1"]);
         wait_for("waiting for the driver in status", || {
             env.status().pods.iter().any(|p| {
                 p.uid == "uid-a"
                     && p.volumes.iter().any(|v| {
-                        v.error
-                            .as_deref()
-                            .is_some_and(|e| e.contains("waiting for CSI driver"))
+                        v.state == "unmounting"
+                            && v.error
+                                .as_deref()
+                                .is_some_and(|e| e.contains("waiting for CSI driver"))
                     })
             })
         });
         assert_eq!(env.mount_count(&publish_path(&env, "uid-a", "pv-1")), 1);
+        assert_eq!(driver.count("NodeUnpublishVolume", "vol-1", "OK"), 0);
+        // The driver comes back and registers through the kubelet plugin
+        // registration socket: the clean-up completes without a restart.
+        driver.registration = Some(env.root.join("plugins_registry"));
+        driver.restart();
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        assert_nothing_leaked(&env, &driver);
         assert!(agent.term());
-        // With the driver back, the clean-up completes.
+    });
+}
+
+#[test]
+fn driver_killed_mid_publish_then_restarted() {
+    isolated("driver_killed_mid_publish_then_restarted", || {
+        let env = Env::new();
+        let mut driver = Driver::start(&env);
+        driver.faults(serde_json::json!([
+            {"method": "NodePublishVolume", "volume_id": "vol-1", "count": 1, "exit": "after_work"}
+        ]));
+        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
         let agent = start_agent(&env, &driver, &[]);
-        wait_for("unstaged", || {
-            driver.count("NodeUnstageVolume", "vol-1", "OK") == 1
+        wait_for("driver crashed mid-publish", || {
+            driver.count("NodePublishVolume", "vol-1", "EXIT") == 1
         });
+        driver.wait_exit();
+        // The publish happened but its answer was lost: the mount exists,
+        // yet the volume is uncertain, not mounted.
+        let target = publish_path(&env, "uid-a", "pv-1");
+        assert_eq!(env.mount_count(&target), 1);
+        wait_for("uncertain in status", || {
+            volume_status(&env, "uid-a").is_some_and(|(s, _, _)| s == "uncertain")
+        });
+        driver.restart();
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        driver.expect("NodePublishVolume", "vol-1", "OK", 1);
+        assert_eq!(env.mount_count(&target), 1, "published again, not stacked");
+        env.remove_manifest("a.yaml");
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
         assert_nothing_leaked(&env, &driver);
         drop(agent);
     });
