@@ -141,6 +141,7 @@ impl DesiredPod {
         let ctx = ResolveContext {
             uid: &uid,
             namespace: &namespace,
+            name: &name,
             objects,
         };
         let volumes = spec
@@ -240,6 +241,7 @@ fn used_volume_names(pod: &Pod) -> UsedVolumes<'_> {
 struct ResolveContext<'a> {
     uid: &'a PodUid,
     namespace: &'a str,
+    name: &'a str,
     objects: Option<&'a dyn ObjectLookup>,
 }
 
@@ -255,7 +257,19 @@ fn parse_source(
     }
     if let Some(pvc) = &v.persistent_volume_claim {
         if let Some(objects) = ctx.objects {
-            return persistent_volume_claim(pvc, usage, ctx.namespace, objects)
+            return persistent_volume_claim(pvc, usage, ctx.namespace, None, objects)
+                .map(VolumeSource::Csi);
+        }
+    }
+    // A generic ephemeral volume: the claim `<pod>-<volume>` that the
+    // ephemeral volume controller created for (and owned by) this pod.
+    if v.ephemeral.is_some() {
+        if let Some(objects) = ctx.objects {
+            let src = k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                claim_name: format!("{}-{}", ctx.name, v.name),
+                read_only: None,
+            };
+            return persistent_volume_claim(&src, usage, ctx.namespace, Some(ctx.uid), objects)
                 .map(VolumeSource::Csi);
         }
     }
@@ -317,7 +331,8 @@ pub fn inline_volume_handle(pod_uid: &PodUid, volume: &str) -> String {
 }
 
 /// Whether converting `pod` reads other objects (a used `persistentVolumeClaim`
-/// volume, or an inline `csi` volume with a `nodePublishSecretRef`), so a
+/// or generic `ephemeral` volume, or an inline `csi` volume with a
+/// `nodePublishSecretRef`), so a
 /// source must re-resolve it when those objects change.
 pub fn needs_objects(pod: &Pod) -> bool {
     let used = used_volume_names(pod);
@@ -329,6 +344,7 @@ pub fn needs_objects(pod: &Pod) -> bool {
         .filter(|v| used.usage(&v.name).is_some())
         .any(|v| {
             v.persistent_volume_claim.is_some()
+                || v.ephemeral.is_some()
                 || v.csi
                     .as_ref()
                     .is_some_and(|c| c.node_publish_secret_ref.is_some())
@@ -387,11 +403,14 @@ fn inline_csi(
 }
 
 /// `pod.spec.volumes[].persistentVolumeClaim` → the claim (in the pod's
-/// namespace) → its bound PersistentVolume → `spec.csi`.
+/// namespace) → its bound PersistentVolume → `spec.csi`. For a generic
+/// ephemeral volume `owner` is the pod, which must control the claim (the
+/// kubelet's `VolumeIsForPod`).
 fn persistent_volume_claim(
     src: &k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource,
     usage: Usage,
     namespace: &str,
+    owner: Option<&PodUid>,
     objects: &dyn ObjectLookup,
 ) -> Result<CsiVolumeSource, String> {
     let claim = src.claim_name.as_str();
@@ -401,6 +420,19 @@ fn persistent_volume_claim(
     let pvc = objects
         .persistent_volume_claim(namespace, claim)
         .ok_or_else(|| format!("PersistentVolumeClaim {namespace}/{claim} not found"))?;
+    if let Some(pod) = owner {
+        let controlled = pvc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.kind == "Pod" && r.uid == pod.as_str());
+        if !controlled {
+            return Err(format!(
+                "PersistentVolumeClaim {namespace}/{claim} was not created for this pod (the pod is not its controlling owner)"
+            ));
+        }
+    }
     if pvc.metadata.deletion_timestamp.is_some() {
         return Err(format!(
             "PersistentVolumeClaim {namespace}/{claim} is being deleted"
@@ -1102,6 +1134,47 @@ mod tests {
         let p2 = pvc_pod("", false);
         let e = resolve(&p2, &o).unwrap_err();
         assert!(e.contains("claimName is required"), "{e}");
+    }
+
+    #[test]
+    fn generic_ephemeral_volume_uses_the_pods_own_claim() {
+        let p = pod(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+            "spec": {
+                "containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "scratch", "mountPath": "/s"}]}],
+                "volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}}]
+            }
+        }));
+        assert!(needs_objects(&p));
+        let mut o = Objects::default();
+        let e = resolve(&p, &o).unwrap_err();
+        assert!(
+            e.contains("PersistentVolumeClaim ns/p-scratch not found"),
+            "{e}"
+        );
+        let owned = |uid: &str| {
+            let mut c = pvc("p-scratch", Some("pv-e"));
+            c.metadata.owner_references = Some(vec![serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod", "name": "p", "uid": uid, "controller": true
+            }))
+            .unwrap()]);
+            c
+        };
+        o.pvcs.push(owned("someone-else"));
+        o.pvs
+            .push(pv("pv-e", Some("p-scratch"), serde_json::json!({})));
+        let e = resolve(&p, &o).unwrap_err();
+        assert!(e.contains("was not created for this pod"), "{e}");
+        o.pvcs[0] = owned("uid-1");
+        let c = csi_of(resolve(&p, &o));
+        assert_eq!(c.pv_name.as_deref(), Some("pv-e"));
+        assert!(!c.ephemeral, "a PV-backed volume, shared by handle");
+        // Without objects it stays for host plugins.
+        let d = DesiredPod::from_pod(&p).unwrap();
+        assert!(
+            matches!(&d.volumes[0].source, Ok(VolumeSource::Other { kind, .. }) if kind == "ephemeral")
+        );
     }
 
     #[test]
