@@ -220,7 +220,16 @@ fn driver_registers_through_plugins_registry() {
         env.wait_for("driver registered from a subdirectory", || {
             registered(&env, &driver)
         });
+
+        // A restarted agent finds the socket that is already there.
         assert!(agent.term(), "agent exits 0 on SIGTERM");
+        let before = driver.calls("GetInfo").len();
+        let agent = env.start_agent(&[]);
+        env.wait_for("driver registered after an agent restart", || {
+            registered(&env, &driver)
+        });
+        assert!(driver.calls("GetInfo").len() > before);
+        assert!(agent.term());
         env.assert_outside_untouched();
     });
 }
