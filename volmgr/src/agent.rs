@@ -88,7 +88,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     crate::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
     vm.set_csi_driver_registry(Arc::clone(&csi_registry));
     for (name, socket) in &opts.csi_drivers {
-        csi_registry.register(name, socket.clone(), Vec::new());
+        csi_registry.register_fixed(name, socket.clone());
     }
     let root = vm.root().path().to_path_buf();
     let _lock = lock_root(&root)?;

@@ -24,20 +24,49 @@ pub struct DriverInfo {
 /// flag and the CSI volume plugin.
 #[derive(Debug)]
 pub struct DriverRegistry {
-    drivers: Mutex<BTreeMap<String, DriverInfo>>,
+    drivers: Mutex<Drivers>,
     generation: watch::Sender<u64>,
+}
+
+/// The registered drivers, and those given on the command line (which come
+/// back when a registration that replaced them goes away).
+#[derive(Debug, Default)]
+struct Drivers {
+    active: BTreeMap<String, DriverInfo>,
+    fixed: BTreeMap<String, PathBuf>,
+}
+
+impl Drivers {
+    /// Removes `name`, falling back to its command-line endpoint if any.
+    fn remove(&mut self, name: &str) -> bool {
+        let Some(old) = self.active.remove(name) else {
+            return false;
+        };
+        if let Some(endpoint) = self.fixed.get(name) {
+            self.active.insert(
+                name.to_string(),
+                DriverInfo {
+                    name: name.to_string(),
+                    endpoint: endpoint.clone(),
+                    versions: Vec::new(),
+                },
+            );
+            return old.endpoint != *endpoint;
+        }
+        true
+    }
 }
 
 impl DriverRegistry {
     /// An empty registry.
     pub fn new() -> Arc<Self> {
         Arc::new(Self {
-            drivers: Mutex::new(BTreeMap::new()),
+            drivers: Mutex::new(Drivers::default()),
             generation: watch::Sender::new(0),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, DriverInfo>> {
+    fn lock(&self) -> MutexGuard<'_, Drivers> {
         // A panic while holding the lock cannot leave the map inconsistent
         // (every change is a single insert or remove).
         self.drivers.lock().unwrap_or_else(|p| p.into_inner())
@@ -56,13 +85,22 @@ impl DriverRegistry {
             versions,
         };
         tracing::info!(driver = name, endpoint = %info.endpoint.display(), versions = ?info.versions, "CSI driver registered");
-        self.lock().insert(name.to_string(), info);
+        self.lock().active.insert(name.to_string(), info);
         self.bump();
     }
 
-    /// Forgets driver `name`.
+    /// Registers driver `name` at `endpoint` from the command line
+    /// (`--csi-driver NAME=SOCKET`): a plugin registration of the same
+    /// driver replaces it while it lasts, and when that goes away this
+    /// endpoint is used again.
+    pub fn register_fixed(&self, name: &str, endpoint: PathBuf) {
+        self.lock().fixed.insert(name.to_string(), endpoint.clone());
+        self.register(name, endpoint, Vec::new());
+    }
+
+    /// Forgets driver `name` (back to its `--csi-driver` endpoint, if any).
     pub fn unregister(&self, name: &str) {
-        if self.lock().remove(name).is_some() {
+        if self.lock().remove(name) {
             tracing::info!(driver = name, "CSI driver unregistered");
             self.bump();
         }
@@ -75,9 +113,8 @@ impl DriverRegistry {
     pub fn unregister_endpoint(&self, name: &str, endpoint: &Path) -> bool {
         let removed = {
             let mut d = self.lock();
-            if d.get(name).is_some_and(|i| i.endpoint == endpoint) {
-                d.remove(name);
-                true
+            if d.active.get(name).is_some_and(|i| i.endpoint == endpoint) {
+                d.remove(name)
             } else {
                 false
             }
@@ -91,7 +128,7 @@ impl DriverRegistry {
 
     /// The socket of driver `name`, if registered.
     pub fn endpoint(&self, name: &str) -> Option<PathBuf> {
-        self.lock().get(name).map(|i| i.endpoint.clone())
+        self.lock().active.get(name).map(|i| i.endpoint.clone())
     }
 
     /// A receiver of the registry's generation, bumped on every register and
@@ -103,6 +140,7 @@ impl DriverRegistry {
     /// Every registered driver and its socket, sorted by name.
     pub fn drivers(&self) -> Vec<(String, PathBuf)> {
         self.lock()
+            .active
             .values()
             .map(|i| (i.name.clone(), i.endpoint.clone()))
             .collect()
@@ -110,7 +148,7 @@ impl DriverRegistry {
 
     /// Every registered driver with its announced versions, sorted by name.
     pub fn driver_infos(&self) -> Vec<DriverInfo> {
-        self.lock().values().cloned().collect()
+        self.lock().active.values().cloned().collect()
     }
 }
 
@@ -149,5 +187,24 @@ mod tests {
         assert!(rx.has_changed().unwrap());
         assert!(*rx.borrow_and_update() > g);
         assert!(r.drivers().is_empty());
+    }
+
+    #[test]
+    fn command_line_drivers_come_back() {
+        let r = DriverRegistry::new();
+        r.register_fixed("d", "/flag.sock".into());
+        r.register("d", "/reg.sock".into(), vec!["1.0.0".into()]);
+        assert_eq!(r.endpoint("d"), Some(PathBuf::from("/reg.sock")));
+        let mut rx = r.subscribe();
+        rx.borrow_and_update();
+        assert!(r.unregister_endpoint("d", Path::new("/reg.sock")));
+        assert!(rx.has_changed().unwrap(), "the endpoint changed");
+        assert_eq!(r.endpoint("d"), Some(PathBuf::from("/flag.sock")));
+        assert_eq!(r.driver_infos()[0].versions, Vec::<String>::new());
+        // Unregistering the command-line endpoint itself changes nothing.
+        rx.borrow_and_update();
+        r.unregister("d");
+        assert_eq!(r.endpoint("d"), Some(PathBuf::from("/flag.sock")));
+        assert!(!rx.has_changed().unwrap());
     }
 }
