@@ -527,9 +527,10 @@ pub async fn register_plugin(
         }
     };
     registry.register(&name, endpoint.clone(), versions);
+    // Like the kubelet: the driver stays registered even if the plugin does
+    // not take the news (registration is what matters to volumes).
     if let Err(e) = notify(&mut client, true, "", timeout).await {
-        registry.unregister_endpoint(&name, &endpoint);
-        return Err(format!("NotifyRegistrationStatus failed: {e}"));
+        tracing::warn!(driver = %name, socket = %socket.display(), error = %e, "NotifyRegistrationStatus failed; the driver stays registered");
     }
     Ok((name, endpoint))
 }
