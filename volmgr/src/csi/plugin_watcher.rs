@@ -113,7 +113,19 @@ struct SocketState {
 struct Attempt {
     socket: PathBuf,
     key: SocketKey,
-    result: Result<(String, PathBuf), String>,
+    result: Result<Validated, String>,
+}
+
+/// A plugin that answered `GetInfo` and passed validation: registered by
+/// the watcher's loop (the only writer of its registrations), then told.
+pub struct Validated {
+    /// The driver name.
+    pub name: String,
+    /// The driver's CSI socket.
+    pub endpoint: PathBuf,
+    /// The versions it announced.
+    pub versions: Vec<String>,
+    client: RegistrationClient<Channel>,
 }
 
 struct InotifyFd(Inotify);
@@ -402,7 +414,7 @@ impl PluginWatcher {
             let (socket, key, tx) = (path.clone(), s.key, tx.clone());
             let (registry, timeout) = (Arc::clone(&self.registry), self.config.call_timeout);
             tokio::spawn(async move {
-                let result = register_plugin(&socket, &registry, timeout).await;
+                let result = get_and_validate(&socket, &registry, timeout).await;
                 let _ = tx.send(Attempt {
                     socket,
                     key,
@@ -419,10 +431,8 @@ impl PluginWatcher {
             .get_mut(&a.socket)
             .filter(|s| s.key == a.key && matches!(s.phase, Phase::InFlight { .. }));
         let Some(state) = current else {
-            // The socket went away (or was replaced) meanwhile: undo.
-            if let Ok((name, endpoint)) = a.result {
-                self.registry.unregister_endpoint(&name, &endpoint);
-            }
+            // The socket went away (or was replaced) meanwhile: nothing was
+            // registered for it.
             return;
         };
         let failures = match state.phase {
@@ -430,11 +440,26 @@ impl PluginWatcher {
             _ => 0,
         };
         match a.result {
-            Ok((name, endpoint)) => {
-                state.phase = Phase::Registered { name, endpoint };
+            Ok(v) => {
+                self.registry
+                    .register(&v.name, v.endpoint.clone(), v.versions.clone());
+                state.phase = Phase::Registered {
+                    name: v.name.clone(),
+                    endpoint: v.endpoint.clone(),
+                };
                 if let Some(sink) = &self.problems {
                     sink(&a.socket, None);
                 }
+                // Registration first, then the news (as the kubelet does).
+                let (socket, timeout) = (a.socket, self.config.call_timeout);
+                tokio::spawn(async move {
+                    let mut client = v.client;
+                    // Like the kubelet: the driver stays registered even if
+                    // the plugin does not take the news.
+                    if let Err(e) = notify(&mut client, true, "", timeout).await {
+                        tracing::warn!(driver = %v.name, socket = %socket.display(), error = %e, "NotifyRegistrationStatus failed; the driver stays registered");
+                    }
+                });
             }
             Err(e) => {
                 let delay = backoff(self.config.retry_initial, self.config.retry_max, failures);
@@ -502,13 +527,14 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The kubelet's registration of one plugin socket: `GetInfo`, validate,
-/// register, `NotifyRegistrationStatus`. Returns the driver name and endpoint.
-pub async fn register_plugin(
+/// The first half of the kubelet's registration of one plugin socket:
+/// `GetInfo` and validation; a plugin that fails validation is told why
+/// (`NotifyRegistrationStatus{plugin_registered: false}`).
+pub async fn get_and_validate(
     socket: &Path,
     registry: &DriverRegistry,
     timeout: Duration,
-) -> Result<(String, PathBuf), String> {
+) -> Result<Validated, String> {
     let channel = connect(socket, timeout).await?;
     let mut client = RegistrationClient::new(channel);
     let mut req = tonic::Request::new(InfoRequest {});
@@ -518,21 +544,19 @@ pub async fn register_plugin(
         Ok(Err(s)) => return Err(format!("GetInfo failed: {}: {}", s.code(), s.message())),
         Err(_) => return Err(format!("GetInfo: no answer within {timeout:?}")),
     };
-    let (name, endpoint, versions) = match validate(&info, socket, registry) {
-        Ok(v) => v,
+    match validate(&info, socket, registry) {
+        Ok((name, endpoint, versions)) => Ok(Validated {
+            name,
+            endpoint,
+            versions,
+            client,
+        }),
         Err(e) => {
             // Tell the plugin why (node-driver-registrar logs it and exits).
             let _ = notify(&mut client, false, &e, timeout).await;
-            return Err(e);
+            Err(e)
         }
-    };
-    registry.register(&name, endpoint.clone(), versions);
-    // Like the kubelet: the driver stays registered even if the plugin does
-    // not take the news (registration is what matters to volumes).
-    if let Err(e) = notify(&mut client, true, "", timeout).await {
-        tracing::warn!(driver = %name, socket = %socket.display(), error = %e, "NotifyRegistrationStatus failed; the driver stays registered");
     }
-    Ok((name, endpoint))
 }
 
 async fn notify(
