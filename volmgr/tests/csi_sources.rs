@@ -464,3 +464,74 @@ fn inline_csi_volume_resolves_and_publishes() {
         env.assert_outside_untouched();
     });
 }
+
+/// The watcher as a library, against the real driver's registration socket:
+/// a plugin that fails validation is told why (NotifyRegistrationStatus with
+/// `plugin_registered: false`) and not registered; once the conflicting
+/// registration is gone it registers. No mounts: no namespace needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_tells_a_refused_plugin_why() {
+    use volmgr::csi::plugin_watcher::{PluginWatcher, WatcherConfig};
+    use volmgr::csi::registry::DriverRegistry;
+
+    let env = Env::new();
+    let mut driver = Driver::new(&env);
+    std::fs::create_dir_all(&driver.registration_dir).unwrap();
+    let registry = DriverRegistry::new();
+    // Another registration of the same driver with a higher version.
+    registry.register(DRIVER, "/elsewhere/csi.sock".into(), vec!["1.9.0".into()]);
+    let config = WatcherConfig {
+        retry_initial: std::time::Duration::from_millis(20),
+        retry_max: std::time::Duration::from_millis(200),
+        ..WatcherConfig::default()
+    };
+    let watcher = PluginWatcher::new(
+        driver.registration_dir.clone(),
+        std::sync::Arc::clone(&registry),
+        config,
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(watcher.run(stop_rx));
+    driver.start();
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !cond() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gave up waiting for: {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let told = || driver.registration();
+    tokio::task::block_in_place(|| {
+        wait("NotifyRegistrationStatus(false)", &|| {
+            told().is_some_and(|r| r["plugin_registered"] == false)
+        })
+    });
+    let r = told().unwrap();
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("higher version 1.9.0"),
+        "{r}"
+    );
+    assert_eq!(
+        registry.endpoint(DRIVER),
+        Some(PathBuf::from("/elsewhere/csi.sock"))
+    );
+    // The other registration goes: the retry registers this one.
+    registry.unregister(DRIVER);
+    tokio::task::block_in_place(|| {
+        wait("registered", &|| {
+            registry.endpoint(DRIVER).as_ref() == Some(&driver.socket)
+                && told().is_some_and(|r| r["plugin_registered"] == true)
+        })
+    });
+    // The socket goes away with the driver: unregistered.
+    driver.stop();
+    tokio::task::block_in_place(|| wait("unregistered", &|| registry.endpoint(DRIVER).is_none()));
+    stop_tx.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
