@@ -118,6 +118,22 @@ impl Driver {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Loop devices backed by this driver's images.
+    fn loop_devices(&self) -> Vec<String> {
+        let state = self.state.display().to_string();
+        std::fs::read_dir("/sys/block")
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| {
+                        std::fs::read_to_string(e.path().join("loop/backing_file"))
+                            .is_ok_and(|b| b.trim().starts_with(&state))
+                    })
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for Driver {
@@ -125,6 +141,12 @@ impl Drop for Driver {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // Never leave a loop device behind, even when a test failed.
+        for dev in self.loop_devices() {
+            let _ = Command::new("losetup")
+                .args(["-d", &format!("/dev/{dev}")])
+                .status();
         }
     }
 }
@@ -394,6 +416,9 @@ fn pvc_resolves_through_manifest_objects() {
         env.remove_manifest("pod.yaml");
         env.wait_for("pod torn down", || {
             !env.root.join("pods/uid-pvc").exists() && env.mounts().is_empty()
+        });
+        env.wait_for("unstaged: loop device detached", || {
+            driver.loop_devices().is_empty()
         });
         assert!(agent.term());
         driver.stop();
