@@ -1,7 +1,8 @@
 //! A directory of pod manifests, like the kubelet's static pod path: every
 //! `*.yaml`, `*.yml` or `*.json` file (not hidden, not in subdirectories)
 //! holds one or more Kubernetes objects — `v1.Pod`, `v1.PersistentVolumeClaim`,
-//! `v1.PersistentVolume`, `v1.Secret`, or a `v1.List`/`PodList` of them; other
+//! `v1.PersistentVolume`, `v1.Secret`, or a `v1.List` (or typed list:
+//! `PodList`, `PersistentVolumeList`, ...) of them; other
 //! kinds are skipped. Changes are picked up through inotify, with a periodic
 //! rescan as a safety net.
 //!
@@ -212,12 +213,19 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
                 }
             }
         }
-        "List" | "PodList" => {
+        "List"
+        | "PodList"
+        | "PersistentVolumeList"
+        | "PersistentVolumeClaimList"
+        | "SecretList" => {
+            // Items of a typed list (as the API server returns them) carry
+            // no kind of their own.
+            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
             let items = match v {
                 serde_json::Value::Object(mut o) => o.remove("items"),
                 _ => None,
             };
-            for item in items
+            for mut item in items
                 .and_then(|i| match i {
                     serde_json::Value::Array(a) => Some(a),
                     _ => None,
@@ -225,6 +233,10 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
                 .into_iter()
                 .flatten()
             {
+                if let (Some(k), serde_json::Value::Object(o)) = (item_kind, &mut item) {
+                    o.entry("kind").or_insert_with(|| k.into());
+                    o.entry("apiVersion").or_insert_with(|| "v1".into());
+                }
                 add_object(item, doc, out);
             }
         }
@@ -871,6 +883,17 @@ spec:
             ]
         );
         assert!(!format!("{p:?}").contains("hunter2"));
+
+        // Typed lists, whose items carry no kind.
+        let p = parse_manifest(
+            r#"{"apiVersion":"v1","kind":"PersistentVolumeList","items":[{"metadata":{"name":"a"},"spec":{}}]}
+{"apiVersion":"v1","kind":"SecretList","items":[{"metadata":{"name":"s"},"data":{}}]}
+{"apiVersion":"v1","kind":"PodList","items":[{"metadata":{"name":"p"},"spec":{"containers":[]}}]}"#,
+            true,
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.objects.len(), 2);
+        assert_eq!(p.pods.len(), 1);
 
         // A JSON Secret is not mistaken for a pod by the fast path.
         let p = parse_manifest(
