@@ -67,6 +67,7 @@ pub fn reconstruct(
                 .map_err(|e| VolumeError::Internal(e.to_string()))?,
         );
     }
+    let all_plugins = plugins.all();
     let plugin_dirs: Vec<_> = plugins
         .all()
         .into_iter()
@@ -93,31 +94,21 @@ pub fn reconstruct(
                 let Some(vol) = vol.to_str() else { continue };
                 match plugin.reconstruct(&uid, vol, &table) {
                     Ok(Some(rec)) => {
-                        let state = if rec.complete {
-                            report.mounted += 1;
-                            VolumeMountState::Mounted
-                        } else {
-                            report.uncertain += 1;
-                            VolumeMountState::Uncertain
-                        };
-                        let spec = Arc::new(rec.spec);
-                        let volume_name = plugin.unique_volume_name(&uid, &spec);
-                        let mut asw = world.asw_mut();
-                        asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
-                        asw.mark_volume_as_mounted(
-                            &volume_name,
-                            &uid,
-                            MountedPod {
-                                outer_volume_spec_name: spec.name.clone(),
-                                spec,
-                                path: rec.path,
-                                state,
-                            },
-                        );
+                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
                     }
                     Ok(None) => {}
                     Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
                 }
+            }
+        }
+        for (plugin_name, plugin) in &all_plugins {
+            match plugin.reconstruct_block_volumes(&uid, &table) {
+                Ok(found) => {
+                    for rec in found {
+                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
+                    }
+                }
+                Err(e) => report.errors.push(format!("pod {uid} block volumes: {e}")),
             }
         }
         world.mark_pod_dirty(uid);
@@ -125,6 +116,39 @@ pub fn reconstruct(
     reconstruct_devices(plugins, &table, world, &mut report);
     world.set_reconstructed();
     Ok(report)
+}
+
+/// Records a pod's volume found on disk: mounted if its set-up completed,
+/// uncertain otherwise.
+fn record(
+    world: &World,
+    plugin_name: &Arc<str>,
+    plugin: &dyn crate::plugins::VolumePlugin,
+    uid: &PodUid,
+    rec: crate::plugins::ReconstructedVolume,
+    report: &mut ReconstructionReport,
+) {
+    let state = if rec.complete {
+        report.mounted += 1;
+        VolumeMountState::Mounted
+    } else {
+        report.uncertain += 1;
+        VolumeMountState::Uncertain
+    };
+    let spec = Arc::new(rec.spec);
+    let volume_name = plugin.unique_volume_name(uid, &spec);
+    let mut asw = world.asw_mut();
+    asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
+    asw.mark_volume_as_mounted(
+        &volume_name,
+        uid,
+        MountedPod {
+            outer_volume_spec_name: spec.name.clone(),
+            spec,
+            path: rec.path,
+            state,
+        },
+    );
 }
 
 /// Records the device mounts the plugins find, and marks volumes that have

@@ -851,6 +851,8 @@ impl VolumeManager {
             (true, Some(VolumeMountState::Mounted)) => "mounted",
             (true, Some(VolumeMountState::Uncertain)) if failed && !uncertain_err => "error",
             (true, Some(VolumeMountState::Uncertain)) => "uncertain",
+            // The device operation (CSI staging) may or may not have happened.
+            (true, None) if failed && uncertain_err => "uncertain",
             (true, None) if failed => "error",
             (true, None) => "pending",
             (false, Some(_)) => "unmounting",

@@ -270,7 +270,18 @@ fn two_pods_share_one_staged_volume() {
     isolated("two_pods_share_one_staged_volume", || {
         let env = Env::new();
         let driver = Driver::start(&env);
-        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        // Secrets go to the driver, never into a log.
+        env.write_manifest(
+            "pv.yaml",
+            &pv_yaml("pv-1", "vol-1", "64Mi", false, "").replace(
+                "fsType: ext4,",
+                "fsType: ext4, nodeStageSecretRef: {name: creds, namespace: test}, nodePublishSecretRef: {name: creds, namespace: test},",
+            ),
+        );
+        env.write_manifest(
+            "secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: creds, namespace: test}\nstringData: {password: s3cr3t-Value-42}\n",
+        );
         env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
         env.write_manifest("b.yaml", &pod_yaml("b", "uid-b", &["pv-1"]));
         let addr = free_port();
@@ -278,6 +289,8 @@ fn two_pods_share_one_staged_volume() {
         assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
         assert_eq!(env.wait_pod("uid-b", 60.0), 0, "{}", agent.log());
 
+        let st = format!("{:?}", env.status());
+        assert!(st.contains("pv-1") && !st.contains("s3cr3t"), "{st}");
         // One stage, two publishes.
         driver.expect("NodeStageVolume", "vol-1", "OK", 1);
         driver.expect("NodePublishVolume", "vol-1", "OK", 2);
@@ -348,6 +361,8 @@ fn two_pods_share_one_staged_volume() {
         wait_for("staging directory removed", || {
             !stage.parent().unwrap().exists()
         });
+        let log = agent.log();
+        assert!(log.contains("vol-1") && !log.contains("s3cr3t-Value-42"));
         assert!(agent.term());
     });
 }
@@ -384,10 +399,26 @@ fn block_volume_is_published_as_a_device() {
         assert_eq!(v.state, "mounted");
         assert_eq!(v.path.as_deref(), Some(link.to_str().unwrap()));
 
+        // Restarts: adopted as it is (no second stage or publish), and
+        // after the pod went away meanwhile, unpublished before unstaged.
+        agent.kill9();
+        let agent = start_agent(&env, &driver, &[]);
+        env.wait_synced();
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        agent.kill9();
+        assert_eq!(driver.count("NodeStageVolume", "vol-b", "OK"), 1);
+        assert_eq!(driver.count("NodePublishVolume", "vol-b", "OK"), 1);
         env.remove_manifest("p.yaml");
-        wait_for("unstaged", || {
-            driver.count("NodeUnstageVolume", "vol-b", "OK") == 1
-        });
+        let agent = start_agent(&env, &driver, &[]);
+        driver.expect("NodeUnstageVolume", "vol-b", "OK", 1);
+        let calls = driver.calls();
+        let pos = |m: &str| {
+            calls
+                .iter()
+                .position(|c| c["method"] == m && c["code"] == "OK")
+                .unwrap()
+        };
+        assert!(pos("NodeUnpublishVolume") < pos("NodeUnstageVolume"));
         assert!(!link.exists() && !published.exists());
         assert_nothing_leaked(&env, &driver);
         drop(agent);
@@ -475,7 +506,7 @@ fn injected_faults_converge_without_leaks() {
                 &pod_yaml(v, &format!("uid-{v}"), &[v]),
             );
         }
-        let agent = start_agent(&env, &driver, &[]);
+        let agent = start_agent(&env, &driver, &["--csi-timeout", "3s"]);
         // The crash case: restart the driver after it went down.
         wait_for("driver crashed on f8", || {
             driver.count("NodeStageVolume", "f8", "EXIT") == 1
@@ -503,6 +534,26 @@ fn injected_faults_converge_without_leaks() {
         // The uncertain stage was called again, not assumed done.
         driver.expect("NodeStageVolume", "f8", "OK", 1);
 
+        // A driver that does not answer: the per-call deadline ends the call
+        // (every call for h1 hangs until faults.json changes next).
+        driver.faults(serde_json::json!([
+            {"method": "NodeStageVolume", "volume_id": "h1", "hang": true}
+        ]));
+        env.write_manifest("pv-h1.yaml", &pv_yaml("h1", "h1", "64Mi", false, ""));
+        env.write_manifest("p-h1.yaml", &pod_yaml("h1", "uid-h1", &["h1"]));
+        wait_for("h1's stage ended by the deadline", || {
+            agent
+                .log()
+                .contains("DeadlineExceeded: no answer within 3s")
+        });
+        // (Retries meanwhile find the driver still busy with h1: ABORTED,
+        // uncertain too.)
+        wait_for("h1 uncertain in status", || {
+            volume_status(&env, "uid-h1").is_some_and(|(s, _, e)| {
+                s == "uncertain" && e.is_some_and(|e| e.contains("outcome uncertain"))
+            })
+        });
+
         // UNIMPLEMENTED is final: shown in status, not retried.
         driver.faults(serde_json::json!([
             {"method": "NodePublishVolume", "volume_id": "u1", "code": "UNIMPLEMENTED"},
@@ -527,6 +578,10 @@ fn injected_faults_converge_without_leaks() {
             {"method": "NodeUnpublishVolume", "volume_id": "f3", "count": 1, "exit": "after_work"}
         ]));
 
+        // The hang is over: h1 converges.
+        assert_eq!(env.wait_pod("uid-h1", 60.0), 0, "{}", agent.log());
+        env.remove_manifest("p-h1.yaml");
+
         // Tear-down faults: retried until they succeed, then unstaged.
         for v in &all {
             env.remove_manifest(&format!("p-{v}.yaml"));
@@ -545,6 +600,7 @@ fn injected_faults_converge_without_leaks() {
         driver.expect("NodeUnstageVolume", "f2", "DEADLINE_EXCEEDED", 2);
         // f3's unpublish took effect but its answer was lost: called again.
         driver.expect("NodeUnpublishVolume", "f3", "OK", 1);
+        driver.expect("NodeUnstageVolume", "h1", "OK", 1);
 
         // UNIMPLEMENTED was final: still one call, same attempts, in status.
         assert_eq!(driver.count("NodePublishVolume", "u1", "UNIMPLEMENTED"), 1);

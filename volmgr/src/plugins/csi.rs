@@ -419,6 +419,14 @@ impl VolumePlugin for CsiPlugin {
         Some(escape_plugin_name(PLUGIN_NAME))
     }
 
+    fn reconstruct_block_volumes(
+        &self,
+        pod: &PodUid,
+        table: &MountTable,
+    ) -> Result<Vec<ReconstructedVolume>, VolumeError> {
+        self.block_volumes_of(pod, table)
+    }
+
     /// A publish directory found at start-up: the spec from its
     /// `vol_data.json`; complete only with the published record and the
     /// mount in the table.
@@ -474,6 +482,86 @@ impl VolumePlugin for CsiPlugin {
             path: self.abs(&mount),
             complete,
         }))
+    }
+}
+
+impl CsiPlugin {
+    /// The block volumes of `pod`: each symlink in
+    /// `pods/<uid>/volumeDevices/kubernetes.io~csi/` that points at this
+    /// pod's publish target of a PV, with the PV's `vol_data.json`; complete
+    /// when the target is mounted.
+    fn block_volumes_of(
+        &self,
+        pod: &PodUid,
+        table: &MountTable,
+    ) -> Result<Vec<ReconstructedVolume>, VolumeError> {
+        let escaped = escape_plugin_name(PLUGIN_NAME);
+        let dir = RelPath::new(["pods", pod.as_str(), "volumeDevices", &escaped])?;
+        let names = match self.root.read_dir(&dir) {
+            Ok(n) => n,
+            Err(e) if e.is_not_found() => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let fd = self.root.open_dir(&dir)?;
+        let publish_base = self.abs(
+            &RelPath::new(CSI_DIR)?
+                .join(VOLUME_DEVICES)?
+                .join("publish")?,
+        );
+        let mut out = Vec::new();
+        for name in names {
+            let target = PathBuf::from(
+                nix::fcntl::readlinkat(&fd, name.as_os_str())
+                    .map_err(|e| crate::sys::SyscallError::new("readlinkat", self.abs(&dir), e))?,
+            );
+            // Only a link to this pod's own publish target counts.
+            let parts: Vec<_> = match target.strip_prefix(&publish_base) {
+                Ok(rest) => rest.iter().collect(),
+                Err(_) => continue,
+            };
+            let [pv, uid] = parts.as_slice() else {
+                continue;
+            };
+            if *uid != pod.as_str() {
+                continue;
+            }
+            let data_dir = RelPath::new(CSI_DIR)?
+                .join(VOLUME_DEVICES)?
+                .join(pv)?
+                .join("data")?;
+            let data = read_vol_data(&self.root, &data_dir.join(VOL_DATA_FILE)?)?;
+            let (Some(driver), Some(handle)) =
+                (data.get(key::DRIVER_NAME), data.get(key::VOLUME_HANDLE))
+            else {
+                continue;
+            };
+            let Some(outer) = name.to_str() else { continue };
+            let complete = table.is_mount_point(&target);
+            out.push(ReconstructedVolume {
+                spec: VolumeSpec {
+                    name: outer.to_string(),
+                    source: VolumeSource::Csi(CsiVolumeSource {
+                        driver: driver.clone(),
+                        volume_handle: handle.clone(),
+                        ephemeral: false,
+                        pv_name: Some(pv.to_string_lossy().into_owned()),
+                        read_only: false,
+                        fs_type: None,
+                        volume_mode: CsiVolumeMode::Block,
+                        access_mode: CsiAccessMode::SingleNodeWriter,
+                        volume_attributes: BTreeMap::new(),
+                        mount_options: Vec::new(),
+                        capacity_bytes: None,
+                        node_stage_secrets: None,
+                        node_publish_secrets: None,
+                        node_expand_secrets: None,
+                    }),
+                },
+                path: self.abs(&dir.join(outer)?),
+                complete,
+            });
+        }
+        Ok(out)
     }
 }
 

@@ -247,6 +247,16 @@ pub trait VolumePlugin: Send + Sync + 'static {
         None
     }
 
+    /// At start-up: rebuilds the raw block volumes this plugin set up for a
+    /// pod (`pods/<uid>/volumeDevices/`).
+    fn reconstruct_block_volumes(
+        &self,
+        _pod: &PodUid,
+        _table: &MountTable,
+    ) -> Result<Vec<ReconstructedVolume>, VolumeError> {
+        Ok(Vec::new())
+    }
+
     /// At start-up: rebuilds a volume found in this plugin's directory of a pod.
     fn reconstruct(
         &self,
