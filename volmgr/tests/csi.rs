@@ -748,3 +748,126 @@ fn driver_killed_mid_publish_then_restarted() {
         drop(agent);
     });
 }
+
+#[test]
+fn client_speaks_every_rpc_and_redials_a_moved_driver() {
+    isolated("client_speaks_every_rpc_and_redials_a_moved_driver", || {
+        use volmgr::csi::client::CsiClients;
+        use volmgr::csi::proto::csi;
+        use volmgr::csi::registry::DriverRegistry;
+
+        let env = Env::new();
+        let mut driver = Driver::start(&env);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let registry = DriverRegistry::new();
+        let clients = CsiClients::new(registry.clone(), Duration::from_secs(30));
+        rt.block_on(async {
+            // Not registered: the caller is told to wait for it.
+            let e = clients.probe(DRIVER).await.unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("waiting for CSI driver {DRIVER} to register")
+            );
+            registry.register(DRIVER, driver.socket.clone(), vec![]);
+            let info = clients.get_plugin_info(DRIVER).await.unwrap();
+            assert_eq!(info.name, DRIVER);
+            assert!(!clients
+                .get_plugin_capabilities(DRIVER)
+                .await
+                .unwrap()
+                .capabilities
+                .is_empty());
+            assert!(clients.probe(DRIVER).await.unwrap());
+            assert_eq!(
+                clients.node_get_info(DRIVER).await.unwrap().node_id,
+                "node-1"
+            );
+            let caps = clients.node_capabilities(DRIVER).await.unwrap();
+            assert!(caps.stage_unstage && caps.expand && caps.volume_stats);
+
+            // Stage, read its stats, unstage: straight through the client.
+            let staging = env.root.join("staging");
+            std::fs::create_dir_all(&staging).unwrap();
+            let cap = csi::VolumeCapability {
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(csi::volume_capability::AccessType::Mount(
+                    csi::volume_capability::MountVolume {
+                        fs_type: "ext4".into(),
+                        mount_flags: vec![],
+                        volume_mount_group: String::new(),
+                    },
+                )),
+            };
+            let path = staging.to_str().unwrap().to_string();
+            clients
+                .node_stage_volume(
+                    DRIVER,
+                    csi::NodeStageVolumeRequest {
+                        volume_id: "c1".into(),
+                        staging_target_path: path.clone(),
+                        volume_capability: Some(cap),
+                        volume_context: [("size".to_string(), "32Mi".to_string())].into(),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let stats = clients
+                .node_get_volume_stats(
+                    DRIVER,
+                    csi::NodeGetVolumeStatsRequest {
+                        volume_id: "c1".into(),
+                        volume_path: path.clone(),
+                        staging_target_path: String::new(),
+                    },
+                )
+                .await
+                .unwrap();
+            let bytes = stats
+                .usage
+                .iter()
+                .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+                .unwrap();
+            assert!(
+                bytes.total > 16 << 20 && bytes.total <= 32 << 20,
+                "{bytes:?}"
+            );
+            clients
+                .node_unstage_volume(
+                    DRIVER,
+                    csi::NodeUnstageVolumeRequest {
+                        volume_id: "c1".into(),
+                        staging_target_path: path,
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        assert!(driver.loop_devices().is_empty());
+
+        // The driver moves to another socket: the next call dials it there.
+        driver.kill();
+        driver.socket = env.dir.path().join("moved.sock");
+        driver.restart();
+        registry.register(DRIVER, driver.socket.clone(), vec![]);
+        rt.block_on(async {
+            assert!(clients.probe(DRIVER).await.unwrap());
+        });
+        let text = clients.metrics().render();
+        assert!(
+            text.contains("method_name=\"/csi.v1.Identity/Probe\",migrated=\"false\"} 2"),
+            "{text}"
+        );
+        assert_eq!(
+            clients
+                .metrics()
+                .count(DRIVER, "/csi.v1.Node/NodeStageVolume", "OK"),
+            1
+        );
+    });
+}

@@ -365,7 +365,16 @@ impl VolumePlugin for CsiPlugin {
             volume_context: context(src),
         };
         if let Err(e) = self.clients.node_publish_volume(&src.driver, call).await {
-            classify(CsiOp::Publish, e)?;
+            match classify(CsiOp::Publish, e) {
+                // Inline volumes are never staged: nothing to stage again.
+                Err(VolumeError::NeedsDeviceMount(message)) if src.ephemeral => {
+                    return Err(VolumeError::Plugin {
+                        plugin: PLUGIN_NAME.into(),
+                        message,
+                    })
+                }
+                r => r?,
+            }
         }
         match &layout.pod_link {
             None => {
