@@ -465,4 +465,51 @@ mod tests {
         )
         .unwrap();
     }
+
+    #[tokio::test]
+    async fn final_errors_wait_for_a_spec_change_and_waiting_ones_for_a_wake_up() {
+        let world = Arc::new(World::default());
+        let ex = OperationExecutor::new(
+            Backoff {
+                initial: Duration::from_secs(600),
+                ..Backoff::default()
+            },
+            Arc::default(),
+            world.clone(),
+        );
+        let (v, w) = (UniqueVolumeName::new("v"), UniqueVolumeName::new("w"));
+        let mut rx = world.subscribe();
+        let run = |vol: &UniqueVolumeName, e: VolumeError| {
+            ex.start(
+                vol,
+                None,
+                OperationKind::MountDevice,
+                "x".into(),
+                async move { Err(e) },
+            )
+        };
+        run(&v, VolumeError::Final("UNIMPLEMENTED".into())).unwrap();
+        run(&w, VolumeError::Waiting("waiting for CSI driver d".into())).unwrap();
+        while ex.is_running(&v) || ex.is_running(&w) {
+            rx.changed().await.unwrap();
+        }
+        assert_eq!(
+            run(&v, VolumeError::Final("again".into())),
+            Err(NotStarted::Final)
+        );
+        assert!(matches!(
+            run(&w, VolumeError::Waiting("again".into())),
+            Err(NotStarted::BackingOff(_))
+        ));
+        // The driver registers: only the waiting operation may run again.
+        assert_eq!(ex.retry_waiting(), vec![w.clone()]);
+        run(&w, VolumeError::Waiting("again".into())).unwrap();
+        assert_eq!(
+            run(&v, VolumeError::Final("again".into())),
+            Err(NotStarted::Final)
+        );
+        // The spec changes: the final one may run again.
+        ex.reset_final([&v]);
+        run(&v, VolumeError::Final("again".into())).unwrap();
+    }
 }
