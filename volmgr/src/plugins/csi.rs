@@ -21,7 +21,8 @@
 //!
 //! Besides the kubelet's files, volmgr records a *completed* call next to
 //! its `vol_data.json`: `volmgr-staged.json` (with the staged size) once
-//! NodeStageVolume succeeded and `volmgr-published` once NodePublishVolume
+//! NodeStageVolume succeeded and `volmgr-published` (block:
+//! `volmgr-published-<podUID>` in the PV's `data/`) once NodePublishVolume
 //! did. Each is removed before the call that undoes it. At start-up a
 //! volume is trusted only with its record (and, for a publish, its mount in
 //! mountinfo): an existing mount is not proof that the call succeeded, and
@@ -186,6 +187,8 @@ struct PublishLayout {
     target: RelPath,
     /// Block: the pod's view, a symlink to the target.
     pod_link: Option<RelPath>,
+    /// volmgr's record of the completed publish.
+    marker: RelPath,
 }
 
 fn publish_layout(
@@ -200,17 +203,21 @@ fn publish_layout(
             let data_dir = RelPath::new(["pods", pod.as_str(), "volumes", &escaped, id])?;
             let target = data_dir.join("mount")?;
             Ok(PublishLayout {
+                marker: data_dir.join(PUBLISHED_FILE)?,
                 data_dir,
                 target,
                 pod_link: None,
             })
         }
         CsiVolumeMode::Block => {
-            let publish_dir = RelPath::new(CSI_DIR)?
-                .join(VOLUME_DEVICES)?
-                .join("publish")?
-                .join(id)?;
+            let devices = RelPath::new(CSI_DIR)?.join(VOLUME_DEVICES)?;
+            let publish_dir = devices.join("publish")?.join(id)?;
             Ok(PublishLayout {
+                // Beside the PV's vol_data.json, one per pod.
+                marker: devices
+                    .join(id)?
+                    .join("data")?
+                    .join(format!("{PUBLISHED_FILE}-{pod}"))?,
                 target: publish_dir.join(pod.as_str())?,
                 data_dir: publish_dir,
                 pod_link: Some(RelPath::new([
@@ -351,9 +358,14 @@ impl VolumePlugin for CsiPlugin {
             data.insert(key::OUTER_NAME, req.spec.name.clone());
             data.insert(key::READ_ONLY, src.read_only.to_string());
             self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
-            self.remove_file(&layout.data_dir.join(PUBLISHED_FILE)?)?;
         }
+        self.remove_file(&layout.marker)?;
         let target = self.abs(&layout.target);
+        if let Some(link) = &layout.pod_link {
+            // The pod's view first: at start-up it is how an attempted
+            // publish is found (and, without the record, uncertain).
+            link_block_device(&self.root, link, &target)?;
+        }
         let call = csi::NodePublishVolumeRequest {
             volume_id: src.volume_handle.clone(),
             publish_context: HashMap::new(),
@@ -376,31 +388,20 @@ impl VolumePlugin for CsiPlugin {
                 r => r?,
             }
         }
-        match &layout.pod_link {
-            None => {
-                self.root
-                    .write_file(&layout.data_dir.join(PUBLISHED_FILE)?, b"")
-                    .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
-                Ok(target)
-            }
-            Some(link) => {
-                link_block_device(&self.root, link, &target)
-                    .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
-                Ok(self.abs(link))
-            }
-        }
+        self.root
+            .write_file(&layout.marker, b"")
+            .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
+        Ok(match &layout.pod_link {
+            None => target,
+            Some(link) => self.abs(link),
+        })
     }
 
     /// NodeUnpublishVolume (the kubelet's `csiMountMgr.TearDownAt`).
     async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
         let src = source(&req.spec)?;
         let layout = publish_layout(&req.pod_uid, &req.spec, src)?;
-        if layout.pod_link.is_none() {
-            self.remove_file(&layout.data_dir.join(PUBLISHED_FILE)?)?;
-        }
-        if let Some(link) = &layout.pod_link {
-            self.remove_file(link)?;
-        }
+        self.remove_file(&layout.marker)?;
         let call = csi::NodeUnpublishVolumeRequest {
             volume_id: src.volume_handle.clone(),
             target_path: path_string(self.abs(&layout.target))?,
@@ -411,7 +412,10 @@ impl VolumePlugin for CsiPlugin {
         // Never crosses a mount the driver left behind: that fails instead.
         match &layout.pod_link {
             None => self.root.remove_all(&layout.data_dir)?,
-            Some(_) => self.root.remove_all(&layout.target)?,
+            Some(link) => {
+                self.root.remove_all(&layout.target)?;
+                self.remove_file(link)?;
+            }
         }
         Ok(())
     }
@@ -545,7 +549,8 @@ impl CsiPlugin {
                 continue;
             };
             let Some(outer) = name.to_str() else { continue };
-            let complete = table.is_mount_point(&target);
+            let marker = data_dir.join(format!("{PUBLISHED_FILE}-{pod}"))?;
+            let complete = self.root.exists(&marker)? && table.is_mount_point(&target);
             out.push(ReconstructedVolume {
                 spec: VolumeSpec {
                     name: outer.to_string(),
