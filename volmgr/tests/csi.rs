@@ -709,11 +709,23 @@ fn cleanup_waits_for_an_unregistered_driver() {
         });
         assert_eq!(env.mount_count(&publish_path(&env, "uid-a", "pv-1")), 1);
         assert_eq!(driver.count("NodeUnpublishVolume", "vol-1", "OK"), 0);
+        // A new pod of that driver is pending (not failed) meanwhile.
+        env.write_manifest("pv2.yaml", &pv_yaml("pv-2", "vol-2", "64Mi", false, ""));
+        env.write_manifest("b.yaml", &pod_yaml("b", "uid-b", &["pv-2"]));
+        wait_for("b waiting for the driver", || {
+            volume_status(&env, "uid-b").is_some_and(|(s, _, e)| {
+                s == "pending" && e.is_some_and(|e| e.contains("waiting for CSI driver"))
+            })
+        });
         // The driver comes back and registers through the kubelet plugin
-        // registration socket: the clean-up completes without a restart.
+        // registration socket: the clean-up completes and b is mounted,
+        // without a restart.
         driver.registration = Some(env.root.join("plugins_registry"));
         driver.restart();
         driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        assert_eq!(env.wait_pod("uid-b", 60.0), 0, "{}", agent.log());
+        env.remove_manifest("b.yaml");
+        driver.expect("NodeUnstageVolume", "vol-2", "OK", 1);
         assert_nothing_leaked(&env, &driver);
         assert!(agent.term());
     });
