@@ -31,6 +31,14 @@ command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl ca-certificates)
 # Go for the cgo package in ffi/go (Debian's golang-go).
 command -v go >/dev/null 2>&1 || need_pkgs+=(golang-go)
+# File system tools for the test CSI driver (tests/csi-driver): mkfs.ext4, resize2fs;
+# blkid (util-linux) to see whether a loop device is formatted.
+have_sbin() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+{ have_sbin mkfs.ext4 && have_sbin resize2fs; } || need_pkgs+=(e2fsprogs)
+# xfsprogs: online growth of xfs needs only CAP_SYS_ADMIN, where ext4's needs
+# CAP_SYS_RESOURCE, which some containers drop.
+{ have_sbin mkfs.xfs && have_sbin xfs_growfs; } || need_pkgs+=(xfsprogs)
+have_sbin blkid || need_pkgs+=(util-linux)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   apt_install "${need_pkgs[@]}"
 fi

@@ -14,10 +14,16 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api;
+use crate::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
+use crate::csi::registry::DriverRegistry;
 use crate::operation_executor::Backoff;
 use crate::populator::manifests::{ManifestsSource, SourceError};
+use crate::root_dir::RelPath;
 use crate::sys::linux::LinuxMounter;
 use crate::volume_manager::{self, Config, VolumeManager};
+
+/// The kubelet's plugin registration directory under ROOT.
+pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
 
 /// Agent settings (from the command line).
 #[derive(Debug, Clone)]
@@ -36,6 +42,11 @@ pub struct AgentOptions {
     pub backoff: Backoff,
     /// Node name.
     pub node_name: String,
+    /// Deadline of each CSI call.
+    pub csi_timeout: Duration,
+    /// CSI drivers given on the command line (`--csi-driver NAME=SOCKET`),
+    /// registered without the plugin-registration handshake.
+    pub csi_drivers: Vec<(String, PathBuf)>,
 }
 
 /// Why the agent could not run.
@@ -73,6 +84,12 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.backoff = opts.backoff;
     config.node_name = opts.node_name.clone();
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    let csi_registry = crate::csi::registry::DriverRegistry::new();
+    crate::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
+    vm.set_csi_driver_registry(Arc::clone(&csi_registry));
+    for (name, socket) in &opts.csi_drivers {
+        csi_registry.register_fixed(name, socket.clone());
+    }
     let root = vm.root().path().to_path_buf();
     let _lock = lock_root(&root)?;
     if !opts.manifests.is_dir() {
@@ -97,6 +114,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             tracing::info!(%addr, "serving Prometheus metrics on /metrics");
         }
     }
+    let watcher_task = start_plugin_watcher(&vm, &csi_registry, stop_rx.clone())?;
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
     let api_task = tokio::spawn(api::serve(listener, Arc::clone(&vm), stop_rx.clone()));
@@ -120,11 +138,55 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
     let _ = api_task.await;
+    let _ = watcher_task.await;
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
     let _ = std::fs::remove_file(api::socket_path(&root));
     result
+}
+
+/// Creates `ROOT/plugins_registry` and follows it for CSI drivers that
+/// register through the kubelet's plugin registration API. Registration
+/// problems show in status (`errors`, by socket).
+fn start_plugin_watcher(
+    vm: &Arc<VolumeManager>,
+    registry: &Arc<DriverRegistry>,
+    stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, AgentError> {
+    let rel = RelPath::new([PLUGINS_REGISTRY_DIR]).map_err(|e| AgentError::Io {
+        what: PLUGINS_REGISTRY_DIR.into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let dir = vm
+        .root()
+        .mkdir_all(&rel, 0o750)
+        .map_err(|e| AgentError::Io {
+            what: format!("creating {}", vm.root().abs(&rel).display()),
+            source: std::io::Error::other(e.to_string()),
+        })?
+        .path()
+        .to_path_buf();
+    let weak = Arc::downgrade(vm);
+    let sink: ProblemSink = Arc::new(move |socket, problem| {
+        if let Some(vm) = weak.upgrade() {
+            vm.set_source_problems(
+                &socket.display().to_string(),
+                problem.into_iter().collect(),
+                vec![],
+            );
+        }
+    });
+    let watcher = PluginWatcher::new(dir.clone(), Arc::clone(registry), WatcherConfig::default())
+        .with_problem_sink(sink);
+    let vm = Arc::clone(vm);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = watcher.run(stop).await {
+            // Drivers given with --csi-driver still work.
+            tracing::error!(error = %e, "plugin watcher stopped");
+            vm.set_source_problems(&dir.display().to_string(), vec![e.to_string()], vec![]);
+        }
+    }))
 }
 
 /// Holds an exclusive `flock` on `ROOT/volmgr.lock` for the agent's life.

@@ -49,6 +49,13 @@ enum Command {
         /// This node's name.
         #[arg(long, default_value = "")]
         node_name: String,
+        /// Deadline of each CSI call (the kubelet uses 2 minutes).
+        #[arg(long, default_value = "120s", value_parser = parse_duration)]
+        csi_timeout: Duration,
+        /// A CSI driver and its socket, NAME=SOCKET (repeatable); drivers can
+        /// also register through ROOT/plugins_registry.
+        #[arg(long = "csi-driver", value_name = "NAME=SOCKET", value_parser = parse_csi_driver)]
+        csi_drivers: Vec<(String, PathBuf)>,
     },
     /// Show the agent's status.
     Status {
@@ -99,6 +106,21 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     };
     let v: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
     Duration::try_from_secs_f64(v * mul).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+/// Parses `NAME=SOCKET` (an absolute socket path).
+fn parse_csi_driver(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, socket) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=SOCKET"))?;
+    if name.is_empty() {
+        return Err(format!("{s:?}: the driver name is empty"));
+    }
+    let socket = PathBuf::from(socket);
+    if !socket.is_absolute() {
+        return Err(format!("{s:?}: the socket must be an absolute path"));
+    }
+    Ok((name.to_string(), socket))
 }
 
 fn main() -> ExitCode {
@@ -154,6 +176,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backoff_initial,
             backoff_max,
             node_name,
+            csi_timeout,
+            csi_drivers,
         } => {
             agent::run(AgentOptions {
                 root,
@@ -167,6 +191,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     max: backoff_max,
                 },
                 node_name,
+                csi_timeout,
+                csi_drivers,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -236,6 +262,14 @@ fn print_status(s: &Status) {
     );
     for e in &s.errors {
         println!("error: {}: {}", e.source, e.error);
+    }
+    for d in &s.csi_drivers {
+        println!(
+            "csi driver {} at {} (versions: {})",
+            d.name,
+            d.endpoint,
+            d.versions.join(", ")
+        );
     }
     for p in &s.pods {
         println!("pod {}/{} ({})", p.namespace, p.name, p.uid);

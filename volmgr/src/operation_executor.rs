@@ -58,6 +58,14 @@ pub enum OperationKind {
     UnmountVolume,
     /// Remove an orphaned pod's directory.
     CleanupPodDir,
+    /// Mount a volume's device at its global path (CSI: NodeStageVolume),
+    /// once per volume, before any pod's set-up.
+    MountDevice,
+    /// Unmount a volume's device (CSI: NodeUnstageVolume), after the last
+    /// pod's tear-down.
+    UnmountDevice,
+    /// Grow a mounted volume's file system on the node (CSI: NodeExpandVolume).
+    ExpandVolume,
 }
 
 impl OperationKind {
@@ -67,6 +75,9 @@ impl OperationKind {
             Self::MountVolume => "volume_mount",
             Self::UnmountVolume => "volume_unmount",
             Self::CleanupPodDir => "cleanup_pod_dir",
+            Self::MountDevice => "mount_device",
+            Self::UnmountDevice => "unmount_device",
+            Self::ExpandVolume => "volume_fs_resize",
         }
     }
 }
@@ -84,6 +95,10 @@ pub struct OperationRecord {
     pub last_error: Option<String>,
     /// Whether the last error left the outcome uncertain.
     pub uncertain: bool,
+    /// Whether the last error waits for something to appear (a CSI driver).
+    pub waiting: bool,
+    /// Whether the last error is final: no retry until the spec changes.
+    pub final_error: bool,
     /// Running now.
     pub running: bool,
     /// Not to be retried before this.
@@ -97,6 +112,8 @@ pub enum NotStarted {
     AlreadyRunning,
     /// Backing off after a failure until then.
     BackingOff(Instant),
+    /// The last attempt failed for good; waiting for the spec to change.
+    Final,
 }
 
 #[derive(Default)]
@@ -167,6 +184,9 @@ impl OperationExecutor {
                 None => vol.device.get_or_insert_with(|| new_record(kind)),
             };
             if rec.kind == kind {
+                if rec.final_error {
+                    return Err(NotStarted::Final);
+                }
                 if let Some(at) = rec.retry_at.filter(|at| *at > now) {
                     return Err(NotStarted::BackingOff(at));
                 }
@@ -211,15 +231,21 @@ impl OperationExecutor {
                     rec.failures = 0;
                     rec.last_error = None;
                     rec.uncertain = false;
+                    rec.waiting = false;
+                    rec.final_error = false;
                     rec.retry_at = None;
                 }
                 Err(e) => {
                     rec.failures = rec.failures.saturating_add(1);
                     rec.last_error = Some(e.to_string());
                     rec.uncertain = e.is_uncertain();
+                    rec.waiting = e.is_waiting();
+                    rec.final_error = e.is_final();
                     let delay = self.backoff.delay(rec.failures);
                     rec.retry_at = Some(Instant::now() + delay);
-                    retry = Some(delay);
+                    if !rec.final_error {
+                        retry = Some(delay);
+                    }
                 }
             }
         }
@@ -277,6 +303,43 @@ impl OperationExecutor {
         self.lock().get(volume).is_some_and(VolumeOps::any_running)
     }
 
+    /// Lets operations of `volumes` that failed for good run again (their
+    /// spec changed).
+    pub fn reset_final<'a>(&self, volumes: impl IntoIterator<Item = &'a UniqueVolumeName>) {
+        let mut ops = self.lock();
+        for v in volumes {
+            let Some(vol) = ops.get_mut(v) else { continue };
+            for rec in vol.device.iter_mut().chain(vol.pods.values_mut()) {
+                if rec.final_error {
+                    rec.final_error = false;
+                    rec.failures = 0;
+                    rec.retry_at = None;
+                }
+            }
+        }
+    }
+
+    /// Ends the backoff of every operation that waits for something to
+    /// appear (a CSI driver registered) and returns their volumes, to be
+    /// looked at again.
+    pub fn retry_waiting(&self) -> Vec<UniqueVolumeName> {
+        let mut ops = self.lock();
+        let mut out = Vec::new();
+        for (v, vol) in ops.iter_mut() {
+            let mut any = false;
+            for rec in vol.device.iter_mut().chain(vol.pods.values_mut()) {
+                if rec.waiting && !rec.running {
+                    rec.retry_at = None;
+                    any = true;
+                }
+            }
+            if any {
+                out.push(v.clone());
+            }
+        }
+        out
+    }
+
     /// Drops the records of a volume neither world has any more; records of
     /// running operations stay.
     pub fn forget_volume(&self, volume: &UniqueVolumeName) {
@@ -301,6 +364,8 @@ fn new_record(kind: OperationKind) -> OperationRecord {
         failures: 0,
         last_error: None,
         uncertain: false,
+        waiting: false,
+        final_error: false,
         running: false,
         retry_at: None,
     }
@@ -399,5 +464,52 @@ mod tests {
             async { Ok(()) },
         )
         .unwrap();
+    }
+
+    #[tokio::test]
+    async fn final_errors_wait_for_a_spec_change_and_waiting_ones_for_a_wake_up() {
+        let world = Arc::new(World::default());
+        let ex = OperationExecutor::new(
+            Backoff {
+                initial: Duration::from_secs(600),
+                ..Backoff::default()
+            },
+            Arc::default(),
+            world.clone(),
+        );
+        let (v, w) = (UniqueVolumeName::new("v"), UniqueVolumeName::new("w"));
+        let mut rx = world.subscribe();
+        let run = |vol: &UniqueVolumeName, e: VolumeError| {
+            ex.start(
+                vol,
+                None,
+                OperationKind::MountDevice,
+                "x".into(),
+                async move { Err(e) },
+            )
+        };
+        run(&v, VolumeError::Final("UNIMPLEMENTED".into())).unwrap();
+        run(&w, VolumeError::Waiting("waiting for CSI driver d".into())).unwrap();
+        while ex.is_running(&v) || ex.is_running(&w) {
+            rx.changed().await.unwrap();
+        }
+        assert_eq!(
+            run(&v, VolumeError::Final("again".into())),
+            Err(NotStarted::Final)
+        );
+        assert!(matches!(
+            run(&w, VolumeError::Waiting("again".into())),
+            Err(NotStarted::BackingOff(_))
+        ));
+        // The driver registers: only the waiting operation may run again.
+        assert_eq!(ex.retry_waiting(), vec![w.clone()]);
+        run(&w, VolumeError::Waiting("again".into())).unwrap();
+        assert_eq!(
+            run(&v, VolumeError::Final("again".into())),
+            Err(NotStarted::Final)
+        );
+        // The spec changes: the final one may run again.
+        ex.reset_final([&v]);
+        run(&v, VolumeError::Final("again".into())).unwrap();
     }
 }

@@ -6,8 +6,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
-use crate::plugins::{MountRequest, UnmountRequest, VolumeError, VolumePlugin};
+use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
+use crate::plugins::{
+    DeviceMountRequest, DeviceUnmountRequest, MountRequest, NodeExpandRequest, UnmountRequest,
+    VolumeError, VolumePlugin,
+};
+use crate::volume::VolumeSpec;
 use crate::volume::{PodUid, UniqueVolumeName};
 use crate::world::{VolumeEvent, VolumeEventKind, World};
 
@@ -25,9 +29,24 @@ pub async fn mount_volume(
         req.pod_uid.clone(),
         Arc::clone(&req.spec),
     );
+    if plugin
+        .device_mountable()
+        .is_some_and(|d| d.can_device_mount(&spec))
+        && world.asw().device_mount_state(&volume) != DeviceMountState::Mounted
+    {
+        // The device was unmounted (or became uncertain) since the reconciler
+        // looked: nothing to do now, the next pass mounts the device first.
+        return Ok(());
+    }
     let res = plugin.set_up(req).await;
     {
         let mut asw = world.asw_mut();
+        if let Err(VolumeError::NeedsDeviceMount(_)) = &res {
+            // Stage again before the next set-up.
+            if asw.device_mount_state(&volume) == DeviceMountState::Mounted {
+                asw.set_device_mount_state(&volume, DeviceMountState::Uncertain);
+            }
+        }
         let known_path = || asw.pod_mount(&volume, &pod).map(|m| m.path.clone());
         let outcome = match &res {
             Ok(path) => Some((path.clone(), VolumeMountState::Mounted)),
@@ -109,6 +128,161 @@ pub async fn unmount_volume(
     );
     if orphan {
         world.mark_pod_dirty(pod);
+    }
+    res
+}
+
+/// `MountDevice`: mount the volume's device at its global path (CSI
+/// staging), once for all pods. Success records the device mounted; an
+/// uncertain failure records it uncertain (so it is mounted again, or
+/// unmounted once nobody wants it); a certain failure after an uncertain one
+/// keeps it uncertain (unlike the kubelet, which forgets it: an unmount that
+/// finds nothing is harmless, a leaked staging is not).
+pub async fn mount_device(
+    world: Arc<World>,
+    plugin: Arc<dyn VolumePlugin>,
+    plugin_name: Arc<str>,
+    volume: UniqueVolumeName,
+    spec: Arc<VolumeSpec>,
+) -> Result<(), VolumeError> {
+    let dm = plugin
+        .device_mountable()
+        .ok_or_else(|| VolumeError::Internal(format!("{plugin_name} has no device phase")))?;
+    let path = dm.device_mount_path(&spec).ok();
+    let res = dm
+        .mount_device(DeviceMountRequest {
+            volume_name: volume.clone(),
+            spec: Arc::clone(&spec),
+        })
+        .await;
+    let size = plugin
+        .node_expandable()
+        .and_then(|e| e.requested_size(&spec));
+    {
+        let mut asw = world.asw_mut();
+        match &res {
+            Ok(p) => {
+                asw.mark_volume_as_attached(&volume, plugin_name);
+                asw.mark_device(
+                    &volume,
+                    DeviceMountState::Mounted,
+                    Arc::clone(&spec),
+                    Some(p.clone()),
+                );
+                asw.set_volume_size(&volume, size);
+            }
+            Err(e) if e.is_uncertain() => {
+                asw.mark_volume_as_attached(&volume, plugin_name);
+                asw.mark_device(
+                    &volume,
+                    DeviceMountState::Uncertain,
+                    Arc::clone(&spec),
+                    path,
+                );
+            }
+            Err(_) => {}
+        }
+    }
+    match &res {
+        Ok(p) => tracing::info!(%volume, path = %p.display(), "device mounted"),
+        Err(e) => {
+            tracing::warn!(%volume, error = %e, "mounting the device failed; will retry with backoff")
+        }
+    }
+    res.map(|_| ())
+}
+
+/// `UnmountDevice`: unmount the volume's device (CSI unstaging) once no pod
+/// has it mounted, then forget the volume. Runs only when the volume has no
+/// pod mount left (checked again here: the executor keeps pod operations of
+/// the volume out while this runs).
+pub async fn unmount_device(
+    world: Arc<World>,
+    plugin: Arc<dyn VolumePlugin>,
+    volume: UniqueVolumeName,
+) -> Result<(), VolumeError> {
+    let (spec, path) = {
+        let asw = world.asw();
+        let Some(v) = asw.volume(&volume) else {
+            return Ok(());
+        };
+        if !v.pods.is_empty() || v.device_mount_state == DeviceMountState::NotMounted {
+            // A pod mounted it meanwhile, or it is already gone.
+            return Ok(());
+        }
+        let Some(spec) = v.device_spec.clone() else {
+            return Err(VolumeError::Internal(format!(
+                "volume {volume}: device recorded without a spec"
+            )));
+        };
+        (spec, v.device_mount_path.clone())
+    };
+    let dm = plugin
+        .device_mountable()
+        .ok_or_else(|| VolumeError::Internal(format!("{} has no device phase", plugin.name())))?;
+    let res = dm
+        .unmount_device(DeviceUnmountRequest {
+            volume_name: volume.clone(),
+            spec,
+            device_mount_path: path,
+        })
+        .await;
+    match &res {
+        Ok(()) => {
+            let mut asw = world.asw_mut();
+            asw.mark_device_as_unmounted(&volume);
+            asw.mark_volume_as_detached(&volume);
+            tracing::info!(%volume, "device unmounted");
+        }
+        Err(e) => {
+            tracing::warn!(%volume, error = %e, "unmounting the device failed; will retry with backoff")
+        }
+    }
+    res
+}
+
+/// `ExpandVolume` (the kubelet's `NodeExpand` of an in-use volume): grow the
+/// file system to the desired size and record the new size.
+pub async fn expand_volume(
+    world: Arc<World>,
+    plugin: Arc<dyn VolumePlugin>,
+    volume: UniqueVolumeName,
+    spec: Arc<VolumeSpec>,
+    new_size: u64,
+) -> Result<(), VolumeError> {
+    let (volume_path, device_mount_path) = {
+        let asw = world.asw();
+        let Some(v) = asw.volume(&volume) else {
+            return Ok(());
+        };
+        let Some(path) = v
+            .pods
+            .values()
+            .find(|m| m.state == VolumeMountState::Mounted)
+            .map(|m| m.path.clone())
+        else {
+            return Ok(());
+        };
+        (path, v.device_mount_path.clone())
+    };
+    let ex = plugin
+        .node_expandable()
+        .ok_or_else(|| VolumeError::Internal(format!("{} cannot expand", plugin.name())))?;
+    let res = ex
+        .node_expand(NodeExpandRequest {
+            volume_name: volume.clone(),
+            spec: Arc::clone(&spec),
+            new_size,
+            volume_path,
+            device_mount_path,
+        })
+        .await;
+    match &res {
+        Ok(()) => {
+            world.asw_mut().set_volume_size(&volume, Some(new_size));
+            tracing::info!(%volume, new_size, "volume expanded on the node");
+        }
+        Err(e) => tracing::warn!(%volume, error = %e, "expanding the volume failed"),
     }
     res
 }

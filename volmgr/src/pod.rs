@@ -1,14 +1,51 @@
 //! Turning a Kubernetes `v1.Pod` into what the desired state needs: identity,
 //! security context and the volumes its containers use, each validated.
+//!
+//! CSI volumes are resolved here too, like the kubelet's desired state of
+//! world populator: an inline `csi` volume gets the kubelet's generated volume
+//! handle, and a `persistentVolumeClaim` is followed to its bound
+//! PersistentVolume's `spec.csi`. The PVC, PV and Secret objects come from an
+//! [`ObjectLookup`] (the manifests directory, or an API server cache); a
+//! missing or unbound object is an error of that one volume, which goes away
+//! when the source re-resolves the pod after the object appears.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference, Volume,
+};
 
 use crate::quantity;
-use crate::volume::{check_volume_name, HostPathType, PodUid, StorageMedium, VolumeSource};
+use crate::volume::{
+    check_volume_name, CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, HostPathType,
+    PodUid, StorageMedium, VolumeSource,
+};
+
+/// The Kubernetes objects a pod's volumes refer to: what the kubelet reads
+/// from the API server while populating the desired state. Implemented by
+/// the manifests source (objects found in the manifests directory) and by an
+/// API server cache.
+pub trait ObjectLookup {
+    /// PersistentVolumeClaim `namespace/name`.
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>>;
+    /// PersistentVolume `name`.
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>>;
+    /// The PersistentVolume whose `spec.claimRef` names claim
+    /// `namespace/name` (for a claim without `spec.volumeName`).
+    fn persistent_volume_for_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolume>>;
+    /// Secret `namespace/name`.
+    fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
+}
 
 /// A pod rejected as a whole (it never gets any volume).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,8 +94,21 @@ pub struct DesiredPod {
 }
 
 impl DesiredPod {
-    /// Converts and validates a pod.
+    /// Converts and validates a pod without access to other objects:
+    /// `persistentVolumeClaim` volumes are kept as [`VolumeSource::Other`]
+    /// (a host plugin may claim them) and an inline `csi` volume with a
+    /// `nodePublishSecretRef` is a volume error. Use
+    /// [`DesiredPod::from_pod_with`] to resolve them.
     pub fn from_pod(pod: &Pod) -> Result<Self, PodRejected> {
+        Self::from_pod_with(pod, None)
+    }
+
+    /// Converts and validates a pod, resolving PVCs, PVs and Secrets through
+    /// `objects` (when given).
+    pub fn from_pod_with(
+        pod: &Pod,
+        objects: Option<&dyn ObjectLookup>,
+    ) -> Result<Self, PodRejected> {
         let namespace = pod
             .metadata
             .namespace
@@ -88,14 +138,22 @@ impl DesiredPod {
             }
         }
         let used = used_volume_names(pod);
+        let ctx = ResolveContext {
+            uid: &uid,
+            namespace: &namespace,
+            name: &name,
+            objects,
+        };
         let volumes = spec
             .and_then(|s| s.volumes.as_ref())
             .into_iter()
             .flatten()
-            .filter(|v| used.contains(v.name.as_str()))
-            .map(|v| PodVolume {
-                name: v.name.clone(),
-                source: parse_source(v),
+            .filter_map(|v| {
+                let usage = used.usage(&v.name)?;
+                Some(PodVolume {
+                    name: v.name.clone(),
+                    source: parse_source(v, usage, &ctx),
+                })
             })
             .collect();
         let sc = spec.and_then(|s| s.security_context.as_ref());
@@ -125,12 +183,31 @@ impl DesiredPod {
     }
 }
 
+/// How the containers use a volume.
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    /// In some container's `volumeMounts`.
+    mounted: bool,
+    /// In some container's `volumeDevices`.
+    device: bool,
+}
+
+/// The volumes referenced by containers, and how.
+#[derive(Debug, Default)]
+struct UsedVolumes<'a>(std::collections::HashMap<&'a str, Usage>);
+
+impl UsedVolumes<'_> {
+    fn usage(&self, name: &str) -> Option<Usage> {
+        self.0.get(name).copied()
+    }
+}
+
 /// Like the kubelet, only volumes referenced by a container (`volumeMounts` or
 /// `volumeDevices` of containers, init containers and ephemeral containers) are
 /// mounted.
-fn used_volume_names(pod: &Pod) -> HashSet<&str> {
+fn used_volume_names(pod: &Pod) -> UsedVolumes<'_> {
     let Some(spec) = pod.spec.as_ref() else {
-        return HashSet::new();
+        return UsedVolumes::default();
     };
     let lists = spec
         .containers
@@ -148,17 +225,54 @@ fn used_volume_names(pod: &Pod) -> HashSet<&str> {
                 .flatten()
                 .map(|c| (c.volume_mounts.as_ref(), c.volume_devices.as_ref())),
         );
-    let mut used = HashSet::new();
+    let mut used = UsedVolumes::default();
     for (mounts, devices) in lists {
-        used.extend(mounts.into_iter().flatten().map(|m| m.name.as_str()));
-        used.extend(devices.into_iter().flatten().map(|d| d.name.as_str()));
+        for m in mounts.into_iter().flatten() {
+            used.0.entry(m.name.as_str()).or_default().mounted = true;
+        }
+        for d in devices.into_iter().flatten() {
+            used.0.entry(d.name.as_str()).or_default().device = true;
+        }
     }
     used
 }
 
+/// What resolving a pod's volumes needs to know about the pod.
+struct ResolveContext<'a> {
+    uid: &'a PodUid,
+    namespace: &'a str,
+    name: &'a str,
+    objects: Option<&'a dyn ObjectLookup>,
+}
+
 /// Parses one volume's source, or says why it cannot be used.
-fn parse_source(v: &Volume) -> Result<VolumeSource, String> {
+fn parse_source(
+    v: &Volume,
+    usage: Usage,
+    ctx: &ResolveContext<'_>,
+) -> Result<VolumeSource, String> {
     check_volume_name(&v.name).map_err(|e| e.to_string())?;
+    if let Some(csi) = &v.csi {
+        return inline_csi(v, csi, usage, ctx).map(VolumeSource::Csi);
+    }
+    if let Some(pvc) = &v.persistent_volume_claim {
+        if let Some(objects) = ctx.objects {
+            return persistent_volume_claim(pvc, usage, ctx.namespace, None, objects)
+                .map(VolumeSource::Csi);
+        }
+    }
+    // A generic ephemeral volume: the claim `<pod>-<volume>` that the
+    // ephemeral volume controller created for (and owned by) this pod.
+    if v.ephemeral.is_some() {
+        if let Some(objects) = ctx.objects {
+            let src = k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                claim_name: format!("{}-{}", ctx.name, v.name),
+                read_only: None,
+            };
+            return persistent_volume_claim(&src, usage, ctx.namespace, Some(ctx.uid), objects)
+                .map(VolumeSource::Csi);
+        }
+    }
     if let Some(ed) = &v.empty_dir {
         let medium = match ed.medium.as_deref().unwrap_or("") {
             "" => StorageMedium::Default,
@@ -203,6 +317,314 @@ fn parse_source(v: &Volume) -> Result<VolumeSource, String> {
         kind,
         spec: Arc::new(spec),
     })
+}
+
+/// The kubelet's handle for an inline CSI volume (`makeVolumeHandle`):
+/// `"csi-"` + hex SHA-256 of the pod UID followed by the volume name.
+pub fn inline_volume_handle(pod_uid: &PodUid, volume: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(pod_uid.as_str().as_bytes());
+    h.update(volume.as_bytes());
+    let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("csi-{hex}")
+}
+
+/// Whether converting `pod` reads other objects (a used `persistentVolumeClaim`
+/// or generic `ephemeral` volume, or an inline `csi` volume with a
+/// `nodePublishSecretRef`), so a
+/// source must re-resolve it when those objects change.
+pub fn needs_objects(pod: &Pod) -> bool {
+    let used = used_volume_names(pod);
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|v| used.usage(&v.name).is_some())
+        .any(|v| {
+            v.persistent_volume_claim.is_some()
+                || v.ephemeral.is_some()
+                || v.csi
+                    .as_ref()
+                    .is_some_and(|c| c.node_publish_secret_ref.is_some())
+        })
+}
+
+/// `pod.spec.volumes[].csi`: a CSI ephemeral inline volume.
+fn inline_csi(
+    v: &Volume,
+    csi: &k8s_openapi::api::core::v1::CSIVolumeSource,
+    usage: Usage,
+    ctx: &ResolveContext<'_>,
+) -> Result<CsiVolumeSource, String> {
+    if csi.driver.is_empty() {
+        return Err("csi.driver is required".into());
+    }
+    if usage.device {
+        return Err(format!(
+            "inline CSI volume {:?} is in volumeDevices; inline CSI volumes are filesystem volumes",
+            v.name
+        ));
+    }
+    let node_publish_secrets = match &csi.node_publish_secret_ref {
+        None => None,
+        Some(r) => {
+            let what = "csi.nodePublishSecretRef";
+            if r.name.is_empty() {
+                return Err(format!("{what}.name is required"));
+            }
+            let objects = ctx.objects.ok_or_else(|| {
+                format!(
+                    "{what}: Secret {}/{} cannot be read (this source has no Secret objects)",
+                    ctx.namespace, r.name
+                )
+            })?;
+            Some(fetch_secret(objects, ctx.namespace, &r.name, what)?)
+        }
+    };
+    Ok(CsiVolumeSource {
+        driver: csi.driver.clone(),
+        volume_handle: inline_volume_handle(ctx.uid, &v.name),
+        ephemeral: true,
+        pv_name: None,
+        read_only: csi.read_only.unwrap_or(false),
+        fs_type: csi.fs_type.clone().filter(|f| !f.is_empty()),
+        volume_mode: CsiVolumeMode::Filesystem,
+        // The kubelet publishes inline volumes as ReadWriteOnce.
+        access_mode: CsiAccessMode::SingleNodeWriter,
+        volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
+        mount_options: Vec::new(),
+        capacity_bytes: None,
+        node_stage_secrets: None,
+        node_publish_secrets,
+        node_expand_secrets: None,
+    })
+}
+
+/// `pod.spec.volumes[].persistentVolumeClaim` → the claim (in the pod's
+/// namespace) → its bound PersistentVolume → `spec.csi`. For a generic
+/// ephemeral volume `owner` is the pod, which must control the claim (the
+/// kubelet's `VolumeIsForPod`).
+fn persistent_volume_claim(
+    src: &k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource,
+    usage: Usage,
+    namespace: &str,
+    owner: Option<&PodUid>,
+    objects: &dyn ObjectLookup,
+) -> Result<CsiVolumeSource, String> {
+    let claim = src.claim_name.as_str();
+    if claim.is_empty() {
+        return Err("persistentVolumeClaim.claimName is required".into());
+    }
+    let pvc = objects
+        .persistent_volume_claim(namespace, claim)
+        .ok_or_else(|| format!("PersistentVolumeClaim {namespace}/{claim} not found"))?;
+    if let Some(pod) = owner {
+        let controlled = pvc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.kind == "Pod" && r.uid == pod.as_str());
+        if !controlled {
+            return Err(format!(
+                "PersistentVolumeClaim {namespace}/{claim} was not created for this pod (the pod is not its controlling owner)"
+            ));
+        }
+    }
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return Err(format!(
+            "PersistentVolumeClaim {namespace}/{claim} is being deleted"
+        ));
+    }
+    let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase == Some("Lost") {
+        return Err(format!(
+            "PersistentVolumeClaim {namespace}/{claim} has lost its PersistentVolume (phase Lost)"
+        ));
+    }
+    let volume_name = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty());
+    let pv = match volume_name {
+        Some(pv_name) => objects.persistent_volume(pv_name).ok_or_else(|| {
+            format!("PersistentVolume {pv_name} (bound to PersistentVolumeClaim {namespace}/{claim}) not found")
+        })?,
+        None => objects
+            .persistent_volume_for_claim(namespace, claim)
+            .ok_or_else(|| {
+                format!(
+                    "PersistentVolumeClaim {namespace}/{claim} is not bound (no spec.volumeName, and no PersistentVolume has a claimRef to it)"
+                )
+            })?,
+    };
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv
+        .spec
+        .as_ref()
+        .ok_or_else(|| format!("PersistentVolume {pv_name} has no spec"))?;
+    // The PV must be bound to this very claim (the kubelet's claimRef check).
+    if let Some(r) = &spec.claim_ref {
+        let (rns, rname) = (
+            r.namespace.as_deref().unwrap_or(""),
+            r.name.as_deref().unwrap_or(""),
+        );
+        let uid_mismatch = match (&r.uid, &pvc.metadata.uid) {
+            (Some(a), Some(b)) => !a.is_empty() && !b.is_empty() && a != b,
+            _ => false,
+        };
+        if rns != namespace || rname != claim || uid_mismatch {
+            return Err(format!(
+                "PersistentVolume {pv_name} is bound to claim {rns}/{rname}, not to {namespace}/{claim}"
+            ));
+        }
+    }
+    let csi = spec.csi.as_ref().ok_or_else(|| {
+        format!(
+            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI PersistentVolumes are supported",
+            pv_source_kind(&pv)
+        )
+    })?;
+    if csi.driver.is_empty() {
+        return Err(format!(
+            "PersistentVolume {pv_name}: spec.csi.driver is required"
+        ));
+    }
+    if csi.volume_handle.is_empty() {
+        return Err(format!(
+            "PersistentVolume {pv_name}: spec.csi.volumeHandle is required"
+        ));
+    }
+    let volume_mode = match spec.volume_mode.as_deref().unwrap_or("Filesystem") {
+        "Filesystem" | "" => CsiVolumeMode::Filesystem,
+        "Block" => CsiVolumeMode::Block,
+        m => {
+            return Err(format!(
+                "PersistentVolume {pv_name}: unknown volumeMode {m:?}"
+            ))
+        }
+    };
+    // The kubelet's check: a Filesystem volume goes in volumeMounts, a Block
+    // volume in volumeDevices.
+    match volume_mode {
+        CsiVolumeMode::Filesystem if usage.device => {
+            return Err(format!(
+                "PersistentVolume {pv_name} has volumeMode Filesystem, but the volume is in volumeDevices"
+            ))
+        }
+        CsiVolumeMode::Block if usage.mounted => {
+            return Err(format!(
+                "PersistentVolume {pv_name} has volumeMode Block, but the volume is in volumeMounts"
+            ))
+        }
+        _ => {}
+    }
+    // Like the kubelet: the first access mode, ReadWriteOnce by default.
+    let access_mode = match spec
+        .access_modes
+        .as_ref()
+        .and_then(|m| m.first())
+        .map(String::as_str)
+        .unwrap_or("ReadWriteOnce")
+    {
+        "ReadWriteOnce" => CsiAccessMode::SingleNodeWriter,
+        "ReadOnlyMany" => CsiAccessMode::MultiNodeReaderOnly,
+        "ReadWriteMany" => CsiAccessMode::MultiNodeMultiWriter,
+        "ReadWriteOncePod" => CsiAccessMode::SingleNodeSingleWriter,
+        m => {
+            return Err(format!(
+                "PersistentVolume {pv_name}: unknown access mode {m:?}"
+            ))
+        }
+    };
+    let capacity_bytes = spec
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .map(|q| {
+            quantity::parse_bytes(&q.0)
+                .map_err(|e| format!("PersistentVolume {pv_name}: capacity.storage: {e}"))
+        })
+        .transpose()?;
+    let secret = |r: &Option<SecretReference>, field: &str| -> Result<_, String> {
+        let Some(r) = r else { return Ok(None) };
+        let what = format!("PersistentVolume {pv_name} spec.csi.{field}");
+        let name = r.name.as_deref().unwrap_or("");
+        let ns = r.namespace.as_deref().unwrap_or("");
+        if name.is_empty() || ns.is_empty() {
+            return Err(format!("{what}: name and namespace are required"));
+        }
+        fetch_secret(objects, ns, name, &what).map(Some)
+    };
+    Ok(CsiVolumeSource {
+        driver: csi.driver.clone(),
+        volume_handle: csi.volume_handle.clone(),
+        ephemeral: false,
+        read_only: src.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false),
+        fs_type: csi.fs_type.clone().filter(|f| !f.is_empty()),
+        volume_mode,
+        access_mode,
+        volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
+        mount_options: spec.mount_options.clone().unwrap_or_default(),
+        capacity_bytes,
+        node_stage_secrets: secret(&csi.node_stage_secret_ref, "nodeStageSecretRef")?,
+        node_publish_secrets: secret(&csi.node_publish_secret_ref, "nodePublishSecretRef")?,
+        node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
+        pv_name: Some(pv_name),
+    })
+}
+
+/// The volume source field of a PV that is not CSI (for the error message).
+fn pv_source_kind(pv: &PersistentVolume) -> String {
+    const NOT_SOURCES: &[&str] = &[
+        "accessModes",
+        "capacity",
+        "claimRef",
+        "mountOptions",
+        "nodeAffinity",
+        "persistentVolumeReclaimPolicy",
+        "storageClassName",
+        "volumeAttributesClassName",
+        "volumeMode",
+    ];
+    serde_json::to_value(&pv.spec)
+        .ok()
+        .and_then(|v| {
+            v.as_object().and_then(|o| {
+                o.keys()
+                    .find(|k| !NOT_SOURCES.contains(&k.as_str()))
+                    .cloned()
+            })
+        })
+        .unwrap_or_else(|| "none".to_string())
+}
+
+/// Reads Secret `namespace/name` as the kubelet's `getCredentialsFromSecret`
+/// does: every `data` value as a string (plus `stringData`, which an API
+/// server would have merged into `data`). Errors never include values.
+fn fetch_secret(
+    objects: &dyn ObjectLookup,
+    namespace: &str,
+    name: &str,
+    what: &str,
+) -> Result<Arc<CsiSecrets>, String> {
+    let secret = objects
+        .secret(namespace, name)
+        .ok_or_else(|| format!("{what}: Secret {namespace}/{name} not found"))?;
+    let mut out = BTreeMap::new();
+    for (k, v) in secret.data.iter().flatten() {
+        let s = String::from_utf8(v.0.clone()).map_err(|_| {
+            format!("{what}: Secret {namespace}/{name} key {k:?} is not valid UTF-8")
+        })?;
+        out.insert(k.clone(), s);
+    }
+    for (k, v) in secret.string_data.iter().flatten() {
+        out.insert(k.clone(), v.clone());
+    }
+    Ok(Arc::new(CsiSecrets(out)))
 }
 
 #[cfg(test)]
@@ -314,5 +736,457 @@ mod tests {
         let d = DesiredPod::from_pod(&p).unwrap();
         assert_eq!(d.volumes.len(), 1);
         assert!(d.terminated);
+    }
+
+    /// sha256("uid-1" + "vol"), computed independently.
+    const HANDLE_UID1_VOL: &str =
+        "csi-67efd08187334bc4caecc2244debc613d2dae49b3b82338caf725c10f4e8a821";
+
+    /// An in-memory [`ObjectLookup`] for the resolution tests.
+    #[derive(Default)]
+    struct Objects {
+        pvcs: Vec<PersistentVolumeClaim>,
+        pvs: Vec<PersistentVolume>,
+        secrets: Vec<Secret>,
+    }
+
+    fn is(
+        m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        ns: &str,
+        n: &str,
+    ) -> bool {
+        m.namespace.as_deref().unwrap_or("default") == ns && m.name.as_deref() == Some(n)
+    }
+
+    impl ObjectLookup for Objects {
+        fn persistent_volume_claim(&self, ns: &str, n: &str) -> Option<Arc<PersistentVolumeClaim>> {
+            self.pvcs
+                .iter()
+                .find(|p| is(&p.metadata, ns, n))
+                .cloned()
+                .map(Arc::new)
+        }
+        fn persistent_volume(&self, n: &str) -> Option<Arc<PersistentVolume>> {
+            self.pvs
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(n))
+                .cloned()
+                .map(Arc::new)
+        }
+        fn persistent_volume_for_claim(&self, ns: &str, n: &str) -> Option<Arc<PersistentVolume>> {
+            self.pvs
+                .iter()
+                .find(|p| {
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .is_some_and(|r| {
+                            r.namespace.as_deref() == Some(ns) && r.name.as_deref() == Some(n)
+                        })
+                })
+                .cloned()
+                .map(Arc::new)
+        }
+        fn secret(&self, ns: &str, n: &str) -> Option<Arc<Secret>> {
+            self.secrets
+                .iter()
+                .find(|s| is(&s.metadata, ns, n))
+                .cloned()
+                .map(Arc::new)
+        }
+    }
+
+    fn pvc(name: &str, volume_name: Option<&str>) -> PersistentVolumeClaim {
+        let mut v = serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": "pvc-uid"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+        });
+        if let Some(n) = volume_name {
+            v["spec"]["volumeName"] = n.into();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn pv(name: &str, claim: Option<&str>, extra: serde_json::Value) -> PersistentVolume {
+        let mut v = serde_json::json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteMany", "ReadWriteOnce"],
+                "csi": {"driver": "test.csi.volmgr.io", "volumeHandle": "vol-1"},
+            }
+        });
+        if let Some(c) = claim {
+            v["spec"]["claimRef"] = serde_json::json!({"namespace": "ns", "name": c});
+        }
+        merge(&mut v["spec"], extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn secret(name: &str, data: serde_json::Value) -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": "ns"}, "data": data
+        }))
+        .unwrap()
+    }
+
+    fn pvc_pod(claim: &str, device: bool) -> Pod {
+        let use_ = if device {
+            serde_json::json!({"volumeDevices": [{"name": "data", "devicePath": "/dev/xvda"}]})
+        } else {
+            serde_json::json!({"volumeMounts": [{"name": "data", "mountPath": "/data"}]})
+        };
+        let mut c = serde_json::json!({"name": "c", "image": "i"});
+        merge(&mut c, use_);
+        pod(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"containers": [c], "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}
+        }))
+    }
+
+    fn resolve(p: &Pod, o: &Objects) -> Result<VolumeSource, String> {
+        let d = DesiredPod::from_pod_with(p, Some(o)).unwrap();
+        assert_eq!(d.volumes.len(), 1);
+        d.volumes[0].source.clone()
+    }
+
+    fn csi_of(r: Result<VolumeSource, String>) -> CsiVolumeSource {
+        match r {
+            Ok(VolumeSource::Csi(c)) => c,
+            other => panic!("not a CSI source: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn inline_csi_volume() {
+        let p = with_volumes(
+            Some("uid-1"),
+            serde_json::json!([{"name": "vol", "csi": {
+                "driver": "test.csi.volmgr.io", "readOnly": true, "fsType": "ext4",
+                "volumeAttributes": {"size": "64Mi"}}}]),
+        );
+        let c = csi_of(DesiredPod::from_pod(&p).unwrap().volumes[0].source.clone());
+        assert_eq!(c.volume_handle, HANDLE_UID1_VOL);
+        assert!(c.ephemeral && c.read_only);
+        assert_eq!(c.pv_name, None);
+        assert_eq!(c.fs_type.as_deref(), Some("ext4"));
+        assert_eq!(c.volume_mode, CsiVolumeMode::Filesystem);
+        assert_eq!(c.access_mode, CsiAccessMode::SingleNodeWriter);
+        assert_eq!(c.volume_attributes["size"], "64Mi");
+        assert!(c.node_publish_secrets.is_none());
+
+        // A publish secret from the pod's namespace.
+        let p = with_volumes(
+            Some("uid-1"),
+            serde_json::json!([{"name": "vol", "csi": {
+                "driver": "d", "nodePublishSecretRef": {"name": "creds"}}}]),
+        );
+        let e = DesiredPod::from_pod(&p).unwrap().volumes[0]
+            .source
+            .clone()
+            .unwrap_err();
+        assert!(e.contains("Secret ns/creds cannot be read"), "{e}");
+        let mut o = Objects::default();
+        let e = resolve(&p, &o).unwrap_err();
+        assert!(e.contains("Secret ns/creds not found"), "{e}");
+        o.secrets.push(secret(
+            "creds",
+            serde_json::json!({"password": "aHVudGVyMg=="}),
+        ));
+        let c = csi_of(resolve(&p, &o));
+        let s = c.node_publish_secrets.unwrap();
+        assert_eq!(s.0["password"], "hunter2");
+    }
+
+    #[test]
+    fn inline_csi_errors() {
+        let d = DesiredPod::from_pod(&with_volumes(
+            Some("u"),
+            serde_json::json!([
+                {"name": "nodriver", "csi": {"driver": ""}},
+                {"name": "noref", "csi": {"driver": "d", "nodePublishSecretRef": {"name": ""}}},
+            ]),
+        ))
+        .unwrap();
+        assert!(d.volumes[0]
+            .source
+            .as_ref()
+            .unwrap_err()
+            .contains("csi.driver is required"));
+        assert!(d.volumes[1]
+            .source
+            .as_ref()
+            .unwrap_err()
+            .contains("name is required"));
+        let p = pod(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "i",
+                "volumeDevices": [{"name": "v", "devicePath": "/dev/x"}]}],
+                "volumes": [{"name": "v", "csi": {"driver": "d"}}]}
+        }));
+        let e = DesiredPod::from_pod(&p).unwrap().volumes[0]
+            .source
+            .clone()
+            .unwrap_err();
+        assert!(e.contains("volumeDevices"), "{e}");
+    }
+
+    #[test]
+    fn pvc_to_csi_persistent_volume() {
+        let mut o = Objects::default();
+        o.pvcs.push(pvc("claim", Some("pv-1")));
+        o.pvs.push(pv(
+            "pv-1",
+            Some("claim"),
+            serde_json::json!({
+                "mountOptions": ["noatime"],
+                "csi": {
+                    "fsType": "ext4", "readOnly": false,
+                    "volumeAttributes": {"size": "64Mi"},
+                    "nodeStageSecretRef": {"name": "stage", "namespace": "ns"},
+                    "nodePublishSecretRef": {"name": "publish", "namespace": "ns"},
+                    "nodeExpandSecretRef": {"name": "expand", "namespace": "ns"},
+                }
+            }),
+        ));
+        for n in ["stage", "publish", "expand"] {
+            o.secrets
+                .push(secret(n, serde_json::json!({"key": "dmFsdWU="})));
+        }
+        let c = csi_of(resolve(&pvc_pod("claim", false), &o));
+        assert_eq!(c.driver, "test.csi.volmgr.io");
+        assert_eq!(c.volume_handle, "vol-1");
+        assert!(!c.ephemeral && !c.read_only);
+        assert_eq!(c.pv_name.as_deref(), Some("pv-1"));
+        assert_eq!(c.fs_type.as_deref(), Some("ext4"));
+        assert_eq!(c.volume_mode, CsiVolumeMode::Filesystem);
+        // The first access mode, like the kubelet.
+        assert_eq!(c.access_mode, CsiAccessMode::MultiNodeMultiWriter);
+        assert_eq!(c.mount_options, vec!["noatime".to_string()]);
+        assert_eq!(c.capacity_bytes, Some(64 << 20));
+        assert_eq!(c.volume_attributes["size"], "64Mi");
+        for s in [
+            &c.node_stage_secrets,
+            &c.node_publish_secrets,
+            &c.node_expand_secrets,
+        ] {
+            assert_eq!(s.as_ref().unwrap().0["key"], "value");
+        }
+        // Debug of the whole pod never shows a secret value.
+        let d = DesiredPod::from_pod_with(&pvc_pod("claim", false), Some(&o)).unwrap();
+        assert!(!format!("{d:?}").contains("value\""), "{d:?}");
+
+        // The pod's readOnly makes the volume read-only.
+        let mut p = pvc_pod("claim", false);
+        p.spec.as_mut().unwrap().volumes.as_mut().unwrap()[0]
+            .persistent_volume_claim
+            .as_mut()
+            .unwrap()
+            .read_only = Some(true);
+        assert!(csi_of(resolve(&p, &o)).read_only);
+
+        // Without objects, a PVC is left to host plugins.
+        let d = DesiredPod::from_pod(&pvc_pod("claim", false)).unwrap();
+        assert!(
+            matches!(&d.volumes[0].source, Ok(VolumeSource::Other { kind, .. }) if kind == "persistentVolumeClaim")
+        );
+    }
+
+    #[test]
+    fn pvc_bound_through_claim_ref_and_block_mode() {
+        let mut o = Objects::default();
+        o.pvcs.push(pvc("claim", None));
+        o.pvs.push(pv(
+            "pv-b",
+            Some("claim"),
+            serde_json::json!({"volumeMode": "Block", "accessModes": ["ReadWriteOncePod"]}),
+        ));
+        let c = csi_of(resolve(&pvc_pod("claim", true), &o));
+        assert_eq!(c.pv_name.as_deref(), Some("pv-b"));
+        assert_eq!(c.volume_mode, CsiVolumeMode::Block);
+        assert_eq!(c.access_mode, CsiAccessMode::SingleNodeSingleWriter);
+        let e = resolve(&pvc_pod("claim", false), &o).unwrap_err();
+        assert!(
+            e.contains("volumeMode Block, but the volume is in volumeMounts"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pvc_resolution_errors() {
+        let p = pvc_pod("claim", false);
+        let check = |o: &Objects, want: &str| {
+            let e = resolve(&p, o).unwrap_err();
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+        };
+        let mut o = Objects::default();
+        check(&o, "PersistentVolumeClaim ns/claim not found");
+        o.pvcs.push(pvc("claim", None));
+        check(&o, "PersistentVolumeClaim ns/claim is not bound");
+        o.pvcs[0] = pvc("claim", Some("pv-1"));
+        check(
+            &o,
+            "PersistentVolume pv-1 (bound to PersistentVolumeClaim ns/claim) not found",
+        );
+        o.pvs.push(pv("pv-1", Some("other"), serde_json::json!({})));
+        check(
+            &o,
+            "PersistentVolume pv-1 is bound to claim ns/other, not to ns/claim",
+        );
+        o.pvs[0] = pv("pv-1", Some("claim"), serde_json::json!({}));
+        o.pvs[0]
+            .spec
+            .as_mut()
+            .unwrap()
+            .claim_ref
+            .as_mut()
+            .unwrap()
+            .uid = Some("someone-else".into());
+        check(&o, "is bound to claim ns/claim, not to ns/claim");
+        o.pvs[0] = pv(
+            "pv-1",
+            None,
+            serde_json::json!({"csi": null, "hostPath": {"path": "/x"}}),
+        );
+        check(
+            &o,
+            "PersistentVolume pv-1 is not a CSI volume (source hostPath)",
+        );
+        for (extra, want) in [
+            (
+                serde_json::json!({"csi": {"driver": ""}}),
+                "spec.csi.driver is required",
+            ),
+            (
+                serde_json::json!({"csi": {"volumeHandle": ""}}),
+                "spec.csi.volumeHandle is required",
+            ),
+            (
+                serde_json::json!({"volumeMode": "Tape"}),
+                "unknown volumeMode \"Tape\"",
+            ),
+            (
+                serde_json::json!({"volumeMode": "Block"}),
+                "volumeMode Block, but the volume is in volumeMounts",
+            ),
+            (
+                serde_json::json!({"accessModes": ["ReadSometimes"]}),
+                "unknown access mode",
+            ),
+            (
+                serde_json::json!({"capacity": {"storage": "lots"}}),
+                "capacity.storage",
+            ),
+            (
+                serde_json::json!({"csi": {"nodeStageSecretRef": {"name": "s"}}}),
+                "nodeStageSecretRef: name and namespace are required",
+            ),
+            (
+                serde_json::json!({"csi": {"nodeExpandSecretRef": {"name": "s", "namespace": "ns"}}}),
+                "spec.csi.nodeExpandSecretRef: Secret ns/s not found",
+            ),
+        ] {
+            o.pvs[0] = pv("pv-1", None, extra);
+            check(&o, want);
+        }
+        o.pvs[0] = pv(
+            "pv-1",
+            None,
+            serde_json::json!({"csi": {"nodePublishSecretRef": {"name": "s", "namespace": "ns"}}}),
+        );
+        o.secrets
+            .push(secret("s", serde_json::json!({"k": "/w=="})));
+        check(&o, "key \"k\" is not valid UTF-8");
+        o.pvs[0] = pv(
+            "pv-1",
+            None,
+            serde_json::json!({"volumeMode": "Filesystem"}),
+        );
+        let e = resolve(&pvc_pod("claim", true), &o).unwrap_err();
+        assert!(
+            e.contains("volumeMode Filesystem, but the volume is in volumeDevices"),
+            "{e}"
+        );
+        let mut lost = pvc("claim", Some("pv-1"));
+        lost.status = Some(serde_json::from_value(serde_json::json!({"phase": "Lost"})).unwrap());
+        o.pvcs[0] = lost;
+        check(&o, "phase Lost");
+        let mut deleted = pvc("claim", Some("pv-1"));
+        deleted.metadata.deletion_timestamp =
+            Some(serde_json::from_value(serde_json::json!("2024-01-01T00:00:00Z")).unwrap());
+        o.pvcs[0] = deleted;
+        check(&o, "is being deleted");
+        let p2 = pvc_pod("", false);
+        let e = resolve(&p2, &o).unwrap_err();
+        assert!(e.contains("claimName is required"), "{e}");
+    }
+
+    #[test]
+    fn generic_ephemeral_volume_uses_the_pods_own_claim() {
+        let p = pod(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+            "spec": {
+                "containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "scratch", "mountPath": "/s"}]}],
+                "volumes": [{"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}}]
+            }
+        }));
+        assert!(needs_objects(&p));
+        let mut o = Objects::default();
+        let e = resolve(&p, &o).unwrap_err();
+        assert!(
+            e.contains("PersistentVolumeClaim ns/p-scratch not found"),
+            "{e}"
+        );
+        let owned = |uid: &str| {
+            let mut c = pvc("p-scratch", Some("pv-e"));
+            c.metadata.owner_references = Some(vec![serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod", "name": "p", "uid": uid, "controller": true
+            }))
+            .unwrap()]);
+            c
+        };
+        o.pvcs.push(owned("someone-else"));
+        o.pvs
+            .push(pv("pv-e", Some("p-scratch"), serde_json::json!({})));
+        let e = resolve(&p, &o).unwrap_err();
+        assert!(e.contains("was not created for this pod"), "{e}");
+        o.pvcs[0] = owned("uid-1");
+        let c = csi_of(resolve(&p, &o));
+        assert_eq!(c.pv_name.as_deref(), Some("pv-e"));
+        assert!(!c.ephemeral, "a PV-backed volume, shared by handle");
+        // Without objects it stays for host plugins.
+        let d = DesiredPod::from_pod(&p).unwrap();
+        assert!(
+            matches!(&d.volumes[0].source, Ok(VolumeSource::Other { kind, .. }) if kind == "ephemeral")
+        );
+    }
+
+    #[test]
+    fn needs_objects_only_for_pvcs_and_secret_refs() {
+        assert!(needs_objects(&pvc_pod("c", false)));
+        assert!(!needs_objects(&with_volumes(
+            Some("u"),
+            serde_json::json!([{"name": "a", "emptyDir": {}}, {"name": "b", "csi": {"driver": "d"}}])
+        )));
+        assert!(needs_objects(&with_volumes(
+            Some("u"),
+            serde_json::json!([{"name": "b", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}])
+        )));
     }
 }

@@ -1,7 +1,10 @@
 //! The kubelet's reconciler: compares the desired and actual states and starts
-//! operations until they agree, in kubelet order — unmount what is no longer
-//! desired, then mount what is desired, then forget volumes nobody uses — and
-//! finally removes the directories of pods that are gone.
+//! operations until they agree, in kubelet order — unmount what pods no
+//! longer want, then mount what is desired (for plugins with a device phase,
+//! such as CSI: mount the device once per volume first, then set it up for
+//! each pod), grow volumes whose desired size grew, then unmount the devices
+//! of volumes no pod uses any more and forget them — and finally removes the
+//! directories of pods that are gone.
 //!
 //! It is woken by changes (a desired-state edit, an operation finishing, a
 //! backoff expiring, the tracer) and looks only at the volumes that changed;
@@ -15,14 +18,14 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
 use crate::operation_executor::{OperationExecutor, OperationKind};
 use crate::operation_generator;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::MountTable;
 use crate::sys::Mounter;
-use crate::volume::{FastSet, PodUid, UniqueVolumeName};
+use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
 use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -58,6 +61,22 @@ enum Action {
         pod: PodUid,
         plugin: Arc<str>,
         req: MountRequest,
+    },
+    MountDevice {
+        volume: UniqueVolumeName,
+        plugin: Arc<str>,
+        spec: Arc<VolumeSpec>,
+    },
+    UnmountDevice {
+        volume: UniqueVolumeName,
+        plugin: Arc<str>,
+        spec: Option<Arc<VolumeSpec>>,
+    },
+    Expand {
+        volume: UniqueVolumeName,
+        plugin: Arc<str>,
+        spec: Arc<VolumeSpec>,
+        new_size: u64,
     },
 }
 
@@ -151,6 +170,43 @@ impl Reconciler {
                     continue;
                 }
                 let Some(dv) = dsw.volume(v) else { continue };
+                if let Some(first) = dv.pods.values().next() {
+                    // Plugins with a device phase: the device first, once.
+                    if let Some(plugin) = self.plugins.find_by_name(&dv.plugin_name) {
+                        let device_mountable = plugin
+                            .device_mountable()
+                            .is_some_and(|d| d.can_device_mount(&first.spec));
+                        if device_mountable
+                            && asw.device_mount_state(v) != DeviceMountState::Mounted
+                        {
+                            actions.push(Action::MountDevice {
+                                volume: v.clone(),
+                                plugin: Arc::clone(&dv.plugin_name),
+                                spec: Arc::clone(&first.spec),
+                            });
+                            continue;
+                        }
+                        // A desired size beyond the recorded one: expand.
+                        if let (Some(ex), Some(av)) = (plugin.node_expandable(), asw.volume(v)) {
+                            if let (Some(want), Some(have)) =
+                                (ex.requested_size(&first.spec), av.size_bytes)
+                            {
+                                let mounted = av
+                                    .pods
+                                    .values()
+                                    .any(|m| m.state == VolumeMountState::Mounted);
+                                if want > have && mounted {
+                                    actions.push(Action::Expand {
+                                        volume: v.clone(),
+                                        plugin: Arc::clone(&dv.plugin_name),
+                                        spec: Arc::clone(&first.spec),
+                                        new_size: want,
+                                    });
+                                }
+                            }
+                        }
+                    }
+                }
                 for (pod, p) in &dv.pods {
                     let needs = match asw.pod_mount(v, pod) {
                         Some(m) => {
@@ -175,14 +231,25 @@ impl Reconciler {
                     }
                 }
             }
-            // 3. Forget volumes no pod uses (nothing to detach for these
-            // plugins), and operation records of volumes neither world has.
+            // 3. Unmount the devices of volumes no pod uses (only after the
+            // last pod's tear-down), then forget them (nothing to detach for
+            // these plugins), and operation records of volumes neither world has.
             if populated {
                 for v in &scope {
                     if dsw.volume_exists(v) || v.as_str().starts_with(POD_DIR_PREFIX) {
                         continue;
                     }
                     match asw.volume(v) {
+                        Some(av)
+                            if av.pods.is_empty()
+                                && av.device_mount_state != DeviceMountState::NotMounted =>
+                        {
+                            actions.push(Action::UnmountDevice {
+                                volume: v.clone(),
+                                plugin: Arc::clone(&av.plugin_name),
+                                spec: av.device_spec.clone(),
+                            });
+                        }
                         Some(av) if av.pods.is_empty() => detach.push(v.clone()),
                         Some(_) => {}
                         None => forget.push(v.clone()),
@@ -218,62 +285,98 @@ impl Reconciler {
                 pod,
                 plugin,
                 ..
-            } => (
-                volume.clone(),
-                pod.clone(),
-                Arc::clone(plugin),
-                OperationKind::MountVolume,
-            ),
+            } => (volume, Some(pod), plugin, OperationKind::MountVolume),
             Action::Unmount {
                 volume,
                 pod,
                 plugin,
                 ..
-            } => (
-                volume.clone(),
-                pod.clone(),
-                Arc::clone(plugin),
-                OperationKind::UnmountVolume,
-            ),
+            } => (volume, Some(pod), plugin, OperationKind::UnmountVolume),
+            Action::MountDevice { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::MountDevice)
+            }
+            Action::UnmountDevice { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::UnmountDevice)
+            }
+            Action::Expand { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::ExpandVolume)
+            }
         };
+        let (volume, pod, plugin_name) = (volume.clone(), pod.cloned(), Arc::clone(plugin_name));
         let Some(plugin) = self.plugins.find_by_name(&plugin_name) else {
             tracing::warn!(%volume, plugin = %plugin_name, "volume plugin is not registered");
             return;
+        };
+        // The metrics label: the plugin name, or a finer one (CSI driver).
+        let label_of = |spec: Option<&VolumeSpec>| {
+            spec.and_then(|s| plugin.metric_label(s))
+                .unwrap_or_else(|| Arc::clone(&plugin_name))
         };
         let world = Arc::clone(&self.world);
         let started = match action {
             Action::Mount { req, .. } => self.executor.start(
                 &volume,
-                Some(&pod),
+                pod.as_ref(),
                 kind,
-                Arc::clone(&plugin_name),
-                operation_generator::mount_volume(world, plugin, plugin_name, req),
+                label_of(Some(&req.spec)),
+                operation_generator::mount_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    Arc::clone(&plugin_name),
+                    req,
+                ),
             ),
-            Action::Unmount { mounted, .. } => self.executor.start(
+            Action::Unmount {
+                mounted, pod: upod, ..
+            } => self.executor.start(
                 &volume,
-                Some(&pod),
+                pod.as_ref(),
                 kind,
-                plugin_name,
+                label_of(Some(&mounted.spec)),
                 operation_generator::unmount_volume(
                     world,
-                    plugin,
+                    Arc::clone(&plugin),
                     volume.clone(),
-                    pod.clone(),
+                    upod,
                     mounted,
                 ),
             ),
+            Action::MountDevice { spec, .. } => self.executor.start(
+                &volume,
+                None,
+                kind,
+                label_of(Some(&spec)),
+                operation_generator::mount_device(
+                    world,
+                    Arc::clone(&plugin),
+                    Arc::clone(&plugin_name),
+                    volume.clone(),
+                    spec,
+                ),
+            ),
+            Action::UnmountDevice { spec, .. } => self.executor.start(
+                &volume,
+                None,
+                kind,
+                label_of(spec.as_deref()),
+                operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
+            ),
+            Action::Expand { spec, new_size, .. } => self.executor.start(
+                &volume,
+                None,
+                kind,
+                label_of(Some(&spec)),
+                operation_generator::expand_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    volume.clone(),
+                    spec,
+                    new_size,
+                ),
+            ),
         };
-        self.log_not_started(&volume, &pod, started);
-    }
-
-    fn log_not_started(
-        &self,
-        volume: &UniqueVolumeName,
-        pod: &PodUid,
-        r: Result<(), crate::operation_executor::NotStarted>,
-    ) {
-        if let Err(why) = r {
-            tracing::debug!(%volume, %pod, ?why, "operation not started");
+        if let Err(why) = started {
+            tracing::debug!(%volume, pod = ?pod, ?why, "operation not started");
         }
     }
 
@@ -406,5 +509,200 @@ impl Reconciler {
             });
             self.world.mark_dirty([v]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The device phase through the plugin trait seam: a fake plugin with a
+    //! device phase (like CSI staging) and the recording fake mounter.
+
+    use std::path::Path;
+    use std::sync::Mutex as StdMutex;
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Pod;
+
+    use crate::cache::actual_state_of_world::DeviceMountState;
+    use crate::operation_executor::Backoff;
+    use crate::plugins::{
+        DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, MountRequest,
+        UnmountRequest, VolumeError, VolumePlugin,
+    };
+    use crate::sys::fake::FakeMounter;
+    use crate::sys::mount_table::MountTable;
+    use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
+    use crate::volume_manager::{Config, VolumeManager};
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    /// Claims `nfs` volumes, one volume for every pod (like a PV), and logs
+    /// its calls; `fail_next` makes the next stage uncertain.
+    #[derive(Default)]
+    struct FakeDevicePlugin {
+        calls: StdMutex<Vec<String>>,
+        uncertain_stages: StdMutex<u32>,
+    }
+
+    impl FakeDevicePlugin {
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+        fn log(&self, c: String) {
+            self.calls.lock().unwrap().push(c);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl VolumePlugin for FakeDevicePlugin {
+        fn name(&self) -> &str {
+            "fake/device"
+        }
+        fn can_support(&self, s: &VolumeSource) -> bool {
+            matches!(s, VolumeSource::Other { kind, .. } if kind == "nfs")
+        }
+        fn unique_volume_name(&self, _pod: &PodUid, spec: &VolumeSpec) -> UniqueVolumeName {
+            UniqueVolumeName::new(format!("fake/device/{}", spec.name))
+        }
+        async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+            self.log(format!("publish {}", req.pod_uid));
+            Ok(PathBuf::from(format!("/fake/{}", req.pod_uid)))
+        }
+        async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
+            self.log(format!("unpublish {}", req.pod_uid));
+            Ok(())
+        }
+        fn verify(&self, _: &VolumeSpec, _: &Path, _: &MountTable) -> bool {
+            true
+        }
+        fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
+            Some(self)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DeviceMountableVolumePlugin for FakeDevicePlugin {
+        fn can_device_mount(&self, _: &VolumeSpec) -> bool {
+            true
+        }
+        fn device_mount_path(&self, _: &VolumeSpec) -> Result<PathBuf, VolumeError> {
+            Ok("/fake/global".into())
+        }
+        async fn mount_device(&self, _: DeviceMountRequest) -> Result<PathBuf, VolumeError> {
+            self.log("stage".into());
+            let mut n = self.uncertain_stages.lock().unwrap();
+            if *n > 0 {
+                *n -= 1;
+                return Err(VolumeError::Uncertain("timed out".into()));
+            }
+            Ok("/fake/global".into())
+        }
+        async fn unmount_device(&self, _: DeviceUnmountRequest) -> Result<(), VolumeError> {
+            self.log("unstage".into());
+            Ok(())
+        }
+    }
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {
+                "containers": [{"name": "c", "volumeMounts": [{"name": "shared", "mountPath": "/s"}]}],
+                "volumes": [{"name": "shared", "nfs": {"server": "s", "path": "/"}}]
+            }
+        }))
+        .unwrap()
+    }
+
+    async fn manager() -> (tempfile::TempDir, Arc<FakeDevicePlugin>, Arc<VolumeManager>) {
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new(t.path());
+        cfg.backoff = Backoff {
+            initial: Duration::from_millis(10),
+            factor: 2,
+            max: Duration::from_millis(50),
+        };
+        let vm = VolumeManager::new(cfg, Arc::new(FakeMounter::default())).unwrap();
+        let plugin = Arc::new(FakeDevicePlugin::default());
+        vm.register_plugin(plugin.clone()).unwrap();
+        vm.start().await.unwrap();
+        (t, plugin, vm)
+    }
+
+    const T: Duration = Duration::from_secs(20);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_pods_one_device_mount_unmounted_after_the_last_pod() {
+        let (_t, plugin, vm) = manager().await;
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        let b = vm.upsert_pod(&pod("b")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        vm.wait_for_attach_and_mount(&b, T).await.unwrap();
+        let calls = plugin.calls();
+        assert_eq!(
+            calls.iter().filter(|c| *c == "stage").count(),
+            1,
+            "{calls:?}"
+        );
+        assert_eq!(calls[0], "stage", "staged before any publish: {calls:?}");
+        assert_eq!(calls.iter().filter(|c| c.starts_with("publish")).count(), 2);
+        let v = UniqueVolumeName::new("fake/device/shared");
+        assert_eq!(
+            vm.world().asw().device_mount_state(&v),
+            DeviceMountState::Mounted
+        );
+
+        // One pod goes: its publish is undone, the device stays.
+        vm.delete_pod(&a);
+        vm.wait_for_unmount(&a, T).await.unwrap();
+        vm.wait_converged(Some(1), T).await.unwrap();
+        let calls = plugin.calls();
+        assert!(calls.contains(&"unpublish a".to_string()));
+        assert!(!calls.contains(&"unstage".to_string()), "{calls:?}");
+
+        // The last one goes: unpublish, then unstage, then the volume is forgotten.
+        vm.delete_pod(&b);
+        vm.wait_converged(Some(0), T).await.unwrap();
+        let mut rx = vm.world().subscribe();
+        while vm.world().asw().volume(&v).is_some() {
+            rx.changed().await.unwrap();
+        }
+        let calls = plugin.calls();
+        assert_eq!(
+            calls.last().map(String::as_str),
+            Some("unstage"),
+            "{calls:?}"
+        );
+        assert_eq!(calls.iter().filter(|c| *c == "unstage").count(), 1);
+        let text = vm.metrics_text();
+        assert!(
+            text.contains(
+                "operation_name=\"mount_device\",volume_plugin=\"fake/device\",status=\"success\""
+            ),
+            "{text}"
+        );
+        assert!(text.contains("operation_name=\"unmount_device\""));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_uncertain_device_mount_is_mounted_again_before_any_set_up() {
+        let (_t, plugin, vm) = manager().await;
+        *plugin.uncertain_stages.lock().unwrap() = 2;
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        assert_eq!(plugin.calls(), vec!["stage", "stage", "stage", "publish a"]);
+        // Unwanted while uncertain: still unmounted (not assumed gone).
+        *plugin.uncertain_stages.lock().unwrap() = 1;
+        vm.delete_pod(&a);
+        vm.wait_converged(Some(0), T).await.unwrap();
+        let v = UniqueVolumeName::new("fake/device/shared");
+        let mut rx = vm.world().subscribe();
+        while vm.world().asw().volume(&v).is_some() {
+            rx.changed().await.unwrap();
+        }
+        assert_eq!(plugin.calls().last().map(String::as_str), Some("unstage"));
     }
 }

@@ -9,13 +9,18 @@
 //!   otherwise.
 //! - Mounts stacked on one volume path (a crash between a mount and its
 //!   bookkeeping, repeated) are unmounted down to one.
+//! - Device mounts (CSI staging) are rebuilt from the plugins' global
+//!   directories: a completed one is recorded as mounted (never mounted
+//!   again, and unmounted only after the last pod using it — counted from
+//!   the pod volume directories — is torn down); an incomplete one, or a
+//!   volume with pod mounts but no device record, is *uncertain*.
 //! - Every pod directory found is queued for the orphan check, which removes
 //!   it once the sources are populated if its pod is not desired and nothing
 //!   is mounted in it.
 
 use std::sync::Arc;
 
-use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
 use crate::plugins::{VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::MountTable;
@@ -34,6 +39,8 @@ pub struct ReconstructionReport {
     pub uncertain: usize,
     /// Extra stacked mounts removed.
     pub unstacked: usize,
+    /// Device mounts (CSI stagings) found, complete or not.
+    pub devices: usize,
     /// Problems that did not stop reconstruction.
     pub errors: Vec<String>,
 }
@@ -60,6 +67,7 @@ pub fn reconstruct(
                 .map_err(|e| VolumeError::Internal(e.to_string()))?,
         );
     }
+    let all_plugins = plugins.all();
     let plugin_dirs: Vec<_> = plugins
         .all()
         .into_iter()
@@ -86,37 +94,122 @@ pub fn reconstruct(
                 let Some(vol) = vol.to_str() else { continue };
                 match plugin.reconstruct(&uid, vol, &table) {
                     Ok(Some(rec)) => {
-                        let state = if rec.complete {
-                            report.mounted += 1;
-                            VolumeMountState::Mounted
-                        } else {
-                            report.uncertain += 1;
-                            VolumeMountState::Uncertain
-                        };
-                        let spec = Arc::new(rec.spec);
-                        let volume_name = plugin.unique_volume_name(&uid, &spec);
-                        let mut asw = world.asw_mut();
-                        asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
-                        asw.mark_volume_as_mounted(
-                            &volume_name,
-                            &uid,
-                            MountedPod {
-                                outer_volume_spec_name: spec.name.clone(),
-                                spec,
-                                path: rec.path,
-                                state,
-                            },
-                        );
+                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
                     }
                     Ok(None) => {}
                     Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
                 }
             }
         }
+        for (plugin_name, plugin) in &all_plugins {
+            match plugin.reconstruct_block_volumes(&uid, &table) {
+                Ok(found) => {
+                    for rec in found {
+                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
+                    }
+                }
+                Err(e) => report.errors.push(format!("pod {uid} block volumes: {e}")),
+            }
+        }
         world.mark_pod_dirty(uid);
     }
+    reconstruct_devices(plugins, &table, world, &mut report);
     world.set_reconstructed();
     Ok(report)
+}
+
+/// Records a pod's volume found on disk: mounted if its set-up completed,
+/// uncertain otherwise.
+fn record(
+    world: &World,
+    plugin_name: &Arc<str>,
+    plugin: &dyn crate::plugins::VolumePlugin,
+    uid: &PodUid,
+    rec: crate::plugins::ReconstructedVolume,
+    report: &mut ReconstructionReport,
+) {
+    let state = if rec.complete {
+        report.mounted += 1;
+        VolumeMountState::Mounted
+    } else {
+        report.uncertain += 1;
+        VolumeMountState::Uncertain
+    };
+    let spec = Arc::new(rec.spec);
+    let volume_name = plugin.unique_volume_name(uid, &spec);
+    let mut asw = world.asw_mut();
+    asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
+    asw.mark_volume_as_mounted(
+        &volume_name,
+        uid,
+        MountedPod {
+            outer_volume_spec_name: spec.name.clone(),
+            spec,
+            path: rec.path,
+            state,
+        },
+    );
+}
+
+/// Records the device mounts the plugins find, and marks volumes that have
+/// pod mounts and a device phase but no device record as uncertain.
+fn reconstruct_devices(
+    plugins: &VolumePluginMgr,
+    table: &MountTable,
+    world: &World,
+    report: &mut ReconstructionReport,
+) {
+    for (plugin_name, plugin) in plugins.all() {
+        let Some(dm) = plugin.device_mountable() else {
+            continue;
+        };
+        let found = match dm.reconstruct_devices(table) {
+            Ok(f) => f,
+            Err(e) => {
+                report.errors.push(format!("{plugin_name} devices: {e}"));
+                Vec::new()
+            }
+        };
+        let mut asw = world.asw_mut();
+        for d in found {
+            report.devices += 1;
+            let state = if d.complete {
+                DeviceMountState::Mounted
+            } else {
+                DeviceMountState::Uncertain
+            };
+            asw.mark_volume_as_attached(&d.volume_name, Arc::clone(&plugin_name));
+            asw.mark_device(
+                &d.volume_name,
+                state,
+                Arc::new(d.spec),
+                Some(d.device_mount_path),
+            );
+            asw.set_volume_size(&d.volume_name, d.size_bytes);
+            world.mark_dirty([d.volume_name]);
+        }
+        // Pod mounts of a device-mountable volume without a device record:
+        // the device may be mounted.
+        let orphans: Vec<_> = asw
+            .volumes()
+            .filter(|(_, v)| {
+                *v.plugin_name == *plugin_name
+                    && v.device_spec.is_none()
+                    && v.pods
+                        .values()
+                        .next()
+                        .is_some_and(|m| dm.can_device_mount(&m.spec))
+            })
+            .filter_map(|(n, v)| {
+                let spec = Arc::clone(&v.pods.values().next()?.spec);
+                let path = dm.device_mount_path(&spec).ok();
+                Some((n.clone(), spec, path))
+            })
+            .collect();
+        for (name, spec, path) in orphans {
+            asw.mark_device(&name, DeviceMountState::Uncertain, spec, path);
+        }
+    }
 }
 
 /// Unmounts all but the bottom mount on every stacked mount point under

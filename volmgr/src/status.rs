@@ -22,6 +22,20 @@ pub struct Status {
     /// Operation latencies (p50/p99 from hdrhistogram).
     #[serde(default)]
     pub operations: Vec<LatencySummary>,
+    /// Registered CSI drivers (`--csi-driver` and plugin registration), by name.
+    #[serde(default)]
+    pub csi_drivers: Vec<CsiDriverStatus>,
+}
+
+/// One registered CSI driver.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CsiDriverStatus {
+    /// The driver name.
+    pub name: String,
+    /// Its CSI socket.
+    pub endpoint: String,
+    /// The CSI versions it announced at registration (empty for `--csi-driver`).
+    pub versions: Vec<String>,
 }
 
 /// One pod.

@@ -222,6 +222,9 @@ pub enum VolumeSource {
         /// The check to make (and what to create).
         kind: HostPathType,
     },
+    /// `csi` (inline ephemeral) or a `persistentVolumeClaim` bound to a CSI
+    /// PersistentVolume, resolved to what the CSI driver needs.
+    Csi(CsiVolumeSource),
     /// Any other source (`configMap`, `nfs`, ...), kept as the API JSON so a
     /// plugin registered at run time (e.g. through the C ABI) can claim it.
     Other {
@@ -238,9 +241,101 @@ impl VolumeSource {
         match self {
             Self::EmptyDir { .. } => "emptyDir",
             Self::HostPath { .. } => "hostPath",
+            Self::Csi(c) if c.ephemeral => "csi",
+            Self::Csi(_) => "persistentVolumeClaim",
             Self::Other { kind, .. } => kind,
         }
     }
+}
+
+/// `volumeMode` of a PersistentVolume (inline CSI volumes are always `Filesystem`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CsiVolumeMode {
+    /// Mounted as a filesystem (the default).
+    Filesystem,
+    /// Published as a raw block device file.
+    Block,
+}
+
+/// CSI access mode (`VolumeCapability.AccessMode.Mode`), derived from the PV's
+/// `accessModes` with the kubelet's mapping: ReadWriteOnce → SingleNodeWriter,
+/// ReadOnlyMany → MultiNodeReaderOnly, ReadWriteMany → MultiNodeMultiWriter,
+/// ReadWriteOncePod → SingleNodeSingleWriter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CsiAccessMode {
+    /// `SINGLE_NODE_WRITER` (1).
+    SingleNodeWriter,
+    /// `SINGLE_NODE_READER_ONLY` (2).
+    SingleNodeReaderOnly,
+    /// `MULTI_NODE_READER_ONLY` (3).
+    MultiNodeReaderOnly,
+    /// `MULTI_NODE_SINGLE_WRITER` (4).
+    MultiNodeSingleWriter,
+    /// `MULTI_NODE_MULTI_WRITER` (5).
+    MultiNodeMultiWriter,
+    /// `SINGLE_NODE_SINGLE_WRITER` (7, needs the SINGLE_NODE_MULTI_WRITER capability).
+    SingleNodeSingleWriter,
+}
+
+/// Secret data resolved from a Secret object (`data` base64-decoded, plus
+/// `stringData`). `Debug` and `Display` print only the keys, never the values.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct CsiSecrets(pub std::collections::BTreeMap<String, String>);
+
+impl fmt::Debug for CsiSecrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.0.keys().map(|k| (k, "<redacted>")))
+            .finish()
+    }
+}
+
+impl fmt::Display for CsiSecrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("secrets {")?;
+        for (i, k) in self.0.keys().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}: <redacted>")?;
+        }
+        f.write_str("}")
+    }
+}
+
+/// A CSI volume, inline or from a PersistentVolume, with everything the CSI
+/// plugin needs to stage, publish and expand it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsiVolumeSource {
+    /// The CSI driver name.
+    pub driver: String,
+    /// PV: `spec.csi.volumeHandle`. Inline ephemeral: the kubelet's generated
+    /// handle (`"csi-"` + hex SHA-256 of pod UID + volume name).
+    pub volume_handle: String,
+    /// Inline (`pod.spec.volumes[].csi`) rather than a PV.
+    pub ephemeral: bool,
+    /// The PersistentVolume's name (None for inline volumes).
+    pub pv_name: Option<String>,
+    /// Mount read-only (pod `readOnly`, inline `readOnly`, or PV `spec.csi.readOnly`).
+    pub read_only: bool,
+    /// `fsType`, if given.
+    pub fs_type: Option<String>,
+    /// Filesystem or raw block.
+    pub volume_mode: CsiVolumeMode,
+    /// The access mode passed in the volume capability.
+    pub access_mode: CsiAccessMode,
+    /// `volumeAttributes` (the volume context).
+    pub volume_attributes: std::collections::BTreeMap<String, String>,
+    /// PV `spec.mountOptions`.
+    pub mount_options: Vec<String>,
+    /// PV `spec.capacity.storage` in bytes (desired size; growth → NodeExpandVolume).
+    pub capacity_bytes: Option<u64>,
+    /// From `spec.csi.nodeStageSecretRef`.
+    pub node_stage_secrets: Option<Arc<CsiSecrets>>,
+    /// From `spec.csi.nodePublishSecretRef` (inline: `nodePublishSecretRef`).
+    pub node_publish_secrets: Option<Arc<CsiSecrets>>,
+    /// From `spec.csi.nodeExpandSecretRef`.
+    pub node_expand_secrets: Option<Arc<CsiSecrets>>,
 }
 
 /// A volume of a pod: its name in the pod (the "outer volume spec name") and source.
@@ -250,4 +345,38 @@ pub struct VolumeSpec {
     pub name: String,
     /// What to mount.
     pub source: VolumeSource,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_never_print_values() {
+        let s = CsiSecrets(
+            [("password".to_string(), "hunter2".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        let (d, f) = (format!("{s:?}"), format!("{s}"));
+        assert!(d.contains("password") && f.contains("password"), "{d} {f}");
+        assert!(!d.contains("hunter2") && !f.contains("hunter2"), "{d} {f}");
+        let src = CsiVolumeSource {
+            driver: "d".into(),
+            volume_handle: "h".into(),
+            ephemeral: false,
+            pv_name: None,
+            read_only: false,
+            fs_type: None,
+            volume_mode: CsiVolumeMode::Filesystem,
+            access_mode: CsiAccessMode::SingleNodeWriter,
+            volume_attributes: Default::default(),
+            mount_options: vec![],
+            capacity_bytes: None,
+            node_stage_secrets: Some(Arc::new(s)),
+            node_publish_secrets: None,
+            node_expand_secrets: None,
+        };
+        assert!(!format!("{:?}", VolumeSource::Csi(src)).contains("hunter2"));
+    }
 }

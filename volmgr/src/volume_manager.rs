@@ -123,6 +123,8 @@ pub struct VolumeManager {
     shutdown: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
+    /// The CSI drivers shown in status, once set.
+    csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
     /// Namespace and name of deleted pods still being torn down.
     departing: Mutex<crate::volume::FastMap<PodUid, PodNames>>,
 }
@@ -169,6 +171,7 @@ impl VolumeManager {
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
             extra_metrics: Mutex::default(),
+            csi_drivers: std::sync::OnceLock::new(),
             departing: Mutex::default(),
         }))
     }
@@ -261,6 +264,7 @@ impl VolumeManager {
             mounted = report.mounted,
             uncertain = report.uncertain,
             unstacked = report.unstacked,
+            devices = report.devices,
             "reconstructed actual state"
         );
         let _ = self.shutdown.send(false);
@@ -366,7 +370,18 @@ impl VolumeManager {
         if changed.is_empty() {
             self.world.bump();
         } else {
+            // A changed spec may fix what failed for good.
+            self.executor.reset_final(&changed);
             self.world.mark_dirty(changed);
+        }
+    }
+
+    /// Retries at once every operation that waits for something to appear
+    /// (called when a CSI driver registers).
+    pub fn retry_waiting(&self) {
+        let volumes = self.executor.retry_waiting();
+        if !volumes.is_empty() {
+            self.world.mark_dirty(volumes);
         }
     }
 
@@ -581,7 +596,8 @@ impl VolumeManager {
                         let err = self
                             .executor
                             .record(name, Some(uid))
-                            .and_then(|r| r.last_error);
+                            .and_then(|r| r.last_error)
+                            .or_else(|| self.device_error(name));
                         Some(match err {
                             Some(e) => format!("{} (error: {e})", v.outer_name),
                             None => format!("{} (pending)", v.outer_name),
@@ -595,6 +611,11 @@ impl VolumeManager {
         } else {
             Some(missing.join(", "))
         }
+    }
+
+    /// The last error of a volume's device operation, if any.
+    fn device_error(&self, name: &UniqueVolumeName) -> Option<String> {
+        self.executor.record(name, None).and_then(|r| r.last_error)
     }
 
     /// The kubelet's `GetMountedVolumesForPod`: volumes certainly mounted.
@@ -767,7 +788,27 @@ impl VolumeManager {
             pods,
             errors,
             operations: self.metrics.summaries(),
+            csi_drivers: self
+                .csi_drivers
+                .get()
+                .map(|r| {
+                    r.driver_infos()
+                        .into_iter()
+                        .map(|d| crate::status::CsiDriverStatus {
+                            name: d.name,
+                            endpoint: d.endpoint.display().to_string(),
+                            versions: d.versions,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
+    }
+
+    /// Shows the drivers of `registry` in status (`csi_drivers`). The first
+    /// registry set stays.
+    pub fn set_csi_driver_registry(&self, registry: Arc<crate::csi::registry::DriverRegistry>) {
+        let _ = self.csi_drivers.set(registry);
     }
 
     fn volume_status(
@@ -792,23 +833,43 @@ impl VolumeManager {
             Ok(n) => n,
         };
         let mount = asw.pod_mount(name, uid);
-        let rec = self.executor.record(name, Some(uid));
+        let mut rec = self.executor.record(name, Some(uid));
+        if mount.is_none() {
+            // Not set up yet: the volume's device operation (CSI staging)
+            // may be what holds it back.
+            if let Some(dev) = self
+                .executor
+                .record(name, None)
+                .filter(|d| d.kind == OperationKind::MountDevice && d.attempts > 0)
+            {
+                if rec.as_ref().is_none_or(|r| r.last_error.is_none()) {
+                    rec = Some(dev);
+                }
+            }
+        }
+        // Waiting for a driver to register is pending, not an error.
         let failed = rec
             .as_ref()
-            .is_some_and(|r| r.last_error.is_some() && !r.running);
+            .is_some_and(|r| r.last_error.is_some() && !r.running && !r.waiting);
         let uncertain_err = rec.as_ref().is_some_and(|r| r.uncertain);
         let in_dsw = dsw.pod_exists_in_volume(name, uid);
         let state = match (in_dsw, mount.map(|m| m.state)) {
             (true, Some(VolumeMountState::Mounted)) => "mounted",
             (true, Some(VolumeMountState::Uncertain)) if failed && !uncertain_err => "error",
             (true, Some(VolumeMountState::Uncertain)) => "uncertain",
+            // The device operation (CSI staging) may or may not have happened.
+            (true, None) if failed && uncertain_err => "uncertain",
             (true, None) if failed => "error",
             (true, None) => "pending",
             (false, Some(_)) => "unmounting",
             (false, None) => "pending",
         };
         let attempts = rec.as_ref().map_or(0, |r| {
-            if r.kind == OperationKind::MountVolume || !in_dsw {
+            if matches!(
+                r.kind,
+                OperationKind::MountVolume | OperationKind::MountDevice
+            ) || !in_dsw
+            {
                 r.attempts
             } else {
                 0
@@ -820,7 +881,13 @@ impl VolumeManager {
             state: state.into(),
             path: mount.map(|m| m.path.display().to_string()),
             attempts,
-            error: rec.and_then(|r| r.last_error),
+            // A failed expansion of a mounted volume shows too.
+            error: rec.and_then(|r| r.last_error).or_else(|| {
+                self.executor
+                    .record(name, None)
+                    .filter(|d| d.kind == OperationKind::ExpandVolume)
+                    .and_then(|d| d.last_error)
+            }),
         }
     }
 

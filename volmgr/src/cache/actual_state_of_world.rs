@@ -51,6 +51,14 @@ pub struct AttachedVolume {
     pub plugin_name: Arc<str>,
     /// Staging state.
     pub device_mount_state: DeviceMountState,
+    /// Where the device is (or may be) mounted.
+    pub device_mount_path: Option<PathBuf>,
+    /// The spec the device was mounted with (kept after the last pod's
+    /// tear-down, for unmounting the device).
+    pub device_spec: Option<Arc<VolumeSpec>>,
+    /// The size the volume was mounted or last expanded to (the kubelet's
+    /// `persistentVolumeSize`), when known.
+    pub size_bytes: Option<u64>,
     /// The pods it is mounted for.
     pub pods: PodMap<MountedPod>,
 }
@@ -86,6 +94,9 @@ impl ActualStateOfWorld {
             .or_insert_with(|| AttachedVolume {
                 plugin_name: plugin,
                 device_mount_state: DeviceMountState::NotMounted,
+                device_mount_path: None,
+                device_spec: None,
+                size_bytes: None,
                 pods: PodMap::default(),
             });
     }
@@ -137,10 +148,15 @@ impl ActualStateOfWorld {
         self.by_pod.keys()
     }
 
-    /// Forgets a volume no pod has mounted (the kubelet's `MarkVolumeAsDetached`).
+    /// Forgets a volume no pod has mounted and whose device is not (or not
+    /// possibly) mounted (the kubelet's `MarkVolumeAsDetached`).
     pub fn mark_volume_as_detached(&mut self, volume: &UniqueVolumeName) -> bool {
         match self.volumes.get(volume) {
-            Some(v) if v.pods.is_empty() => self.volumes.remove(volume).is_some(),
+            Some(v)
+                if v.pods.is_empty() && v.device_mount_state == DeviceMountState::NotMounted =>
+            {
+                self.volumes.remove(volume).is_some()
+            }
             _ => false,
         }
     }
@@ -149,6 +165,46 @@ impl ActualStateOfWorld {
     pub fn set_device_mount_state(&mut self, volume: &UniqueVolumeName, state: DeviceMountState) {
         if let Some(v) = self.volumes.get_mut(volume) {
             v.device_mount_state = state;
+        }
+    }
+
+    /// Records a volume's device as mounted (or uncertain) at `path` with
+    /// `spec` (the kubelet's `MarkDeviceAsMounted` / `MarkDeviceAsUncertain`).
+    /// The volume must be attached.
+    pub fn mark_device(
+        &mut self,
+        volume: &UniqueVolumeName,
+        state: DeviceMountState,
+        spec: Arc<VolumeSpec>,
+        path: Option<PathBuf>,
+    ) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.device_mount_state = state;
+            v.device_spec = Some(spec);
+            if path.is_some() {
+                v.device_mount_path = path;
+            }
+        }
+    }
+
+    /// Records a volume's device as unmounted (the kubelet's `MarkDeviceAsUnmounted`).
+    pub fn mark_device_as_unmounted(&mut self, volume: &UniqueVolumeName) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.device_mount_state = DeviceMountState::NotMounted;
+        }
+    }
+
+    /// The device mount state of a volume (`NotMounted` for unknown volumes).
+    pub fn device_mount_state(&self, volume: &UniqueVolumeName) -> DeviceMountState {
+        self.volumes
+            .get(volume)
+            .map_or(DeviceMountState::NotMounted, |v| v.device_mount_state)
+    }
+
+    /// Records the size a volume was mounted or expanded to.
+    pub fn set_volume_size(&mut self, volume: &UniqueVolumeName, size: Option<u64>) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.size_bytes = size;
         }
     }
 
@@ -263,5 +319,28 @@ mod tests {
         assert!(a.mark_volume_as_unmounted(&v, &pod));
         assert!(a.mark_volume_as_detached(&v));
         assert!(a.volume(&v).is_none());
+    }
+
+    #[test]
+    fn a_mounted_device_keeps_the_volume_until_unmounted() {
+        let mut a = ActualStateOfWorld::default();
+        let v = UniqueVolumeName::new("x");
+        let spec = Arc::new(VolumeSpec {
+            name: "x".into(),
+            source: VolumeSource::EmptyDir {
+                medium: StorageMedium::Default,
+                size_limit: None,
+            },
+        });
+        a.mark_volume_as_attached(&v, "plug".into());
+        a.mark_device(&v, DeviceMountState::Uncertain, spec, Some("/g".into()));
+        assert_eq!(a.device_mount_state(&v), DeviceMountState::Uncertain);
+        assert!(!a.mark_volume_as_detached(&v), "device possibly mounted");
+        a.mark_device_as_unmounted(&v);
+        assert_eq!(
+            a.volume(&v).unwrap().device_mount_path.as_deref(),
+            Some(std::path::Path::new("/g"))
+        );
+        assert!(a.mark_volume_as_detached(&v));
     }
 }

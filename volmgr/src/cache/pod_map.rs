@@ -111,6 +111,11 @@ impl<T> PodMap<T> {
     pub fn values(&self) -> impl Iterator<Item = &T> {
         self.entries.iter().map(|(_, v)| v)
     }
+
+    /// The values, mutably.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.entries.iter_mut().map(|(_, v)| v)
+    }
 }
 
 impl<'a, T> IntoIterator for &'a PodMap<T> {

@@ -1,6 +1,7 @@
 //! Volume plugins (the kubelet's `VolumePlugin`, `Mounter` and `Unmounter` in
 //! one trait) and the [`VolumePluginMgr`] that picks one for a volume.
 
+pub mod csi;
 pub mod empty_dir;
 pub mod host_path;
 
@@ -39,12 +40,34 @@ pub enum VolumeError {
     /// The operation task itself failed (a panic in a plugin).
     #[error("internal error: {0}")]
     Internal(String),
+    /// Something the operation needs is not there yet (a CSI driver that has
+    /// not registered): retried with backoff, and at once when it appears.
+    #[error("{0}")]
+    Waiting(String),
+    /// Set-up found the device not mounted (CSI: publish answered
+    /// `FAILED_PRECONDITION`): the device is mounted again first.
+    #[error("device not mounted: {0}")]
+    NeedsDeviceMount(String),
+    /// Retrying cannot help (e.g. the driver answered `UNIMPLEMENTED`): the
+    /// operation is not retried until the volume's spec changes.
+    #[error("{0}")]
+    Final(String),
 }
 
 impl VolumeError {
     /// Whether the operation may have taken effect despite the error.
     pub fn is_uncertain(&self) -> bool {
         matches!(self, VolumeError::Uncertain(_))
+    }
+
+    /// Whether the operation waits for something to appear.
+    pub fn is_waiting(&self) -> bool {
+        matches!(self, VolumeError::Waiting(_))
+    }
+
+    /// Whether the operation must not be retried until the spec changes.
+    pub fn is_final(&self) -> bool {
+        matches!(self, VolumeError::Final(_))
     }
 }
 
@@ -87,6 +110,93 @@ pub struct ReconstructedVolume {
     pub complete: bool,
 }
 
+/// What `mount_device` needs (the kubelet's `MountDevice` arguments).
+#[derive(Debug, Clone)]
+pub struct DeviceMountRequest {
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The volume (the spec of one of the pods that want it).
+    pub spec: Arc<VolumeSpec>,
+}
+
+/// What `unmount_device` needs.
+#[derive(Debug, Clone)]
+pub struct DeviceUnmountRequest {
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The spec it was mounted with (possibly reconstructed, so partial).
+    pub spec: Arc<VolumeSpec>,
+    /// Where it is mounted, when known.
+    pub device_mount_path: Option<PathBuf>,
+}
+
+/// What `node_expand` needs.
+#[derive(Debug, Clone)]
+pub struct NodeExpandRequest {
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The desired spec (with the new size).
+    pub spec: Arc<VolumeSpec>,
+    /// The size wanted, in bytes.
+    pub new_size: u64,
+    /// A path the volume is published at (one pod's).
+    pub volume_path: PathBuf,
+    /// Its device mount path, when it has one.
+    pub device_mount_path: Option<PathBuf>,
+}
+
+/// A device mount found at start-up.
+#[derive(Debug, Clone)]
+pub struct ReconstructedDevice {
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The spec, as far as the disk tells.
+    pub spec: VolumeSpec,
+    /// Where it is mounted.
+    pub device_mount_path: PathBuf,
+    /// Whether the device mount completed (otherwise it is uncertain).
+    pub complete: bool,
+    /// The size it was mounted or last expanded to, when recorded.
+    pub size_bytes: Option<u64>,
+}
+
+/// The kubelet's `DeviceMountableVolumePlugin`: volumes with a device phase
+/// (CSI staging) that runs once per volume on the node, before any pod's
+/// set-up, and is undone only after the last pod's tear-down.
+#[async_trait::async_trait]
+pub trait DeviceMountableVolumePlugin: Send + Sync {
+    /// Whether this volume has a device phase (inline CSI volumes have none).
+    fn can_device_mount(&self, spec: &VolumeSpec) -> bool;
+
+    /// The global path of the volume's device mount.
+    fn device_mount_path(&self, spec: &VolumeSpec) -> Result<PathBuf, VolumeError>;
+
+    /// Mounts the device at its global path. Idempotent; returns the path.
+    async fn mount_device(&self, req: DeviceMountRequest) -> Result<PathBuf, VolumeError>;
+
+    /// Undoes `mount_device`. Idempotent: a device already gone is success.
+    async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError>;
+
+    /// At start-up: every device mount found on disk.
+    fn reconstruct_devices(
+        &self,
+        _table: &MountTable,
+    ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
+        Ok(Vec::new())
+    }
+}
+
+/// The kubelet's `NodeExpandableVolumePlugin`: grows a volume's file system
+/// on the node when its desired size grows.
+#[async_trait::async_trait]
+pub trait NodeExpandableVolumePlugin: Send + Sync {
+    /// The size the spec asks for, if it says.
+    fn requested_size(&self, spec: &VolumeSpec) -> Option<u64>;
+
+    /// Expands the volume to `req.new_size`.
+    async fn node_expand(&self, req: NodeExpandRequest) -> Result<(), VolumeError>;
+}
+
 /// A volume plugin. Operations are async so plugins that talk to a driver
 /// (CSI) do not hold a thread; plugins that make syscalls run them on the
 /// [`BlockingPool`].
@@ -119,6 +229,32 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// reconstruction (`kubernetes.io~empty-dir`), if it keeps state there.
     fn volumes_dir_name(&self) -> Option<String> {
         None
+    }
+
+    /// The `volume_plugin` label of this volume's operation metrics, when it
+    /// is not the plugin name (CSI: `kubernetes.io/csi:<driver>`).
+    fn metric_label(&self, _spec: &VolumeSpec) -> Option<Arc<str>> {
+        None
+    }
+
+    /// The device phase, for plugins that have one.
+    fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
+        None
+    }
+
+    /// Node expansion, for plugins that support it.
+    fn node_expandable(&self) -> Option<&dyn NodeExpandableVolumePlugin> {
+        None
+    }
+
+    /// At start-up: rebuilds the raw block volumes this plugin set up for a
+    /// pod (`pods/<uid>/volumeDevices/`).
+    fn reconstruct_block_volumes(
+        &self,
+        _pod: &PodUid,
+        _table: &MountTable,
+    ) -> Result<Vec<ReconstructedVolume>, VolumeError> {
+        Ok(Vec::new())
     }
 
     /// At start-up: rebuilds a volume found in this plugin's directory of a pod.

@@ -1,12 +1,25 @@
 //! A directory of pod manifests, like the kubelet's static pod path: every
 //! `*.yaml`, `*.yml` or `*.json` file (not hidden, not in subdirectories)
-//! holds one or more Kubernetes objects — `v1.Pod`, or a `v1.List`/`PodList`
-//! of pods; other kinds are skipped. Changes are picked up through inotify,
-//! with a periodic rescan as a safety net.
+//! holds one or more Kubernetes objects — `v1.Pod`, `v1.PersistentVolumeClaim`,
+//! `v1.PersistentVolume`, `v1.Secret`, or a `v1.List` (or typed list:
+//! `PodList`, `PersistentVolumeList`, ...) of them; other
+//! kinds are skipped. Changes are picked up through inotify, with a periodic
+//! rescan as a safety net.
 //!
-//! A file that cannot be read or parsed keeps the pods it last defined (a
-//! half-written edit must not tear volumes down) and shows the error in
-//! status; a removed file removes its pods.
+//! PVCs, PVs and Secrets stand in for the API server: a pod's
+//! `persistentVolumeClaim` volume resolves through them (see
+//! [`crate::pod::ObjectLookup`]), and when one of them appears, changes or
+//! disappears, the pods that read it are re-resolved (a missing object's
+//! volume error clears itself; a PV whose capacity grew raises the desired
+//! size). Like the kubelet, a volume that resolved once is not torn down
+//! because its PVC, PV or Secret went away: it keeps its last resolution and
+//! the problem shows in status (source `pod NS/NAME (UID)`) until the object
+//! is back or the pod changes. Secret values are never logged nor shown in
+//! status.
+//!
+//! A file that cannot be read or parsed keeps the pods and objects it last
+//! defined (a half-written edit must not tear volumes down) and shows the
+//! error in status; a removed file removes its pods and objects.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
@@ -16,13 +29,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use crate::pod::{DesiredPod, PodRejected};
-use crate::volume::PodUid;
+use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
+use crate::volume::{PodUid, VolumeSource};
 use crate::volume_manager::VolumeManager;
 
 /// Files larger than this are refused.
@@ -75,6 +89,7 @@ impl FileKey {
 struct FileState {
     key: Option<FileKey>,
     pods: Vec<PodUid>,
+    objects: Vec<ObjectRef>,
 }
 
 /// What one file yielded.
@@ -82,6 +97,11 @@ struct FileState {
 pub struct ParsedFile {
     /// Valid pods.
     pub pods: Vec<DesiredPod>,
+    /// Pods whose volumes read other objects (PVCs, Secrets): converted when
+    /// applied, against the objects known then.
+    pub unresolved: Vec<Arc<Pod>>,
+    /// PersistentVolumes, PersistentVolumeClaims and Secrets.
+    pub objects: Vec<KubeObject>,
     /// Pods rejected as a whole.
     pub rejected: Vec<PodRejected>,
     /// Problems that yielded no pod (unparsable documents, ...).
@@ -106,10 +126,7 @@ pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
     // the typed object, without an intermediate `Value`.
     if json {
         if let Ok(pod) = serde_json::from_str::<Pod>(text) {
-            match DesiredPod::from_pod(&pod) {
-                Ok(p) => out.pods.push(p),
-                Err(r) => out.rejected.push(r),
-            }
+            add_pod(pod, &mut out);
             return out;
         }
     }
@@ -157,22 +174,63 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
         .to_string();
     match kind.as_str() {
         "Pod" => match serde_json::from_value::<Pod>(v) {
-            Ok(pod) => match DesiredPod::from_pod(&pod) {
-                Ok(p) => out.pods.push(p),
-                Err(r) => out.rejected.push(r),
-            },
+            Ok(pod) => add_pod(pod, out),
             Err(e) => {
                 out.errors
                     .push(format!("document {doc}: not a valid v1.Pod: {e}"));
                 out.complete = false;
             }
         },
-        "List" | "PodList" => {
+        "PersistentVolume" => match serde_json::from_value::<PersistentVolume>(v) {
+            Ok(o) => add_named(KubeObject::PersistentVolume(Arc::new(o)), doc, out),
+            Err(e) => {
+                out.errors.push(format!(
+                    "document {doc}: not a valid v1.PersistentVolume: {e}"
+                ));
+                out.complete = false;
+            }
+        },
+        "PersistentVolumeClaim" => match serde_json::from_value::<PersistentVolumeClaim>(v) {
+            Ok(o) => add_named(KubeObject::PersistentVolumeClaim(Arc::new(o)), doc, out),
+            Err(e) => {
+                out.errors.push(format!(
+                    "document {doc}: not a valid v1.PersistentVolumeClaim: {e}"
+                ));
+                out.complete = false;
+            }
+        },
+        "Secret" => {
+            let name = v
+                .pointer("/metadata/name")
+                .and_then(|n| n.as_str())
+                .unwrap_or("")
+                .to_string();
+            match serde_json::from_value::<Secret>(v) {
+                Ok(o) => add_named(KubeObject::Secret(Arc::new(o)), doc, out),
+                Err(e) => {
+                    // The parser's message may quote a value: say only where.
+                    out.errors.push(format!(
+                        "document {doc}: Secret {name:?} is not a valid v1.Secret (details withheld, they could quote a secret value; near line {}, column {})",
+                        e.line(),
+                        e.column()
+                    ));
+                    out.complete = false;
+                }
+            }
+        }
+        "List"
+        | "PodList"
+        | "PersistentVolumeList"
+        | "PersistentVolumeClaimList"
+        | "SecretList" => {
+            // Items of a typed list (as the API server returns them) carry
+            // no kind of their own.
+            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
             let items = match v {
                 serde_json::Value::Object(mut o) => o.remove("items"),
                 _ => None,
             };
-            for item in items
+            for mut item in items
                 .and_then(|i| match i {
                     serde_json::Value::Array(a) => Some(a),
                     _ => None,
@@ -180,6 +238,10 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
                 .into_iter()
                 .flatten()
             {
+                if let (Some(k), serde_json::Value::Object(o)) = (item_kind, &mut item) {
+                    o.entry("kind").or_insert_with(|| k.into());
+                    o.entry("apiVersion").or_insert_with(|| "v1".into());
+                }
                 add_object(item, doc, out);
             }
         }
@@ -189,6 +251,28 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
         }
         other => tracing::debug!(kind = other, "skipping non-pod object in manifests"),
     }
+}
+
+fn add_pod(pod: Pod, out: &mut ParsedFile) {
+    if crate::pod::needs_objects(&pod) {
+        out.unresolved.push(Arc::new(pod));
+        return;
+    }
+    match DesiredPod::from_pod(&pod) {
+        Ok(p) => out.pods.push(p),
+        Err(r) => out.rejected.push(r),
+    }
+}
+
+fn add_named(obj: KubeObject, doc: usize, out: &mut ParsedFile) {
+    let r = obj.reference();
+    if r.name.is_empty() {
+        out.errors
+            .push(format!("document {doc}: {r}: metadata.name is required"));
+        out.complete = false;
+        return;
+    }
+    out.objects.push(obj);
 }
 
 fn is_manifest_name(name: &std::ffi::OsStr) -> Option<bool> {
@@ -221,6 +305,20 @@ pub struct ManifestsSource {
     files: HashMap<OsString, FileState>,
     /// Which file defines each pod (a second definition is rejected).
     owners: HashMap<PodUid, OsString>,
+    /// The PVCs, PVs and Secrets of every file.
+    store: ObjectStore,
+    /// Which file defines each object (a second definition is refused).
+    object_owners: HashMap<ObjectRef, OsString>,
+    /// The pods that read other objects, as written (to re-resolve them).
+    resolvable: HashMap<PodUid, Arc<Pod>>,
+    /// Which of those pods read which objects.
+    dependents: Dependents,
+    /// The last successful resolution of each volume of those pods: a
+    /// volume whose object goes away keeps it (like the kubelet, which never
+    /// drops a volume of a running pod because its PVC or PV vanished).
+    last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
+    /// Pods currently running on a last good resolution (shown in status).
+    stale: HashMap<PodUid, String>,
 }
 
 impl ManifestsSource {
@@ -232,6 +330,12 @@ impl ManifestsSource {
             rescan_period,
             files: HashMap::new(),
             owners: HashMap::new(),
+            store: ObjectStore::default(),
+            object_owners: HashMap::new(),
+            resolvable: HashMap::new(),
+            dependents: Dependents::default(),
+            last_good: HashMap::new(),
+            stale: HashMap::new(),
         }
     }
 
@@ -271,6 +375,7 @@ impl ManifestsSource {
         tracing::info!(
             files = self.files.len(),
             pods = self.owners.len(),
+            objects = self.store.len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "initial manifests scan done"
         );
@@ -413,10 +518,22 @@ impl ManifestsSource {
                     for uid in old.pods {
                         if self.owners.get(&uid) == Some(&name) {
                             self.owners.remove(&uid);
+                            self.forget_pod(&uid);
                             self.vm.delete_pod(&uid);
                             tracing::info!(pod = %uid, file = %source, "pod removed with its manifest");
                         }
                     }
+                    let mut changed = BTreeSet::new();
+                    for r in old.objects {
+                        if self.object_owners.get(&r) == Some(&name) {
+                            self.object_owners.remove(&r);
+                            if self.store.remove(&r) {
+                                tracing::info!(object = %r, file = %source, "object removed with its manifest");
+                                changed.insert(r);
+                            }
+                        }
+                    }
+                    self.reresolve(&changed, &BTreeSet::new());
                 }
                 self.vm.set_source_problems(&source, vec![], vec![]);
             }
@@ -427,14 +544,64 @@ impl ManifestsSource {
             }
             FileRead::Parsed(key, parsed) => {
                 let mut rejected = parsed.rejected;
+                let mut errors = parsed.errors;
+                // Objects first, so this file's pods resolve against them.
+                let mut changed = BTreeSet::new();
+                let mut now_objects = BTreeSet::new();
+                for obj in parsed.objects {
+                    let r = obj.reference();
+                    if let Some(owner) = self.object_owners.get(&r).filter(|o| **o != name) {
+                        errors.push(format!(
+                            "{r} is already defined in {}",
+                            self.dir.join(owner).display()
+                        ));
+                        continue;
+                    }
+                    if !now_objects.insert(r.clone()) {
+                        errors.push(format!("{r} is defined twice in this file"));
+                        continue;
+                    }
+                    self.object_owners.insert(r.clone(), name.clone());
+                    if self.store.insert(obj) {
+                        tracing::info!(object = %r, file = %source, "object added or changed");
+                        changed.insert(r);
+                    }
+                }
+                let state = self.files.entry(name.clone()).or_default();
+                if parsed.complete {
+                    for r in state.objects.iter().filter(|r| !now_objects.contains(*r)) {
+                        if self.object_owners.get(r) == Some(&name) {
+                            self.object_owners.remove(r);
+                            if self.store.remove(r) {
+                                tracing::info!(object = %r, file = %source, "object removed from its manifest");
+                                changed.insert(r.clone());
+                            }
+                        }
+                    }
+                    state.objects = now_objects.into_iter().collect();
+                } else {
+                    for r in now_objects {
+                        if !state.objects.contains(&r) {
+                            state.objects.push(r);
+                        }
+                    }
+                }
+                let mut pods: Vec<(DesiredPod, Option<Resolvable>)> =
+                    parsed.pods.into_iter().map(|p| (p, None)).collect();
+                for raw in parsed.unresolved {
+                    match self.resolve(&raw) {
+                        Ok((pod, deps)) => pods.push((pod, Some((raw, deps)))),
+                        Err(r) => rejected.push(r),
+                    }
+                }
                 for r in &rejected {
                     tracing::warn!(file = %source, error = %r, "pod rejected");
                 }
-                for e in &parsed.errors {
+                for e in &errors {
                     tracing::warn!(file = %source, error = %e, "manifest problem");
                 }
                 let mut now = BTreeSet::new();
-                for pod in parsed.pods {
+                for (pod, resolvable) in pods {
                     match self.owners.get(&pod.uid) {
                         Some(owner) if owner != &name => {
                             rejected.push(PodRejected {
@@ -461,32 +628,137 @@ impl ManifestsSource {
                         continue;
                     }
                     self.owners.insert(pod.uid.clone(), name.clone());
+                    let pod = match resolvable {
+                        Some((raw, deps)) => {
+                            // The same pod as before: its volumes may keep
+                            // their last good resolution.
+                            let same = self.resolvable.get(&pod.uid) == Some(&raw);
+                            self.dependents.set(&pod.uid, deps);
+                            self.resolvable.insert(pod.uid.clone(), raw);
+                            self.settle(pod, same)
+                        }
+                        None => {
+                            self.forget_pod(&pod.uid);
+                            pod
+                        }
+                    };
                     self.vm.set_desired_pod(pod);
                 }
                 let state = self.files.entry(name.clone()).or_default();
+                let mut gone = Vec::new();
                 if parsed.complete {
                     for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
                         if self.owners.get(uid) == Some(&name) {
                             self.owners.remove(uid);
+                            gone.push(uid.clone());
                             self.vm.delete_pod(uid);
                             tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
                         }
                     }
+                    for uid in &gone {
+                        self.forget_pod(uid);
+                    }
+                    self.reresolve(&changed, &now);
+                    let state = self.files.entry(name.clone()).or_default();
                     state.pods = now.into_iter().collect();
                 } else {
-                    for uid in now {
-                        if !state.pods.contains(&uid) {
-                            state.pods.push(uid);
+                    for uid in &now {
+                        if !state.pods.contains(uid) {
+                            state.pods.push(uid.clone());
                         }
                     }
+                    self.reresolve(&changed, &now);
                 }
-                state.key = Some(key);
-                self.vm
-                    .set_source_problems(&source, parsed.errors, rejected);
+                if let Some(state) = self.files.get_mut(&name) {
+                    state.key = Some(key);
+                }
+                self.vm.set_source_problems(&source, errors, rejected);
+            }
+        }
+    }
+
+    /// Converts a pod that reads other objects, recording which.
+    fn resolve(&self, raw: &Pod) -> Result<(DesiredPod, BTreeSet<ObjectRef>), PodRejected> {
+        let rec = RecordingLookup::new(&self.store);
+        let pod = DesiredPod::from_pod_with(raw, Some(&rec))?;
+        Ok((pod, rec.into_dependencies()))
+    }
+
+    /// Stops tracking the objects `uid` read.
+    fn forget_pod(&mut self, uid: &PodUid) {
+        self.resolvable.remove(uid);
+        self.dependents.remove(uid);
+        self.last_good.remove(uid);
+        if let Some(key) = self.stale.remove(uid) {
+            self.vm.set_source_problems(&key, vec![], vec![]);
+        }
+    }
+
+    /// Records the volumes that resolved; with `keep_last`, a volume that no
+    /// longer resolves keeps its last good resolution (and the problem shows
+    /// in status under the pod).
+    fn settle(&mut self, mut pod: DesiredPod, keep_last: bool) -> DesiredPod {
+        let prev = self.last_good.remove(&pod.uid).unwrap_or_default();
+        let mut problems = Vec::new();
+        for v in &mut pod.volumes {
+            if let (Err(e), true) = (&v.source, keep_last) {
+                if let Some(old) = prev.get(&v.name) {
+                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume no longer resolves; keeping its last resolution");
+                    problems.push(format!(
+                        "volume {:?}: {e}; the volume stays as last resolved",
+                        v.name
+                    ));
+                    v.source = Ok(old.clone());
+                }
+            }
+        }
+        let good = pod
+            .volumes
+            .iter()
+            .filter_map(|v| v.source.as_ref().ok().map(|s| (v.name.clone(), s.clone())))
+            .collect();
+        self.last_good.insert(pod.uid.clone(), good);
+        let key = format!("pod {}/{} ({})", pod.namespace, pod.name, pod.uid);
+        if problems.is_empty() {
+            if let Some(k) = self.stale.remove(&pod.uid) {
+                self.vm.set_source_problems(&k, vec![], vec![]);
+            }
+        } else {
+            self.vm.set_source_problems(&key, problems, vec![]);
+            self.stale.insert(pod.uid.clone(), key);
+        }
+        pod
+    }
+
+    /// Converts again the pods that read one of `changed` (except those in
+    /// `fresh`, just converted against the current objects).
+    fn reresolve(&mut self, changed: &BTreeSet<ObjectRef>, fresh: &BTreeSet<PodUid>) {
+        if changed.is_empty() {
+            return;
+        }
+        for uid in self.dependents.pods_affected_by(changed) {
+            if fresh.contains(&uid) {
+                continue;
+            }
+            let Some(raw) = self.resolvable.get(&uid).cloned() else {
+                continue;
+            };
+            match self.resolve(&raw) {
+                Ok((pod, deps)) => {
+                    tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
+                    self.dependents.set(&uid, deps);
+                    let pod = self.settle(pod, true);
+                    self.vm.set_desired_pod(pod);
+                }
+                // Rejection depends on the pod alone, which did not change.
+                Err(r) => tracing::warn!(pod = %uid, error = %r, "pod rejected on re-resolution"),
             }
         }
     }
 }
+
+/// A pod as written and the objects its conversion read.
+type Resolvable = (Arc<Pod>, BTreeSet<ObjectRef>);
 
 enum FileRead {
     Unchanged,
@@ -641,5 +913,323 @@ spec:
         assert_eq!(is_manifest_name("a.json".as_ref()), Some(true));
         assert_eq!(is_manifest_name(".a.yaml".as_ref()), None);
         assert_eq!(is_manifest_name("a.yaml.swp".as_ref()), None);
+    }
+
+    #[test]
+    fn reads_volume_objects_and_defers_pods_that_need_them() {
+        let text = r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv-1}
+spec: {csi: {driver: d, volumeHandle: h}}
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: PersistentVolumeClaim, metadata: {name: c, namespace: ns}, spec: {volumeName: pv-1}}
+- {apiVersion: v1, kind: Secret, metadata: {name: s}, stringData: {password: hunter2}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ns, uid: uid-p}
+spec:
+  containers: [{name: c, image: i, volumeMounts: [{name: v, mountPath: /v}]}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: c}}]
+"#;
+        let p = parse_manifest(text, false);
+        assert!(p.errors.is_empty() && p.complete, "{:?}", p.errors);
+        assert!(p.pods.is_empty());
+        assert_eq!(p.unresolved.len(), 1);
+        let refs: Vec<String> = p
+            .objects
+            .iter()
+            .map(|o| o.reference().to_string())
+            .collect();
+        assert_eq!(
+            refs,
+            vec![
+                "PersistentVolume pv-1",
+                "PersistentVolumeClaim ns/c",
+                "Secret default/s"
+            ]
+        );
+        assert!(!format!("{p:?}").contains("hunter2"));
+
+        // Typed lists, whose items carry no kind.
+        let p = parse_manifest(
+            r#"{"apiVersion":"v1","kind":"PersistentVolumeList","items":[{"metadata":{"name":"a"},"spec":{}}]}
+{"apiVersion":"v1","kind":"SecretList","items":[{"metadata":{"name":"s"},"data":{}}]}
+{"apiVersion":"v1","kind":"PodList","items":[{"metadata":{"name":"p"},"spec":{"containers":[]}}]}"#,
+            true,
+        );
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        assert_eq!(p.objects.len(), 2);
+        assert_eq!(p.pods.len(), 1);
+
+        // A JSON Secret is not mistaken for a pod by the fast path.
+        let p = parse_manifest(
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s"},"data":{"k":"dg=="}}"#,
+            true,
+        );
+        assert_eq!(p.objects.len(), 1, "{:?}", p.errors);
+
+        // Errors: a nameless object; a bad Secret never quotes its values.
+        let p = parse_manifest(
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: {}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: [hunter2]}\n",
+            false,
+        );
+        assert!(!p.complete);
+        assert_eq!(p.errors.len(), 2, "{:?}", p.errors);
+        assert!(
+            p.errors[0].contains("metadata.name is required"),
+            "{:?}",
+            p.errors
+        );
+        assert!(
+            p.errors[1].contains("not a valid v1.Secret"),
+            "{:?}",
+            p.errors
+        );
+        assert!(!p.errors[1].contains("hunter2"), "{:?}", p.errors);
+    }
+
+    /// A stand-in CSI plugin (this test is about sources, not mounting): one
+    /// volume per handle, like the real one.
+    struct CsiStandIn;
+
+    #[async_trait::async_trait]
+    impl crate::plugins::VolumePlugin for CsiStandIn {
+        fn name(&self) -> &str {
+            "test/csi"
+        }
+        fn can_support(&self, source: &crate::volume::VolumeSource) -> bool {
+            matches!(source, crate::volume::VolumeSource::Csi(_))
+        }
+        fn unique_volume_name(
+            &self,
+            pod: &PodUid,
+            spec: &crate::volume::VolumeSpec,
+        ) -> crate::volume::UniqueVolumeName {
+            match &spec.source {
+                crate::volume::VolumeSource::Csi(c) if !c.ephemeral => {
+                    crate::volume::UniqueVolumeName::new(format!("test/csi/{}", c.volume_handle))
+                }
+                _ => crate::volume::UniqueVolumeName::per_pod("test/csi", pod, &spec.name),
+            }
+        }
+        async fn set_up(
+            &self,
+            _req: crate::plugins::MountRequest,
+        ) -> Result<PathBuf, crate::plugins::VolumeError> {
+            Err(crate::plugins::VolumeError::InvalidSpec(
+                "not mounted in this test".into(),
+            ))
+        }
+        async fn tear_down(
+            &self,
+            _req: crate::plugins::UnmountRequest,
+        ) -> Result<(), crate::plugins::VolumeError> {
+            Ok(())
+        }
+        fn verify(
+            &self,
+            _spec: &crate::volume::VolumeSpec,
+            _path: &Path,
+            _table: &crate::sys::mount_table::MountTable,
+        ) -> bool {
+            false
+        }
+    }
+
+    /// Writes a file atomically (a new inode, so the change is always seen).
+    fn put(dir: &Path, name: &str, text: &str) {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+
+    /// The volume of pod `uid`: its error, or its CSI source.
+    fn volume_of(vm: &VolumeManager, uid: &str) -> Result<crate::volume::CsiVolumeSource, String> {
+        let dsw = vm.world().dsw();
+        let uid = PodUid::new(uid).unwrap();
+        let entry = dsw.pod(&uid).expect("pod is desired");
+        let name = entry.volumes[0].volume.clone()?;
+        let v = dsw.volume(&name).expect("volume is desired");
+        let p = v.pods.get(&uid).expect("pod in volume");
+        match &p.spec.source {
+            crate::volume::VolumeSource::Csi(c) => Ok(c.clone()),
+            other => panic!("not CSI: {other:?}"),
+        }
+    }
+
+    const PVC_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: ns, uid: uid-p}
+spec:
+  containers: [{name: c, image: i, volumeMounts: [{name: v, mountPath: /v}]}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: claim}}]
+"#;
+
+    fn pv_yaml(size: &str, secret: bool) -> String {
+        let secret = if secret {
+            ", nodeStageSecretRef: {name: creds, namespace: ns}"
+        } else {
+            ""
+        };
+        format!("apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-1}}\nspec:\n  capacity: {{storage: {size}}}\n  claimRef: {{namespace: ns, name: claim}}\n  csi: {{driver: test.csi, volumeHandle: vol-1{secret}}}\n")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pods_are_re_resolved_when_their_objects_change() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let vm = VolumeManager::new(
+            crate::volume_manager::Config::new(root.path()),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+        .unwrap();
+        vm.register_plugin(Arc::new(CsiStandIn)).unwrap();
+        let mut src = ManifestsSource::new(
+            dir.path().to_path_buf(),
+            Arc::clone(&vm),
+            Duration::from_secs(3600),
+        );
+        let d = dir.path();
+        put(d, "pod.yaml", PVC_POD);
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(
+            e.contains("PersistentVolumeClaim ns/claim not found"),
+            "{e}"
+        );
+
+        // The claim appears, not bound yet; then the PV binds it by claimRef.
+        put(d, "pvc.yaml", "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: claim, namespace: ns}\nspec: {}\n");
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(e.contains("is not bound"), "{e}");
+        // The PV needs a stage secret that is missing; then it appears (its
+        // value never in status).
+        put(d, "pv.yaml", &pv_yaml("64Mi", true));
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(e.contains("Secret ns/creds not found"), "{e}");
+        put(
+            d,
+            "secret.json",
+            r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"creds","namespace":"ns"},"stringData":{"password":"hunter2"}}"#,
+        );
+        src.rescan().await;
+        let c = volume_of(&vm, "uid-p").unwrap();
+        assert_eq!(
+            (c.volume_handle.as_str(), c.capacity_bytes),
+            ("vol-1", Some(64 << 20))
+        );
+        assert_eq!(c.node_stage_secrets.unwrap().0["password"], "hunter2");
+        let json = serde_json::to_string(&vm.status()).unwrap();
+        assert!(!json.contains("hunter2"), "{json}");
+
+        // A resize raises the desired capacity.
+        put(d, "pv.yaml", &pv_yaml("128Mi", true));
+        src.rescan().await;
+        assert_eq!(
+            volume_of(&vm, "uid-p").unwrap().capacity_bytes,
+            Some(128 << 20)
+        );
+
+        // A half-written PV file keeps the last good PV and reports the error.
+        put(
+            d,
+            "pv.yaml",
+            "apiVersion: v1\nkind: PersistentVolume\nmetadata: [\n",
+        );
+        src.rescan().await;
+        assert_eq!(
+            volume_of(&vm, "uid-p").unwrap().capacity_bytes,
+            Some(128 << 20)
+        );
+        let st = vm.status();
+        assert!(
+            st.errors
+                .iter()
+                .any(|e| e.source.ends_with("pv.yaml") && e.error.contains("invalid YAML")),
+            "{:?}",
+            st.errors
+        );
+        put(d, "pv.yaml", &pv_yaml("128Mi", true));
+        src.rescan().await;
+
+        // The same object in two files: the second is refused.
+        put(d, "dup.yaml", &pv_yaml("1Gi", true));
+        src.rescan().await;
+        assert_eq!(
+            volume_of(&vm, "uid-p").unwrap().capacity_bytes,
+            Some(128 << 20)
+        );
+        assert!(vm
+            .status()
+            .errors
+            .iter()
+            .any(|e| e.source.ends_with("dup.yaml")
+                && e.error
+                    .contains("PersistentVolume pv-1 is already defined in")));
+        std::fs::remove_file(d.join("dup.yaml")).unwrap();
+
+        // The PV goes away with its file: the pod's volume stays as last
+        // resolved (like the kubelet), and the problem shows in status.
+        std::fs::remove_file(d.join("pv.yaml")).unwrap();
+        src.rescan().await;
+        assert_eq!(
+            volume_of(&vm, "uid-p").unwrap().capacity_bytes,
+            Some(128 << 20)
+        );
+        let stale = |vm: &VolumeManager| {
+            vm.status()
+                .errors
+                .into_iter()
+                .find(|e| e.source == "pod ns/p (uid-p)")
+                .map(|e| e.error)
+        };
+        let e = stale(&vm).expect("stale volume reported");
+        assert!(
+            e.contains("is not bound") && e.contains("stays as last resolved"),
+            "{e}"
+        );
+        put(d, "pv.yaml", &pv_yaml("128Mi", true));
+        src.rescan().await;
+        assert_eq!(stale(&vm), None);
+
+        // A changed pod is resolved afresh: no last good for a new claim.
+        put(
+            d,
+            "pod.yaml",
+            &PVC_POD.replace("claimName: claim", "claimName: other"),
+        );
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(
+            e.contains("PersistentVolumeClaim ns/other not found"),
+            "{e}"
+        );
+
+        // A pod that no longer uses a PVC stops being re-resolved.
+        put(
+            d,
+            "pod.yaml",
+            &PVC_POD.replace("persistentVolumeClaim: {claimName: claim}", "emptyDir: {}"),
+        );
+        src.rescan().await;
+        assert!(src.resolvable.is_empty());
+        put(d, "pv.yaml", &pv_yaml("64Mi", false));
+        src.rescan().await;
+        std::fs::remove_file(d.join("pod.yaml")).unwrap();
+        src.rescan().await;
+        assert!(vm
+            .world()
+            .dsw()
+            .pod(&PodUid::new("uid-p").unwrap())
+            .is_none());
+        assert!(src.resolvable.is_empty());
     }
 }

@@ -3,3 +3,4 @@
 //! itself is [`crate::volume_manager::VolumeManager::upsert_pod`]).
 
 pub mod manifests;
+pub mod objects;

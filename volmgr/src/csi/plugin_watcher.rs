@@ -1,0 +1,793 @@
+//! The kubelet's plugin watcher (`pkg/kubelet/pluginmanager`) for CSI
+//! drivers: it follows `ROOT/plugins_registry/` (inotify plus a scan at
+//! start and now and then), and for every Unix socket that appears there it
+//! speaks the plugin registration API as the client — `GetInfo`, validate,
+//! register the driver's endpoint in the [`DriverRegistry`], then
+//! `NotifyRegistrationStatus` — which is what the unmodified
+//! `node-driver-registrar` sidecar expects.
+//!
+//! - A socket that is removed unregisters its driver; a socket that is
+//!   replaced (a new inode: the driver restarted) is registered again.
+//! - A registration that fails (nobody listening, a bad answer, a version
+//!   that is not 1.x) is retried with exponential backoff, like the kubelet's
+//!   reconciler, and reported through the problem callback (status).
+//! - Files whose name starts with `.` and anything that is not a socket are
+//!   ignored; subdirectories are followed, as the kubelet does.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use super::proto::pluginregistration::registration_client::RegistrationClient;
+use super::proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use super::registry::DriverRegistry;
+
+/// The plugin type this watcher handles (the kubelet's `CSIPlugin`).
+pub const CSI_PLUGIN_TYPE: &str = "CSIPlugin";
+
+/// Why the watcher could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum WatcherError {
+    /// inotify could not be set up on the directory.
+    #[error("plugin watcher on {path}: {source}")]
+    Inotify {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: nix::errno::Errno,
+    },
+    /// The inotify descriptor could not be registered with the runtime.
+    #[error("plugin watcher on {path}: {source}")]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Called with a socket and its registration problem (`None`: resolved).
+pub type ProblemSink = Arc<dyn Fn(&Path, Option<String>) + Send + Sync>;
+
+/// Timing of the watcher.
+#[derive(Debug, Clone, Copy)]
+pub struct WatcherConfig {
+    /// Deadline of connecting and of each registration call.
+    pub call_timeout: Duration,
+    /// First retry delay of a failed registration (doubles each time).
+    pub retry_initial: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+    /// Safety-net rescan of the directory.
+    pub rescan_period: Duration,
+}
+
+impl Default for WatcherConfig {
+    fn default() -> Self {
+        Self {
+            call_timeout: Duration::from_secs(10),
+            retry_initial: Duration::from_millis(500),
+            retry_max: Duration::from_secs(30),
+            rescan_period: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What identifies one socket file: a new inode is a new plugin instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SocketKey {
+    ino: u64,
+    ctime_ns: i128,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// To (re)try at `at`.
+    Pending { at: Instant, failures: u32 },
+    /// A registration attempt is running.
+    InFlight { failures: u32 },
+    /// Registered as driver `name` at `endpoint`.
+    Registered { name: String, endpoint: PathBuf },
+}
+
+#[derive(Debug)]
+struct SocketState {
+    key: SocketKey,
+    phase: Phase,
+}
+
+/// The outcome of one registration attempt.
+struct Attempt {
+    socket: PathBuf,
+    key: SocketKey,
+    result: Result<Validated, String>,
+}
+
+/// A plugin that answered `GetInfo` and passed validation: registered by
+/// the watcher's loop (the only writer of its registrations), then told.
+pub struct Validated {
+    /// The driver name.
+    pub name: String,
+    /// The driver's CSI socket.
+    pub endpoint: PathBuf,
+    /// The versions it announced.
+    pub versions: Vec<String>,
+    client: RegistrationClient<Channel>,
+}
+
+struct InotifyFd(Inotify);
+
+impl AsRawFd for InotifyFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// The plugin watcher.
+pub struct PluginWatcher {
+    dir: PathBuf,
+    registry: Arc<DriverRegistry>,
+    config: WatcherConfig,
+    problems: Option<ProblemSink>,
+    sockets: HashMap<PathBuf, SocketState>,
+    watches: HashMap<WatchDescriptor, PathBuf>,
+}
+
+impl PluginWatcher {
+    /// A watcher of `dir` (which must exist) registering into `registry`.
+    pub fn new(dir: PathBuf, registry: Arc<DriverRegistry>, config: WatcherConfig) -> Self {
+        Self {
+            dir,
+            registry,
+            config,
+            problems: None,
+            sockets: HashMap::new(),
+            watches: HashMap::new(),
+        }
+    }
+
+    /// Reports registration problems (and their end) to `sink`.
+    pub fn with_problem_sink(mut self, sink: ProblemSink) -> Self {
+        self.problems = Some(sink);
+        self
+    }
+
+    fn mask() -> AddWatchFlags {
+        AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_DELETE
+            | AddWatchFlags::IN_MOVED_FROM
+            | AddWatchFlags::IN_MOVED_TO
+            | AddWatchFlags::IN_ATTRIB
+            | AddWatchFlags::IN_DELETE_SELF
+            | AddWatchFlags::IN_MOVE_SELF
+            | AddWatchFlags::IN_ONLYDIR
+    }
+
+    /// Scans the directory, then follows changes until `shutdown`. Drivers it
+    /// registered stay registered when it stops (the agent is stopping).
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), WatcherError> {
+        let inotify =
+            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|source| {
+                WatcherError::Inotify {
+                    path: self.dir.clone(),
+                    source,
+                }
+            })?;
+        let wd = inotify
+            .add_watch(&self.dir, Self::mask())
+            .map_err(|source| WatcherError::Inotify {
+                path: self.dir.clone(),
+                source,
+            })?;
+        self.watches.insert(wd, self.dir.clone());
+        // SAFETY: the descriptor is owned by the `Inotify` moved into the
+        // `AsyncFd`, stays open for the `AsyncFd`'s whole life, and
+        // `as_raw_fd` always returns that same descriptor.
+        let fd =
+            unsafe { AsyncFd::register(InotifyFd(inotify)) }.map_err(|e| WatcherError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::from(e),
+            })?;
+        let (tx, mut rx) = mpsc::unbounded_channel::<Attempt>();
+        self.rescan(fd.get_ref());
+        tracing::info!(dir = %self.dir.display(), sockets = self.sockets.len(), "plugin watcher started");
+        let mut tick = tokio::time::interval(self.config.rescan_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            self.start_due(&tx);
+            let next = self.next_retry();
+            tokio::select! {
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() {
+                        return Ok(());
+                    }
+                }
+                ready = fd.readable() => {
+                    let Ok(mut guard) = ready else { continue };
+                    let mut changed = Vec::new();
+                    let mut full = false;
+                    loop {
+                        match guard.get_inner().0.read_events() {
+                            Ok(events) => for e in events {
+                                if e.mask.intersects(AddWatchFlags::IN_Q_OVERFLOW) {
+                                    full = true;
+                                }
+                                if e.mask.intersects(AddWatchFlags::IN_IGNORED | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF) {
+                                    self.watches.remove(&e.wd);
+                                    full = true;
+                                }
+                                if let (Some(dir), Some(name)) = (self.watches.get(&e.wd), e.name) {
+                                    changed.push(dir.join(name));
+                                }
+                            },
+                            Err(nix::errno::Errno::EAGAIN) => { guard.clear_ready(); break; }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "plugin watcher: inotify read");
+                                guard.clear_ready();
+                                full = true;
+                                break;
+                            }
+                        }
+                    }
+                    if full {
+                        self.rescan(fd.get_ref());
+                    } else {
+                        for p in changed {
+                            self.look_at(&p, fd.get_ref());
+                        }
+                    }
+                }
+                Some(a) = rx.recv() => self.finish(a),
+                _ = sleep_until(next) => {}
+                _ = tick.tick() => {
+                    if !self.watches.values().any(|d| d == &self.dir) && self.dir.is_dir() {
+                        if let Ok(wd) = fd.get_ref().0.add_watch(&self.dir, Self::mask()) {
+                            self.watches.insert(wd, self.dir.clone());
+                        }
+                    }
+                    self.rescan(fd.get_ref());
+                }
+            }
+        }
+    }
+
+    /// Walks the whole tree: new sockets become pending, vanished ones are
+    /// unregistered, subdirectories are watched.
+    fn rescan(&mut self, inotify: &InotifyFd) {
+        let mut found = Vec::new();
+        let mut dirs = vec![self.dir.clone()];
+        while let Some(d) = dirs.pop() {
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let p = e.path();
+                if is_hidden(&e.file_name()) {
+                    continue;
+                }
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => {
+                        self.watch_dir(&p, inotify);
+                        dirs.push(p);
+                    }
+                    Ok(t) if t.is_socket() => found.push(p),
+                    _ => {}
+                }
+            }
+        }
+        let gone: Vec<PathBuf> = self
+            .sockets
+            .keys()
+            .filter(|p| !found.contains(p))
+            .cloned()
+            .collect();
+        for p in gone {
+            self.remove(&p);
+        }
+        for p in found {
+            self.look_at(&p, inotify);
+        }
+    }
+
+    fn watch_dir(&mut self, dir: &Path, inotify: &InotifyFd) {
+        if self.watches.values().any(|d| d == dir) {
+            return;
+        }
+        match inotify.0.add_watch(dir, Self::mask()) {
+            Ok(wd) => {
+                self.watches.insert(wd, dir.to_path_buf());
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "plugin watcher: cannot watch")
+            }
+        }
+    }
+
+    /// Brings one path's state up to date with the file system.
+    fn look_at(&mut self, path: &Path, inotify: &InotifyFd) {
+        let hidden = path.file_name().is_none_or(is_hidden);
+        let meta = if hidden {
+            None
+        } else {
+            std::fs::symlink_metadata(path).ok()
+        };
+        match meta {
+            Some(m) if m.file_type().is_dir() => {
+                self.watch_dir(path, inotify);
+                self.rescan(inotify);
+            }
+            Some(m) if m.file_type().is_socket() => {
+                let key = SocketKey {
+                    ino: m.ino(),
+                    ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+                };
+                match self.sockets.get(path) {
+                    Some(s) if s.key.ino == key.ino => {}
+                    Some(_) => {
+                        // Replaced: a new plugin instance registers afresh.
+                        self.remove(path);
+                        self.add(path, key);
+                    }
+                    None => self.add(path, key),
+                }
+            }
+            _ => {
+                if self.sockets.contains_key(path) {
+                    self.remove(path);
+                }
+                // A directory that went away takes its sockets with it.
+                let under: Vec<PathBuf> = self
+                    .sockets
+                    .keys()
+                    .filter(|p| p.starts_with(path) && p.as_path() != path)
+                    .cloned()
+                    .collect();
+                for p in under {
+                    self.remove(&p);
+                }
+            }
+        }
+    }
+
+    fn add(&mut self, path: &Path, key: SocketKey) {
+        tracing::info!(socket = %path.display(), "plugin socket found");
+        self.sockets.insert(
+            path.to_path_buf(),
+            SocketState {
+                key,
+                phase: Phase::Pending {
+                    at: Instant::now(),
+                    failures: 0,
+                },
+            },
+        );
+    }
+
+    fn remove(&mut self, path: &Path) {
+        let Some(s) = self.sockets.remove(path) else {
+            return;
+        };
+        tracing::info!(socket = %path.display(), "plugin socket removed");
+        if let Phase::Registered { name, endpoint } = s.phase {
+            self.registry.unregister_endpoint(&name, &endpoint);
+        }
+        if let Some(sink) = &self.problems {
+            sink(path, None);
+        }
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        self.sockets
+            .values()
+            .filter_map(|s| match s.phase {
+                Phase::Pending { at, .. } => Some(at),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Starts a registration attempt for every socket that is due.
+    fn start_due(&mut self, tx: &mpsc::UnboundedSender<Attempt>) {
+        let now = Instant::now();
+        for (path, s) in &mut self.sockets {
+            let Phase::Pending { at, failures } = s.phase else {
+                continue;
+            };
+            if at > now {
+                continue;
+            }
+            s.phase = Phase::InFlight { failures };
+            let (socket, key, tx) = (path.clone(), s.key, tx.clone());
+            let (registry, timeout) = (Arc::clone(&self.registry), self.config.call_timeout);
+            tokio::spawn(async move {
+                let result = get_and_validate(&socket, &registry, timeout).await;
+                let _ = tx.send(Attempt {
+                    socket,
+                    key,
+                    result,
+                });
+            });
+        }
+    }
+
+    /// Records the outcome of an attempt.
+    fn finish(&mut self, a: Attempt) {
+        let current = self
+            .sockets
+            .get_mut(&a.socket)
+            .filter(|s| s.key == a.key && matches!(s.phase, Phase::InFlight { .. }));
+        let Some(state) = current else {
+            // The socket went away (or was replaced) meanwhile: nothing was
+            // registered for it.
+            return;
+        };
+        let failures = match state.phase {
+            Phase::InFlight { failures } => failures,
+            _ => 0,
+        };
+        match a.result {
+            Ok(v) => {
+                self.registry
+                    .register(&v.name, v.endpoint.clone(), v.versions.clone());
+                state.phase = Phase::Registered {
+                    name: v.name.clone(),
+                    endpoint: v.endpoint.clone(),
+                };
+                if let Some(sink) = &self.problems {
+                    sink(&a.socket, None);
+                }
+                // Registration first, then the news (as the kubelet does).
+                let (socket, timeout) = (a.socket, self.config.call_timeout);
+                tokio::spawn(async move {
+                    let mut client = v.client;
+                    // Like the kubelet: the driver stays registered even if
+                    // the plugin does not take the news.
+                    if let Err(e) = notify(&mut client, true, "", timeout).await {
+                        tracing::warn!(driver = %v.name, socket = %socket.display(), error = %e, "NotifyRegistrationStatus failed; the driver stays registered");
+                    }
+                });
+            }
+            Err(e) => {
+                let delay = backoff(self.config.retry_initial, self.config.retry_max, failures);
+                tracing::warn!(socket = %a.socket.display(), error = %e, retry_in_ms = delay.as_millis() as u64, "plugin registration failed");
+                state.phase = Phase::Pending {
+                    at: Instant::now() + delay,
+                    failures: failures.saturating_add(1),
+                };
+                if let Some(sink) = &self.problems {
+                    sink(&a.socket, Some(e));
+                }
+            }
+        }
+    }
+}
+
+fn is_hidden(name: &OsStr) -> bool {
+    name.as_encoded_bytes().first() == Some(&b'.')
+}
+
+fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
+    initial
+        .checked_mul(1u32 << failures.min(20))
+        .unwrap_or(max)
+        .min(max)
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Connects to the Unix socket `path` within `timeout`.
+async fn connect(path: &Path, timeout: Duration) -> Result<Channel, String> {
+    let path = path.to_path_buf();
+    let endpoint = Endpoint::from_static("http://[::1]:50051").connect_timeout(timeout);
+    let connecting =
+        endpoint.connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }));
+    match tokio::time::timeout(timeout, connecting).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!("cannot connect: {}", error_chain(&e))),
+        Err(_) => Err(format!("cannot connect: no answer within {timeout:?}")),
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The first half of the kubelet's registration of one plugin socket:
+/// `GetInfo` and validation; a plugin that fails validation is told why
+/// (`NotifyRegistrationStatus{plugin_registered: false}`).
+pub async fn get_and_validate(
+    socket: &Path,
+    registry: &DriverRegistry,
+    timeout: Duration,
+) -> Result<Validated, String> {
+    let channel = connect(socket, timeout).await?;
+    let mut client = RegistrationClient::new(channel);
+    let mut req = tonic::Request::new(InfoRequest {});
+    req.set_timeout(timeout);
+    let info = match tokio::time::timeout(timeout, client.get_info(req)).await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(s)) => return Err(format!("GetInfo failed: {}: {}", s.code(), s.message())),
+        Err(_) => return Err(format!("GetInfo: no answer within {timeout:?}")),
+    };
+    match validate(&info, socket, registry) {
+        Ok((name, endpoint, versions)) => Ok(Validated {
+            name,
+            endpoint,
+            versions,
+            client,
+        }),
+        Err(e) => {
+            // Tell the plugin why (node-driver-registrar logs it and exits).
+            let _ = notify(&mut client, false, &e, timeout).await;
+            Err(e)
+        }
+    }
+}
+
+async fn notify(
+    client: &mut RegistrationClient<Channel>,
+    registered: bool,
+    error: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let mut req = tonic::Request::new(RegistrationStatus {
+        plugin_registered: registered,
+        error: error.to_string(),
+    });
+    req.set_timeout(timeout);
+    match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
+        Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
+/// The kubelet's CSI `RegistrationHandler.ValidatePlugin`: type `CSIPlugin`,
+/// a driver name, a supported version (1.x), an absolute endpoint (the
+/// registration socket itself when empty), and no other registration of the
+/// same driver announcing a higher version. Returns name, endpoint and the
+/// announced versions.
+pub fn validate(
+    info: &PluginInfo,
+    socket: &Path,
+    registry: &DriverRegistry,
+) -> Result<(String, PathBuf, Vec<String>), String> {
+    if info.r#type != CSI_PLUGIN_TYPE {
+        return Err(format!(
+            "no handler registered for plugin type {:?} at socket {} (only {CSI_PLUGIN_TYPE:?} is handled)",
+            info.r#type,
+            socket.display()
+        ));
+    }
+    if info.name.is_empty() {
+        return Err(format!(
+            "plugin at socket {} has an empty name",
+            socket.display()
+        ));
+    }
+    let highest = highest_supported_version(&info.supported_versions).ok_or_else(|| {
+        format!(
+            "CSI driver {:?}: none of the versions {:?} is supported (volmgr supports 1.x)",
+            info.name, info.supported_versions
+        )
+    })?;
+    let endpoint = if info.endpoint.is_empty() {
+        socket.to_path_buf()
+    } else {
+        PathBuf::from(&info.endpoint)
+    };
+    if !endpoint.is_absolute() {
+        return Err(format!(
+            "CSI driver {:?}: endpoint {:?} is not an absolute path",
+            info.name, info.endpoint
+        ));
+    }
+    if let Some(existing) = registry
+        .driver_infos()
+        .into_iter()
+        .find(|d| d.name == info.name && d.endpoint != endpoint)
+    {
+        if let Some(old) = highest_supported_version(&existing.versions) {
+            if old > highest {
+                return Err(format!(
+                    "CSI driver {:?}: another registration of it at {} supports a higher version {}.{}.{}",
+                    info.name,
+                    existing.endpoint.display(),
+                    old.0,
+                    old.1,
+                    old.2
+                ));
+            }
+        }
+    }
+    Ok((info.name.clone(), endpoint, info.supported_versions.clone()))
+}
+
+/// The highest version of `versions` this node supports (major 1), as
+/// (major, minor, patch). Accepts `1`, `1.2`, `1.2.3`, with or without `v`.
+pub fn highest_supported_version(versions: &[String]) -> Option<(u64, u64, u64)> {
+    versions
+        .iter()
+        .filter_map(|v| parse_version(v))
+        .filter(|v| v.0 == 1)
+        .max()
+}
+
+fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let v = v.trim().trim_start_matches('v');
+    // Drop pre-release / build suffixes (`1.2.3-rc1+abc`).
+    let core = v.split(['-', '+']).next()?;
+    let mut parts = core.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    let patch = parts.next().map_or(Some(0), |p| p.parse().ok())?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((major, minor, patch))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(t: &str, name: &str, endpoint: &str, versions: &[&str]) -> PluginInfo {
+        PluginInfo {
+            r#type: t.into(),
+            name: name.into(),
+            endpoint: endpoint.into(),
+            supported_versions: versions.iter().map(|v| v.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn versions() {
+        let v = |s: &[&str]| {
+            highest_supported_version(&s.iter().map(|x| x.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(v(&["1.0.0"]), Some((1, 0, 0)));
+        assert_eq!(
+            v(&["0.3.0", "v1.2", "1.10.1-rc1", "2.0.0"]),
+            Some((1, 10, 1))
+        );
+        assert_eq!(v(&["1"]), Some((1, 0, 0)));
+        assert_eq!(v(&["0.3.0", "2.0.0", "x", "1.2.3.4", ""]), None);
+        assert_eq!(v(&[]), None);
+    }
+
+    #[test]
+    fn validation_like_the_kubelet() {
+        let r = DriverRegistry::new();
+        let sock = Path::new("/r/plugins_registry/d-reg.sock");
+        let ok = validate(&info("CSIPlugin", "d", "/p/csi.sock", &["1.0.0"]), sock, &r).unwrap();
+        assert_eq!(
+            ok,
+            (
+                "d".into(),
+                PathBuf::from("/p/csi.sock"),
+                vec!["1.0.0".into()]
+            )
+        );
+        // An empty endpoint means the registration socket itself.
+        let ok = validate(&info("CSIPlugin", "d", "", &["1.0.0"]), sock, &r).unwrap();
+        assert_eq!(ok.1, sock);
+        for (i, want) in [
+            (
+                info("DevicePlugin", "d", "/p", &["1.0.0"]),
+                "no handler registered for plugin type \"DevicePlugin\"",
+            ),
+            (info("CSIPlugin", "", "/p", &["1.0.0"]), "empty name"),
+            (
+                info("CSIPlugin", "d", "/p", &["0.3.0", "2.0.0"]),
+                "none of the versions",
+            ),
+            (
+                info("CSIPlugin", "d", "rel/csi.sock", &["1.0.0"]),
+                "not an absolute path",
+            ),
+        ] {
+            let e = validate(&i, sock, &r).unwrap_err();
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+        }
+        // Another registration of the driver with a higher version wins.
+        r.register("d", "/other/csi.sock".into(), vec!["1.5.0".into()]);
+        let e = validate(&info("CSIPlugin", "d", "/p/csi.sock", &["1.0.0"]), sock, &r).unwrap_err();
+        assert!(e.contains("higher version 1.5.0"), "{e}");
+        assert!(validate(&info("CSIPlugin", "d", "/p/csi.sock", &["1.6.0"]), sock, &r).is_ok());
+        // The same endpoint re-registering is fine.
+        assert!(validate(
+            &info("CSIPlugin", "d", "/other/csi.sock", &["1.0.0"]),
+            sock,
+            &r
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let (i, m) = (Duration::from_millis(500), Duration::from_secs(30));
+        assert_eq!(backoff(i, m, 0), i);
+        assert_eq!(backoff(i, m, 1), Duration::from_secs(1));
+        assert_eq!(backoff(i, m, 6), m);
+        assert_eq!(backoff(i, m, u32::MAX), m);
+    }
+
+    /// A socket nobody serves (bound, then the listener closed) is retried
+    /// and its error reported; hidden files and non-sockets are ignored; the
+    /// problem clears when the socket goes away.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dead_sockets_are_retried_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("not-a-socket"), b"x").unwrap();
+        let dead = dir.path().join("dead-reg.sock");
+        drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
+        drop(std::os::unix::net::UnixListener::bind(dir.path().join(".hidden.sock")).unwrap());
+        let registry = DriverRegistry::new();
+        let (ptx, mut prx) = mpsc::unbounded_channel::<(PathBuf, Option<String>)>();
+        let sink: ProblemSink = Arc::new(move |p, e| {
+            let _ = ptx.send((p.to_path_buf(), e));
+        });
+        let config = WatcherConfig {
+            call_timeout: Duration::from_secs(5),
+            retry_initial: Duration::from_millis(10),
+            retry_max: Duration::from_millis(50),
+            rescan_period: Duration::from_secs(3600),
+        };
+        let w = PluginWatcher::new(dir.path().to_path_buf(), Arc::clone(&registry), config)
+            .with_problem_sink(sink);
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(w.run(stop_rx));
+        // Two failed attempts: it is retried.
+        for _ in 0..2 {
+            let (p, e) = prx.recv().await.unwrap();
+            assert_eq!(p, dead);
+            assert!(e.unwrap().contains("cannot connect"));
+        }
+        assert!(registry.drivers().is_empty());
+        std::fs::remove_file(&dead).unwrap();
+        loop {
+            let (p, e) = prx.recv().await.unwrap();
+            assert_eq!(p, dead, "only the dead socket is ever tried");
+            if e.is_none() {
+                break;
+            }
+        }
+        stop_tx.send(true).unwrap();
+        task.await.unwrap().unwrap();
+    }
+}

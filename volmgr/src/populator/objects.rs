@@ -1,0 +1,417 @@
+//! The non-pod objects a source knows (PersistentVolumeClaims,
+//! PersistentVolumes, Secrets), served to pod resolution through
+//! [`ObjectLookup`], and the bookkeeping of which pod read which object so a
+//! change re-resolves exactly the pods that depend on it.
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+
+use crate::pod::ObjectLookup;
+use crate::volume::PodUid;
+
+/// The kinds of objects pods' volumes refer to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectKind {
+    /// `v1.PersistentVolume` (cluster-scoped).
+    PersistentVolume,
+    /// `v1.PersistentVolumeClaim`.
+    PersistentVolumeClaim,
+    /// `v1.Secret`.
+    Secret,
+}
+
+/// Names one object (or, for [`ObjectRef::any_persistent_volume`], every PV).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    /// The kind.
+    pub kind: ObjectKind,
+    /// The namespace (empty for PersistentVolumes).
+    pub namespace: String,
+    /// The name (empty: any object of the kind).
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// A namespaced object.
+    pub fn new(kind: ObjectKind, namespace: &str, name: &str) -> Self {
+        let namespace = if kind == ObjectKind::PersistentVolume {
+            String::new()
+        } else {
+            namespace.to_string()
+        };
+        Self {
+            kind,
+            namespace,
+            name: name.to_string(),
+        }
+    }
+
+    /// Any PersistentVolume: what a claim without `spec.volumeName` depends
+    /// on (the PV whose claimRef names it may appear anywhere).
+    pub fn any_persistent_volume() -> Self {
+        Self::new(ObjectKind::PersistentVolume, "", "")
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            ObjectKind::PersistentVolume => "PersistentVolume",
+            ObjectKind::PersistentVolumeClaim => "PersistentVolumeClaim",
+            ObjectKind::Secret => "Secret",
+        };
+        if self.namespace.is_empty() {
+            write!(f, "{kind} {}", self.name)
+        } else {
+            write!(f, "{kind} {}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+/// One object read from a source. `Debug` never prints Secret data.
+#[derive(Clone, PartialEq)]
+pub enum KubeObject {
+    /// A PersistentVolume.
+    PersistentVolume(Arc<PersistentVolume>),
+    /// A PersistentVolumeClaim.
+    PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
+    /// A Secret.
+    Secret(Arc<Secret>),
+}
+
+impl fmt::Debug for KubeObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KubeObject({})", self.reference())
+    }
+}
+
+impl KubeObject {
+    /// The reference naming this object (namespace defaulted to `default`).
+    pub fn reference(&self) -> ObjectRef {
+        let (kind, meta) = match self {
+            Self::PersistentVolume(o) => (ObjectKind::PersistentVolume, &o.metadata),
+            Self::PersistentVolumeClaim(o) => (ObjectKind::PersistentVolumeClaim, &o.metadata),
+            Self::Secret(o) => (ObjectKind::Secret, &o.metadata),
+        };
+        let ns = meta
+            .namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default");
+        ObjectRef::new(kind, ns, meta.name.as_deref().unwrap_or(""))
+    }
+}
+
+/// The objects of a source, by reference.
+#[derive(Debug, Default)]
+pub struct ObjectStore {
+    objects: HashMap<ObjectRef, KubeObject>,
+}
+
+impl ObjectStore {
+    /// Inserts or replaces an object. Returns whether anything changed.
+    pub fn insert(&mut self, obj: KubeObject) -> bool {
+        let r = obj.reference();
+        if self.objects.get(&r) == Some(&obj) {
+            return false;
+        }
+        self.objects.insert(r, obj);
+        true
+    }
+
+    /// Removes an object. Returns whether it was there.
+    pub fn remove(&mut self, r: &ObjectRef) -> bool {
+        self.objects.remove(r).is_some()
+    }
+
+    /// Whether the object is known.
+    pub fn contains(&self, r: &ObjectRef) -> bool {
+        self.objects.contains_key(r)
+    }
+
+    /// How many objects are known.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Whether no object is known.
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+}
+
+impl ObjectLookup for ObjectStore {
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>> {
+        match self.objects.get(&ObjectRef::new(
+            ObjectKind::PersistentVolumeClaim,
+            namespace,
+            name,
+        ))? {
+            KubeObject::PersistentVolumeClaim(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
+
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        match self
+            .objects
+            .get(&ObjectRef::new(ObjectKind::PersistentVolume, "", name))?
+        {
+            KubeObject::PersistentVolume(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
+
+    fn persistent_volume_for_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolume>> {
+        // The first by name, so the answer does not depend on hash order.
+        let mut found: Option<&Arc<PersistentVolume>> = None;
+        for o in self.objects.values() {
+            let KubeObject::PersistentVolume(pv) = o else {
+                continue;
+            };
+            let bound = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .is_some_and(|r| {
+                    r.namespace.as_deref() == Some(namespace) && r.name.as_deref() == Some(name)
+                });
+            if bound && found.is_none_or(|f| pv.metadata.name < f.metadata.name) {
+                found = Some(pv);
+            }
+        }
+        found.cloned()
+    }
+
+    fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+        match self
+            .objects
+            .get(&ObjectRef::new(ObjectKind::Secret, namespace, name))?
+        {
+            KubeObject::Secret(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
+}
+
+/// An [`ObjectLookup`] that remembers every object asked for (found or not):
+/// the dependencies of the pod being resolved.
+pub struct RecordingLookup<'a> {
+    store: &'a dyn ObjectLookup,
+    seen: RefCell<BTreeSet<ObjectRef>>,
+}
+
+impl<'a> RecordingLookup<'a> {
+    /// Wraps `store`.
+    pub fn new(store: &'a dyn ObjectLookup) -> Self {
+        Self {
+            store,
+            seen: RefCell::new(BTreeSet::new()),
+        }
+    }
+
+    /// The objects asked for.
+    pub fn into_dependencies(self) -> BTreeSet<ObjectRef> {
+        self.seen.into_inner()
+    }
+
+    fn record(&self, r: ObjectRef) {
+        self.seen.borrow_mut().insert(r);
+    }
+}
+
+impl ObjectLookup for RecordingLookup<'_> {
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>> {
+        self.record(ObjectRef::new(
+            ObjectKind::PersistentVolumeClaim,
+            namespace,
+            name,
+        ));
+        self.store.persistent_volume_claim(namespace, name)
+    }
+
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.record(ObjectRef::new(ObjectKind::PersistentVolume, "", name));
+        self.store.persistent_volume(name)
+    }
+
+    fn persistent_volume_for_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolume>> {
+        self.record(ObjectRef::any_persistent_volume());
+        let pv = self.store.persistent_volume_for_claim(namespace, name);
+        if let Some(n) = pv.as_ref().and_then(|p| p.metadata.name.as_deref()) {
+            self.record(ObjectRef::new(ObjectKind::PersistentVolume, "", n));
+        }
+        pv
+    }
+
+    fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+        self.record(ObjectRef::new(ObjectKind::Secret, namespace, name));
+        self.store.secret(namespace, name)
+    }
+}
+
+/// Which pods depend on which objects (both directions).
+#[derive(Debug, Default)]
+pub struct Dependents {
+    by_object: HashMap<ObjectRef, BTreeSet<PodUid>>,
+    by_pod: HashMap<PodUid, BTreeSet<ObjectRef>>,
+}
+
+impl Dependents {
+    /// Replaces the dependencies of `pod`.
+    pub fn set(&mut self, pod: &PodUid, deps: BTreeSet<ObjectRef>) {
+        self.remove(pod);
+        if deps.is_empty() {
+            return;
+        }
+        for d in &deps {
+            self.by_object
+                .entry(d.clone())
+                .or_default()
+                .insert(pod.clone());
+        }
+        self.by_pod.insert(pod.clone(), deps);
+    }
+
+    /// Forgets `pod`.
+    pub fn remove(&mut self, pod: &PodUid) {
+        let Some(old) = self.by_pod.remove(pod) else {
+            return;
+        };
+        for d in old {
+            if let Some(set) = self.by_object.get_mut(&d) {
+                set.remove(pod);
+                if set.is_empty() {
+                    self.by_object.remove(&d);
+                }
+            }
+        }
+    }
+
+    /// The pods that depend on any of `changed` (a changed PV also reaches
+    /// the pods that depend on any PV).
+    pub fn pods_affected_by<'a>(
+        &self,
+        changed: impl IntoIterator<Item = &'a ObjectRef>,
+    ) -> BTreeSet<PodUid> {
+        let mut out = BTreeSet::new();
+        let mut any_pv = false;
+        for r in changed {
+            any_pv |= r.kind == ObjectKind::PersistentVolume;
+            if let Some(p) = self.by_object.get(r) {
+                out.extend(p.iter().cloned());
+            }
+        }
+        if any_pv {
+            if let Some(p) = self.by_object.get(&ObjectRef::any_persistent_volume()) {
+                out.extend(p.iter().cloned());
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pv(name: &str, claim: Option<(&str, &str)>) -> KubeObject {
+        let mut v = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name}, "spec": {}});
+        if let Some((ns, n)) = claim {
+            v["spec"]["claimRef"] = serde_json::json!({"namespace": ns, "name": n});
+        }
+        KubeObject::PersistentVolume(Arc::new(serde_json::from_value(v).unwrap()))
+    }
+
+    fn secret(ns: Option<&str>, name: &str, value: &str) -> KubeObject {
+        let mut v = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name}, "stringData": {"k": value}});
+        if let Some(ns) = ns {
+            v["metadata"]["namespace"] = ns.into();
+        }
+        KubeObject::Secret(Arc::new(serde_json::from_value(v).unwrap()))
+    }
+
+    #[test]
+    fn store_lookups_and_changes() {
+        let mut s = ObjectStore::default();
+        assert!(s.insert(pv("b", Some(("ns", "c")))));
+        assert!(s.insert(pv("a", Some(("ns", "c")))));
+        assert!(
+            !s.insert(pv("a", Some(("ns", "c")))),
+            "same object: no change"
+        );
+        assert!(s.insert(secret(None, "s", "v1")));
+        assert!(s.insert(secret(None, "s", "v2")), "new value: a change");
+        assert_eq!(s.len(), 3);
+        assert!(s.secret("default", "s").is_some());
+        assert!(s.secret("other", "s").is_none());
+        assert!(s.persistent_volume("a").is_some());
+        // Lowest name wins when two PVs claim the same PVC.
+        let p = s.persistent_volume_for_claim("ns", "c").unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("a"));
+        assert!(s.persistent_volume_for_claim("ns", "d").is_none());
+        assert!(s.remove(&ObjectRef::new(ObjectKind::PersistentVolume, "", "a")));
+        assert!(!s.remove(&ObjectRef::new(ObjectKind::PersistentVolume, "", "a")));
+        let obj = secret(Some("x"), "s", "hunter2");
+        assert!(!format!("{obj:?}").contains("hunter2"));
+        assert_eq!(obj.reference().to_string(), "Secret x/s");
+    }
+
+    #[test]
+    fn recording_and_dependents() {
+        let mut s = ObjectStore::default();
+        s.insert(pv("pv", Some(("ns", "c"))));
+        let rec = RecordingLookup::new(&s);
+        assert!(rec.persistent_volume_claim("ns", "c").is_none());
+        assert!(rec.persistent_volume_for_claim("ns", "c").is_some());
+        assert!(rec.secret("ns", "missing").is_none());
+        let deps = rec.into_dependencies();
+        let pvc = ObjectRef::new(ObjectKind::PersistentVolumeClaim, "ns", "c");
+        let pv_ref = ObjectRef::new(ObjectKind::PersistentVolume, "ignored", "pv");
+        let sec = ObjectRef::new(ObjectKind::Secret, "ns", "missing");
+        assert!(deps.contains(&pvc) && deps.contains(&pv_ref) && deps.contains(&sec));
+        assert!(deps.contains(&ObjectRef::any_persistent_volume()));
+
+        let mut d = Dependents::default();
+        let (p1, p2) = (PodUid::new("p1").unwrap(), PodUid::new("p2").unwrap());
+        d.set(&p1, deps);
+        d.set(&p2, [sec.clone()].into_iter().collect());
+        assert_eq!(d.pods_affected_by([&pvc]).len(), 1);
+        assert_eq!(d.pods_affected_by([&sec]).len(), 2);
+        // Any PV reaches p1 through its any-PV dependency.
+        let other_pv = ObjectRef::new(ObjectKind::PersistentVolume, "", "other");
+        assert_eq!(
+            d.pods_affected_by([&other_pv])
+                .into_iter()
+                .collect::<Vec<_>>(),
+            vec![p1.clone()]
+        );
+        d.remove(&p1);
+        assert!(d.pods_affected_by([&pvc]).is_empty());
+        d.set(&p2, BTreeSet::new());
+        assert!(d.pods_affected_by([&sec]).is_empty());
+        assert!(d.by_object.is_empty() && d.by_pod.is_empty());
+    }
+}

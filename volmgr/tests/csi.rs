@@ -1,0 +1,888 @@
+//! End-to-end tests of the CSI plugin: the real `volmgr` agent driving the
+//! real test driver (`volmgr-csi-driver`: loop devices, ext4, bind mounts)
+//! over gRPC, each test in a private mount namespace of its own.
+//!
+//! The driver journals every call in `STATE/calls.jsonl`; the tests count
+//! calls there (one stage, two publishes, ...) and inject faults through
+//! `STATE/faults.json`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::{isolated, Agent, Env};
+
+const DRIVER: &str = "loop.csi.volmgr.dev";
+
+/// The test driver binary, built next to `volmgr`.
+fn driver_bin() -> PathBuf {
+    let bin = support::volmgr_bin()
+        .parent()
+        .expect("target dir")
+        .join("volmgr-csi-driver");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p volmgr-csi-driver` (cargo test --workspace builds it)",
+        bin.display()
+    );
+    bin
+}
+
+/// A running test driver and its state directory.
+struct Driver {
+    child: Option<Child>,
+    /// Serve the kubelet plugin registration API in this directory.
+    registration: Option<PathBuf>,
+    state: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Driver {
+    fn start(env: &Env) -> Self {
+        let state = env.dir.path().join("driver");
+        std::fs::create_dir_all(&state).unwrap();
+        let socket = env.dir.path().join("csi.sock");
+        let log = env.dir.path().join("driver.log");
+        let mut d = Self {
+            child: None,
+            registration: None,
+            state,
+            socket,
+            log,
+        };
+        d.restart();
+        d
+    }
+
+    /// Starts (again) and waits for the socket.
+    fn restart(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(driver_bin())
+            .arg("--endpoint")
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args(["--name", DRIVER, "--node-id", "node-1"])
+            .args(
+                self.registration
+                    .iter()
+                    .flat_map(|r| [std::ffi::OsStr::new("--registration-dir"), r.as_os_str()]),
+            )
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn the CSI driver");
+        self.child = Some(child);
+        wait_for("driver socket", || {
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+        });
+    }
+
+    /// Stops the driver (SIGKILL).
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for the driver to exit (an injected crash).
+    fn wait_exit(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+
+    fn flag(&self) -> String {
+        format!("{DRIVER}={}", self.socket.display())
+    }
+
+    /// Replaces faults.json atomically.
+    fn faults(&self, rules: serde_json::Value) {
+        let tmp = self.state.join(".faults.tmp");
+        std::fs::write(&tmp, rules.to_string()).unwrap();
+        std::fs::rename(&tmp, self.state.join("faults.json")).unwrap();
+    }
+
+    /// Every journalled call.
+    fn calls(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.state.join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Calls of `method` for `volume` that ended with `code`.
+    fn count(&self, method: &str, volume: &str, code: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c["method"] == method && c["volume_id"] == volume && c["code"] == code)
+            .count()
+    }
+
+    /// Waits until `n` calls of `method` for `volume` ended with `code` (the
+    /// driver journals a call as it answers, so the journal may trail what
+    /// the agent saw), then checks there are exactly `n`.
+    fn expect(&self, method: &str, volume: &str, code: &str, n: usize) {
+        wait_for(&format!("{n} {method} {volume} {code}"), || {
+            self.count(method, volume, code) >= n
+        });
+        assert_eq!(
+            self.count(method, volume, code),
+            n,
+            "{method} {volume} {code}"
+        );
+    }
+
+    /// Loop devices backed by an image of this driver.
+    fn loop_devices(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+            let f = e.path().join("loop/backing_file");
+            if let Ok(b) = std::fs::read_to_string(&f) {
+                if b.trim().starts_with(self.state.to_str().unwrap()) {
+                    out.push(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        // Never leave a loop device behind, even when a test failed.
+        for dev in self.loop_devices() {
+            let _ = Command::new("losetup")
+                .args(["-d", &format!("/dev/{dev}")])
+                .status();
+        }
+    }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A PersistentVolume of the test driver and its bound claim.
+fn pv_yaml(pv: &str, handle: &str, capacity: &str, block: bool, extra_attrs: &str) -> String {
+    let mode = if block { "Block" } else { "Filesystem" };
+    format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {pv}}}\nspec:\n  capacity: {{storage: {capacity}}}\n  accessModes: [ReadWriteMany]\n  volumeMode: {mode}\n  claimRef: {{namespace: test, name: claim-{pv}}}\n  csi: {{driver: {DRIVER}, volumeHandle: {handle}, fsType: ext4, volumeAttributes: {{size: 64Mi{extra_attrs}}}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-{pv}, namespace: test}}\nspec: {{volumeName: {pv}, accessModes: [ReadWriteMany], volumeMode: {mode}}}\n"
+    )
+}
+
+/// A pod mounting the claims of `pvs` (volume `v-<pv>`).
+fn pod_yaml(name: &str, uid: &str, pvs: &[&str]) -> String {
+    let vols: Vec<(String, String)> = pvs
+        .iter()
+        .map(|pv| {
+            (
+                format!("v-{pv}"),
+                format!("persistentVolumeClaim: {{claimName: claim-{pv}}}"),
+            )
+        })
+        .collect();
+    let refs: Vec<(&str, &str)> = vols.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    support::pod_yaml(name, uid, &refs)
+}
+
+/// `ROOT/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`.
+fn publish_path(env: &Env, uid: &str, pv: &str) -> PathBuf {
+    env.root
+        .join("pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~csi")
+        .join(pv)
+        .join("mount")
+}
+
+/// `ROOT/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount`.
+fn stage_path(env: &Env, handle: &str) -> PathBuf {
+    let h = volmgr::plugins::csi::handle_hash(handle);
+    env.root
+        .join("plugins/kubernetes.io/csi")
+        .join(DRIVER)
+        .join(h)
+        .join("globalmount")
+}
+
+fn start_agent(env: &Env, driver: &Driver, extra: &[&str]) -> Agent {
+    let flag = driver.flag();
+    let mut args = vec!["--csi-driver", flag.as_str(), "--node-name", "node-1"];
+    args.extend_from_slice(extra);
+    env.start_agent(&args)
+}
+
+/// Nothing left: no mount under ROOT, no loop device of the driver.
+fn assert_nothing_leaked(env: &Env, driver: &Driver) {
+    wait_for("every mount under ROOT gone", || env.mounts().is_empty());
+    assert!(
+        driver.loop_devices().is_empty(),
+        "loop devices leaked: {:?}",
+        driver.loop_devices()
+    );
+    env.assert_outside_untouched();
+}
+
+/// GET /metrics.
+fn metrics(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+#[test]
+fn two_pods_share_one_staged_volume() {
+    isolated("two_pods_share_one_staged_volume", || {
+        let env = Env::new();
+        let driver = Driver::start(&env);
+        // Secrets go to the driver, never into a log.
+        env.write_manifest(
+            "pv.yaml",
+            &pv_yaml("pv-1", "vol-1", "64Mi", false, "").replace(
+                "fsType: ext4,",
+                "fsType: ext4, nodeStageSecretRef: {name: creds, namespace: test}, nodePublishSecretRef: {name: creds, namespace: test},",
+            ),
+        );
+        env.write_manifest(
+            "secret.yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: creds, namespace: test}\nstringData: {password: s3cr3t-Value-42}\n",
+        );
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        env.write_manifest("b.yaml", &pod_yaml("b", "uid-b", &["pv-1"]));
+        let addr = free_port();
+        let agent = start_agent(&env, &driver, &["--metrics-addr", &addr]);
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        assert_eq!(env.wait_pod("uid-b", 60.0), 0, "{}", agent.log());
+
+        let st = format!("{:?}", env.status());
+        assert!(st.contains("pv-1") && !st.contains("s3cr3t"), "{st}");
+        // One stage, two publishes.
+        driver.expect("NodeStageVolume", "vol-1", "OK", 1);
+        driver.expect("NodePublishVolume", "vol-1", "OK", 2);
+        let (pa, pb) = (
+            publish_path(&env, "uid-a", "pv-1"),
+            publish_path(&env, "uid-b", "pv-1"),
+        );
+        let stage = stage_path(&env, "vol-1");
+        for p in [&pa, &pb, &stage] {
+            assert_eq!(env.mount_count(p), 1, "{} mounted once", p.display());
+        }
+        let m = env
+            .mounts()
+            .into_iter()
+            .find(|m| m.mount_point == pa)
+            .unwrap();
+        assert_eq!(m.fstype, "ext4");
+        // vol_data.json beside each publish dir and the staging dir.
+        let vd: BTreeMap<String, String> = serde_json::from_slice(
+            &std::fs::read(pa.parent().unwrap().join("vol_data.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(vd["volumeHandle"], "vol-1");
+        assert_eq!(vd["driverName"], DRIVER);
+        assert_eq!(vd["specVolID"], "pv-1");
+        assert!(stage.parent().unwrap().join("vol_data.json").is_file());
+
+        // Data written in one pod's mount is visible in the other's.
+        std::fs::write(pa.join("hello"), b"from a").unwrap();
+        assert_eq!(std::fs::read(pb.join("hello")).unwrap(), b"from a");
+
+        // Pod a goes: unpublished, but the volume stays staged for b.
+        env.remove_manifest("a.yaml");
+        wait_for("pod a torn down", || !env.root.join("pods/uid-a").exists());
+        driver.expect("NodeUnpublishVolume", "vol-1", "OK", 1);
+        assert_eq!(driver.count("NodeUnstageVolume", "vol-1", "OK"), 0);
+        assert_eq!(env.mount_count(&stage), 1);
+        assert_eq!(std::fs::read(pb.join("hello")).unwrap(), b"from a");
+
+        // Pod a comes back (a pod restart): the data survived, no re-stage.
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0);
+        assert_eq!(std::fs::read(pa.join("hello")).unwrap(), b"from a");
+        driver.expect("NodeStageVolume", "vol-1", "OK", 1);
+
+        // Metrics: the kubelet's names, with the driver in the plugin label.
+        let text = metrics(&addr);
+        assert!(text.contains("storage_operation_duration_seconds_count{operation_name=\"mount_device\",volume_plugin=\"kubernetes.io/csi:loop.csi.volmgr.dev\",status=\"success\""), "{text}");
+        assert!(text.contains("csi_operations_seconds_count{driver_name=\"loop.csi.volmgr.dev\",grpc_status_code=\"OK\",method_name=\"/csi.v1.Node/NodeStageVolume\",migrated=\"false\"} 1"), "{text}");
+
+        // Both go: unstage only after the last unpublish.
+        env.remove_manifest("a.yaml");
+        env.remove_manifest("b.yaml");
+        wait_for("unstaged", || {
+            driver.count("NodeUnstageVolume", "vol-1", "OK") == 1
+        });
+        let calls = driver.calls();
+        let last_unpublish = calls
+            .iter()
+            .rposition(|c| c["method"] == "NodeUnpublishVolume" && c["code"] == "OK")
+            .unwrap();
+        let unstage = calls
+            .iter()
+            .position(|c| c["method"] == "NodeUnstageVolume" && c["code"] == "OK")
+            .unwrap();
+        assert!(unstage > last_unpublish, "unstage after the last unpublish");
+        assert_nothing_leaked(&env, &driver);
+        wait_for("staging directory removed", || {
+            !stage.parent().unwrap().exists()
+        });
+        let log = agent.log();
+        assert!(log.contains("vol-1") && !log.contains("s3cr3t-Value-42"));
+        assert!(agent.term());
+    });
+}
+
+#[test]
+fn block_volume_is_published_as_a_device() {
+    isolated("block_volume_is_published_as_a_device", || {
+        let env = Env::new();
+        let driver = Driver::start(&env);
+        env.write_manifest("pv.yaml", &pv_yaml("pv-b", "vol-b", "64Mi", true, ""));
+        env.write_manifest(
+            "p.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-p}\nspec:\n  containers: [{name: c, image: i, volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: dev, persistentVolumeClaim: {claimName: claim-pv-b}}]\n",
+        );
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        let published = env
+            .root
+            .join("plugins/kubernetes.io/csi/volumeDevices/publish/pv-b/uid-p");
+        assert!(
+            std::fs::metadata(&published)
+                .unwrap()
+                .file_type()
+                .is_block_device(),
+            "the published target is the device"
+        );
+        let link = env
+            .root
+            .join("pods/uid-p/volumeDevices/kubernetes.io~csi/dev");
+        assert_eq!(std::fs::read_link(&link).unwrap(), published);
+        driver.expect("NodeStageVolume", "vol-b", "OK", 1);
+        let st = env.status();
+        let v = &st.pods.iter().find(|p| p.uid == "uid-p").unwrap().volumes[0];
+        assert_eq!(v.state, "mounted");
+        assert_eq!(v.path.as_deref(), Some(link.to_str().unwrap()));
+
+        // Restarts: adopted as it is (no second stage or publish), and
+        // after the pod went away meanwhile, unpublished before unstaged.
+        agent.kill9();
+        let agent = start_agent(&env, &driver, &[]);
+        env.wait_synced();
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        agent.kill9();
+        assert_eq!(driver.count("NodeStageVolume", "vol-b", "OK"), 1);
+        assert_eq!(driver.count("NodePublishVolume", "vol-b", "OK"), 1);
+        env.remove_manifest("p.yaml");
+        let agent = start_agent(&env, &driver, &[]);
+        driver.expect("NodeUnstageVolume", "vol-b", "OK", 1);
+        let calls = driver.calls();
+        let pos = |m: &str| {
+            calls
+                .iter()
+                .position(|c| c["method"] == m && c["code"] == "OK")
+                .unwrap()
+        };
+        assert!(pos("NodeUnpublishVolume") < pos("NodeUnstageVolume"));
+        assert!(!link.exists() && !published.exists());
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
+}
+
+#[test]
+fn expansion_is_visible_in_statfs() {
+    isolated("expansion_is_visible_in_statfs", || {
+        let env = Env::new();
+        let driver = Driver::start(&env);
+        // xfs: growing a mounted ext4 needs CAP_SYS_RESOURCE, which the
+        // dev/CI machines lack; xfs_growfs needs only CAP_SYS_ADMIN (and xfs
+        // at least 300 MiB).
+        let pv = |cap: &str| {
+            pv_yaml("pv-e", "vol-e", cap, false, "")
+                .replace("fsType: ext4", "fsType: xfs")
+                .replace("size: 64Mi", "size: 320Mi")
+        };
+        env.write_manifest("pv.yaml", &pv("320Mi"));
+        env.write_manifest("p.yaml", &pod_yaml("p", "uid-p", &["pv-e"]));
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        let path = publish_path(&env, "uid-p", "pv-e");
+        let size = |p: &Path| {
+            let s = nix::sys::statvfs::statvfs(p).unwrap();
+            s.blocks() as u64 * s.fragment_size() as u64
+        };
+        let before = size(&path);
+        assert!(before <= 320 << 20, "{before}");
+        std::fs::write(path.join("keep"), b"data").unwrap();
+        env.write_manifest("pv.yaml", &pv("640Mi"));
+        wait_for("file system grown", || size(&path) > 500 << 20);
+        // (The driver journals a call after answering it.)
+        driver.expect("NodeExpandVolume", "vol-e", "OK", 1);
+        // Grown in place: nothing was staged or published again.
+        driver.expect("NodeStageVolume", "vol-e", "OK", 1);
+        driver.expect("NodePublishVolume", "vol-e", "OK", 1);
+        assert_eq!(std::fs::read(path.join("keep")).unwrap(), b"data");
+        env.remove_manifest("p.yaml");
+        wait_for("unstaged", || {
+            driver.count("NodeUnstageVolume", "vol-e", "OK") == 1
+        });
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
+}
+
+/// Status of the one volume of `uid`.
+fn volume_status(env: &Env, uid: &str) -> Option<(String, u32, Option<String>)> {
+    let s = env.status();
+    let p = s.pods.iter().find(|p| p.uid == uid)?;
+    let v = p.volumes.first()?;
+    Some((v.state.clone(), v.attempts, v.error.clone()))
+}
+
+#[test]
+fn injected_faults_converge_without_leaks() {
+    isolated("injected_faults_converge_without_leaks", || {
+        let env = Env::new();
+        let mut driver = Driver::start(&env);
+        let add = |v: &str| {
+            env.write_manifest(&format!("pv-{v}.yaml"), &pv_yaml(v, v, "64Mi", false, ""));
+            env.write_manifest(
+                &format!("p-{v}.yaml"),
+                &pod_yaml(v, &format!("uid-{v}"), &[v]),
+            );
+        };
+        // One volume per case; each rule targets its volume. (Crashes get
+        // phases of their own: a call cut short by a crash is not journalled.)
+        let cases = [
+            ("f1", "NodeStageVolume", "UNAVAILABLE"),
+            ("f2", "NodeStageVolume", "DEADLINE_EXCEEDED"),
+            ("f3", "NodePublishVolume", "RESOURCE_EXHAUSTED"),
+            ("f4", "NodePublishVolume", "ABORTED"),
+            ("f5", "NodePublishVolume", "CANCELLED"),
+            ("f6", "NodeStageVolume", "INTERNAL"),
+            ("f7", "NodePublishVolume", "FAILED_PRECONDITION"),
+        ];
+        let rules: Vec<serde_json::Value> = cases
+            .iter()
+            .map(|(v, m, code)| serde_json::json!({"method": m, "volume_id": v, "count": 2, "code": code}))
+            .collect();
+        driver.faults(serde_json::Value::Array(rules));
+        for (v, _, _) in &cases {
+            add(v);
+        }
+        let agent = start_agent(&env, &driver, &["--csi-timeout", "3s"]);
+        let check_mounted = |v: &str| {
+            assert_eq!(
+                env.wait_pod(&format!("uid-{v}"), 90.0),
+                0,
+                "{v}: {}",
+                agent.log()
+            );
+            let p = publish_path(&env, &format!("uid-{v}"), v);
+            assert_eq!(env.mount_count(&p), 1, "{v}: published once");
+            assert_eq!(env.mount_count(&stage_path(&env, v)), 1, "{v}: staged once");
+        };
+        for (v, m, code) in &cases {
+            check_mounted(v);
+            driver.expect(m, v, code, 2);
+        }
+        // Publish before stage (FAILED_PRECONDITION) stages again.
+        wait_for("f7 staged again", || {
+            driver.count("NodeStageVolume", "f7", "OK") >= 2
+        });
+
+        // A stage that took effect but whose answer was lost (the driver
+        // crashed): uncertain, called again, not assumed done.
+        driver.faults(serde_json::json!([
+            {"method": "NodeStageVolume", "volume_id": "f8", "count": 1, "exit": "after_work"}
+        ]));
+        add("f8");
+        wait_for("driver crashed on f8", || {
+            driver.count("NodeStageVolume", "f8", "EXIT") == 1
+        });
+        driver.wait_exit();
+        driver.restart();
+        check_mounted("f8");
+        driver.expect("NodeStageVolume", "f8", "OK", 1);
+
+        // A driver that does not answer: the per-call deadline ends the call
+        // (every call for h1 hangs until faults.json changes next).
+        driver.faults(serde_json::json!([
+            {"method": "NodeStageVolume", "volume_id": "h1", "hang": true}
+        ]));
+        add("h1");
+        wait_for("h1's stage ended by the deadline", || {
+            agent
+                .log()
+                .contains("DeadlineExceeded: no answer within 3s")
+        });
+        // (Retries meanwhile find the driver still busy with h1: ABORTED,
+        // uncertain too.)
+        wait_for("h1 uncertain in status", || {
+            volume_status(&env, "uid-h1").is_some_and(|(s, _, e)| {
+                s == "uncertain" && e.is_some_and(|e| e.contains("outcome uncertain"))
+            })
+        });
+
+        // UNIMPLEMENTED is final: shown in status, not retried.
+        driver.faults(serde_json::json!([
+            {"method": "NodePublishVolume", "volume_id": "u1", "code": "UNIMPLEMENTED"}
+        ]));
+        check_mounted("h1");
+        add("u1");
+        wait_for("final error in status", || {
+            volume_status(&env, "uid-u1").is_some_and(|(s, _, e)| {
+                s == "error" && e.is_some_and(|e| e.contains("Unimplemented"))
+            })
+        });
+        let attempts = volume_status(&env, "uid-u1").unwrap().1;
+        driver.expect("NodePublishVolume", "u1", "UNIMPLEMENTED", 1);
+
+        // The driver would now succeed, but nothing calls it again while
+        // the other volumes are torn down (several backoff periods).
+        // An unpublish that took effect but whose answer was lost: called again.
+        driver.faults(serde_json::json!([
+            {"method": "NodeUnpublishVolume", "volume_id": "f3", "count": 1, "exit": "after_work"}
+        ]));
+        env.remove_manifest("p-f3.yaml");
+        wait_for("driver crashed on f3's unpublish", || {
+            driver.count("NodeUnpublishVolume", "f3", "EXIT") == 1
+        });
+        driver.wait_exit();
+        driver.restart();
+        driver.expect("NodeUnpublishVolume", "f3", "OK", 1);
+        driver.expect("NodeUnstageVolume", "f3", "OK", 1);
+        // Tear-down faults: retried until they succeed, then unstaged.
+        driver.faults(serde_json::json!([
+            {"method": "NodeUnpublishVolume", "volume_id": "f1", "count": 2, "code": "UNAVAILABLE"},
+            {"method": "NodeUnstageVolume", "volume_id": "f2", "count": 2, "code": "DEADLINE_EXCEEDED"}
+        ]));
+        let rest = ["f1", "f2", "f4", "f5", "f6", "f7", "f8", "h1"];
+        for v in rest {
+            env.remove_manifest(&format!("p-{v}.yaml"));
+        }
+        for v in rest {
+            driver.expect("NodeUnstageVolume", v, "OK", 1);
+        }
+        driver.expect("NodeUnpublishVolume", "f1", "UNAVAILABLE", 2);
+        driver.expect("NodeUnstageVolume", "f2", "DEADLINE_EXCEEDED", 2);
+
+        // UNIMPLEMENTED was final: still one call, same attempts, in status.
+        assert_eq!(driver.count("NodePublishVolume", "u1", "UNIMPLEMENTED"), 1);
+        assert_eq!(driver.count("NodePublishVolume", "u1", "OK"), 0);
+        let (state, now, _) = volume_status(&env, "uid-u1").unwrap();
+        assert_eq!((state.as_str(), now), ("error", attempts));
+        // Until the spec changes: then it is tried again and succeeds.
+        env.write_manifest(
+            "pv-u1.yaml",
+            &pv_yaml("u1", "u1", "64Mi", false, ", fixed: \"yes\""),
+        );
+        assert_eq!(env.wait_pod("uid-u1", 60.0), 0, "{}", agent.log());
+        env.remove_manifest("p-u1.yaml");
+        driver.expect("NodeUnstageVolume", "u1", "OK", 1);
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
+}
+
+#[test]
+fn agent_restarts_keep_the_staging_reference_count() {
+    isolated("agent_restarts_keep_the_staging_reference_count", || {
+        let env = Env::new();
+        let driver = Driver::start(&env);
+        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        env.write_manifest("b.yaml", &pod_yaml("b", "uid-b", &["pv-1"]));
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        assert_eq!(env.wait_pod("uid-b", 60.0), 0);
+        let pb = publish_path(&env, "uid-b", "pv-1");
+        std::fs::write(pb.join("keep"), b"b's data").unwrap();
+
+        // kill -9, pod a removed meanwhile: the restart tears a down but
+        // keeps the volume staged for b, and stages nothing again.
+        agent.kill9();
+        env.remove_manifest("a.yaml");
+        let agent = start_agent(&env, &driver, &[]);
+        wait_for("pod a torn down", || !env.root.join("pods/uid-a").exists());
+        env.wait_synced();
+        assert_eq!(env.wait_pod("uid-b", 60.0), 0);
+        assert_eq!(driver.count("NodeUnstageVolume", "vol-1", "OK"), 0);
+        driver.expect("NodeStageVolume", "vol-1", "OK", 1);
+        driver.expect("NodePublishVolume", "vol-1", "OK", 2);
+        assert_eq!(std::fs::read(pb.join("keep")).unwrap(), b"b's data");
+        assert_eq!(env.mount_count(&pb), 1);
+
+        // kill -9 between stage and publish: the publish hangs in the driver.
+        driver.faults(serde_json::json!([
+            {"method": "NodePublishVolume", "volume_id": "vol-2", "hang": true}
+        ]));
+        env.write_manifest("pv2.yaml", &pv_yaml("pv-2", "vol-2", "64Mi", false, ""));
+        env.write_manifest("c.yaml", &pod_yaml("c", "uid-c", &["pv-2"]));
+        // Staged and recorded as such (the agent writes its record after
+        // the answer: killed before that, a restart would rightly stage again).
+        let staged = stage_path(&env, "vol-2").with_file_name("volmgr-staged.json");
+        wait_for("vol-2 staged", || staged.exists());
+        driver.expect("NodeStageVolume", "vol-2", "OK", 1);
+        agent.kill9();
+        driver.faults(serde_json::json!([]));
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-c", 60.0), 0, "{}", agent.log());
+        // A completed stage is not staged again.
+        driver.expect("NodeStageVolume", "vol-2", "OK", 1);
+        assert_eq!(env.mount_count(&publish_path(&env, "uid-c", "pv-2")), 1);
+        assert_eq!(env.mount_count(&stage_path(&env, "vol-2")), 1);
+
+        for m in ["b.yaml", "c.yaml"] {
+            env.remove_manifest(m);
+        }
+        wait_for("both unstaged", || {
+            driver.count("NodeUnstageVolume", "vol-1", "OK") == 1
+                && driver.count("NodeUnstageVolume", "vol-2", "OK") == 1
+        });
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
+}
+
+#[test]
+fn cleanup_waits_for_an_unregistered_driver() {
+    isolated("cleanup_waits_for_an_unregistered_driver", || {
+        let env = Env::new();
+        let mut driver = Driver::start(&env);
+        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        agent.kill9();
+        driver.kill();
+        env.remove_manifest("a.yaml");
+        // Restarted while the driver is not registered: the tear-down
+        // waits for it (pending, not failed for good).
+        let agent = env.start_agent(&["--node-name", "node-1"]);
+        wait_for("waiting for the driver in status", || {
+            env.status().pods.iter().any(|p| {
+                p.uid == "uid-a"
+                    && p.volumes.iter().any(|v| {
+                        v.state == "unmounting"
+                            && v.error
+                                .as_deref()
+                                .is_some_and(|e| e.contains("waiting for CSI driver"))
+                    })
+            })
+        });
+        assert_eq!(env.mount_count(&publish_path(&env, "uid-a", "pv-1")), 1);
+        assert_eq!(driver.count("NodeUnpublishVolume", "vol-1", "OK"), 0);
+        // A new pod of that driver is pending (not failed) meanwhile.
+        env.write_manifest("pv2.yaml", &pv_yaml("pv-2", "vol-2", "64Mi", false, ""));
+        env.write_manifest("b.yaml", &pod_yaml("b", "uid-b", &["pv-2"]));
+        wait_for("b waiting for the driver", || {
+            volume_status(&env, "uid-b").is_some_and(|(s, _, e)| {
+                s == "pending" && e.is_some_and(|e| e.contains("waiting for CSI driver"))
+            })
+        });
+        // The driver comes back and registers through the kubelet plugin
+        // registration socket: the clean-up completes and b is mounted,
+        // without a restart.
+        driver.registration = Some(env.root.join("plugins_registry"));
+        driver.restart();
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        assert_eq!(env.wait_pod("uid-b", 60.0), 0, "{}", agent.log());
+        env.remove_manifest("b.yaml");
+        driver.expect("NodeUnstageVolume", "vol-2", "OK", 1);
+        assert_nothing_leaked(&env, &driver);
+        assert!(agent.term());
+    });
+}
+
+#[test]
+fn driver_killed_mid_publish_then_restarted() {
+    isolated("driver_killed_mid_publish_then_restarted", || {
+        let env = Env::new();
+        let mut driver = Driver::start(&env);
+        driver.faults(serde_json::json!([
+            {"method": "NodePublishVolume", "volume_id": "vol-1", "count": 1, "exit": "after_work"}
+        ]));
+        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        let agent = start_agent(&env, &driver, &[]);
+        wait_for("driver crashed mid-publish", || {
+            driver.count("NodePublishVolume", "vol-1", "EXIT") == 1
+        });
+        driver.wait_exit();
+        // The publish happened but its answer was lost: the mount exists,
+        // yet the volume is uncertain, not mounted.
+        let target = publish_path(&env, "uid-a", "pv-1");
+        assert_eq!(env.mount_count(&target), 1);
+        wait_for("uncertain in status", || {
+            volume_status(&env, "uid-a").is_some_and(|(s, _, _)| s == "uncertain")
+        });
+        driver.restart();
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        driver.expect("NodePublishVolume", "vol-1", "OK", 1);
+        assert_eq!(env.mount_count(&target), 1, "published again, not stacked");
+        env.remove_manifest("a.yaml");
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
+}
+
+#[test]
+fn client_speaks_every_rpc_and_redials_a_moved_driver() {
+    isolated("client_speaks_every_rpc_and_redials_a_moved_driver", || {
+        use volmgr::csi::client::CsiClients;
+        use volmgr::csi::proto::csi;
+        use volmgr::csi::registry::DriverRegistry;
+
+        let env = Env::new();
+        let mut driver = Driver::start(&env);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let registry = DriverRegistry::new();
+        let clients = CsiClients::new(registry.clone(), Duration::from_secs(30));
+        rt.block_on(async {
+            // Not registered: the caller is told to wait for it.
+            let e = clients.probe(DRIVER).await.unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("waiting for CSI driver {DRIVER} to register")
+            );
+            registry.register(DRIVER, driver.socket.clone(), vec![]);
+            let info = clients.get_plugin_info(DRIVER).await.unwrap();
+            assert_eq!(info.name, DRIVER);
+            assert!(!clients
+                .get_plugin_capabilities(DRIVER)
+                .await
+                .unwrap()
+                .capabilities
+                .is_empty());
+            assert!(clients.probe(DRIVER).await.unwrap());
+            assert_eq!(
+                clients.node_get_info(DRIVER).await.unwrap().node_id,
+                "node-1"
+            );
+            let caps = clients.node_capabilities(DRIVER).await.unwrap();
+            assert!(caps.stage_unstage && caps.expand && caps.volume_stats);
+
+            // Stage, read its stats, unstage: straight through the client.
+            let staging = env.root.join("staging");
+            std::fs::create_dir_all(&staging).unwrap();
+            let cap = csi::VolumeCapability {
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                }),
+                access_type: Some(csi::volume_capability::AccessType::Mount(
+                    csi::volume_capability::MountVolume {
+                        fs_type: "ext4".into(),
+                        mount_flags: vec![],
+                        volume_mount_group: String::new(),
+                    },
+                )),
+            };
+            let path = staging.to_str().unwrap().to_string();
+            clients
+                .node_stage_volume(
+                    DRIVER,
+                    csi::NodeStageVolumeRequest {
+                        volume_id: "c1".into(),
+                        staging_target_path: path.clone(),
+                        volume_capability: Some(cap),
+                        volume_context: [("size".to_string(), "32Mi".to_string())].into(),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let stats = clients
+                .node_get_volume_stats(
+                    DRIVER,
+                    csi::NodeGetVolumeStatsRequest {
+                        volume_id: "c1".into(),
+                        volume_path: path.clone(),
+                        staging_target_path: String::new(),
+                    },
+                )
+                .await
+                .unwrap();
+            let bytes = stats
+                .usage
+                .iter()
+                .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+                .unwrap();
+            assert!(
+                bytes.total > 16 << 20 && bytes.total <= 32 << 20,
+                "{bytes:?}"
+            );
+            clients
+                .node_unstage_volume(
+                    DRIVER,
+                    csi::NodeUnstageVolumeRequest {
+                        volume_id: "c1".into(),
+                        staging_target_path: path,
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        assert!(driver.loop_devices().is_empty());
+
+        // The driver moves to another socket: the next call dials it there.
+        driver.kill();
+        driver.socket = env.dir.path().join("moved.sock");
+        driver.restart();
+        registry.register(DRIVER, driver.socket.clone(), vec![]);
+        rt.block_on(async {
+            assert!(clients.probe(DRIVER).await.unwrap());
+        });
+        let text = clients.metrics().render();
+        assert!(
+            text.contains("method_name=\"/csi.v1.Identity/Probe\",migrated=\"false\"} 2"),
+            "{text}"
+        );
+        assert_eq!(
+            clients
+                .metrics()
+                .count(DRIVER, "/csi.v1.Node/NodeStageVolume", "OK"),
+            1
+        );
+    });
+}
