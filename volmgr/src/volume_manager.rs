@@ -28,6 +28,9 @@ use crate::sys::Mounter;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 use crate::world::{EventListener, World};
 
+/// Deleted pods remembered for status before the list is first pruned.
+const DEPARTING_PRUNE_MIN: usize = 1024;
+
 /// Shortest pause between two convergence checks of a waiter.
 const MIN_WAIT_PACE: Duration = Duration::from_micros(200);
 /// Longest pause between two convergence checks of a waiter.
@@ -127,6 +130,9 @@ pub struct VolumeManager {
     csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
     /// Namespace and name of deleted pods still being torn down.
     departing: Mutex<crate::volume::FastMap<PodUid, PodNames>>,
+    /// Size of `departing` at which it is next pruned (doubles with what
+    /// pruning could not remove, so deleting many pods stays linear).
+    departing_prune_at: std::sync::atomic::AtomicUsize,
 }
 
 impl VolumeManager {
@@ -173,6 +179,7 @@ impl VolumeManager {
             extra_metrics: Mutex::default(),
             csi_drivers: std::sync::OnceLock::new(),
             departing: Mutex::default(),
+            departing_prune_at: std::sync::atomic::AtomicUsize::new(DEPARTING_PRUNE_MIN),
         }))
     }
 
@@ -407,7 +414,8 @@ impl VolumeManager {
     fn remember_departing(&self, uid: &PodUid, names: PodNames) {
         let lock = || self.departing.lock().unwrap_or_else(|e| e.into_inner());
         let mut departing = lock();
-        if departing.len() >= 1024 {
+        let prune_at = self.departing_prune_at.load(std::sync::atomic::Ordering::Relaxed);
+        if departing.len() >= prune_at {
             // Never hold this lock while taking a world's lock.
             let uids: Vec<PodUid> = departing.keys().cloned().collect();
             drop(departing);
@@ -421,6 +429,10 @@ impl VolumeManager {
             for u in &done {
                 departing.remove(u);
             }
+            self.departing_prune_at.store(
+                (departing.len() * 2).max(DEPARTING_PRUNE_MIN),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         departing.insert(uid.clone(), names);
     }
