@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod api;
 pub mod cache;
+pub mod ebpf;
 pub mod failpoint;
 pub mod metrics;
 pub mod operation_executor;
