@@ -17,6 +17,7 @@ use crate::api;
 use crate::operation_executor::Backoff;
 use crate::populator::manifests::{ManifestsSource, SourceError};
 use crate::sys::linux::LinuxMounter;
+use crate::tracer::{self, TracerError, TracerMode};
 use crate::volume_manager::{self, Config, VolumeManager};
 
 /// Agent settings (from the command line).
@@ -36,6 +37,8 @@ pub struct AgentOptions {
     pub backoff: Backoff,
     /// Node name.
     pub node_name: String,
+    /// Which tracer keeps the actual state current between resyncs.
+    pub tracer: TracerMode,
 }
 
 /// Why the agent could not run.
@@ -59,6 +62,15 @@ pub enum AgentError {
     /// The manifests source failed.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The tracer asked for could not start.
+    #[error("--tracer {mode}: {source}")]
+    Tracer {
+        /// The `--tracer` value.
+        mode: TracerMode,
+        /// Why.
+        #[source]
+        source: TracerError,
+    },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
@@ -81,8 +93,14 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
         });
     }
-    vm.set_tracer("off", "no tracer in this build");
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Before the manager starts: nothing done to the mount table after
+    // reconstruction read it goes unseen.
+    let tracer =
+        tracer::start(opts.tracer, &vm, stop_rx.clone()).map_err(|source| AgentError::Tracer {
+            mode: opts.tracer,
+            source,
+        })?;
     let listener = api::bind(&root).map_err(io("binding the status socket"))?;
     let metrics = match opts.metrics_addr {
         Some(addr) => Some(
@@ -119,6 +137,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     };
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
+    tracer.join().await;
     let _ = api_task.await;
     if let Some(t) = metrics_task {
         let _ = t.await;

@@ -24,6 +24,7 @@ pub mod reconstruct;
 pub mod root_dir;
 pub mod status;
 pub mod sys;
+pub mod tracer;
 pub mod volume;
 pub mod volume_manager;
 pub mod world;

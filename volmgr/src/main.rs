@@ -12,6 +12,7 @@ use volmgr::agent::{self, AgentOptions};
 use volmgr::api::{self, Request};
 use volmgr::operation_executor::Backoff;
 use volmgr::status::Status;
+use volmgr::tracer::TracerMode;
 
 /// volmgr: a node-level Kubernetes volume manager.
 #[derive(Parser, Debug)]
@@ -49,6 +50,11 @@ enum Command {
         /// This node's name.
         #[arg(long, default_value = "")]
         node_name: String,
+        /// What keeps the actual state current between resyncs: `ebpf` (the
+        /// syscall tracer), `mountinfo` (poll /proc/self/mountinfo), `off`
+        /// (the resync only), or `auto` (eBPF if it loads, else mountinfo).
+        #[arg(long, default_value = "auto")]
+        tracer: TracerMode,
     },
     /// Show the agent's status.
     Status {
@@ -154,6 +160,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backoff_initial,
             backoff_max,
             node_name,
+            tracer,
         } => {
             agent::run(AgentOptions {
                 root,
@@ -167,6 +174,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     max: backoff_max,
                 },
                 node_name,
+                tracer,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -248,11 +256,76 @@ fn print_status(s: &Status) {
                 (None, Some(p)) => p.clone(),
                 (None, None) => String::new(),
             };
+            let oob = match &v.last_out_of_band {
+                Some(t) if v.out_of_band_changes > 0 => {
+                    format!(" out-of-band={} (last {t})", v.out_of_band_changes)
+                }
+                _ => String::new(),
+            };
             println!(
-                "  {:<20} {:<26} {:<10} attempts={:<3} {}",
-                v.name, v.plugin, v.state, v.attempts, detail
+                "  {:<20} {:<26} {:<10} attempts={:<3} {}{}",
+                v.name, v.plugin, v.state, v.attempts, detail, oob
             );
         }
+    }
+    let t = &s.tracer_stats;
+    if s.tracer != "off" {
+        println!(
+            "tracer events: {}  out-of-band: {}  mount-table checks: {}  events lost: {}",
+            t.events, t.out_of_band_events, t.checks, t.events_lost
+        );
+    }
+    if !s.out_of_band.is_empty() {
+        println!("out-of-band changes (oldest first):");
+    }
+    for e in &s.out_of_band {
+        let cause = e
+            .cause
+            .as_deref()
+            .map(|c| format!(" {c}"))
+            .unwrap_or_default();
+        let after = e
+            .detected_after_us
+            .map(|us| format!(" (confirmed {us} µs after the syscall)"))
+            .unwrap_or_default();
+        let repaired = e
+            .repaired_after_ms
+            .map(|ms| format!(" after {ms:.3} ms"))
+            .unwrap_or_default();
+        println!(
+            "  {} {} pod {} volume {} ({}): found by {}{}{}; {}{}",
+            e.time,
+            e.kind,
+            e.pod_uid,
+            e.volume,
+            e.path,
+            e.detected_by,
+            cause,
+            after,
+            e.outcome,
+            repaired
+        );
+    }
+    if !s.syscalls.is_empty() {
+        println!(
+            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "syscall", "fstype", "result", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+    }
+    for c in &s.syscalls {
+        let us = |sec: f64| format!("{:.1}µs", sec * 1e6);
+        println!(
+            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            c.syscall,
+            c.fstype,
+            c.result,
+            c.count,
+            us(c.p50_seconds),
+            us(c.p90_seconds),
+            us(c.p99_seconds),
+            us(c.p999_seconds),
+            us(c.max_seconds)
+        );
     }
     for o in &s.operations {
         println!(

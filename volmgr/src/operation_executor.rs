@@ -58,6 +58,8 @@ pub enum OperationKind {
     UnmountVolume,
     /// Remove an orphaned pod's directory.
     CleanupPodDir,
+    /// Unmount what someone else mounted on a volume's path (tracer).
+    RemoveForeignMounts,
 }
 
 impl OperationKind {
@@ -67,6 +69,7 @@ impl OperationKind {
             Self::MountVolume => "volume_mount",
             Self::UnmountVolume => "volume_unmount",
             Self::CleanupPodDir => "cleanup_pod_dir",
+            Self::RemoveForeignMounts => "remove_foreign_mounts",
         }
     }
 }

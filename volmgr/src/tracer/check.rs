@@ -1,0 +1,534 @@
+//! Targeted checks of the kernel's mount table. A tracer never changes the
+//! actual state from what it was told: it asks for a check of the paths a
+//! change may have touched, and this module compares the actual state with
+//! `/proc/self/mountinfo` (the source of truth) for the managed volumes under
+//! those paths only.
+//!
+//! Two findings lead to action:
+//!
+//! - **Lost**: a volume recorded as mounted that the mount table no longer
+//!   shows (someone ran `umount` on it). It is marked *uncertain* — the
+//!   pattern of [`Reconciler::forget_lost`](crate::reconciler::Reconciler::forget_lost):
+//!   set up again if still desired, torn down (idempotently) if not — and
+//!   the reconciler is woken at once.
+//! - **Foreign mount**: more mounts on a volume's path than its plugin puts
+//!   there (something mounted over a tmpfs emptyDir, or on a disk emptyDir's
+//!   directory). The pod's containers would see that file system instead of
+//!   their volume, and a tear-down would have to cross it. The kubelet never
+//!   looks; volmgr does what its start-up reconstruction does with stacked
+//!   mounts: it unmounts the extra mounts from the top down to what the
+//!   plugin set up (an operation on that volume, so never concurrent with
+//!   the manager's own operations on it), then checks the volume once more.
+//!   Mounts *below* a volume's path (inside the volume) are the pod's
+//!   business and are left alone.
+//!
+//! Races with the manager's own operations: a volume with an operation in
+//! flight is not judged (its own mounts and unmounts are in progress); it is
+//! checked again shortly after. A volume is marked lost only if, under the
+//! actual state's write lock, it is still mounted at the same path and no
+//! operation on it started or finished since the snapshot taken before the
+//! mount table was read — so the table read is newer than anything the
+//! manager itself did to that volume.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::operation_executor::{OperationExecutor, OperationKind, OperationRecord};
+use crate::plugins::{VolumeError, VolumePlugin};
+use crate::root_dir::{RelPath, RootDir};
+use crate::sys::mount_table::MountTable;
+use crate::sys::Mounter;
+use crate::volume::{PodUid, StorageMedium, UniqueVolumeName, VolumeSource, VolumeSpec};
+use crate::volume_manager::VolumeManager;
+use crate::world::{VolumeEvent, VolumeEventKind, World};
+
+use super::out_of_band::{DetectedBy, Detection, OutOfBandLog};
+
+/// Which managed paths a change may have touched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Unknown (a relative or unresolvable path): check every managed volume.
+    All,
+    /// Volumes at or below this absolute path.
+    Below(PathBuf),
+}
+
+impl Scope {
+    fn covers(&self, path: &Path) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Below(p) => path.starts_with(p),
+        }
+    }
+}
+
+/// Where a check request came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The tracer.
+    pub by: DetectedBy,
+    /// The syscall and process behind it, when known.
+    pub cause: Option<String>,
+    /// `CLOCK_MONOTONIC` time of the syscall's return, when known.
+    pub boot_ns: Option<u64>,
+}
+
+/// One request for a check.
+#[derive(Debug, Clone)]
+pub struct CheckRequest {
+    /// The paths.
+    pub scope: Scope,
+    /// Why.
+    pub origin: Origin,
+    /// How often it was put off because the manager was busy with the volume.
+    pub deferrals: u32,
+}
+
+/// Sends check requests to the checker task.
+#[derive(Debug, Clone)]
+pub struct CheckSender(mpsc::UnboundedSender<CheckRequest>);
+
+impl CheckSender {
+    /// Asks for a check (coalesced with others waiting).
+    pub fn check(&self, scope: Scope, origin: Origin) {
+        let _ = self.0.send(CheckRequest {
+            scope,
+            origin,
+            deferrals: 0,
+        });
+    }
+}
+
+/// Counts checks (for status).
+#[derive(Debug, Default)]
+pub struct CheckCounters {
+    /// Mount-table reads made for checks.
+    pub checks: AtomicU64,
+}
+
+/// What a check decided.
+#[derive(Debug, Default)]
+pub struct CheckOutcome {
+    /// Volumes marked lost.
+    pub lost: usize,
+    /// Volumes whose foreign mounts are being removed.
+    pub foreign: usize,
+    /// Requests put off because an operation on the volume is in flight.
+    pub deferred: Vec<CheckRequest>,
+}
+
+/// The checker: owns the manager's pieces a check needs.
+pub struct Checker {
+    world: Arc<World>,
+    executor: Arc<OperationExecutor>,
+    vm: Arc<VolumeManager>,
+    root: Arc<RootDir>,
+    mounter: Arc<dyn Mounter>,
+    log: Arc<OutOfBandLog>,
+    counters: Arc<CheckCounters>,
+}
+
+/// A managed volume under a requested path, as the actual state had it.
+struct Candidate {
+    volume: UniqueVolumeName,
+    pod: PodUid,
+    plugin_name: Arc<str>,
+    mounted: MountedPod,
+    origin: Origin,
+    record: Option<Fingerprint>,
+}
+
+/// What identifies the last operation on a (volume, pod): any operation
+/// starting or finishing changes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    kind: OperationKind,
+    attempts: u32,
+    failures: u32,
+    running: bool,
+}
+
+impl From<&OperationRecord> for Fingerprint {
+    fn from(r: &OperationRecord) -> Self {
+        Self {
+            kind: r.kind,
+            attempts: r.attempts,
+            failures: r.failures,
+            running: r.running,
+        }
+    }
+}
+
+impl Checker {
+    /// A checker for `vm`.
+    pub fn new(vm: &Arc<VolumeManager>, counters: Arc<CheckCounters>) -> Arc<Self> {
+        Arc::new(Self {
+            world: Arc::clone(vm.world()),
+            executor: Arc::clone(vm.executor()),
+            vm: Arc::clone(vm),
+            root: Arc::clone(vm.root()),
+            mounter: Arc::clone(vm.mounter()),
+            log: Arc::clone(vm.out_of_band()),
+            counters,
+        })
+    }
+
+    /// Starts the task that serves check requests until `shutdown`.
+    pub fn spawn(
+        self: &Arc<Self>,
+        shutdown: watch::Receiver<bool>,
+    ) -> (CheckSender, tokio::task::JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(Arc::clone(self).serve(rx, tx.clone(), shutdown));
+        (CheckSender(tx), task)
+    }
+
+    async fn serve(
+        self: Arc<Self>,
+        mut rx: mpsc::UnboundedReceiver<CheckRequest>,
+        tx: mpsc::UnboundedSender<CheckRequest>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            let first = tokio::select! {
+                biased;
+                r = shutdown.changed() => {
+                    if r.is_err() || *shutdown.borrow() { return; }
+                    continue;
+                }
+                r = rx.recv() => match r { Some(r) => r, None => return },
+            };
+            // Everything queued meanwhile is answered by the same table read.
+            let mut batch = vec![first];
+            while let Ok(r) = rx.try_recv() {
+                batch.push(r);
+            }
+            let this = Arc::clone(&self);
+            let outcome = tokio::task::spawn_blocking(move || this.check(batch)).await;
+            let outcome = match outcome {
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "tracer: cannot check the mount table");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "tracer: the check task failed");
+                    continue;
+                }
+            };
+            for mut r in outcome.deferred {
+                // The manager is working on the volume: look again soon
+                // (2 ms, doubling, at most 1 s apart).
+                r.deferrals = r.deferrals.saturating_add(1);
+                let delay = Duration::from_millis(2)
+                    .saturating_mul(1 << r.deferrals.min(9))
+                    .min(Duration::from_secs(1));
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = tx.send(r);
+                });
+            }
+        }
+    }
+
+    /// One check of the managed volumes the requests cover, against a fresh
+    /// read of the mount table. Runs on a blocking thread.
+    pub fn check(&self, batch: Vec<CheckRequest>) -> Result<CheckOutcome, VolumeError> {
+        let mut out = CheckOutcome::default();
+        let root = self.root.path();
+        // 1. Snapshot of the candidates (actual state, then operations: the
+        // executor's lock is never taken under the actual state's here).
+        let mut candidates: Vec<Candidate> = Vec::new();
+        {
+            let asw = self.world.asw();
+            for (v, av) in asw.volumes() {
+                for (pod, m) in &av.pods {
+                    if !m.path.starts_with(root) {
+                        continue;
+                    }
+                    let Some(req) = batch.iter().find(|r| r.scope.covers(&m.path)) else {
+                        continue;
+                    };
+                    candidates.push(Candidate {
+                        volume: v.clone(),
+                        pod: pod.clone(),
+                        plugin_name: Arc::clone(&av.plugin_name),
+                        mounted: m.clone(),
+                        origin: req.origin.clone(),
+                        record: None,
+                    });
+                }
+            }
+        }
+        let mut deferred: HashMap<PathBuf, CheckRequest> = HashMap::new();
+        candidates.retain_mut(|c| {
+            let rec = self.executor.record(&c.volume, Some(&c.pod));
+            c.record = rec.as_ref().map(Fingerprint::from);
+            if rec.is_some_and(|r| r.running) {
+                let req = batch
+                    .iter()
+                    .find(|r| r.scope.covers(&c.mounted.path))
+                    .cloned();
+                if let Some(mut req) = req {
+                    req.scope = Scope::Below(c.mounted.path.clone());
+                    deferred.entry(c.mounted.path.clone()).or_insert(req);
+                }
+                return false;
+            }
+            // Uncertain: the reconciler sets it up again anyway.
+            c.mounted.state == VolumeMountState::Mounted
+        });
+        out.deferred = deferred.into_values().collect();
+        if candidates.is_empty() {
+            return Ok(out);
+        }
+        // 2. The source of truth, read after the snapshot.
+        self.counters.checks.fetch_add(1, Ordering::Relaxed);
+        let table = MountTable::new(
+            self.mounter
+                .mount_table()
+                .map_err(|e| VolumeError::Internal(e.to_string()))?,
+        );
+        let mut lost = Vec::new();
+        for c in candidates {
+            let Some(plugin) = self.vm.plugins().find_by_name(&c.plugin_name) else {
+                continue;
+            };
+            let path = &c.mounted.path;
+            if table.count(path) > expected_mounts(&c.mounted.spec) {
+                let retry = CheckRequest {
+                    scope: Scope::Below(path.clone()),
+                    origin: c.origin.clone(),
+                    deferrals: 0,
+                };
+                if self.remove_foreign_mounts(c, plugin) {
+                    out.foreign += 1;
+                } else {
+                    out.deferred.push(retry);
+                }
+            } else if !plugin.verify(&c.mounted.spec, path, &table) {
+                lost.push(c);
+            }
+        }
+        // 3. Commit the losses the manager did not cause.
+        let mut confirmed = Vec::new();
+        {
+            let mut asw = self.world.asw_mut();
+            for c in lost {
+                let same = asw.pod_mount(&c.volume, &c.pod).is_some_and(|m| {
+                    m.state == VolumeMountState::Mounted && m.path == c.mounted.path
+                });
+                let now = self
+                    .executor
+                    .record(&c.volume, Some(&c.pod))
+                    .as_ref()
+                    .map(Fingerprint::from);
+                if !same || now != c.record {
+                    // The manager changed it meanwhile: its own doing.
+                    continue;
+                }
+                asw.mark_volume_as_mounted(
+                    &c.volume,
+                    &c.pod,
+                    MountedPod {
+                        state: VolumeMountState::Uncertain,
+                        ..c.mounted.clone()
+                    },
+                );
+                self.log
+                    .expect_loss(&c.volume, &c.pod, detection(&c.origin));
+                confirmed.push(c);
+            }
+        }
+        out.lost = confirmed.len();
+        for c in confirmed {
+            tracing::warn!(pod = %c.pod, volume = %c.mounted.outer_volume_spec_name,
+                path = %c.mounted.path.display(), detected_by = c.origin.by.as_str(),
+                cause = c.origin.cause.as_deref().unwrap_or("-"),
+                "volume was unmounted behind the manager's back; setting it up again");
+            self.world.emit(VolumeEvent {
+                kind: VolumeEventKind::LostOutOfBand,
+                pod_uid: c.pod,
+                volume: c.mounted.outer_volume_spec_name,
+                volume_name: c.volume.clone(),
+                path: Some(c.mounted.path),
+                error: None,
+            });
+            self.world.mark_dirty([c.volume]);
+        }
+        Ok(out)
+    }
+
+    /// Starts the operation that unmounts what was mounted over a volume;
+    /// `false` if another operation on it runs or it backs off.
+    fn remove_foreign_mounts(&self, c: Candidate, plugin: Arc<dyn VolumePlugin>) -> bool {
+        let world = Arc::clone(&self.world);
+        let root = Arc::clone(&self.root);
+        let mounter = Arc::clone(&self.mounter);
+        let log = Arc::clone(&self.log);
+        let (volume, pod, plugin_name) =
+            (c.volume.clone(), c.pod.clone(), Arc::clone(&c.plugin_name));
+        let (outer, path, origin) = (
+            c.mounted.outer_volume_spec_name.clone(),
+            c.mounted.path.clone(),
+            c.origin.clone(),
+        );
+        // Logged first (an open entry of the volume is reused), so the
+        // operation can report its outcome however fast it ends.
+        let seq = self
+            .log
+            .foreign_mount(&volume, &pod, &outer, &path, detection(&origin));
+        let op = async move {
+            let r = tokio::task::spawn_blocking(move || {
+                unstack_volume(&world, &root, mounter.as_ref(), plugin.as_ref(), &c)
+            })
+            .await
+            .map_err(|e| VolumeError::Internal(e.to_string()))
+            .and_then(|r| r);
+            log.foreign_mount_handled(seq, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+            r
+        };
+        match self.executor.start(
+            &volume,
+            Some(&pod),
+            OperationKind::RemoveForeignMounts,
+            plugin_name,
+            op,
+        ) {
+            Ok(()) => {
+                tracing::warn!(%pod, volume = %outer, path = %path.display(),
+                    detected_by = origin.by.as_str(),
+                    cause = origin.cause.as_deref().unwrap_or("-"),
+                    "something else was mounted on a volume's path; unmounting it");
+                true
+            }
+            Err(why) => {
+                tracing::debug!(%volume, %pod, ?why, "removing foreign mounts put off");
+                false
+            }
+        }
+    }
+}
+
+/// How many mounts the plugin itself puts on a volume's path: none for a
+/// disk-backed emptyDir (a plain directory), one otherwise.
+pub fn expected_mounts(spec: &VolumeSpec) -> usize {
+    match spec.source {
+        VolumeSource::EmptyDir {
+            medium: StorageMedium::Default,
+            ..
+        } => 0,
+        _ => 1,
+    }
+}
+
+/// The body of the foreign-mount removal: runs while no other operation on
+/// the volume can. Unmounts from the top while more than the plugin's own
+/// mounts are stacked, then marks the volume uncertain (set up again) if
+/// what is left is not the volume.
+fn unstack_volume(
+    world: &World,
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    plugin: &dyn VolumePlugin,
+    c: &Candidate,
+) -> Result<(), VolumeError> {
+    let still_ours = world
+        .asw()
+        .pod_mount(&c.volume, &c.pod)
+        .is_some_and(|m| m.state == VolumeMountState::Mounted && m.path == c.mounted.path);
+    if !still_ours {
+        return Ok(());
+    }
+    let path = &c.mounted.path;
+    let rel = path
+        .strip_prefix(root.path())
+        .map_err(|_| VolumeError::Internal(format!("{} is not under ROOT", path.display())))?;
+    let rel = RelPath::new(rel.iter())?;
+    let (parent, name) = rel
+        .split_last()
+        .ok_or_else(|| VolumeError::Internal("empty volume path".into()))?;
+    let expected = expected_mounts(&c.mounted.spec);
+    let read = || -> Result<MountTable, VolumeError> {
+        Ok(MountTable::new(
+            mounter
+                .mount_table()
+                .map_err(|e| VolumeError::Internal(e.to_string()))?,
+        ))
+    };
+    let mut table = read()?;
+    let mut removed = 0;
+    while table.count(path) > expected {
+        if removed >= 64 {
+            return Err(VolumeError::Internal(format!(
+                "{} still has foreign mounts after 64 unmounts",
+                path.display()
+            )));
+        }
+        let parent_dir = root.open_dir(&parent)?;
+        mounter.unmount(&parent_dir, name)?;
+        removed += 1;
+        table = read()?;
+    }
+    tracing::info!(pod = %c.pod, volume = %c.mounted.outer_volume_spec_name, removed,
+        "removed foreign mounts from a volume's path");
+    if !plugin.verify(&c.mounted.spec, path, &table) {
+        // What is left is not the volume (e.g. it was unmounted too): set it
+        // up again.
+        {
+            let mut asw = world.asw_mut();
+            asw.mark_volume_as_mounted(
+                &c.volume,
+                &c.pod,
+                MountedPod {
+                    state: VolumeMountState::Uncertain,
+                    ..c.mounted.clone()
+                },
+            );
+        }
+        world.emit(VolumeEvent {
+            kind: VolumeEventKind::LostOutOfBand,
+            pod_uid: c.pod.clone(),
+            volume: c.mounted.outer_volume_spec_name.clone(),
+            volume_name: c.volume.clone(),
+            path: Some(path.clone()),
+            error: None,
+        });
+    }
+    Ok(())
+}
+
+fn detection(o: &Origin) -> Detection {
+    Detection {
+        by: o.by,
+        cause: o.cause.clone(),
+        detected_after_us: o
+            .boot_ns
+            .and_then(|t| monotonic_ns().checked_sub(t))
+            .map(|ns| ns / 1000),
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
