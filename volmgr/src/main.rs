@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 use volmgr::agent::{self, AgentOptions};
 use volmgr::api::{self, Request};
+use volmgr::ebpf;
 use volmgr::operation_executor::Backoff;
 use volmgr::status::Status;
 use volmgr::tracer::TracerMode;
@@ -64,6 +65,35 @@ enum Command {
         /// Print the status document as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Print a line per mount-table syscall (eBPF; classic and new mount API),
+    /// with its arguments, result and latency. Needs root; no agent needed.
+    Trace {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Every mount namespace (default: the caller's only).
+        #[arg(long)]
+        all_namespaces: bool,
+        /// Stop after this many syscalls.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Collect mount-table syscall latencies for a while (eBPF) and report
+    /// percentiles and histograms per syscall and filesystem type.
+    Profile {
+        /// Seconds to collect (Ctrl-C stops early).
+        #[arg(long, value_parser = parse_duration)]
+        duration: Duration,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write an SVG plot of the latency distributions to this file.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Every mount namespace (default: the caller's only).
+        #[arg(long)]
+        all_namespaces: bool,
     },
     /// Wait until every volume of a pod is mounted (exit 0), or time out (exit 1).
     Wait {
@@ -175,6 +205,34 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 node_name,
                 tracer,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Trace {
+            json,
+            all_namespaces,
+            count,
+        } => {
+            ebpf::report::trace(ebpf::report::TraceOptions {
+                json,
+                all_namespaces,
+                count,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Profile {
+            duration,
+            json,
+            svg,
+            all_namespaces,
+        } => {
+            ebpf::report::profile(ebpf::report::ProfileOptions {
+                duration,
+                json,
+                svg,
+                all_namespaces,
             })
             .await?;
             Ok(ExitCode::SUCCESS)

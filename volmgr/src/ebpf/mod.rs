@@ -7,6 +7,21 @@
 
 use std::os::unix::fs::MetadataExt;
 
+pub mod btf;
+pub mod decode;
+mod loader;
+pub mod report;
+mod stats;
+/// The event format shared with the kernel programs (`volmgr-ebpf/src/event.rs`).
+#[path = "../../../volmgr-ebpf/src/event.rs"]
+#[allow(dead_code)]
+pub mod wire;
+
+pub use loader::{object_built, EbpfTracer, KernelHistogram};
+pub use stats::{
+    kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
+};
+
 /// A syscall that changes a mount table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MountSyscall {
@@ -110,82 +125,33 @@ pub enum EbpfError {
     /// This binary was built without the eBPF object (no nightly or bpf-linker at build time).
     #[error("built without the eBPF object (nightly Rust with rust-src and bpf-linker are needed at build time; run scripts/bootstrap.sh and rebuild)")]
     NotBuilt,
-}
-
-/// A loaded and attached tracer.
-#[derive(Debug)]
-pub struct EbpfTracer {
-    _filter: TraceFilter,
-}
-
-impl EbpfTracer {
-    /// Loads and attaches. Errors carry the reason (not root, no BPF, object not built...).
-    pub fn load(filter: TraceFilter) -> Result<EbpfTracer, EbpfError> {
-        let _ = filter;
-        Err(EbpfError::NotBuilt)
-    }
-
-    /// Starts reading the ring buffer on the current tokio runtime; every event is sent here.
-    pub fn events(
-        &mut self,
-    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<SyscallEvent>, EbpfError> {
-        Err(EbpfError::NotBuilt)
-    }
-
-    /// Events the kernel failed to reserve ring space for (sum over CPUs).
-    pub fn events_lost(&self) -> u64 {
-        0
-    }
-}
-
-/// One row of [`SyscallStats::summary`]; latencies in nanoseconds.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SyscallSummary {
-    /// Syscall name.
-    pub syscall: String,
-    /// Filesystem type, `""` when the call has none.
-    pub fstype: String,
-    /// `ok` or `error`.
-    pub result: String,
-    /// Number of calls.
-    pub count: u64,
-    /// Median latency.
-    pub p50_ns: u64,
-    /// 90th percentile.
-    pub p90_ns: u64,
-    /// 99th percentile.
-    pub p99_ns: u64,
-    /// 99.9th percentile.
-    pub p999_ns: u64,
-    /// Largest latency.
-    pub max_ns: u64,
-}
-
-/// User-side latency histograms (hdrhistogram) per (syscall, fstype, ok/error).
-#[derive(Debug, Default)]
-pub struct SyscallStats {}
-
-impl SyscallStats {
-    /// Empty statistics.
-    pub fn new() -> Self {
-        Self {}
-    }
-
-    /// Records one event's latency.
-    pub fn record(&mut self, ev: &SyscallEvent) {
-        let _ = ev;
-    }
-
-    /// `volmgr_mount_syscall_duration_seconds{syscall,fstype,result}` histogram
-    /// (Prometheus text) plus `volmgr_trace_events_lost_total`.
-    pub fn prometheus_text(&self, events_lost: u64) -> String {
-        format!("# TYPE volmgr_trace_events_lost_total counter\nvolmgr_trace_events_lost_total {events_lost}\n")
-    }
-
-    /// Summary rows for status/profile.
-    pub fn summary(&self) -> Vec<SyscallSummary> {
-        Vec::new()
-    }
+    /// The kernel's BTF could not give the struct offsets the program needs.
+    #[error("kernel BTF: {0}")]
+    Btf(#[from] btf::BtfError),
+    /// tracefs (needed to attach tracepoints) could not be mounted.
+    #[error("tracefs: {0}")]
+    Tracefs(String),
+    /// The kernel refused the object (no CAP_BPF/CAP_SYS_ADMIN, BPF disabled, verifier...).
+    #[error("loading the eBPF object (needs root or CAP_BPF+CAP_PERFMON): {0}")]
+    Load(#[source] aya::EbpfError),
+    /// A program could not be loaded or attached.
+    #[error("eBPF program {0}: {1}")]
+    Program(String, #[source] aya::programs::ProgramError),
+    /// The object lacks a program.
+    #[error("eBPF object has no program {0}")]
+    MissingProgram(String),
+    /// The object lacks a map.
+    #[error("eBPF object has no map {0}")]
+    MissingMap(&'static str),
+    /// A map has an unexpected type.
+    #[error("eBPF map {0}: {1}")]
+    Map(&'static str, #[source] aya::maps::MapError),
+    /// [`EbpfTracer::events`] was already called.
+    #[error("the event stream was already taken")]
+    AlreadyStarted,
+    /// An I/O error (thread, epoll registration).
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
 }
 
 /// Inode of this process's mount namespace (`/proc/self/ns/mnt`).
