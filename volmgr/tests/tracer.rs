@@ -121,6 +121,22 @@ fn out_of_band_cycle(tracer: &str) {
         };
         assert!(row("mount", "tmpfs"), "{:?}", s.syscalls);
         assert!(row("umount2", ""), "{:?}", s.syscalls);
+        // And in the Prometheus text.
+        let metrics = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(volmgr::api::call(&env.root, &volmgr::api::Request::Metrics))
+            .unwrap();
+        let metrics = metrics.as_str().unwrap();
+        assert!(
+            metrics.contains("volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\""),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("volmgr_trace_events_lost_total"),
+            "{metrics}"
+        );
     }
     assert!(s.tracer_stats.checks >= 1);
     assert!(s.tracer_stats.out_of_band_events >= 1);
