@@ -63,6 +63,9 @@ pub struct EbpfTracer {
     // Owns the programs and their links: dropping it detaches everything.
     _ebpf: Ebpf,
     ring: Option<RingBuf<MapData>>,
+    /// The ring registered with the runtime, for [`EbpfTracer::next_events`].
+    ring_fd: Option<AsyncFd<RingBuf<MapData>>>,
+    decoder: Decoder,
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
     filter: TraceFilter,
@@ -102,6 +105,8 @@ impl EbpfTracer {
         Ok(EbpfTracer {
             _ebpf: ebpf,
             ring: Some(ring),
+            ring_fd: None,
+            decoder: Decoder::default(),
             lost,
             hist,
             filter,
@@ -130,6 +135,34 @@ impl EbpfTracer {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(read_ring(fd, move |ev, x| tx.send((ev, x)).is_ok()));
         Ok(rx)
+    }
+
+    /// Waits until events are ready and appends them all to `out` (the
+    /// alternative to [`EbpfTracer::events`] for a caller that owns its loop).
+    pub async fn next_events(
+        &mut self,
+        out: &mut Vec<(SyscallEvent, ExtraArgs)>,
+    ) -> Result<(), EbpfError> {
+        if self.ring_fd.is_none() {
+            self.ring_fd = Some(self.ring_fd()?);
+        }
+        let Some(fd) = self.ring_fd.as_mut() else {
+            return Err(EbpfError::AlreadyStarted);
+        };
+        let mut guard = fd.readable_mut().await.map_err(EbpfError::Io)?;
+        drain(guard.get_inner_mut(), &mut self.decoder, out);
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Appends every event already in the ring to `out`, without waiting:
+    /// after a syscall has returned, its event is there.
+    pub fn drain_now(&mut self, out: &mut Vec<(SyscallEvent, ExtraArgs)>) {
+        if let Some(fd) = self.ring_fd.as_mut() {
+            drain(fd.get_mut(), &mut self.decoder, out);
+        } else if let Some(ring) = self.ring.as_mut() {
+            drain(ring, &mut self.decoder, out);
+        }
     }
 
     /// The ring buffer, registered with the current runtime's reactor.
@@ -251,6 +284,19 @@ fn load_in_thread(filter: TraceFilter, offsets: MntNsOffsets) -> Result<Ebpf, Eb
         }
     }
     Ok(ebpf)
+}
+
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    decoder: &mut Decoder,
+    out: &mut Vec<(SyscallEvent, ExtraArgs)>,
+) {
+    while let Some(item) = ring.next() {
+        let x = extra_args(&item).unwrap_or_default();
+        if let Some(ev) = decoder.decode(&item) {
+            out.push((ev, x));
+        }
+    }
 }
 
 /// Drains the ring buffer whenever it becomes readable, until `send`

@@ -7,6 +7,7 @@ use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
+use tokio::signal::unix::{signal, SignalKind};
 
 use super::decode::{self, ExtraArgs};
 use super::{
@@ -150,7 +151,10 @@ pub fn event_json(ev: &SyscallEvent, x: &ExtraArgs, wall_offset: i128) -> serde_
 pub async fn trace(opts: TraceOptions) -> Result<(), ReportError> {
     let f = filter(opts.all_namespaces)?;
     let mut tracer = EbpfTracer::load(f)?;
-    let mut rx = tracer.detailed_events()?;
+    // Made once, before saying we are ready: a signal between two waits is
+    // kept, not missed.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let wall_offset = monotonic_to_wall_offset();
     let scope = match f.mnt_ns {
         Some(ns) => format!("mount namespace {ns}"),
@@ -163,27 +167,37 @@ pub async fn trace(opts: TraceOptions) -> Result<(), ReportError> {
             "TIME", "COMM", "PID", "MNT_NS"
         );
     }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut seen = 0u64;
-    let stdout = std::io::stdout();
-    loop {
-        if opts.count.is_some_and(|c| seen >= c) {
-            break;
+    let mut batch = Vec::new();
+    let mut stop = false;
+    while !stop {
+        tokio::select! {
+            r = tracer.next_events(&mut batch) => r?,
+            _ = int.recv() => stop = true,
+            _ = term.recv() => stop = true,
         }
-        let (ev, x) = tokio::select! {
-            ev = rx.recv() => match ev { Some(ev) => ev, None => break },
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-        };
-        seen += 1;
-        let line = if opts.json {
-            event_json(&ev, &x, wall_offset).to_string()
-        } else {
-            event_line(&ev, &x, wall_offset)
-        };
-        let mut out = stdout.lock();
-        writeln!(out, "{line}")?;
+        if stop {
+            // Calls that returned before the signal are in the ring: print them.
+            tracer.drain_now(&mut batch);
+        }
+        let mut out = std::io::stdout().lock();
+        for (ev, x) in batch.drain(..) {
+            if opts.count.is_some_and(|c| seen >= c) {
+                stop = true;
+                break;
+            }
+            seen += 1;
+            let line = if opts.json {
+                event_json(&ev, &x, wall_offset).to_string()
+            } else {
+                event_line(&ev, &x, wall_offset)
+            };
+            writeln!(out, "{line}")?;
+        }
         out.flush()?;
+        if opts.count.is_some_and(|c| seen >= c) {
+            stop = true;
+        }
     }
     eprintln!("volmgr: {seen} events, {} lost", tracer.events_lost());
     Ok(())
@@ -236,7 +250,10 @@ fn kernel_rows(h: &[KernelHistogram]) -> Vec<KernelRow> {
 pub async fn profile(opts: ProfileOptions) -> Result<Profile, ReportError> {
     let f = filter(opts.all_namespaces)?;
     let mut tracer = EbpfTracer::load(f)?;
-    let mut rx = tracer.events()?;
+    // Made once, before saying we are ready: a signal between two waits is
+    // kept, not missed.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     eprintln!(
         "volmgr: profiling mount syscalls for {:.1}s",
         opts.duration.as_secs_f64()
@@ -244,18 +261,24 @@ pub async fn profile(opts: ProfileOptions) -> Result<Profile, ReportError> {
     let mut stats = SyscallStats::new();
     let start = tokio::time::Instant::now();
     let deadline = start + opts.duration;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut batch = Vec::new();
     loop {
-        tokio::select! {
-            ev = rx.recv() => match ev { Some(ev) => stats.record(&ev), None => break },
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
+        let stop = tokio::select! {
+            r = tracer.next_events(&mut batch) => { r?; false },
+            _ = tokio::time::sleep_until(deadline) => true,
+            _ = int.recv() => true,
+            _ = term.recv() => true,
+        };
+        if stop {
+            // Calls that returned before the end are in the ring: count them.
+            tracer.drain_now(&mut batch);
         }
-    }
-    // Events already in the ring when the time is up still count.
-    while let Ok(ev) = rx.try_recv() {
-        stats.record(&ev);
+        for (ev, _) in batch.drain(..) {
+            stats.record(&ev);
+        }
+        if stop {
+            break;
+        }
     }
     let profile = Profile {
         duration_seconds: start.elapsed().as_secs_f64(),
