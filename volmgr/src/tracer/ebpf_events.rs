@@ -34,6 +34,9 @@ const MS_MOVE: u64 = 0x2000;
 pub struct Own {
     /// The agent's pid (tgid).
     pub pid: u32,
+    /// When the manager is linked into a host process: the name of its
+    /// threads; the host's other threads are not the manager.
+    pub comm: Option<String>,
     /// Its mount namespace inode.
     pub mnt_ns: u64,
     /// ROOT.
@@ -115,7 +118,8 @@ pub fn describe(ev: &SyscallEvent) -> String {
 /// other mount namespaces, failed calls and calls that cannot change what is
 /// mounted where.
 pub fn scopes(ev: &SyscallEvent, own: &Own) -> Vec<Scope> {
-    if ev.pid == own.pid || ev.mnt_ns != own.mnt_ns || ev.ret != 0 {
+    let ours = ev.pid == own.pid && own.comm.as_ref().is_none_or(|c| *c == ev.comm);
+    if ours || ev.mnt_ns != own.mnt_ns || ev.ret != 0 {
         return Vec::new();
     }
     let paths: Vec<&Option<String>> = match ev.syscall {
@@ -176,6 +180,7 @@ mod tests {
     fn own() -> Own {
         Own {
             pid: 100,
+            comm: None,
             mnt_ns: 7,
             root: PathBuf::from("/r"),
         }
@@ -213,6 +218,19 @@ mod tests {
         let mut e = ev(MountSyscall::Umount, None, Some("/r/pods/u/v"));
         e.pid = 100;
         assert!(scopes(&e, &own()).is_empty(), "the agent's own call");
+        let host = Own {
+            comm: Some("volmgr-rt".into()),
+            ..own()
+        };
+        assert!(
+            !scopes(&e, &host).is_empty(),
+            "a host process's own thread is not the manager"
+        );
+        e.comm = "volmgr-rt".into();
+        assert!(
+            scopes(&e, &host).is_empty(),
+            "the manager's thread in a host"
+        );
         let mut e = ev(MountSyscall::Umount, None, Some("/r/pods/u/v"));
         e.ret = -16;
         assert!(scopes(&e, &own()).is_empty(), "EBUSY changed nothing");

@@ -133,11 +133,34 @@ impl ActiveTracer {
 /// Starts the tracer `mode` asks for on the current runtime (before the
 /// manager starts, so nothing between reconstruction and the first event is
 /// missed), records it in `vm`'s status and logs the choice. Runs until
-/// `shutdown` turns true.
+/// `shutdown` turns true. Every mount call of this process is the manager's
+/// own (the agent).
 pub fn start(
     mode: TracerMode,
     vm: &Arc<VolumeManager>,
     shutdown: watch::Receiver<bool>,
+) -> Result<ActiveTracer, TracerError> {
+    start_inner(mode, vm, shutdown, None)
+}
+
+/// [`start`] for a manager linked into a host process (the C ABI): only
+/// mount calls from threads named `thread_name` (the manager's runtime, which
+/// also runs host plugins) are the manager's own; the host's other threads
+/// are "another process" (eBPF tracer).
+pub fn start_in_host(
+    mode: TracerMode,
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    thread_name: &str,
+) -> Result<ActiveTracer, TracerError> {
+    start_inner(mode, vm, shutdown, Some(thread_name))
+}
+
+fn start_inner(
+    mode: TracerMode,
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    thread_name: Option<&str>,
 ) -> Result<ActiveTracer, TracerError> {
     let active = match mode {
         TracerMode::Off => ActiveTracer {
@@ -153,8 +176,8 @@ pub fn start(
             shutdown,
             "--tracer mountinfo: poll(POLLPRI) on /proc/self/mountinfo".into(),
         )?,
-        TracerMode::Ebpf => start_ebpf(vm, shutdown)?,
-        TracerMode::Auto => match start_ebpf(vm, shutdown.clone()) {
+        TracerMode::Ebpf => start_ebpf(vm, shutdown, thread_name)?,
+        TracerMode::Auto => match start_ebpf(vm, shutdown.clone(), thread_name) {
             Ok(mut t) => {
                 t.reason = format!("auto: {}", t.reason);
                 t
@@ -200,7 +223,7 @@ fn start_mountinfo(
     let check_counters = Arc::new(CheckCounters::default());
     let (checks, check_task) =
         Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
-    let poll_task = tokio::spawn(poller.run(checks, Arc::clone(&counters), shutdown));
+    let poll_task = poller.spawn(checks, Arc::clone(&counters), shutdown)?;
     vm.set_tracer_status_source(Arc::new(move || {
         (stats_of(&counters, &check_counters, 0), Vec::new())
     }));
@@ -214,6 +237,7 @@ fn start_mountinfo(
 fn start_ebpf(
     vm: &Arc<VolumeManager>,
     shutdown: watch::Receiver<bool>,
+    thread_name: Option<&str>,
 ) -> Result<ActiveTracer, TracerError> {
     let mnt_ns = ebpf::own_mount_namespace().map_err(TracerError::Namespace)?;
     let mut tracer = EbpfTracer::load(TraceFilter {
@@ -229,6 +253,8 @@ fn start_ebpf(
         Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
     let own = ebpf_events::Own {
         pid: std::process::id(),
+        // The kernel keeps 15 bytes of a thread's name.
+        comm: thread_name.map(|n| n.chars().take(15).collect()),
         mnt_ns,
         root: vm.root().path().to_path_buf(),
     };

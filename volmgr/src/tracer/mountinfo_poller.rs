@@ -1,20 +1,29 @@
 //! The fallback tracer: the kernel signals every change of a mount namespace's
-//! table to pollers of `/proc/self/mountinfo` with `POLLPRI` (proc(5)). This
-//! watcher waits for that signal on the runtime (an `AsyncFd` registered for
-//! priority readiness, so no thread is held), re-reads the table, diffs it
-//! with the previous one by mount id and mount point, and asks for a targeted
-//! check of the managed paths that changed. It cannot tell who made a change
-//! or how long the syscall took; the check tells the manager's own changes
-//! apart by its operations in flight.
+//! table to pollers of `/proc/self/mountinfo` with `POLLPRI` (proc(5)). A
+//! dedicated thread waits in `poll(2)` for that signal (and for a stop
+//! signal on a socket pair), re-reads the table, diffs it with the previous
+//! one by mount id and mount point, and asks for a targeted check of the
+//! managed paths that changed. It cannot tell who made a change or how long
+//! the syscall took; the check tells the manager's own changes apart by its
+//! operations in flight.
+//!
+//! Why a thread and not an `AsyncFd` on the runtime's epoll: the file's poll
+//! handler reports a change only to the first poll after it (it records the
+//! event it reported), and with edge-triggered epoll a wake-up was seen to go
+//! missing (about one run in five of the C ABI test never heard of any
+//! change after the first). `poll(2)` asks the file itself each time, so
+//! every change since the previous call is reported.
 
 use std::collections::HashSet;
 use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tokio::sync::watch;
 
 use crate::sys::mountinfo::{self, MountInfo};
@@ -26,7 +35,7 @@ use super::TracerCounters;
 /// Why the poller could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PollerError {
-    /// Opening or registering `/proc/self/mountinfo` failed.
+    /// Opening `/proc/self/mountinfo` or setting up the thread failed.
     #[error("watching /proc/self/mountinfo: {0}")]
     Open(#[source] std::io::Error),
     /// The first read failed.
@@ -37,55 +46,85 @@ pub enum PollerError {
 /// One mount, as far as the diff is concerned.
 type MountKey = (u32, PathBuf);
 
-/// A running poller.
+/// The poller, ready to run.
 pub struct MountinfoPoller {
-    fd: AsyncFd<File>,
+    file: File,
+    stop_rx: UnixStream,
+    /// Taken by the stopping task: writing to it, or dropping it (the task
+    /// cancelled with its runtime), ends the thread.
+    stop_tx: Option<UnixStream>,
     root: PathBuf,
     last: HashSet<MountKey>,
 }
 
 impl MountinfoPoller {
-    /// Opens `/proc/self/mountinfo` and registers it for `POLLPRI` on the
-    /// current runtime; reads the table once as the base of the diff.
+    /// Opens `/proc/self/mountinfo` (a change after this is reported) and
+    /// reads the table once as the base of the diff.
     pub fn open(root: &Path) -> Result<Self, PollerError> {
         let file = File::open("/proc/self/mountinfo").map_err(PollerError::Open)?;
-        // SAFETY: the `File` owns its descriptor and moves into the
-        // `AsyncFd`, which keeps it open, unchanged, for its whole life.
-        let fd = unsafe { AsyncFd::register_with_interest(file, Interest::PRIORITY) }
-            .map_err(|e| PollerError::Open(e.into_parts().1))?;
+        let (stop_rx, stop_tx) = UnixStream::pair().map_err(PollerError::Open)?;
         let last = keys(&mountinfo::read_self()?);
         Ok(Self {
-            fd,
+            file,
+            stop_rx,
+            stop_tx: Some(stop_tx),
             root: root.to_path_buf(),
             last,
         })
     }
 
-    /// Watches until `shutdown`, sending checks for managed paths that changed.
-    pub async fn run(
+    /// Starts the watching thread; the returned task ends it when
+    /// `shutdown` turns true. Changes of managed paths are sent to `checks`.
+    pub fn spawn(
         mut self,
         checks: CheckSender,
         counters: Arc<TracerCounters>,
         mut shutdown: watch::Receiver<bool>,
-    ) {
-        loop {
-            tokio::select! {
-                biased;
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() { return; }
+    ) -> Result<tokio::task::JoinHandle<()>, PollerError> {
+        let mut stop_tx = self.stop_tx.take().ok_or_else(|| {
+            PollerError::Open(std::io::Error::other("the poller was already started"))
+        })?;
+        let thread = std::thread::Builder::new()
+            .name("volmgr-mountinfo".into())
+            .spawn(move || self.watch(&checks, &counters))
+            .map_err(PollerError::Open)?;
+        Ok(tokio::spawn(async move {
+            while !*shutdown.borrow_and_update() {
+                if shutdown.changed().await.is_err() {
+                    break;
                 }
-                r = self.fd.ready(Interest::PRIORITY) => match r {
-                    Ok(mut guard) => {
-                        // Cleared before the read: a change after this point
-                        // signals again.
-                        guard.clear_ready();
-                        self.changed(&checks, &counters);
-                    }
+            }
+            let _ = stop_tx.write_all(b"x");
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }))
+    }
+
+    fn watch(&mut self, checks: &CheckSender, counters: &TracerCounters) {
+        loop {
+            let (changed, stop) = {
+                let mut fds = [
+                    PollFd::new(self.file.as_fd(), PollFlags::POLLPRI),
+                    PollFd::new(self.stop_rx.as_fd(), PollFlags::POLLIN),
+                ];
+                match poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => {
                         tracing::error!(error = %e, "mountinfo poller stopped; only the resync remains");
                         return;
                     }
-                },
+                }
+                let got = |f: &PollFd, flags| f.revents().is_some_and(|r| r.intersects(flags));
+                (
+                    got(&fds[0], PollFlags::POLLPRI | PollFlags::POLLERR),
+                    got(&fds[1], PollFlags::POLLIN | PollFlags::POLLHUP),
+                )
+            };
+            if stop {
+                return;
+            }
+            if changed {
+                self.changed(checks, counters);
             }
         }
     }
