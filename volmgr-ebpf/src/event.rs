@@ -40,6 +40,12 @@ pub const TRUNC_SOURCE: u8 = 2;
 /// See [`TRUNC_FSTYPE`].
 pub const TRUNC_TARGET: u8 = 4;
 
+/// Wake-up batching: an event wakes the reader only if no event did in the
+/// last `WAKE_INTERVAL_NS`; a reader that got events polls again after this
+/// interval, so no event waits longer than about one interval, and a burst
+/// of calls costs a few wake-ups instead of one per call.
+pub const WAKE_INTERVAL_NS: u64 = 1_000_000;
+
 /// Fixed part of an event.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

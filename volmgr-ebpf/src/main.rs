@@ -9,13 +9,14 @@
 #![no_main]
 
 use aya_ebpf::{
+    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_user, bpf_probe_read_user_str_bytes,
         generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 
@@ -64,6 +65,10 @@ static SCRATCH: PerCpuArray<[u8; EVENT_MAX]> = PerCpuArray::with_max_entries(1, 
 /// Per-CPU count of events the ring buffer had no room for.
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// When an event last woke the reader (see `WAKE_INTERVAL_NS`).
+#[map]
+static LAST_WAKE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Per-CPU latency histograms, key `syscall * 2 + (ret < 0)`.
 #[map]
@@ -293,8 +298,20 @@ fn exit(ctx: &TracePointContext) -> u32 {
     // SAFETY: the header is plain data written at the start of the buffer.
     unsafe { core::ptr::write_unaligned(buf.as_mut_ptr() as *mut EventHeader, hdr) };
 
+    // Wake the reader only if no event did recently (races between CPUs
+    // only add a wake-up).
+    let mut wake = BPF_RB_NO_WAKEUP as u64;
+    if let Some(last) = LAST_WAKE.get_ptr_mut(0) {
+        // SAFETY: value of our own single-entry array.
+        unsafe {
+            if now.wrapping_sub(*last) >= WAKE_INTERVAL_NS {
+                *last = now;
+                wake = BPF_RB_FORCE_WAKEUP as u64;
+            }
+        }
+    }
     let sent = match buf.get(..off) {
-        Some(ev) => EVENTS.output::<[u8]>(ev, 0).is_ok(),
+        Some(ev) => EVENTS.output::<[u8]>(ev, wake).is_ok(),
         None => false,
     };
     if !sent {

@@ -1,6 +1,7 @@
 //! Loading and attaching the embedded eBPF object, and reading its maps.
 
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::TracePoint;
@@ -66,6 +67,9 @@ pub struct EbpfTracer {
     /// The ring registered with the runtime, for [`EbpfTracer::next_events`].
     ring_fd: Option<AsyncFd<RingBuf<MapData>>>,
     decoder: Decoder,
+    /// The last read got events: read again after the wake-up interval
+    /// even without a wake-up (see `wire::WAKE_INTERVAL_NS`).
+    poll_soon: bool,
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
     filter: TraceFilter,
@@ -107,6 +111,7 @@ impl EbpfTracer {
             ring: Some(ring),
             ring_fd: None,
             decoder: Decoder::default(),
+            poll_soon: false,
             lost,
             hist,
             filter,
@@ -149,9 +154,13 @@ impl EbpfTracer {
         let Some(fd) = self.ring_fd.as_mut() else {
             return Err(EbpfError::AlreadyStarted);
         };
-        let mut guard = fd.readable_mut().await.map_err(EbpfError::Io)?;
-        drain(guard.get_inner_mut(), &mut self.decoder, out);
-        guard.clear_ready();
+        self.poll_soon = wait_and_drain(fd, &mut self.decoder, self.poll_soon, &mut |ev, x| {
+            out.push((ev, x));
+            true
+        })
+        .await
+        .map_err(EbpfError::Io)?
+            > 0;
         Ok(())
     }
 
@@ -299,30 +308,73 @@ fn drain(
     }
 }
 
-/// Drains the ring buffer whenever it becomes readable, until `send`
-/// returns false (the receiver is gone).
+/// Waits until the ring is readable (or, when `poll_soon`, at most one
+/// wake-up interval: the kernel skips wake-ups within an interval of the
+/// last one) and hands every event to `send`; the number of events read.
+/// Stops early when `send` returns false.
+async fn wait_and_drain(
+    fd: &mut AsyncFd<RingBuf<MapData>>,
+    decoder: &mut Decoder,
+    poll_soon: bool,
+    send: &mut (impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send),
+) -> std::io::Result<usize> {
+    let mut n = 0;
+    let mut each = |ring: &mut RingBuf<MapData>| {
+        while let Some(item) = ring.next() {
+            let x = extra_args(&item).unwrap_or_default();
+            if let Some(ev) = decoder.decode(&item) {
+                n += 1;
+                if !send(ev, x) {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    let interval = Duration::from_nanos(wire::WAKE_INTERVAL_NS);
+    let ready = if poll_soon {
+        tokio::time::timeout(interval, fd.readable_mut()).await.ok()
+    } else {
+        Some(fd.readable_mut().await)
+    };
+    match ready {
+        Some(guard) => {
+            let mut guard = guard?;
+            each(guard.get_inner_mut());
+            guard.clear_ready();
+        }
+        None => {
+            each(fd.get_mut());
+        }
+    }
+    Ok(n)
+}
+
+/// Drains the ring buffer whenever it becomes readable (or soon after
+/// events, see [`wait_and_drain`]), until `send` returns false (the
+/// receiver is gone).
 async fn read_ring(
     mut fd: AsyncFd<RingBuf<MapData>>,
     mut send: impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send + 'static,
 ) {
     let mut decoder = Decoder::default();
+    let mut poll_soon = false;
+    let open = std::sync::atomic::AtomicBool::new(true);
+    let mut send_checked = |ev, x| {
+        let ok = send(ev, x);
+        open.store(ok, std::sync::atomic::Ordering::Relaxed);
+        ok
+    };
     loop {
-        let mut guard = match fd.readable_mut().await {
-            Ok(g) => g,
+        match wait_and_drain(&mut fd, &mut decoder, poll_soon, &mut send_checked).await {
+            Ok(n) => poll_soon = n > 0,
             Err(e) => {
                 tracing::error!(fd = fd.get_ref().as_raw_fd(), "eBPF ring buffer: {e}");
                 return;
             }
-        };
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            let x = extra_args(&item).unwrap_or_default();
-            if let Some(ev) = decoder.decode(&item) {
-                if !send(ev, x) {
-                    return;
-                }
-            }
         }
-        guard.clear_ready();
+        if !open.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
     }
 }
