@@ -215,7 +215,14 @@ fn status_reports_the_chosen_tracer() {
         assert_eq!(s.tracer, "off");
         assert!(s.tracer_reason.contains("resync"), "{}", s.tracer_reason);
         assert!(agent.term());
+        // auto: the mountinfo poller watches while the eBPF program loads,
+        // then the final choice shows.
         let agent = env.start_agent(&[]);
+        env.wait_for("the eBPF tracer loaded or given up", || {
+            !env.status()
+                .tracer_reason
+                .contains("while the eBPF tracer loads")
+        });
         let s = env.status();
         assert!(
             s.tracer == "ebpf" || s.tracer == "mountinfo",

@@ -176,41 +176,106 @@ fn start_inner(
             shutdown,
             "--tracer mountinfo: poll(POLLPRI) on /proc/self/mountinfo".into(),
         )?,
-        TracerMode::Ebpf => start_ebpf(vm, shutdown, thread_name)?,
-        TracerMode::Auto => match start_ebpf(vm, shutdown.clone(), thread_name) {
-            Ok(mut t) => {
-                t.reason = format!("auto: {}", t.reason);
-                t
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "eBPF tracer unavailable; falling back to the mountinfo poller");
-                let why = match &e {
-                    TracerError::Ebpf(e) => e.to_string(),
-                    e => e.to_string(),
-                };
-                match start_mountinfo(
-                    vm,
-                    shutdown,
-                    format!(
-                        "auto: eBPF unavailable ({why}); poll(POLLPRI) on /proc/self/mountinfo"
-                    ),
-                ) {
-                    Ok(t) => t,
-                    Err(e2) => {
-                        tracing::warn!(error = %e2, "mountinfo poller unavailable too; only the resync remains");
-                        ActiveTracer {
-                            name: "off",
-                            reason: format!("auto: eBPF unavailable ({why}); mountinfo poller unavailable ({e2})"),
-                            tasks: Vec::new(),
-                        }
-                    }
-                }
-            }
-        },
+        TracerMode::Ebpf => {
+            let loaded = load_ebpf(thread_name)?;
+            attach_ebpf(vm, loaded, shutdown, "")?
+        }
+        TracerMode::Auto => return Ok(start_auto(vm, shutdown, thread_name)),
     };
     tracing::info!(tracer = active.name, reason = %active.reason, "tracer selected");
     vm.set_tracer(active.name, &active.reason);
     Ok(active)
+}
+
+/// `auto`: loading the eBPF program takes a while (about 0.2 s in a release
+/// build, BTF parsing and verification), so the mountinfo poller watches
+/// from the start and the program loads on a blocking thread; once it is
+/// attached the poller stops (after, so no change goes unseen in between).
+/// If it cannot load, the poller stays, and status says why.
+fn start_auto(
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    thread_name: Option<&str>,
+) -> ActiveTracer {
+    let (poll_stop, poll_stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let poller = start_mountinfo(
+        vm,
+        poll_stop_rx,
+        "auto: poll(POLLPRI) on /proc/self/mountinfo while the eBPF tracer loads".into(),
+    );
+    let (name, reason) = match poller {
+        Ok(p) => {
+            tasks.extend(p.tasks);
+            ("mountinfo", p.reason)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "mountinfo poller unavailable");
+            (
+                "off",
+                format!("auto: the eBPF tracer is loading; mountinfo poller unavailable ({e})"),
+            )
+        }
+    };
+    let polling = name == "mountinfo";
+    vm.set_tracer(name, &reason);
+    tracing::info!(tracer = name, reason = %reason, "tracer selected; loading the eBPF tracer");
+    let vm = Arc::clone(vm);
+    let thread_name = thread_name.map(str::to_string);
+    let mut stop = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let loaded = tokio::task::spawn_blocking(move || load_ebpf(thread_name.as_deref()))
+            .await
+            .unwrap_or_else(|e| {
+                Err(TracerError::Namespace(std::io::Error::other(format!(
+                    "the loading thread failed: {e}"
+                ))))
+            });
+        let mut ebpf_tasks = Vec::new();
+        match loaded.and_then(|l| attach_ebpf(&vm, l, shutdown, "auto: ")) {
+            Ok(t) => {
+                tracing::info!(tracer = t.name, reason = %t.reason, "tracer selected");
+                vm.set_tracer(t.name, &t.reason);
+                let _ = poll_stop.send(true);
+                ebpf_tasks = t.tasks;
+            }
+            Err(e) => {
+                let why = match &e {
+                    TracerError::Ebpf(e) => e.to_string(),
+                    e => e.to_string(),
+                };
+                let (name, reason) = if polling {
+                    (
+                        "mountinfo",
+                        format!(
+                            "auto: eBPF unavailable ({why}); poll(POLLPRI) on /proc/self/mountinfo"
+                        ),
+                    )
+                } else {
+                    (
+                        "off",
+                        format!("auto: eBPF unavailable ({why}); mountinfo poller unavailable"),
+                    )
+                };
+                tracing::warn!(tracer = name, reason = %reason, "eBPF tracer unavailable; falling back");
+                vm.set_tracer(name, &reason);
+            }
+        }
+        while !*stop.borrow_and_update() {
+            if stop.changed().await.is_err() {
+                break;
+            }
+        }
+        let _ = poll_stop.send(true);
+        for t in ebpf_tasks {
+            let _ = t.await;
+        }
+    }));
+    ActiveTracer {
+        name,
+        reason,
+        tasks,
+    }
 }
 
 fn start_mountinfo(
@@ -234,16 +299,37 @@ fn start_mountinfo(
     })
 }
 
-fn start_ebpf(
-    vm: &Arc<VolumeManager>,
-    shutdown: watch::Receiver<bool>,
-    thread_name: Option<&str>,
-) -> Result<ActiveTracer, TracerError> {
+/// A loaded, attached eBPF program, not yet read.
+struct LoadedEbpf {
+    tracer: EbpfTracer,
+    mnt_ns: u64,
+    thread_name: Option<String>,
+}
+
+fn load_ebpf(thread_name: Option<&str>) -> Result<LoadedEbpf, TracerError> {
     let mnt_ns = ebpf::own_mount_namespace().map_err(TracerError::Namespace)?;
-    let mut tracer = EbpfTracer::load(TraceFilter {
+    let tracer = EbpfTracer::load(TraceFilter {
         mnt_ns: Some(mnt_ns),
     })
     .map_err(TracerError::Ebpf)?;
+    Ok(LoadedEbpf {
+        tracer,
+        mnt_ns,
+        thread_name: thread_name.map(str::to_string),
+    })
+}
+
+fn attach_ebpf(
+    vm: &Arc<VolumeManager>,
+    loaded: LoadedEbpf,
+    shutdown: watch::Receiver<bool>,
+    reason_prefix: &str,
+) -> Result<ActiveTracer, TracerError> {
+    let LoadedEbpf {
+        mut tracer,
+        mnt_ns,
+        thread_name,
+    } = loaded;
     let events = tracer.events().map_err(TracerError::Ebpf)?;
     let tracer = Arc::new(tracer);
     let counters = Arc::new(TracerCounters::default());
@@ -303,7 +389,9 @@ fn start_ebpf(
     }));
     Ok(ActiveTracer {
         name: "ebpf",
-        reason: format!("eBPF program attached to the mount syscalls of mount namespace {mnt_ns}"),
+        reason: format!(
+            "{reason_prefix}eBPF program attached to the mount syscalls of mount namespace {mnt_ns}"
+        ),
         tasks: vec![check_task, feed],
     })
 }
