@@ -16,7 +16,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
     },
     macros::{map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 
@@ -52,8 +52,9 @@ struct Start {
     _pad: u32,
 }
 
+/// Per-thread entry state; LRU so threads killed inside a call cannot fill it.
 #[map]
-static STARTS: HashMap<u64, Start> = HashMap::with_max_entries(16384, 0);
+static STARTS: LruHashMap<u64, Start> = LruHashMap::with_max_entries(16384, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);

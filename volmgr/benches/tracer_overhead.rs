@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(missing_docs)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -41,8 +42,19 @@ impl Tracer {
 const BPFTRACE: &str = "tracepoint:syscalls:sys_enter_mount,tracepoint:syscalls:sys_enter_umount { @s[tid] = nsecs; } \
 tracepoint:syscalls:sys_exit_mount,tracepoint:syscalls:sys_exit_umount /@s[tid]/ { @us = hist((nsecs - @s[tid]) / 1000); delete(@s[tid]); }";
 
+/// Run count and run time (ns) of every loaded BPF program, by id.
+fn programs() -> HashMap<u32, (u64, u64)> {
+    aya::programs::loaded_programs()
+        .flatten()
+        .map(|p| (p.id(), (p.run_count(), p.run_time().as_nanos() as u64)))
+        .collect()
+}
+
 struct Running {
     tracer: Tracer,
+    /// The tracer's programs (loaded after it started) and their counters
+    /// once it was attached.
+    progs: HashMap<u32, (u64, u64)>,
     child: Child,
     out: std::thread::JoinHandle<String>,
     err: std::thread::JoinHandle<String>,
@@ -68,6 +80,7 @@ fn start(tracer: Tracer, volmgr: &Path) -> Option<Running> {
             (c, false, "Attaching")
         }
     };
+    let before = programs();
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -94,6 +107,10 @@ fn start(tracer: Tracer, volmgr: &Path) -> Option<Running> {
     if tracer == Tracer::Bpftrace {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
+    let progs = programs()
+        .into_iter()
+        .filter(|(id, _)| !before.contains_key(id))
+        .collect();
     let out = std::thread::spawn(move || {
         let mut s = String::new();
         out.read_to_string(&mut s).unwrap();
@@ -106,15 +123,46 @@ fn start(tracer: Tracer, volmgr: &Path) -> Option<Running> {
     });
     Some(Running {
         tracer,
+        progs,
         child,
         out,
         err,
     })
 }
 
+/// What a tracer delivered and cost.
+#[derive(Debug, Default, Clone, Copy)]
+struct Outcome {
+    /// Events delivered for our paths (`None` if it cannot say).
+    seen: Option<u64>,
+    /// Losses the tracer reports itself.
+    lost: Option<u64>,
+    /// Its BPF programs' runs and run time while the loops ran.
+    runs: u64,
+    run_ns: u64,
+}
+
+fn stop(r: Running, dir: &Path) -> Outcome {
+    let now = programs();
+    let (mut runs, mut run_ns) = (0, 0);
+    for (id, (c0, t0)) in &r.progs {
+        if let Some((c1, t1)) = now.get(id) {
+            runs += c1 - c0;
+            run_ns += t1 - t0;
+        }
+    }
+    let (seen, lost) = counts(r, dir);
+    Outcome {
+        seen,
+        lost,
+        runs,
+        run_ns,
+    }
+}
+
 /// Events the tracer delivered for our paths (`None` if it cannot say),
 /// and the losses it reports itself.
-fn stop(r: Running, dir: &Path) -> (Option<u64>, Option<u64>) {
+fn counts(r: Running, dir: &Path) -> (Option<u64>, Option<u64>) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(r.child.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -239,6 +287,10 @@ fn main() {
         )
         .expect("mount tracefs");
     }
+    // BPF run-time statistics for the whole run, to measure each tracer's
+    // programs exactly (they add two clock reads per program run, to every
+    // tracer alike).
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("BPF_ENABLE_STATS");
     let volmgr = PathBuf::from(env!("CARGO_BIN_EXE_volmgr"));
     let base = tempfile::tempdir().unwrap();
     let dir = base.path().canonicalize().unwrap();
@@ -254,6 +306,8 @@ fn main() {
     let mut cost: Vec<[Vec<f64>; 4]> = vec![Default::default(); k];
     let mut seen: Vec<Vec<Option<u64>>> = vec![Vec::new(); k];
     let mut lost: Vec<Vec<Option<u64>>> = vec![Vec::new(); k];
+    // BPF program time per traced syscall (enter + exit runs), ns.
+    let mut prog: Vec<Vec<f64>> = vec![Vec::new(); k];
     for round in 0..rounds {
         for j in 0..k {
             // Rotate the order every round.
@@ -262,16 +316,23 @@ fn main() {
             let running = start(t, &volmgr);
             let a = pairs(n, false, &src, &target);
             let b = pairs(n, true, &src, &target);
-            let (s, l) = running.map_or((None, None), |r| stop(r, &dir));
+            let o = running.map_or(Outcome::default(), |r| stop(r, &dir));
+            let (s, l) = (o.seen, o.lost);
+            prog[i].push(if o.runs > 0 {
+                2.0 * o.run_ns as f64 / o.runs as f64
+            } else {
+                0.0
+            });
             eprintln!(
-                "round {round} {:<32} tmpfs {:6.2} us/pair (cpu {:6.2})  bind {:6.2} us/pair (cpu {:6.2})  events {:?} lost {:?}",
+                "round {round} {:<32} tmpfs {:6.2} us/pair (cpu {:6.2})  bind {:6.2} us/pair (cpu {:6.2})  events {:?} lost {:?} bpf {:.0} ns/syscall",
                 t.name(),
                 a.0 / 1e3,
                 a.1 / 1e3,
                 b.0 / 1e3,
                 b.1 / 1e3,
                 s,
-                l
+                l,
+                prog[i].last().copied().unwrap_or(0.0)
             );
             for (v, x) in cost[i].iter_mut().zip([a.0, a.1, b.0, b.1]) {
                 v.push(x);
@@ -296,8 +357,8 @@ fn main() {
         4 * n
     );
     println!("Per pair (mount + umount), median over rounds; \"cpu\" is the looping thread's own CPU time (user + system, so it includes the eBPF programs run in its syscalls but not the time other processes held the CPU); \"+\" is what the tracer adds over no tracer.\n");
-    println!("| tracer | tmpfs wall | tmpfs cpu | + cpu | bind wall | bind cpu | + cpu | events delivered per round (min..max) | lost (tracer's own count) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| tracer | tmpfs wall | tmpfs cpu | + cpu | bind wall | bind cpu | + cpu | BPF programs per syscall | events delivered per round (min..max) | lost (tracer's own count) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for i in 0..k {
         let m = med[i];
         let s: Vec<u64> = seen[i].iter().flatten().copied().collect();
@@ -308,7 +369,7 @@ fn main() {
         };
         let short_rounds = s.iter().filter(|&&x| x < 4 * n as u64).count();
         println!(
-            "| {} | {:.2} µs | {:.2} µs | {:+.2} µs | {:.2} µs | {:.2} µs | {:+.2} µs | {}{} | {} |",
+            "| {} | {:.2} µs | {:.2} µs | {:+.2} µs | {:.2} µs | {:.2} µs | {:+.2} µs | {} | {}{} | {} |",
             tracers[i].name(),
             m[0] / 1e3,
             m[1] / 1e3,
@@ -316,6 +377,11 @@ fn main() {
             m[2] / 1e3,
             m[3] / 1e3,
             (m[3] - med[0][3]) / 1e3,
+            if i == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.0} ns", median(&mut prog[i].clone()))
+            },
             range(&s),
             if s.is_empty() || short_rounds == 0 {
                 String::new()

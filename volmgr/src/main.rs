@@ -94,6 +94,10 @@ enum Command {
         /// Every mount namespace (default: the caller's only).
         #[arg(long)]
         all_namespaces: bool,
+        /// Turn on the kernel's BPF run-time statistics meanwhile and report
+        /// the tracer programs' own cost per syscall.
+        #[arg(long)]
+        bpf_stats: bool,
     },
     /// Wait until every volume of a pod is mounted (exit 0), or time out (exit 1).
     Wait {
@@ -227,12 +231,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             svg,
             all_namespaces,
+            bpf_stats,
         } => {
             ebpf::report::profile(ebpf::report::ProfileOptions {
                 duration,
                 json,
                 svg,
                 all_namespaces,
+                bpf_stats,
             })
             .await?;
             Ok(ExitCode::SUCCESS)

@@ -39,6 +39,23 @@ pub fn object_built() -> bool {
     !OBJECT.is_empty()
 }
 
+/// How often the tracer's programs ran and for how long.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ProgramRunStats {
+    /// Program runs (an enter and an exit per traced syscall).
+    pub runs: u64,
+    /// Total run time, ns.
+    pub run_time_ns: u64,
+}
+
+/// Turns on the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`) until
+/// the returned descriptor is closed. They add two clock reads to every BPF
+/// program run on the machine while on.
+pub fn enable_run_time_stats() -> Result<std::os::fd::OwnedFd, EbpfError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| EbpfError::Io(std::io::Error::other(e.to_string())))
+}
+
 /// In-kernel latency histogram of one (syscall, ok/error), summed over CPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelHistogram {
@@ -194,6 +211,20 @@ impl EbpfTracer {
             .get(&0, 0)
             .map(|v| v.iter().copied().sum())
             .unwrap_or(0)
+    }
+
+    /// Runs of this tracer's programs and the time they took, summed over
+    /// its programs (the kernel counts only while run-time statistics are
+    /// on, see [`enable_run_time_stats`]).
+    pub fn program_run_stats(&self) -> ProgramRunStats {
+        let mut st = ProgramRunStats::default();
+        for (_, prog) in self._ebpf.programs() {
+            if let Ok(info) = prog.info() {
+                st.runs += info.run_count();
+                st.run_time_ns += u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            }
+        }
+        st
     }
 
     /// The in-kernel latency histograms, summed over CPUs; only pairs with

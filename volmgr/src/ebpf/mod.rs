@@ -17,7 +17,9 @@ mod stats;
 #[allow(dead_code)]
 pub mod wire;
 
-pub use loader::{object_built, EbpfTracer, KernelHistogram};
+pub use loader::{
+    enable_run_time_stats, object_built, EbpfTracer, KernelHistogram, ProgramRunStats,
+};
 pub use stats::{
     kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
 };

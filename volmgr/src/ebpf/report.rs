@@ -11,8 +11,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::decode::{self, ExtraArgs};
 use super::{
-    own_mount_namespace, EbpfError, EbpfTracer, KernelHistogram, ProfileRow, SyscallEvent,
-    SyscallStats, TraceFilter,
+    own_mount_namespace, EbpfError, EbpfTracer, KernelHistogram, ProfileRow, ProgramRunStats,
+    SyscallEvent, SyscallStats, TraceFilter,
 };
 
 /// Why a command failed.
@@ -48,6 +48,9 @@ pub struct ProfileOptions {
     pub svg: Option<std::path::PathBuf>,
     /// Every mount namespace, not only the caller's.
     pub all_namespaces: bool,
+    /// Turn on the kernel's BPF run-time statistics while profiling and
+    /// report the tracer programs' own run time.
+    pub bpf_stats: bool,
 }
 
 fn filter(all_namespaces: bool) -> Result<TraceFilter, ReportError> {
@@ -216,6 +219,9 @@ pub struct Profile {
     pub events_lost: u64,
     /// Per (syscall, fstype).
     pub rows: Vec<ProfileRow>,
+    /// With `--bpf-stats`: runs and run time of the tracer's programs
+    /// (two runs per traced syscall, in any namespace).
+    pub bpf_programs: Option<ProgramRunStats>,
     /// Calls counted by the in-kernel histograms, per (syscall, result):
     /// exact even if events were lost.
     pub kernel: Vec<KernelRow>,
@@ -250,6 +256,12 @@ fn kernel_rows(h: &[KernelHistogram]) -> Vec<KernelRow> {
 pub async fn profile(opts: ProfileOptions) -> Result<Profile, ReportError> {
     let f = filter(opts.all_namespaces)?;
     let mut tracer = EbpfTracer::load(f)?;
+    let stats_fd = if opts.bpf_stats {
+        Some(super::enable_run_time_stats()?)
+    } else {
+        None
+    };
+    let runs_before = tracer.program_run_stats();
     // Made once, before saying we are ready: a signal between two waits is
     // kept, not missed.
     let mut term = signal(SignalKind::terminate())?;
@@ -280,7 +292,16 @@ pub async fn profile(opts: ProfileOptions) -> Result<Profile, ReportError> {
             break;
         }
     }
+    let bpf_programs = stats_fd.map(|fd| {
+        let after = tracer.program_run_stats();
+        drop(fd);
+        ProgramRunStats {
+            runs: after.runs - runs_before.runs.min(after.runs),
+            run_time_ns: after.run_time_ns - runs_before.run_time_ns.min(after.run_time_ns),
+        }
+    });
     let profile = Profile {
+        bpf_programs,
         duration_seconds: start.elapsed().as_secs_f64(),
         mnt_ns: f.mnt_ns,
         events: stats.total(),
@@ -343,6 +364,15 @@ pub fn profile_text(p: &Profile) -> String {
             if r.fstype.is_empty() { "" } else { &r.fstype }
         );
         out.push_str(&text_histogram(&r.buckets));
+    }
+    if let Some(b) = &p.bpf_programs {
+        let _ = writeln!(
+            out,
+            "\ntracer programs: {} runs, {} each, {} per traced syscall (enter + exit)",
+            b.runs,
+            duration_text(b.run_time_ns / b.runs.max(1)),
+            duration_text(2 * b.run_time_ns / b.runs.max(1))
+        );
     }
     if !p.kernel.is_empty() {
         let _ = writeln!(
