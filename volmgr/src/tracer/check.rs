@@ -13,7 +13,8 @@
 //!   the reconciler is woken at once.
 //! - **Foreign mount**: more mounts on a volume's path than its plugin puts
 //!   there (something mounted over a tmpfs emptyDir, or on a disk emptyDir's
-//!   directory). The pod's containers would see that file system instead of
+//!   directory), or as many but not the volume (its tmpfs unmounted and
+//!   something else mounted in its place). The pod's containers would see that file system instead of
 //!   their volume, and a tear-down would have to cross it. The kubelet never
 //!   looks; volmgr does what its start-up reconstruction does with stacked
 //!   mounts: it unmounts the extra mounts from the top down to what the
@@ -302,7 +303,7 @@ impl Checker {
                 continue;
             };
             let path = &c.mounted.path;
-            if table.count(path) > expected_mounts(&c.mounted.spec) {
+            if is_foreign(plugin.as_ref(), &c.mounted.spec, path, &table) {
                 let retry = CheckRequest {
                     scope: Scope::Below(path.clone()),
                     origin: c.origin.clone(),
@@ -417,6 +418,19 @@ impl Checker {
     }
 }
 
+/// Whether a volume's path carries mounts its plugin did not make: more than
+/// the plugin's own, or as many but not the volume (its tmpfs was unmounted
+/// and something else mounted in its place).
+fn is_foreign(
+    plugin: &dyn VolumePlugin,
+    spec: &VolumeSpec,
+    path: &Path,
+    table: &MountTable,
+) -> bool {
+    let (count, expected) = (table.count(path), expected_mounts(spec));
+    count > expected || (count > 0 && !plugin.verify(spec, path, table))
+}
+
 /// How many mounts the plugin itself puts on a volume's path: none for a
 /// disk-backed emptyDir (a plain directory), one otherwise.
 pub fn expected_mounts(spec: &VolumeSpec) -> usize {
@@ -455,7 +469,6 @@ fn unstack_volume(
     let (parent, name) = rel
         .split_last()
         .ok_or_else(|| VolumeError::Internal("empty volume path".into()))?;
-    let expected = expected_mounts(&c.mounted.spec);
     let read = || -> Result<MountTable, VolumeError> {
         Ok(MountTable::new(
             mounter
@@ -465,7 +478,7 @@ fn unstack_volume(
     };
     let mut table = read()?;
     let mut removed = 0;
-    while table.count(path) > expected {
+    while is_foreign(plugin, &c.mounted.spec, path, &table) {
         if removed >= 64 {
             return Err(VolumeError::Internal(format!(
                 "{} still has foreign mounts after 64 unmounts",
@@ -531,4 +544,189 @@ pub fn monotonic_ns() -> u64 {
         .unwrap_or(0)
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::fake::FakeMounter;
+    use crate::volume_manager::Config;
+
+    const T: Duration = Duration::from_secs(20);
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        fake: Arc<FakeMounter>,
+        vm: Arc<VolumeManager>,
+        checker: Arc<Checker>,
+        uid: PodUid,
+        volume: UniqueVolumeName,
+        path: PathBuf,
+    }
+
+    /// A manager on the fake mounter with one pod whose tmpfs emptyDir is
+    /// mounted.
+    async fn setup() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeMounter::default());
+        let vm = VolumeManager::new(Config::new(dir.path()), fake.clone()).unwrap();
+        vm.start().await.unwrap();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+            "spec": {"containers": [{"name": "c", "volumeMounts": [{"name": "m", "mountPath": "/m"}]}],
+                     "volumes": [{"name": "m", "emptyDir": {"medium": "Memory"}}]}
+        }))
+        .unwrap();
+        let uid = vm.upsert_pod(&pod).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let m = vm.mounted_volumes_for_pod(&uid).remove(0);
+        let checker = Checker::new(&vm, Arc::default());
+        Setup {
+            _dir: dir,
+            fake,
+            vm,
+            checker,
+            uid,
+            volume: m.volume_name,
+            path: m.path,
+        }
+    }
+
+    fn request(path: &Path) -> CheckRequest {
+        CheckRequest {
+            scope: Scope::Below(path.to_path_buf()),
+            origin: Origin {
+                by: DetectedBy::Ebpf,
+                cause: Some("umount2(\"x\") by umount[7]".into()),
+                boot_ns: Some(monotonic_ns()),
+            },
+            deferrals: 0,
+        }
+    }
+
+    async fn check(s: &Setup) -> CheckOutcome {
+        let (c, path) = (Arc::clone(&s.checker), s.path.clone());
+        tokio::task::spawn_blocking(move || c.check(vec![request(&path)]))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    fn mount_foreign(s: &Setup, fstype: &str) {
+        let rel = RelPath::new(s.path.strip_prefix(s.vm.root().path()).unwrap().iter()).unwrap();
+        let target = s.vm.root().open_dir(&rel).unwrap();
+        s.fake
+            .mount(
+                "foreign",
+                &target,
+                fstype,
+                crate::sys::MsFlags::empty(),
+                None,
+            )
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mounted_volume_is_left_alone() {
+        let s = setup().await;
+        let o = check(&s).await;
+        assert_eq!((o.lost, o.foreign, o.deferred.len()), (0, 0, 0));
+        assert!(s.vm.out_of_band().recent().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_volume_is_confirmed_recorded_and_set_up_again() {
+        let s = setup().await;
+        s.fake.remove_out_of_band(&s.path);
+        let o = check(&s).await;
+        assert_eq!(o.lost, 1);
+        s.vm.wait_for_attach_and_mount(&s.uid, T).await.unwrap();
+        assert_eq!(s.fake.mounted(), vec![s.path.clone()]);
+        let log = s.vm.out_of_band().recent();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].kind, "lost");
+        assert_eq!(log[0].detected_by, "ebpf");
+        assert_eq!(log[0].cause.as_deref(), Some("umount2(\"x\") by umount[7]"));
+        assert!(log[0].detected_after_us.is_some());
+        assert_eq!(s.vm.out_of_band().volume(&s.volume, &s.uid).unwrap().0, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_volume_with_an_operation_in_flight_is_checked_later() {
+        let s = setup().await;
+        let (release, wait) = tokio::sync::oneshot::channel::<()>();
+        s.vm.executor()
+            .start(
+                &s.volume,
+                Some(&s.uid),
+                OperationKind::MountVolume,
+                "test".into(),
+                async move {
+                    let _ = wait.await;
+                    Ok(())
+                },
+            )
+            .unwrap();
+        // The manager's own operation may be unmounting it right now.
+        s.fake.remove_out_of_band(&s.path);
+        let o = check(&s).await;
+        assert_eq!((o.lost, o.foreign), (0, 0));
+        assert_eq!(o.deferred.len(), 1);
+        assert_eq!(o.deferred[0].scope, Scope::Below(s.path.clone()));
+        let _ = release.send(());
+        while s.vm.executor().is_running(&s.volume) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Once it is done, the same check finds the loss.
+        assert_eq!(check(&s).await.lost, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn foreign_mounts_are_removed_down_to_the_volume() {
+        let s = setup().await;
+        mount_foreign(&s, "ext4");
+        mount_foreign(&s, "tmpfs");
+        assert_eq!(check(&s).await.foreign, 1);
+        while s.fake.mounted().len() != 1 || s.vm.executor().is_running(&s.volume) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let log = s.vm.out_of_band().recent();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].kind, "foreign_mount");
+        assert_eq!(log[0].outcome, "repaired");
+        // The pod's own tmpfs (the first mount) stayed: no set-up again.
+        assert_eq!(check(&s).await.foreign, 0);
+        assert_eq!(
+            s.fake
+                .calls()
+                .iter()
+                .filter(|c| matches!(c, crate::sys::fake::Call::Mount { source, .. } if source == "tmpfs"))
+                .count(),
+            1
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_volume_replaced_by_another_mount_is_set_up_again() {
+        let s = setup().await;
+        s.fake.remove_out_of_band(&s.path);
+        mount_foreign(&s, "ext4");
+        assert_eq!(check(&s).await.foreign, 1);
+        s.vm.wait_for_attach_and_mount(&s.uid, T).await.unwrap();
+        while s.vm.executor().is_running(&s.volume) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        s.vm.wait_for_attach_and_mount(&s.uid, T).await.unwrap();
+        let table = MountTable::new(s.fake.mount_table().unwrap());
+        assert_eq!(table.count(&s.path), 1);
+        assert_eq!(table.top(&s.path).unwrap().fstype, "tmpfs");
+        let kinds: Vec<String> =
+            s.vm.out_of_band()
+                .recent()
+                .into_iter()
+                .map(|e| e.kind)
+                .collect();
+        assert_eq!(kinds, ["foreign_mount", "lost"]);
+    }
 }
