@@ -158,6 +158,7 @@ impl VolumeManager {
         let out_of_band = Arc::new(OutOfBandLog::default());
         let log = Arc::clone(&out_of_band);
         world.add_listener(Arc::new(move |ev| log.on_volume_event(ev)));
+        let metrics_log = Arc::clone(&out_of_band);
         Ok(Arc::new(Self {
             config,
             world,
@@ -173,8 +174,8 @@ impl VolumeManager {
             tracer: Mutex::new(("off".into(), "no tracer configured".into())),
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
-            extra_metrics: Mutex::default(),
             departing: Mutex::default(),
+            extra_metrics: Mutex::new(vec![Arc::new(move || metrics_log.prometheus_text())]),
             out_of_band,
             tracer_status: Mutex::default(),
         }))

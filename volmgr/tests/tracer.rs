@@ -58,6 +58,16 @@ fn events<'a>(s: &'a Status, kind: &str, vol: &str) -> Vec<&'a OutOfBandEvent> {
         .collect()
 }
 
+fn metrics_text(env: &Env) -> String {
+    let v = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(volmgr::api::call(&env.root, &volmgr::api::Request::Metrics))
+        .unwrap();
+    v.as_str().unwrap().to_string()
+}
+
 /// The agent, started with `tracer`, repairs a volume unmounted by `umount`
 /// and removes foreign mounts from volume paths; status shows both.
 fn out_of_band_cycle(tracer: &str) {
@@ -122,13 +132,7 @@ fn out_of_band_cycle(tracer: &str) {
         assert!(row("mount", "tmpfs"), "{:?}", s.syscalls);
         assert!(row("umount2", ""), "{:?}", s.syscalls);
         // And in the Prometheus text.
-        let metrics = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(volmgr::api::call(&env.root, &volmgr::api::Request::Metrics))
-            .unwrap();
-        let metrics = metrics.as_str().unwrap();
+        let metrics = metrics_text(&env);
         assert!(
             metrics.contains("volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\""),
             "{metrics}"
@@ -138,6 +142,10 @@ fn out_of_band_cycle(tracer: &str) {
             "{metrics}"
         );
     }
+    let metrics = metrics_text(&env);
+    let counter =
+        format!("volmgr_out_of_band_changes_total{{kind=\"lost\",detected_by=\"{tracer}\"}} 1\n");
+    assert!(metrics.contains(&counter), "{metrics}");
     assert!(s.tracer_stats.checks >= 1);
     assert!(s.tracer_stats.out_of_band_events >= 1);
 

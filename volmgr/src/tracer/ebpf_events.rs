@@ -13,6 +13,12 @@
 //! everything"; an absolute path is taken as given (util-linux resolves
 //! symlinks before calling; a symlinked path outside ROOT that leads into it
 //! is left to the resync).
+//!
+//! Only calls made in the agent's own mount namespace are followed (the
+//! program filters by namespace). A change made in another namespace that
+//! reaches the agent's through mount propagation (shared mounts) is left to
+//! the resync; the mountinfo poller, which watches the namespace's own
+//! table, does see those.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;

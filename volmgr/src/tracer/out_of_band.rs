@@ -85,6 +85,8 @@ struct Entry {
 #[derive(Default)]
 struct Inner {
     seq: u64,
+    /// Totals per (kind, detected by), for Prometheus.
+    totals: std::collections::BTreeMap<(&'static str, &'static str), u64>,
     per_volume: HashMap<Key, (u32, String)>,
     recent: VecDeque<Entry>,
     pending: HashMap<Key, Detection>,
@@ -207,6 +209,19 @@ impl OutOfBandLog {
             .cloned()
     }
 
+    /// `volmgr_out_of_band_changes_total{kind,detected_by}` (Prometheus text).
+    pub fn prometheus_text(&self) -> String {
+        let mut out = String::from(
+            "# HELP volmgr_out_of_band_changes_total Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).\n# TYPE volmgr_out_of_band_changes_total counter\n",
+        );
+        for ((kind, by), n) in &self.lock().totals {
+            out.push_str(&format!(
+                "volmgr_out_of_band_changes_total{{kind=\"{kind}\",detected_by=\"{by}\"}} {n}\n"
+            ));
+        }
+        out
+    }
+
     /// The recent changes, oldest first.
     pub fn recent(&self) -> Vec<OutOfBandEvent> {
         self.lock().recent.iter().map(|e| e.event.clone()).collect()
@@ -215,6 +230,10 @@ impl OutOfBandLog {
 
 impl Inner {
     fn add(&mut self, key: Key, kind: ChangeKind, outer: &str, path: &str, how: Detection) -> u64 {
+        *self
+            .totals
+            .entry((kind.as_str(), how.by.as_str()))
+            .or_default() += 1;
         let time = rfc3339(SystemTime::now());
         let counter = self
             .per_volume
@@ -326,6 +345,12 @@ mod tests {
         assert_eq!(r[1].detected_by, "ebpf");
         assert_eq!(r[1].cause.as_deref(), Some("umount2 by umount[7]"));
         assert!(r.iter().all(|e| e.outcome == "repairing"));
+        let text = log.prometheus_text();
+        assert!(text
+            .contains("volmgr_out_of_band_changes_total{kind=\"lost\",detected_by=\"ebpf\"} 1\n"));
+        assert!(text.contains(
+            "volmgr_out_of_band_changes_total{kind=\"lost\",detected_by=\"resync\"} 1\n"
+        ));
         log.on_volume_event(&ev(VolumeEventKind::Mounted));
         let r = log.recent();
         assert!(r
