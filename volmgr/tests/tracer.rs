@@ -265,3 +265,63 @@ fn unknown_tracer_is_a_usage_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown tracer \"bogus\""), "{err}");
 }
+
+/// Without the privileges eBPF needs (the agent run as `nobody` through
+/// util-linux `setpriv`): `--tracer ebpf` is a start-up error that says why,
+/// and `auto` falls back to the mountinfo poller and says why in status.
+#[test]
+fn without_bpf_privileges_ebpf_fails_and_auto_falls_back() {
+    isolated(
+        "without_bpf_privileges_ebpf_fails_and_auto_falls_back",
+        || {
+            if Command::new("setpriv").arg("--version").output().is_err() {
+                println!("SKIP: util-linux setpriv is not installed");
+                return;
+            }
+            let env = Env::new();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            let nobody = nix::unistd::Uid::from_raw(65534);
+            let nogroup = nix::unistd::Gid::from_raw(65534);
+            for d in [&env.root, &env.manifests] {
+                nix::unistd::chown(d.as_path(), Some(nobody), Some(nogroup)).unwrap();
+            }
+            let agent = |tracer: &str| {
+                let mut cmd = Command::new("setpriv");
+                cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                    .arg(support::volmgr_bin())
+                    .args(["agent", "--tracer", tracer, "--root"])
+                    .arg(&env.root)
+                    .arg("--manifests")
+                    .arg(&env.manifests);
+                cmd
+            };
+            let out = agent("ebpf").output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{err}");
+            assert!(
+                err.contains("--tracer ebpf: the eBPF tracer cannot be loaded"),
+                "{err}"
+            );
+            let mut child = agent("auto")
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            env.wait_for("the eBPF tracer given up", || {
+                !env.status()
+                    .tracer_reason
+                    .contains("while the eBPF tracer loads")
+            });
+            let s = env.status();
+            assert_eq!(s.tracer, "mountinfo", "{}", s.tracer_reason);
+            assert!(
+                s.tracer_reason.starts_with("auto: eBPF unavailable ("),
+                "{}",
+                s.tracer_reason
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+        },
+    );
+}
