@@ -2,7 +2,9 @@
 //! `build-std=core`, `bpfel-unknown-none`) into `$OUT_DIR/volmgr-ebpf`, which
 //! `src/ebpf/loader.rs` embeds. Without nightly or bpf-linker the build still
 //! succeeds with a warning and an empty object: the tracer then reports that
-//! it was built without it and the agent falls back to mountinfo.
+//! it was built without it and the agent falls back to mountinfo. With the
+//! toolchain present, a failing eBPF build fails the build (set
+//! `VOLMGR_NO_EBPF=1` to build without the tracer on purpose).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,8 +32,14 @@ fn main() {
         Some("bpf-linker not found (run scripts/bootstrap.sh)".to_string())
     } else if !runs("rustup", &["run", "nightly", "rustc", "--version"]) {
         Some("no nightly Rust toolchain (run scripts/bootstrap.sh)".to_string())
+    } else if let Err(e) = build(&ebpf_dir) {
+        // The toolchain is there, so this is a bug in volmgr-ebpf: fail
+        // loudly rather than ship (and test) a binary without the tracer.
+        // VOLMGR_NO_EBPF=1 builds without it on purpose.
+        eprintln!("building the eBPF programs failed: {e}");
+        std::process::exit(1);
     } else {
-        build(&ebpf_dir).err()
+        None
     };
     if let Some(why) = why_not {
         println!("cargo:warning=building volmgr without the eBPF tracer: {why}");
