@@ -368,10 +368,9 @@ pub fn profile_text(p: &Profile) -> String {
     if let Some(b) = &p.bpf_programs {
         let _ = writeln!(
             out,
-            "\ntracer programs: {} runs, {} each, {} per traced syscall (enter + exit)",
+            "\ntracer programs: {} runs (an enter and an exit per call, in any mount namespace), {} each",
             b.runs,
-            duration_text(b.run_time_ns / b.runs.max(1)),
-            duration_text(2 * b.run_time_ns / b.runs.max(1))
+            duration_text(b.run_time_ns / b.runs.max(1))
         );
     }
     if !p.kernel.is_empty() {
@@ -398,8 +397,8 @@ fn text_histogram(buckets: &[(u64, u64)]) -> String {
     // Merge the log-linear buckets into powers of two of microseconds.
     let mut pow: Vec<(u64, u64)> = Vec::new();
     for &(hi, c) in buckets {
-        let top = hi.saturating_sub(1).max(1).next_power_of_two();
-        let top = top.max(1024);
+        // Powers of two of whole microseconds: 1-2 us, 2-4 us, ...
+        let top = (hi.saturating_sub(1) / 1000 + 1).next_power_of_two() * 1000;
         match pow.last_mut() {
             Some((t, n)) if *t == top => *n += c,
             _ => pow.push((top, c)),
@@ -412,7 +411,7 @@ fn text_histogram(buckets: &[(u64, u64)]) -> String {
         let _ = writeln!(
             out,
             "  {:>9} .. {:<9} {:<40} {c}",
-            duration_text(top / 2),
+            duration_text(if top <= 1000 { 0 } else { top / 2 }),
             duration_text(top),
             "#".repeat(width)
         );
