@@ -54,7 +54,7 @@ enum Command {
         /// What keeps the actual state current between resyncs: `ebpf` (the
         /// syscall tracer), `mountinfo` (poll /proc/self/mountinfo), `off`
         /// (the resync only), or `auto` (eBPF if it loads, else mountinfo).
-        #[arg(long, default_value = "auto")]
+        #[arg(long, default_value = "auto", env = "VOLMGR_TRACER")]
         tracer: TracerMode,
     },
     /// Show the agent's status.

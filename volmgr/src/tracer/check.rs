@@ -60,15 +60,6 @@ pub enum Scope {
     Below(PathBuf),
 }
 
-impl Scope {
-    fn covers(&self, path: &Path) -> bool {
-        match self {
-            Scope::All => true,
-            Scope::Below(p) => path.starts_with(p),
-        }
-    }
-}
-
 /// Where a check request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Origin {
@@ -122,6 +113,8 @@ pub struct CheckOutcome {
     pub foreign: usize,
     /// Requests put off because an operation on the volume is in flight.
     pub deferred: Vec<CheckRequest>,
+    /// How long the check took.
+    pub took: Duration,
 }
 
 /// The checker: owns the manager's pieces a check needs.
@@ -211,7 +204,15 @@ impl Checker {
                 batch.push(r);
             }
             let this = Arc::clone(&self);
-            let outcome = tokio::task::spawn_blocking(move || this.check(batch)).await;
+            let started = std::time::Instant::now();
+            let outcome = tokio::task::spawn_blocking(move || this.check(batch))
+                .await
+                .map(|r| {
+                    r.map(|mut o| {
+                        o.took = started.elapsed();
+                        o
+                    })
+                });
             let outcome = match outcome {
                 Ok(Ok(o)) => o,
                 Ok(Err(e)) => {
@@ -223,19 +224,35 @@ impl Checker {
                     continue;
                 }
             };
-            for mut r in outcome.deferred {
-                // The manager is working on the volume: look again soon
-                // (2 ms, doubling, at most 1 s apart).
-                r.deferrals = r.deferrals.saturating_add(1);
+            if !outcome.deferred.is_empty() {
+                // The manager is working on these volumes: look again soon
+                // (2 ms, doubling per deferral, at most 1 s apart), all at once.
+                let most = outcome
+                    .deferred
+                    .iter()
+                    .map(|r| r.deferrals)
+                    .min()
+                    .unwrap_or(0);
                 let delay = Duration::from_millis(2)
-                    .saturating_mul(1 << r.deferrals.min(9))
+                    .saturating_mul(1 << most.saturating_add(1).min(9))
                     .min(Duration::from_secs(1));
                 let tx = tx.clone();
+                let again = outcome.deferred;
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let _ = tx.send(r);
+                    for mut r in again {
+                        r.deferrals = r.deferrals.saturating_add(1);
+                        let _ = tx.send(r);
+                    }
                 });
             }
+            // A check reads the whole mount table: with tens of thousands of
+            // mounts and a burst of changes (the manager's own mount storm
+            // seen by the mountinfo poller) back-to-back checks would take a
+            // core. After a check that took over a millisecond, pause four
+            // times as long, so checks use at most a fifth of a core;
+            // requests meanwhile are answered together by the next one.
+            tokio::time::sleep(super::duty_pause(outcome.took)).await;
         }
     }
 
@@ -246,6 +263,20 @@ impl Checker {
         let root = self.root.path();
         // 1. Snapshot of the candidates (actual state, then operations: the
         // executor's lock is never taken under the actual state's here).
+        // The request covering a path: one for everything, or the nearest
+        // requested ancestor (a lookup per path component, not per request:
+        // a burst brings thousands).
+        let all = batch.iter().find(|r| r.scope == Scope::All);
+        let below: HashMap<&Path, &CheckRequest> = batch
+            .iter()
+            .filter_map(|r| match &r.scope {
+                Scope::Below(p) => Some((p.as_path(), r)),
+                Scope::All => None,
+            })
+            .collect();
+        let covering = |path: &Path| -> Option<&CheckRequest> {
+            all.or_else(|| path.ancestors().find_map(|a| below.get(a).copied()))
+        };
         let mut candidates: Vec<Candidate> = Vec::new();
         {
             let asw = self.world.asw();
@@ -254,7 +285,7 @@ impl Checker {
                     if !m.path.starts_with(root) {
                         continue;
                     }
-                    let Some(req) = batch.iter().find(|r| r.scope.covers(&m.path)) else {
+                    let Some(req) = covering(&m.path) else {
                         continue;
                     };
                     candidates.push(Candidate {
@@ -273,10 +304,7 @@ impl Checker {
             let rec = self.executor.record(&c.volume, Some(&c.pod));
             c.record = rec.as_ref().map(Fingerprint::from);
             if rec.is_some_and(|r| r.running) {
-                let req = batch
-                    .iter()
-                    .find(|r| r.scope.covers(&c.mounted.path))
-                    .cloned();
+                let req = covering(&c.mounted.path).cloned();
                 if let Some(mut req) = req {
                     req.scope = Scope::Below(c.mounted.path.clone());
                     deferred.entry(c.mounted.path.clone()).or_insert(req);

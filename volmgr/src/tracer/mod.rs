@@ -102,6 +102,19 @@ pub enum TracerError {
     Mountinfo(#[from] PollerError),
 }
 
+/// How long to pause after a mount-table read that took `took`: nothing
+/// after a quick one (a small table: out-of-band changes are handled at
+/// once), four times as long after one over a millisecond (a table of
+/// thousands of mounts during a burst of changes), so reading uses at most a
+/// fifth of a core.
+pub fn duty_pause(took: std::time::Duration) -> std::time::Duration {
+    if took > std::time::Duration::from_millis(1) {
+        took.saturating_mul(4)
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
 /// Counters shared by the tracers (for status).
 #[derive(Debug, Default)]
 pub struct TracerCounters {

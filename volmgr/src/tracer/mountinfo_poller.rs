@@ -63,7 +63,7 @@ impl MountinfoPoller {
     pub fn open(root: &Path) -> Result<Self, PollerError> {
         let file = File::open("/proc/self/mountinfo").map_err(PollerError::Open)?;
         let (stop_rx, stop_tx) = UnixStream::pair().map_err(PollerError::Open)?;
-        let last = keys(&mountinfo::read_self()?);
+        let last = keys(root, &mountinfo::read_self()?);
         Ok(Self {
             file,
             stop_rx,
@@ -124,14 +124,20 @@ impl MountinfoPoller {
                 return;
             }
             if changed {
+                let started = std::time::Instant::now();
                 self.changed(checks, counters);
+                // Reading a table of tens of thousands of mounts takes
+                // milliseconds: during a burst of changes (the manager's own
+                // mount storm) pause after a long read (see `duty_pause`).
+                // Changes meanwhile stay signalled and are read together next.
+                std::thread::sleep(super::duty_pause(started.elapsed()));
             }
         }
     }
 
     fn changed(&mut self, checks: &CheckSender, counters: &TracerCounters) {
         let now = match mountinfo::read_self() {
-            Ok(t) => keys(&t),
+            Ok(t) => keys(&self.root, &t),
             Err(e) => {
                 tracing::warn!(error = %e, "mountinfo poller: cannot read the mount table; checking everything");
                 counters.out_of_band_events.fetch_add(1, Ordering::Relaxed);
@@ -162,9 +168,11 @@ fn origin() -> Origin {
     }
 }
 
-fn keys(table: &[MountInfo]) -> HashSet<MountKey> {
+/// The mounts that matter: at or below `root`, or above it.
+fn keys(root: &Path, table: &[MountInfo]) -> HashSet<MountKey> {
     table
         .iter()
+        .filter(|m| m.mount_point.starts_with(root) || root.starts_with(&m.mount_point))
         .map(|m| (m.mount_id, m.mount_point.clone()))
         .collect()
 }
@@ -174,6 +182,7 @@ fn keys(table: &[MountInfo]) -> HashSet<MountKey> {
 /// changed.
 pub fn scopes(root: &Path, changed: impl IntoIterator<Item = PathBuf>) -> Vec<Scope> {
     let mut out: Vec<Scope> = Vec::new();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
     for p in changed {
         let scope = if p.starts_with(root) && p != root {
             Scope::Below(p)
@@ -182,11 +191,13 @@ pub fn scopes(root: &Path, changed: impl IntoIterator<Item = PathBuf>) -> Vec<Sc
         } else {
             continue;
         };
-        if scope == Scope::All {
-            return vec![Scope::All];
-        }
-        if !out.contains(&scope) {
-            out.push(scope);
+        match scope {
+            Scope::All => return vec![Scope::All],
+            Scope::Below(p) => {
+                if seen.insert(p.clone()) {
+                    out.push(Scope::Below(p));
+                }
+            }
         }
     }
     out
