@@ -701,3 +701,78 @@ fn trace_and_profile_commands() {
         );
     });
 }
+
+#[test]
+fn mount_namespace_filter() {
+    support::isolated("mount_namespace_filter", || {
+        let Some(mut own) = load("mount_namespace_filter") else {
+            return;
+        };
+        let mut all = EbpfTracer::load(TraceFilter { mnt_ns: None }).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().canonicalize().unwrap();
+        let other = d.join("other");
+        std::fs::create_dir(&other).unwrap();
+        let other = other.to_str().unwrap().to_string();
+        // A mount and an unmount in another, new mount namespace.
+        run(
+            "unshare",
+            &[
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &format!("mount -t tmpfs tmpfs '{other}' && umount '{other}'"),
+            ],
+        );
+        let sentinel = d.join("sentinel").to_str().unwrap().to_string();
+        let seen_own = collect_until_sentinel(&rt, &mut own, &sentinel);
+        // The sentinel was called once; the second collection waits for
+        // the same event in the other tracer's ring.
+        let seen_all = rt.block_on(async {
+            let mut got = Vec::new();
+            let guard = Instant::now() + Duration::from_secs(120);
+            loop {
+                let mut batch = Vec::new();
+                tokio::select! {
+                    r = all.next_events(&mut batch) => r.expect("read events"),
+                    _ = tokio::time::sleep_until(guard.into()) => panic!("sentinel never seen by the all-namespaces tracer"),
+                }
+                let done = batch.iter().any(|(e, _)| e.target.as_deref() == Some(sentinel.as_str()));
+                got.extend(batch);
+                if done {
+                    return got;
+                }
+            }
+        });
+        let ns = own_mount_namespace().unwrap();
+        let on_other = |v: &[(SyscallEvent, ExtraArgs)]| {
+            v.iter()
+                .filter(|(e, _)| e.target.as_deref() == Some(other.as_str()))
+                .map(|(e, _)| (e.syscall, e.ret, e.mnt_ns))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            on_other(&seen_own),
+            vec![],
+            "filtered tracer saw another namespace"
+        );
+        let o = on_other(&seen_all);
+        assert!(
+            o.iter()
+                .any(|&(s, r, n)| s == MountSyscall::Mount && r == 0 && n != ns && n != 0),
+            "{o:?}"
+        );
+        assert!(
+            o.iter()
+                .any(|&(s, r, n)| s == MountSyscall::Umount && r == 0 && n != ns),
+            "{o:?}"
+        );
+        assert!(seen_own.iter().all(|(e, _)| e.mnt_ns == ns));
+    });
+}
