@@ -278,7 +278,11 @@ fn tracefs_visible() -> bool {
 fn private_tracefs() -> Result<(), EbpfError> {
     use nix::mount::{mount, MsFlags};
     use nix::sched::{unshare, CloneFlags};
-    let err = |what: &str, e: nix::Error| EbpfError::Tracefs(format!("{what}: {e}"));
+    let err = |what: &str, e: nix::Error| {
+        EbpfError::Tracefs(format!(
+            "not mounted at /sys/kernel/tracing, and mounting it in a private mount namespace failed (needs root): {what}: {e}"
+        ))
+    };
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| err("unshare(CLONE_NEWNS)", e))?;
     mount(
         None::<&str>,
