@@ -320,10 +320,15 @@ impl Checker {
         }
         // 2. The source of truth, read after the snapshot.
         self.counters.checks.fetch_add(1, Ordering::Relaxed);
+        // Only mounts under ROOT can be managed volumes' (the index stays
+        // small however many mounts the node has elsewhere).
         let table = MountTable::new(
             self.mounter
                 .mount_table()
-                .map_err(|e| VolumeError::Internal(e.to_string()))?,
+                .map_err(|e| VolumeError::Internal(e.to_string()))?
+                .into_iter()
+                .filter(|m| m.mount_point.starts_with(root))
+                .collect(),
         );
         let mut lost = Vec::new();
         for c in candidates {

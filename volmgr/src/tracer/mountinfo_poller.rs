@@ -26,7 +26,7 @@ use std::sync::Arc;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tokio::sync::watch;
 
-use crate::sys::mountinfo::{self, MountInfo};
+use crate::sys::mountinfo;
 
 use super::check::{CheckSender, Origin, Scope};
 use super::out_of_band::DetectedBy;
@@ -63,7 +63,7 @@ impl MountinfoPoller {
     pub fn open(root: &Path) -> Result<Self, PollerError> {
         let file = File::open("/proc/self/mountinfo").map_err(PollerError::Open)?;
         let (stop_rx, stop_tx) = UnixStream::pair().map_err(PollerError::Open)?;
-        let last = keys(root, &mountinfo::read_self()?);
+        let last = read_keys(root)?;
         Ok(Self {
             file,
             stop_rx,
@@ -136,8 +136,8 @@ impl MountinfoPoller {
     }
 
     fn changed(&mut self, checks: &CheckSender, counters: &TracerCounters) {
-        let now = match mountinfo::read_self() {
-            Ok(t) => keys(&self.root, &t),
+        let now = match read_keys(&self.root) {
+            Ok(t) => t,
             Err(e) => {
                 tracing::warn!(error = %e, "mountinfo poller: cannot read the mount table; checking everything");
                 counters.out_of_band_events.fetch_add(1, Ordering::Relaxed);
@@ -168,13 +168,45 @@ fn origin() -> Origin {
     }
 }
 
-/// The mounts that matter: at or below `root`, or above it.
-fn keys(root: &Path, table: &[MountInfo]) -> HashSet<MountKey> {
-    table
-        .iter()
-        .filter(|m| m.mount_point.starts_with(root) || root.starts_with(&m.mount_point))
-        .map(|m| (m.mount_id, m.mount_point.clone()))
-        .collect()
+/// The mounts that matter — at or below `root`, or above it — read from
+/// `/proc/self/mountinfo` taking only each line's mount id and mount point
+/// (a full parse allocates a handful of strings per mount, and this runs on
+/// every change).
+fn read_keys(root: &Path) -> Result<HashSet<MountKey>, mountinfo::MountInfoError> {
+    let path = Path::new("/proc/self/mountinfo");
+    let text = std::fs::read_to_string(path).map_err(|source| mountinfo::MountInfoError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(keys(root, &text))
+}
+
+fn keys(root: &Path, text: &str) -> HashSet<MountKey> {
+    use std::os::unix::ffi::OsStrExt;
+    let root_bytes = root.as_os_str().as_bytes();
+    let mut out = HashSet::new();
+    for line in text.lines() {
+        let mut fields = line.split(' ');
+        let (Some(id), Some(point)) = (fields.next(), fields.nth(3)) else {
+            continue;
+        };
+        // Cheap filter first: an escaped path that matters shares ROOT's
+        // first bytes or is a prefix of them (escapes only lengthen it).
+        let b = point.as_bytes();
+        if !(b.starts_with(root_bytes) || root_bytes.starts_with(b) || b.contains(&b'\\')) {
+            continue;
+        }
+        let Ok(id) = id.parse::<u32>() else { continue };
+        // The full parser decodes the escapes the same way.
+        let point = match mountinfo::parse_line(line) {
+            Ok(m) => m.mount_point,
+            Err(_) => continue,
+        };
+        if point.starts_with(root) || root.starts_with(&point) {
+            out.insert((id, point));
+        }
+    }
+    out
 }
 
 /// The checks that changed mount points call for: one per changed point at
@@ -206,6 +238,20 @@ pub fn scopes(root: &Path, changed: impl IntoIterator<Item = PathBuf>) -> Vec<Sc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keeps_only_mounts_at_below_or_above_root() {
+        let text = "1 0 0:1 / / rw - ext4 /dev/x rw\n\
+                    2 1 0:2 / /var/lib/kubelet/pods/u/v rw - tmpfs tmpfs rw\n\
+                    3 1 0:3 / /mnt rw - tmpfs tmpfs rw\n\
+                    4 1 0:4 / /var/lib/kubelet/a\\040b rw - tmpfs tmpfs rw\n\
+                    5 1 0:5 / /var/lib/kubelet2 rw - tmpfs tmpfs rw\n";
+        let k = keys(Path::new("/var/lib/kubelet"), text);
+        let mut ids: Vec<u32> = k.iter().map(|(i, _)| *i).collect();
+        ids.sort();
+        assert_eq!(ids, [1, 2, 4]);
+        assert!(k.contains(&(4, PathBuf::from("/var/lib/kubelet/a b"))));
+    }
 
     #[test]
     fn only_changes_at_or_above_root_matter() {
