@@ -222,3 +222,42 @@ impl MntNsOffsets {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_what_is_not_btf() {
+        assert!(matches!(Btf::parse(b"nope"), Err(BtfError::Malformed(_))));
+        let mut hdr = vec![0x9f, 0xeb, 1, 0, 24, 0, 0, 0];
+        // type section claims 100 bytes that are not there
+        hdr.extend_from_slice(&[0, 0, 0, 0, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(matches!(Btf::parse(&hdr), Err(BtfError::Malformed(_))));
+    }
+
+    #[test]
+    fn offsets_from_the_running_kernel() {
+        let btf = match Btf::from_sys_fs() {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("SKIP: no kernel BTF here: {e}");
+                return;
+            }
+        };
+        let o = MntNsOffsets::from_btf(&btf).unwrap();
+        // Plausible offsets: nsproxy is deep in task_struct; mnt_ns and the
+        // inode number are near the start of their structs.
+        assert!(o.task_nsproxy > 64 && o.task_nsproxy < 16384, "{o:?}");
+        assert!(o.nsproxy_mnt_ns > 0 && o.nsproxy_mnt_ns < 128, "{o:?}");
+        assert!(o.mnt_ns_inum < 256, "{o:?}");
+        assert!(matches!(
+            btf.member_offset("task_struct", "no_such_member"),
+            Err(BtfError::NoMember(..))
+        ));
+        assert!(matches!(
+            btf.member_offset("no_such_struct", "x"),
+            Err(BtfError::NoStruct(_))
+        ));
+    }
+}
