@@ -189,6 +189,30 @@ impl Checker {
         tx: mpsc::UnboundedSender<CheckRequest>,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        // Checks run on one thread of their own rather than the blocking
+        // pool: each reads and parses the whole mount table, and spread over
+        // many pool threads those allocations can stay in as many malloc
+        // arenas; one thread also keeps checks in order.
+        type Job = (
+            Vec<CheckRequest>,
+            tokio::sync::oneshot::Sender<Result<CheckOutcome, VolumeError>>,
+        );
+        let (jobs, job_rx) = std::sync::mpsc::channel::<Job>();
+        let this = Arc::clone(&self);
+        // A check starts operations (foreign-mount removal) on the runtime.
+        let runtime = tokio::runtime::Handle::current();
+        let worker = std::thread::Builder::new()
+            .name("volmgr-check".into())
+            .spawn(move || {
+                let _runtime = runtime.enter();
+                while let Ok((batch, reply)) = job_rx.recv() {
+                    let _ = reply.send(this.check(batch));
+                }
+            });
+        if let Err(e) = &worker {
+            tracing::warn!(error = %e, "tracer: no check thread; using the blocking pool");
+        }
+        let jobs = worker.is_ok().then_some(jobs);
         loop {
             let first = tokio::select! {
                 biased;
@@ -203,16 +227,26 @@ impl Checker {
             while let Ok(r) = rx.try_recv() {
                 batch.push(r);
             }
-            let this = Arc::clone(&self);
             let started = std::time::Instant::now();
-            let outcome = tokio::task::spawn_blocking(move || this.check(batch))
-                .await
-                .map(|r| {
-                    r.map(|mut o| {
-                        o.took = started.elapsed();
-                        o
-                    })
-                });
+            let outcome = match &jobs {
+                Some(jobs) => {
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let _ = jobs.send((batch, reply));
+                    answer.await.map_err(|e| e.to_string())
+                }
+                None => {
+                    let this = Arc::clone(&self);
+                    tokio::task::spawn_blocking(move || this.check(batch))
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+            }
+            .map(|r| {
+                r.map(|mut o| {
+                    o.took = started.elapsed();
+                    o
+                })
+            });
             let outcome = match outcome {
                 Ok(Ok(o)) => o,
                 Ok(Err(e)) => {
