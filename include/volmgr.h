@@ -133,12 +133,18 @@ const char *volmgr_last_error(void);
 
 /**
  * Creates a manager from `config_json`:
- * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"off",
+ * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
  *   "wait_for_sources_ready": false}` (only `root_dir` is required).
  * With `wait_for_sources_ready`, nothing is torn down until
  * `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
- * pods first). On success `*out` owns the handle (free with `volmgr_free`).
+ * pods first). `tracer` picks what finds volumes changed behind the
+ * manager's back between resyncs (see `volmgr agent --tracer`): `ebpf` that
+ * cannot be loaded, or `mountinfo` that cannot watch the mount table, is
+ * `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` (the default) falls back
+ * from eBPF to mountinfo. Mount calls made by the host process itself
+ * outside volmgr's threads count as out-of-band changes. On success `*out`
+ * owns the handle (free with `volmgr_free`).
  *
  * # Safety
  * `config_json` is NULL or a NUL-terminated string; `out` is NULL or writable.
@@ -303,6 +309,16 @@ bool volmgr_reconciler_states_synced(volmgr *vm);
  * `vm` live or NULL; `out` writable or NULL.
  */
 volmgr_status volmgr_metrics_text(volmgr *vm, char **out);
+
+/**
+ * The status document as JSON (`*out` owned by the caller): the schema of
+ * `volmgr status --json` — pods and volume states, which tracer runs and
+ * why, out-of-band changes found, syscall latencies (eBPF tracer).
+ *
+ * # Safety
+ * `vm` live or NULL; `out` writable or NULL.
+ */
+volmgr_status volmgr_status_json(volmgr *vm, char **out);
 
 /**
  * Frees a string returned by volmgr. NULL is a no-op.

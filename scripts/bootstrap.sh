@@ -64,3 +64,44 @@ for c in rustfmt clippy; do
   fi
 done
 log "ready: $(rustup run "$channel" rustc --version)"
+
+# eBPF toolchain (volmgr-ebpf, built by volmgr/build.rs through aya-build):
+# nightly with rust-src (build-std=core for bpfel-unknown-none) and bpf-linker
+# linked against the nightly toolchain's own libLLVM. Debian has no system LLVM
+# of the right version, so LLVM_PREFIX is a lasting directory whose lib/ holds
+# two symlinks to that libLLVM: `libLLVM.so` for the build and one under its
+# SONAME, which the installed bpf-linker finds through its RUNPATH.
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  log "installing Rust nightly"
+  rustup toolchain install nightly --profile minimal
+fi
+if ! rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src'; then
+  log "adding rust-src to nightly"
+  rustup component add rust-src --toolchain nightly
+fi
+if ! bpf-linker --version >/dev/null 2>&1; then
+  sysroot=$(rustup run nightly rustc --print sysroot)
+  libllvm=
+  for f in "$sysroot"/lib/libLLVM.so.*; do
+    [ -e "$f" ] && libllvm=$f && break
+  done
+  if [ -z "$libllvm" ]; then
+    log "no libLLVM.so.* in $sysroot/lib: cannot build bpf-linker"
+    exit 1
+  fi
+  llvm_ver=$(rustup run nightly rustc -vV | sed -n 's/^LLVM version: *//p')
+  llvm_major=${llvm_ver%%.*}
+  soname=$(basename "$libllvm")
+  if command -v readelf >/dev/null 2>&1; then
+    soname=$(readelf -d "$libllvm" | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
+  fi
+  llvm_prefix="${XDG_DATA_HOME:-$HOME/.local/share}/volmgr/llvm-$llvm_ver"
+  mkdir -p "$llvm_prefix/lib"
+  ln -sfn "$libllvm" "$llvm_prefix/lib/libLLVM.so"
+  ln -sfn "$libllvm" "$llvm_prefix/lib/$soname"
+  log "building bpf-linker against $libllvm (LLVM $llvm_major)"
+  LLVM_PREFIX="$llvm_prefix" rustup run nightly cargo install --locked bpf-linker \
+    --no-default-features --features "llvm-$llvm_major"
+  bpf-linker --version >/dev/null
+fi
+log "eBPF toolchain: $(bpf-linker --version)"

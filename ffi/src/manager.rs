@@ -8,6 +8,7 @@ use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::operation_executor::Backoff;
 use volmgr_core::sys::linux::LinuxMounter;
+use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
 use volmgr_core::volume_manager::{Config, VolumeManager, WaitError};
 use volmgr_core::world::VolumeEvent;
@@ -26,7 +27,13 @@ pub struct volmgr {
     /// generation it was built at: kubelets ask for the same pods' volumes
     /// again and again, and between changes the answer is the same.
     volume_lists: Mutex<volmgr_core::volume::FastMap<(String, bool), (u64, std::ffi::CString)>>,
+    /// Stops the tracer's tasks.
+    tracer_stop: tokio::sync::watch::Sender<bool>,
 }
+
+/// The name of volmgr's runtime threads: the tracer tells volmgr's own
+/// mount calls from the rest of the host process's by it.
+const THREAD_NAME: &str = "volmgr-rt";
 
 /// Called for each volume event (`event_json` is only valid during the
 /// call). Runs on a volmgr runtime thread; it must not block and must not
@@ -83,12 +90,18 @@ fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 }
 
 /// Creates a manager from `config_json`:
-/// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"off",
+/// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
 ///   "wait_for_sources_ready": false}` (only `root_dir` is required).
 /// With `wait_for_sources_ready`, nothing is torn down until
 /// `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
-/// pods first). On success `*out` owns the handle (free with `volmgr_free`).
+/// pods first). `tracer` picks what finds volumes changed behind the
+/// manager's back between resyncs (see `volmgr agent --tracer`): `ebpf` that
+/// cannot be loaded, or `mountinfo` that cannot watch the mount table, is
+/// `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` (the default) falls back
+/// from eBPF to mountinfo. Mount calls made by the host process itself
+/// outside volmgr's threads count as out-of-band changes. On success `*out`
+/// owns the handle (free with `volmgr_free`).
 ///
 /// # Safety
 /// `config_json` is NULL or a NUL-terminated string; `out` is NULL or writable.
@@ -103,16 +116,10 @@ pub unsafe extern "C" fn volmgr_new(
         let out = try_ffi!(out_arg(out, "out"));
         let cfg: NewConfig = try_ffi!(serde_json::from_str(text)
             .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("config_json: {e}"))));
-        match cfg.tracer.as_str() {
-            "auto" | "off" => {}
-            "ebpf" | "mountinfo" => {
-                return fail(
-                    VOLMGR_ERR_UNSUPPORTED,
-                    format!("tracer {:?} is not available in this build", cfg.tracer),
-                )
-            }
-            t => return fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("unknown tracer {t:?}")),
-        }
+        let mode: TracerMode = try_ffi!(cfg
+            .tracer
+            .parse()
+            .map_err(|e: String| fail(VOLMGR_ERR_INVALID_ARGUMENT, e)));
         let mut config = Config::new(&cfg.root_dir);
         config.node_name = cfg.node_name;
         if let Some(ms) = cfg.resync_period_ms {
@@ -128,7 +135,7 @@ pub unsafe extern "C" fn volmgr_new(
         };
         let rt = try_ffi!(tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("volmgr-rt")
+            .thread_name(THREAD_NAME)
             .enable_all()
             .build()
             .map_err(|e| fail(VOLMGR_ERR_INTERNAL, format!("runtime: {e}"))));
@@ -137,7 +144,12 @@ pub unsafe extern "C" fn volmgr_new(
             VolumeManager::new(config, Arc::new(LinuxMounter))
                 .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string()))
         });
-        vm.set_tracer("off", "tracers are not available through the C ABI yet");
+        let (tracer_stop, stop_rx) = tokio::sync::watch::channel(false);
+        try_ffi!({
+            let _enter = rt.enter();
+            tracer::start_in_host(mode, &vm, stop_rx, THREAD_NAME)
+                .map_err(|e| fail(VOLMGR_ERR_UNSUPPORTED, format!("tracer {mode}: {e}")))
+        });
         let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();
         let sink = Arc::clone(&events);
         vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
@@ -156,6 +168,7 @@ pub unsafe extern "C" fn volmgr_new(
             events,
             wait_for_sources: cfg.wait_for_sources_ready,
             volume_lists: Mutex::default(),
+            tracer_stop,
         });
         // SAFETY: `out` was checked non-NULL.
         unsafe { *out = Box::into_raw(h) };
@@ -248,6 +261,7 @@ pub unsafe extern "C" fn volmgr_free(vm: *mut volmgr) {
         if h.vm.is_running() {
             let _ = h.rt.block_on(h.vm.stop());
         }
+        let _ = h.tracer_stop.send(true);
         let h = *h;
         h.rt.shutdown_timeout(Duration::from_secs(5));
         VOLMGR_OK
@@ -637,6 +651,29 @@ pub unsafe extern "C" fn volmgr_metrics_text(
         let out = try_ffi!(out_arg(out, "out"));
         // SAFETY: checked non-NULL.
         unsafe { *out = to_c_string(h.vm.metrics_text()) };
+        VOLMGR_OK
+    })
+}
+
+/// The status document as JSON (`*out` owned by the caller): the schema of
+/// `volmgr status --json` — pods and volume states, which tracer runs and
+/// why, out-of-band changes found, syscall latencies (eBPF tracer).
+///
+/// # Safety
+/// `vm` live or NULL; `out` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_status_json(
+    vm: *mut volmgr,
+    out: *mut *mut c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        let out = try_ffi!(out_arg(out, "out"));
+        let text = try_ffi!(serde_json::to_string(&h.vm.status())
+            .map_err(|e| fail(VOLMGR_ERR_INTERNAL, format!("status: {e}"))));
+        // SAFETY: checked non-NULL.
+        unsafe { *out = to_c_string(text) };
         VOLMGR_OK
     })
 }

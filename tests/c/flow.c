@@ -3,11 +3,15 @@
  * mount namespace (tests/c/run.sh does, under valgrind).
  *   flow ROOT_DIR HOST_DIR
  */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "volmgr.h"
 
@@ -55,6 +59,56 @@ static const char *make_pod(const char *uid, const char *host_dir, const char *h
            "{\"name\":\"host\",\"hostPath\":{\"path\":\"%s\",\"type\":\"%s\"}}]}}",
            uid, uid, host_dir, host_type);
   return pod_json;
+}
+
+/* With TRACER, a volume unmounted by the host process itself (this thread,
+ * not one of volmgr's) is found and mounted again without waiting for the
+ * resync (one hour here), and the status document shows it. */
+static void out_of_band(const char *root, const char *host, const char *tracer) {
+  char dir[1024], config[2048], path[2048];
+  volmgr *vm = NULL;
+  char *out = NULL;
+  snprintf(dir, sizeof dir, "%s/oob-%s", root, tracer);
+  CHECK(mkdir(dir, 0755) == 0, "mkdir %s", dir);
+  snprintf(config, sizeof config,
+           "{\"root_dir\":\"%s\",\"tracer\":\"%s\",\"resync_period_ms\":3600000}", dir, tracer);
+  volmgr_status st = volmgr_new(config, &vm);
+  if (st == VOLMGR_ERR_UNSUPPORTED && strcmp(tracer, "ebpf") == 0) {
+    printf("SKIP c out-of-band with the eBPF tracer: %s\n", volmgr_last_error());
+    return;
+  }
+  EXPECT(st, VOLMGR_OK);
+  if (vm == NULL) return;
+  EXPECT(volmgr_start(vm), VOLMGR_OK);
+  EXPECT(volmgr_pod_upsert(vm, make_pod("oob", host, "Directory")), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "oob", 20000), VOLMGR_OK);
+  snprintf(path, sizeof path, "%s/pods/oob/volumes/kubernetes.io~empty-dir/cache", dir);
+  CHECK(mount_count(path) == 1, "%s is mounted", path);
+  CHECK(umount2(path, 0) == 0, "umount2 %s", path);
+  /* Bounded wait (20 s) that only catches a hang. */
+  int found = 0;
+  for (int i = 0; i < 20000 && !found; i++) {
+    EXPECT(volmgr_status_json(vm, &out), VOLMGR_OK);
+    found = out != NULL && strstr(out, "\"kind\":\"lost\"") != NULL &&
+            strstr(out, "\"outcome\":\"repaired\"") != NULL && mount_count(path) == 1;
+    if (!found && i < 19999) {
+      volmgr_string_free(out);
+      out = NULL;
+      nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 1000000}, NULL);
+    }
+  }
+  CHECK(found, "%s tracer: the volume was mounted again and status shows it: %s", tracer, out ? out : "(null)");
+  char want[64];
+  snprintf(want, sizeof want, "\"tracer\":\"%s\"", tracer);
+  CHECK(out != NULL && strstr(out, want) != NULL, "status names the tracer: %s", out ? out : "(null)");
+  CHECK(out != NULL && strstr(out, "\"detected_by\":\"") != NULL, "status: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  EXPECT(volmgr_pod_delete(vm, "oob"), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_unmount(vm, "oob", 20000), VOLMGR_OK);
+  CHECK(mount_count(path) == 0, "%s is unmounted", path);
+  EXPECT(volmgr_stop(vm), VOLMGR_OK);
+  volmgr_free(vm);
 }
 
 /* Counts the mounts on PATH (a stacked mount counts twice). */
@@ -241,7 +295,8 @@ int main(int argc, char **argv) {
   CHECK(volmgr_last_error() != NULL && strstr(volmgr_last_error(), "NULL") != NULL, "NULL config message");
   EXPECT(volmgr_new("{\"root_dir\":", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
   EXPECT(volmgr_new("{\"root_dir\":\"/tmp\",\"bogus\":1}", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
-  EXPECT(volmgr_new("{\"root_dir\":\"/tmp\",\"tracer\":\"ebpf\"}", &vm), VOLMGR_ERR_UNSUPPORTED);
+  EXPECT(volmgr_new("{\"root_dir\":\"/tmp\",\"tracer\":\"bogus\"}", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(volmgr_last_error(), "unknown tracer") != NULL, "unknown tracer message");
   EXPECT(volmgr_new("{\"root_dir\":\"\xff\"}", &vm), VOLMGR_ERR_INVALID_ARGUMENT);
   CHECK(strstr(volmgr_last_error(), "UTF-8") != NULL, "bad UTF-8 message");
   EXPECT(volmgr_new("{\"root_dir\":\"/tmp\"}", NULL), VOLMGR_ERR_INVALID_ARGUMENT);
@@ -334,6 +389,8 @@ int main(int argc, char **argv) {
   volmgr_free(vm);
 
   thread_safety(root, host);
+  out_of_band(root, host, "mountinfo");
+  out_of_band(root, host, "ebpf");
 
   printf("c flow: %d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;

@@ -20,6 +20,7 @@ use crate::operation_executor::Backoff;
 use crate::populator::manifests::{ManifestsSource, SourceError};
 use crate::root_dir::RelPath;
 use crate::sys::linux::LinuxMounter;
+use crate::tracer::{self, TracerError, TracerMode};
 use crate::volume_manager::{self, Config, VolumeManager};
 
 /// The kubelet's plugin registration directory under ROOT.
@@ -47,6 +48,8 @@ pub struct AgentOptions {
     /// CSI drivers given on the command line (`--csi-driver NAME=SOCKET`),
     /// registered without the plugin-registration handshake.
     pub csi_drivers: Vec<(String, PathBuf)>,
+    /// Which tracer keeps the actual state current between resyncs.
+    pub tracer: TracerMode,
 }
 
 /// Why the agent could not run.
@@ -70,6 +73,15 @@ pub enum AgentError {
     /// The manifests source failed.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The tracer asked for could not start.
+    #[error("--tracer {mode}: {source}")]
+    Tracer {
+        /// The `--tracer` value.
+        mode: TracerMode,
+        /// Why.
+        #[source]
+        source: TracerError,
+    },
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
@@ -98,8 +110,14 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
         });
     }
-    vm.set_tracer("off", "no tracer in this build");
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Before the manager starts: nothing done to the mount table after
+    // reconstruction read it goes unseen.
+    let tracer =
+        tracer::start(opts.tracer, &vm, stop_rx.clone()).map_err(|source| AgentError::Tracer {
+            mode: opts.tracer,
+            source,
+        })?;
     let listener = api::bind(&root).map_err(io("binding the status socket"))?;
     let metrics = match opts.metrics_addr {
         Some(addr) => Some(
@@ -137,6 +155,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     };
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
+    tracer.join().await;
     let _ = api_task.await;
     let _ = watcher_task.await;
     if let Some(t) = metrics_task {

@@ -10,8 +10,10 @@ use clap::{Parser, Subcommand};
 
 use volmgr::agent::{self, AgentOptions};
 use volmgr::api::{self, Request};
+use volmgr::ebpf;
 use volmgr::operation_executor::Backoff;
 use volmgr::status::Status;
+use volmgr::tracer::TracerMode;
 
 /// volmgr: a node-level Kubernetes volume manager.
 #[derive(Parser, Debug)]
@@ -56,6 +58,11 @@ enum Command {
         /// also register through ROOT/plugins_registry.
         #[arg(long = "csi-driver", value_name = "NAME=SOCKET", value_parser = parse_csi_driver)]
         csi_drivers: Vec<(String, PathBuf)>,
+        /// What keeps the actual state current between resyncs: `ebpf` (the
+        /// syscall tracer), `mountinfo` (poll /proc/self/mountinfo), `off`
+        /// (the resync only), or `auto` (eBPF if it loads, else mountinfo).
+        #[arg(long, default_value = "auto", env = "VOLMGR_TRACER")]
+        tracer: TracerMode,
     },
     /// Show the agent's status.
     Status {
@@ -65,6 +72,39 @@ enum Command {
         /// Print the status document as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Print a line per mount-table syscall (eBPF; classic and new mount API),
+    /// with its arguments, result and latency. Needs root; no agent needed.
+    Trace {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        /// Every mount namespace (default: the caller's only).
+        #[arg(long)]
+        all_namespaces: bool,
+        /// Stop after this many syscalls.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Collect mount-table syscall latencies for a while (eBPF) and report
+    /// percentiles and histograms per syscall and filesystem type.
+    Profile {
+        /// Seconds to collect (Ctrl-C stops early).
+        #[arg(long, value_parser = parse_duration)]
+        duration: Duration,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also write an SVG plot of the latency distributions to this file.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+        /// Every mount namespace (default: the caller's only).
+        #[arg(long)]
+        all_namespaces: bool,
+        /// Turn on the kernel's BPF run-time statistics meanwhile and report
+        /// the tracer programs' own cost per syscall.
+        #[arg(long)]
+        bpf_stats: bool,
     },
     /// Wait until every volume of a pod is mounted (exit 0), or time out (exit 1).
     Wait {
@@ -178,6 +218,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             node_name,
             csi_timeout,
             csi_drivers,
+            tracer,
         } => {
             agent::run(AgentOptions {
                 root,
@@ -193,6 +234,37 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 node_name,
                 csi_timeout,
                 csi_drivers,
+                tracer,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Trace {
+            json,
+            all_namespaces,
+            count,
+        } => {
+            ebpf::report::trace(ebpf::report::TraceOptions {
+                json,
+                all_namespaces,
+                count,
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Profile {
+            duration,
+            json,
+            svg,
+            all_namespaces,
+            bpf_stats,
+        } => {
+            ebpf::report::profile(ebpf::report::ProfileOptions {
+                duration,
+                json,
+                svg,
+                all_namespaces,
+                bpf_stats,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -282,11 +354,76 @@ fn print_status(s: &Status) {
                 (None, Some(p)) => p.clone(),
                 (None, None) => String::new(),
             };
+            let oob = match &v.last_out_of_band {
+                Some(t) if v.out_of_band_changes > 0 => {
+                    format!(" out-of-band={} (last {t})", v.out_of_band_changes)
+                }
+                _ => String::new(),
+            };
             println!(
-                "  {:<20} {:<26} {:<10} attempts={:<3} {}",
-                v.name, v.plugin, v.state, v.attempts, detail
+                "  {:<20} {:<26} {:<10} attempts={:<3} {}{}",
+                v.name, v.plugin, v.state, v.attempts, detail, oob
             );
         }
+    }
+    let t = &s.tracer_stats;
+    if s.tracer != "off" {
+        println!(
+            "tracer events: {}  out-of-band: {}  mount-table checks: {}  events lost: {}",
+            t.events, t.out_of_band_events, t.checks, t.events_lost
+        );
+    }
+    if !s.out_of_band.is_empty() {
+        println!("out-of-band changes (oldest first):");
+    }
+    for e in &s.out_of_band {
+        let cause = e
+            .cause
+            .as_deref()
+            .map(|c| format!(" {c}"))
+            .unwrap_or_default();
+        let after = e
+            .detected_after_us
+            .map(|us| format!(" (confirmed {us} µs after the syscall)"))
+            .unwrap_or_default();
+        let repaired = e
+            .repaired_after_ms
+            .map(|ms| format!(" after {ms:.3} ms"))
+            .unwrap_or_default();
+        println!(
+            "  {} {} pod {} volume {} ({}): found by {}{}{}; {}{}",
+            e.time,
+            e.kind,
+            e.pod_uid,
+            e.volume,
+            e.path,
+            e.detected_by,
+            cause,
+            after,
+            e.outcome,
+            repaired
+        );
+    }
+    if !s.syscalls.is_empty() {
+        println!(
+            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "syscall", "fstype", "result", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+    }
+    for c in &s.syscalls {
+        let us = |sec: f64| format!("{:.1}µs", sec * 1e6);
+        println!(
+            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            c.syscall,
+            c.fstype,
+            c.result,
+            c.count,
+            us(c.p50_seconds),
+            us(c.p90_seconds),
+            us(c.p99_seconds),
+            us(c.p999_seconds),
+            us(c.max_seconds)
+        );
     }
     for o in &s.operations {
         println!(

@@ -66,6 +66,8 @@ pub enum OperationKind {
     UnmountDevice,
     /// Grow a mounted volume's file system on the node (CSI: NodeExpandVolume).
     ExpandVolume,
+    /// Unmount what someone else mounted on a volume's path (tracer).
+    RemoveForeignMounts,
 }
 
 impl OperationKind {
@@ -78,6 +80,7 @@ impl OperationKind {
             Self::MountDevice => "mount_device",
             Self::UnmountDevice => "unmount_device",
             Self::ExpandVolume => "volume_fs_resize",
+            Self::RemoveForeignMounts => "remove_foreign_mounts",
         }
     }
 }

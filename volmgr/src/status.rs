@@ -22,6 +22,18 @@ pub struct Status {
     /// Operation latencies (p50/p99 from hdrhistogram).
     #[serde(default)]
     pub operations: Vec<LatencySummary>,
+    /// Latency of the mount-table syscalls the eBPF tracer saw, per
+    /// (syscall, fstype, result); empty with any other tracer.
+    #[serde(default)]
+    pub syscalls: Vec<SyscallLatency>,
+    /// Counters of the active tracer.
+    #[serde(default)]
+    pub tracer_stats: TracerStats,
+    /// The most recent out-of-band changes to managed volumes (oldest first,
+    /// at most 64): what happened, who did it when the tracer knows, and how
+    /// long the repair took.
+    #[serde(default)]
+    pub out_of_band: Vec<OutOfBandEvent>,
     /// Registered CSI drivers (`--csi-driver` and plugin registration), by name.
     #[serde(default)]
     pub csi_drivers: Vec<CsiDriverStatus>,
@@ -36,6 +48,72 @@ pub struct CsiDriverStatus {
     pub endpoint: String,
     /// The CSI versions it announced at registration (empty for `--csi-driver`).
     pub versions: Vec<String>,
+}
+
+/// Latency of one (syscall, fstype, result), from the eBPF tracer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SyscallLatency {
+    /// `mount`, `umount2`, `fsopen`, ...
+    pub syscall: String,
+    /// File system type, empty when the call has none.
+    pub fstype: String,
+    /// `ok` or `error`.
+    pub result: String,
+    /// Calls seen.
+    pub count: u64,
+    /// Median latency, seconds.
+    pub p50_seconds: f64,
+    /// 90th percentile, seconds.
+    pub p90_seconds: f64,
+    /// 99th percentile, seconds.
+    pub p99_seconds: f64,
+    /// 99.9th percentile, seconds.
+    pub p999_seconds: f64,
+    /// Slowest call, seconds.
+    pub max_seconds: f64,
+}
+
+/// Counters of the active tracer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TracerStats {
+    /// Mount-table changes the tracer reported (eBPF: syscalls of this mount
+    /// namespace; mountinfo: changed mount points).
+    pub events: u64,
+    /// Of these, changes made by other processes that touched (or may have
+    /// touched) a managed path, each followed by a check of the mount table.
+    pub out_of_band_events: u64,
+    /// Targeted checks of the mount table made.
+    pub checks: u64,
+    /// Events the kernel could not hand over (ring buffer full).
+    pub events_lost: u64,
+}
+
+/// One out-of-band change to a managed volume.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutOfBandEvent {
+    /// When it was found (RFC 3339, UTC).
+    pub time: String,
+    /// `lost` (the volume was unmounted behind the manager's back) or
+    /// `foreign_mount` (something was mounted on the volume's path).
+    pub kind: String,
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The volume's name in the pod.
+    pub volume: String,
+    /// The volume's path.
+    pub path: String,
+    /// What found it: `ebpf`, `mountinfo` or `resync`.
+    pub detected_by: String,
+    /// The syscall and process behind it, when the eBPF tracer saw it
+    /// (e.g. `umount2("/var/lib/...") by umount[4242]`).
+    pub cause: Option<String>,
+    /// From the syscall's return (eBPF) to the check that confirmed it, in
+    /// microseconds, when known.
+    pub detected_after_us: Option<u64>,
+    /// `repairing`, `repaired` or `failed: <error>`.
+    pub outcome: String,
+    /// From detection to the volume being set up again, in milliseconds.
+    pub repaired_after_ms: Option<f64>,
 }
 
 /// One pod.
@@ -68,6 +146,13 @@ pub struct VolumeStatus {
     pub attempts: u32,
     /// The last error.
     pub error: Option<String>,
+    /// How many times this volume was found changed behind the manager's
+    /// back (unmounted, or something mounted over it).
+    #[serde(default)]
+    pub out_of_band_changes: u32,
+    /// When that last happened (RFC 3339, UTC).
+    #[serde(default)]
+    pub last_out_of_band: Option<String>,
 }
 
 /// An input that did not yield a pod.

@@ -23,8 +23,9 @@ use crate::pod::{DesiredPod, PodRejected};
 use crate::reconciler::Reconciler;
 use crate::reconstruct::{reconstruct, ReconstructionReport};
 use crate::root_dir::{PathError, RootDir};
-use crate::status::{PodStatus, SourceError, Status, VolumeStatus};
+use crate::status::{PodStatus, SourceError, Status, SyscallLatency, TracerStats, VolumeStatus};
 use crate::sys::Mounter;
+use crate::tracer::out_of_band::OutOfBandLog;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 use crate::world::{EventListener, World};
 
@@ -103,6 +104,9 @@ pub enum WaitError {
 /// A pod's namespace and name.
 type PodNames = (Arc<str>, Arc<str>);
 
+/// What the active tracer adds to status: its counters and syscall latencies.
+pub type TracerStatusSource = Arc<dyn Fn() -> (TracerStats, Vec<SyscallLatency>) + Send + Sync>;
+
 #[derive(Default)]
 struct SourceState {
     errors: Vec<String>,
@@ -133,6 +137,9 @@ pub struct VolumeManager {
     /// Size of `departing` at which it is next pruned (doubles with what
     /// pruning could not remove, so deleting many pods stays linear).
     departing_prune_at: std::sync::atomic::AtomicUsize,
+    /// Out-of-band changes to managed volumes.
+    out_of_band: Arc<OutOfBandLog>,
+    tracer_status: Mutex<Option<TracerStatusSource>>,
 }
 
 impl VolumeManager {
@@ -161,6 +168,10 @@ impl VolumeManager {
             Arc::clone(&pool),
             config.resync_period,
         );
+        let out_of_band = Arc::new(OutOfBandLog::default());
+        let log = Arc::clone(&out_of_band);
+        world.add_listener(Arc::new(move |ev| log.on_volume_event(ev)));
+        let metrics_log = Arc::clone(&out_of_band);
         Ok(Arc::new(Self {
             config,
             world,
@@ -176,10 +187,12 @@ impl VolumeManager {
             tracer: Mutex::new(("off".into(), "no tracer configured".into())),
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
-            extra_metrics: Mutex::default(),
             csi_drivers: std::sync::OnceLock::new(),
             departing: Mutex::default(),
             departing_prune_at: std::sync::atomic::AtomicUsize::new(DEPARTING_PRUNE_MIN),
+            extra_metrics: Mutex::new(vec![Arc::new(move || metrics_log.prometheus_text())]),
+            out_of_band,
+            tracer_status: Mutex::default(),
         }))
     }
 
@@ -201,6 +214,26 @@ impl VolumeManager {
     /// The reconciler (for tracers that report out-of-band changes).
     pub fn reconciler(&self) -> &Arc<Reconciler> {
         &self.reconciler
+    }
+
+    /// The operation executor (tracers check for operations in flight).
+    pub fn executor(&self) -> &Arc<OperationExecutor> {
+        &self.executor
+    }
+
+    /// The plugins.
+    pub fn plugins(&self) -> &Arc<VolumePluginMgr> {
+        &self.plugins
+    }
+
+    /// The record of out-of-band changes (shown in status).
+    pub fn out_of_band(&self) -> &Arc<OutOfBandLog> {
+        &self.out_of_band
+    }
+
+    /// Sets what the active tracer adds to status.
+    pub fn set_tracer_status_source(&self, f: TracerStatusSource) {
+        *self.tracer_status.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
     }
 
     /// The metrics.
@@ -742,6 +775,7 @@ impl VolumeManager {
                 .into_iter()
                 .map(|m| {
                     let rec = self.executor.record(&m.volume_name, Some(uid));
+                    let oob = self.out_of_band.volume(&m.volume_name, uid);
                     VolumeStatus {
                         name: m.outer_volume_spec_name,
                         plugin: m.plugin_name,
@@ -749,6 +783,8 @@ impl VolumeManager {
                         path: Some(m.path.display().to_string()),
                         attempts: rec.as_ref().map_or(0, |r| r.attempts),
                         error: rec.and_then(|r| r.last_error),
+                        out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
+                        last_out_of_band: oob.map(|o| o.1),
                     }
                 })
                 .collect();
@@ -793,6 +829,12 @@ impl VolumeManager {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
+        let source = self
+            .tracer_status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (tracer_stats, syscalls) = source.map(|f| f()).unwrap_or_default();
         Status {
             synced: self.world.synced(),
             tracer,
@@ -814,6 +856,9 @@ impl VolumeManager {
                         .collect()
                 })
                 .unwrap_or_default(),
+            syscalls,
+            tracer_stats,
+            out_of_band: self.out_of_band.recent(),
         }
     }
 
@@ -840,6 +885,8 @@ impl VolumeManager {
                     path: None,
                     attempts: 0,
                     error: Some(e.clone()),
+                    out_of_band_changes: 0,
+                    last_out_of_band: None,
                 }
             }
             Ok(n) => n,
@@ -887,6 +934,7 @@ impl VolumeManager {
                 0
             }
         });
+        let oob = self.out_of_band.volume(name, uid);
         VolumeStatus {
             name: v.outer_name.clone(),
             plugin,
@@ -900,6 +948,8 @@ impl VolumeManager {
                     .filter(|d| d.kind == OperationKind::ExpandVolume)
                     .and_then(|d| d.last_error)
             }),
+            out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
+            last_out_of_band: oob.map(|o| o.1),
         }
     }
 

@@ -423,5 +423,11 @@ func (m *Manager) MetricsText() (string, error) {
 	return s, err
 }
 
+// StatusJSON returns the status document (the schema of `volmgr status
+// --json`): volume states, the tracer and why, out-of-band changes found.
+func (m *Manager) StatusJSON() ([]byte, error) {
+	return m.rawCall(func(h *C.volmgr, res **C.char) C.volmgr_status { return C.volmgr_status_json(h, res) })
+}
+
 // noop is the bare cgo call, for benchmarks.
 func noop(x int) int { return int(C.volmgr_go_noop(C.int(x))) }

@@ -3,6 +3,7 @@ package volmgr
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -173,8 +174,9 @@ func TestFullFlow(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	if _, err := New(Config{RootDir: "/tmp", Tracer: "ebpf"}); !errors.Is(err, ErrUnsupported) {
-		t.Fatalf("ebpf tracer: %v", err)
+	if _, err := New(Config{RootDir: "/tmp", Tracer: "bogus"}); !errors.Is(err, ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "unknown tracer") {
+		t.Fatalf("bogus tracer: %v", err)
 	}
 	m, _, host := newManager(t)
 	if err := m.UpsertPod([]byte("{nope")); !errors.Is(err, ErrInvalidArgument) {
@@ -294,4 +296,82 @@ func BenchmarkBareCgoCall(b *testing.B) {
 		s += noop(i)
 	}
 	_ = s
+}
+
+// A volume unmounted by the host process itself (a Go thread, not one of
+// volmgr's) is mounted again at once by the tracer (the resync is an hour
+// away), and the status document shows the change.
+func TestOutOfBandUnmount(t *testing.T) {
+	for _, tracer := range []string{"mountinfo", "ebpf"} {
+		t.Run(tracer, func(t *testing.T) {
+			dir := t.TempDir()
+			root, host := dir+"/root", dir+"/host"
+			if err := os.MkdirAll(host, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			m, err := New(Config{RootDir: root, Tracer: tracer, ResyncPeriodMs: 3600000})
+			if tracer == "ebpf" && errors.Is(err, ErrUnsupported) {
+				t.Skipf("eBPF tracer not loadable: %v", err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.UpsertPod(podJSON("go-oob", host, 1)); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := m.WaitForAttachAndMount(ctx, "go-oob"); err != nil {
+				t.Fatal(err)
+			}
+			path := root + "/pods/go-oob/volumes/kubernetes.io~empty-dir/m0"
+			if err := syscall.Unmount(path, 0); err != nil {
+				t.Fatal(err)
+			}
+			var st struct {
+				Tracer    string `json:"tracer"`
+				OutOfBand []struct {
+					Kind       string `json:"kind"`
+					Volume     string `json:"volume"`
+					DetectedBy string `json:"detected_by"`
+					Outcome    string `json:"outcome"`
+				} `json:"out_of_band"`
+			}
+			// Bounded wait that only catches a hang.
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				raw, err := m.StatusJSON()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := json.Unmarshal(raw, &st); err != nil {
+					t.Fatal(err)
+				}
+				done := mountCount(t, path) == 1
+				for _, e := range st.OutOfBand {
+					done = done && e.Kind == "lost" && e.Volume == "m0" && e.DetectedBy == tracer && e.Outcome == "repaired"
+				}
+				if done && len(st.OutOfBand) == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("not repaired: %s", raw)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if st.Tracer != tracer {
+				t.Fatalf("tracer %q", st.Tracer)
+			}
+			if err := m.DeletePod("go-oob"); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.WaitForUnmount(ctx, "go-oob"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }

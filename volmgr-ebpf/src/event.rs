@@ -1,0 +1,177 @@
+//! The wire format shared by the kernel programs and user space: one `no_std`
+//! module without dependencies, compiled into both sides (`volmgr` includes
+//! this file as `volmgr::ebpf::wire`).
+//!
+//! An event in the ring buffer is an [`EventHeader`] followed by up to three
+//! strings (fstype, source, target), each `len` bytes long including its
+//! terminating NUL, with no padding between them: events stay small (about
+//! 100 bytes plus the paths) instead of fixed 4 KiB records.
+
+/// `mount(2)`.
+pub const SYS_MOUNT: u32 = 0;
+/// `umount2(2)`.
+pub const SYS_UMOUNT: u32 = 1;
+/// `fsopen(2)`.
+pub const SYS_FSOPEN: u32 = 2;
+/// `fsconfig(2)`.
+pub const SYS_FSCONFIG: u32 = 3;
+/// `fsmount(2)`.
+pub const SYS_FSMOUNT: u32 = 4;
+/// `fspick(2)`.
+pub const SYS_FSPICK: u32 = 5;
+/// `move_mount(2)`.
+pub const SYS_MOVE_MOUNT: u32 = 6;
+/// `open_tree(2)`.
+pub const SYS_OPEN_TREE: u32 = 7;
+/// `mount_setattr(2)`.
+pub const SYS_MOUNT_SETATTR: u32 = 8;
+/// Number of traced syscalls.
+pub const NUM_SYSCALLS: u32 = 9;
+
+/// Longest filesystem type read, including the NUL.
+pub const FSTYPE_MAX: usize = 64;
+/// Longest source or target path read, including the NUL.
+pub const PATH_MAX: usize = 512;
+
+/// Set in [`EventHeader::truncated`] when a string filled its whole buffer.
+pub const TRUNC_FSTYPE: u8 = 1;
+/// See [`TRUNC_FSTYPE`].
+pub const TRUNC_SOURCE: u8 = 2;
+/// See [`TRUNC_FSTYPE`].
+pub const TRUNC_TARGET: u8 = 4;
+
+/// Wake-up batching: an event wakes the reader only if no event did in the
+/// last `WAKE_INTERVAL_NS`; a reader that got events polls again after this
+/// interval, so no event waits longer than about one interval, and a burst
+/// of calls costs a few wake-ups instead of one per call.
+pub const WAKE_INTERVAL_NS: u64 = 1_000_000;
+
+/// Fixed part of an event.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventHeader {
+    /// `bpf_ktime_get_ns()` at the syscall's exit.
+    pub boot_ns: u64,
+    /// Exit time minus entry time.
+    pub latency_ns: u64,
+    /// Inode of the caller's mount namespace (0 if it could not be read).
+    pub mnt_ns: u64,
+    /// `bpf_get_current_cgroup_id()`.
+    pub cgroup_id: u64,
+    /// The call's flags argument.
+    pub flags: u64,
+    /// Return value.
+    pub ret: i64,
+    /// Extra arguments: `fsconfig` cmd; `fsmount` attr_flags;
+    /// `mount_setattr` attr_set and attr_clr.
+    pub aux: [u64; 2],
+    /// File descriptor arguments: `fsconfig` fd and aux; `fsmount` fs_fd;
+    /// `fspick`/`open_tree`/`mount_setattr` dfd; `move_mount` from_dfd and to_dfd.
+    pub fds: [i32; 2],
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// One of the `SYS_*` ids.
+    pub syscall: u32,
+    /// Lengths (with NUL) of fstype, source and target; 0 when absent.
+    pub len: [u16; 3],
+    /// `TRUNC_*` bits.
+    pub truncated: u8,
+    /// Padding.
+    pub _pad: u8,
+    /// The thread's command name, NUL padded.
+    pub comm: [u8; 16],
+}
+
+/// Size of [`EventHeader`] in bytes.
+pub const HEADER_SIZE: usize = core::mem::size_of::<EventHeader>();
+/// Largest event.
+pub const EVENT_MAX: usize = HEADER_SIZE + FSTYPE_MAX + 2 * PATH_MAX;
+
+/// Powers of two covered by the in-kernel histograms: 1 µs .. 2^25 µs (33 s).
+pub const HIST_POWERS: usize = 25;
+/// Linear sub-buckets per power of two.
+pub const HIST_SUB: usize = 4;
+/// Buckets: one below 1 µs, `HIST_POWERS * HIST_SUB`, one overflow.
+pub const HIST_BUCKETS: usize = 2 + HIST_POWERS * HIST_SUB;
+
+/// A per-CPU latency histogram for one (syscall, ok/error) pair, keyed by
+/// `syscall * 2 + (ret < 0)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Hist {
+    /// Counts per bucket (see [`hist_bucket`]).
+    pub buckets: [u64; HIST_BUCKETS],
+    /// Sum of the latencies, ns.
+    pub sum_ns: u64,
+}
+
+/// Number of histogram slots.
+pub const HIST_KEYS: u32 = NUM_SYSCALLS * 2;
+
+/// The log-linear bucket of a latency: 0 below 1 µs; then for a latency of
+/// `v` µs with `2^e <= v < 2^(e+1)`, bucket `1 + HIST_SUB * e + sub`, where
+/// `sub` is the next two bits below the top one; the last bucket is overflow.
+/// Written without loops or count-leading-zeros so the BPF verifier and the
+/// BPF backend take it as it is.
+#[inline(always)]
+pub fn hist_bucket(ns: u64) -> usize {
+    let v = ns / 1000;
+    if v == 0 {
+        return 0;
+    }
+    if v >= 1 << HIST_POWERS {
+        return HIST_BUCKETS - 1;
+    }
+    // e = floor(log2(v)), by binary search.
+    let mut e = 0u64;
+    let mut x = v;
+    if x >= 1 << 16 {
+        x >>= 16;
+        e += 16;
+    }
+    if x >= 1 << 8 {
+        x >>= 8;
+        e += 8;
+    }
+    if x >= 1 << 4 {
+        x >>= 4;
+        e += 4;
+    }
+    if x >= 1 << 2 {
+        x >>= 2;
+        e += 2;
+    }
+    if x >= 1 << 1 {
+        e += 1;
+    }
+    let sub = if e >= 2 {
+        (v >> (e - 2)) & 3
+    } else {
+        (v << (2 - e)) & 3
+    };
+    1 + HIST_SUB * (e as usize) + sub as usize
+}
+
+/// Lower and upper bound of bucket `i` in nanoseconds (`[lo, hi)`); the
+/// overflow bucket's upper bound is `u64::MAX`.
+pub fn hist_bucket_bounds_ns(i: usize) -> (u64, u64) {
+    if i == 0 {
+        return (0, 1000);
+    }
+    if i >= HIST_BUCKETS - 1 {
+        return (1000 << HIST_POWERS, u64::MAX);
+    }
+    let e = ((i - 1) / HIST_SUB) as u32;
+    let sub = ((i - 1) % HIST_SUB) as u64;
+    // [(4 + sub) * 2^e / 4, (5 + sub) * 2^e / 4) µs
+    let lo = (4 + sub) * (1000u64 << e) / 4;
+    // Below 4 µs the buckets are whole microseconds (v is in µs).
+    let hi = if e < 2 {
+        lo + 1000
+    } else {
+        (5 + sub) * (1000u64 << e) / 4
+    };
+    (lo, hi)
+}

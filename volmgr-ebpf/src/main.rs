@@ -1,0 +1,367 @@
+//! volmgr's eBPF programs: `syscalls:sys_enter_*` / `sys_exit_*` tracepoints
+//! on every syscall that changes a mount table (classic and new mount API).
+//!
+//! At entry the arguments, the caller's mount namespace and the time are kept
+//! in a per-thread map; at exit the latency goes into a per-CPU log-linear
+//! histogram and an event with the paths (read with bounded reads) goes to
+//! the ring buffer. A failed ring-buffer write is counted, never silent.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
+    },
+    macros::{map, tracepoint},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
+    EbpfContext,
+};
+
+#[allow(dead_code)]
+mod event;
+use event::*;
+
+/// Only this mount namespace (inode); 0 = every namespace. Set at load time.
+#[no_mangle]
+static FILTER_MNT_NS: u64 = 0;
+/// `offsetof(struct task_struct, nsproxy)`, from the kernel's BTF at load time.
+#[no_mangle]
+static OFF_TASK_NSPROXY: u64 = 0;
+/// `offsetof(struct nsproxy, mnt_ns)`.
+#[no_mangle]
+static OFF_NSPROXY_MNT_NS: u64 = 0;
+/// `offsetof(struct mnt_namespace, ns) + offsetof(struct ns_common, inum)`.
+#[no_mangle]
+static OFF_MNT_NS_INUM: u64 = 0;
+
+/// What `sys_enter` keeps for `sys_exit`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Start {
+    ts: u64,
+    mnt_ns: u64,
+    flags: u64,
+    aux: [u64; 2],
+    /// User pointers to fstype, source, target (0 = none).
+    strs: [u64; 3],
+    fds: [i32; 2],
+    syscall: u32,
+    _pad: u32,
+}
+
+/// Per-thread entry state (every entered call exits, even when a signal
+/// interrupts it, so entries do not pile up).
+#[map]
+static STARTS: HashMap<u64, Start> = HashMap::with_max_entries(16384, 0);
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+/// Per-CPU scratch space where an event is assembled.
+#[map]
+static SCRATCH: PerCpuArray<[u8; EVENT_MAX]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU count of events the ring buffer had no room for.
+#[map]
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// When an event last woke the reader (see `WAKE_INTERVAL_NS`).
+#[map]
+static LAST_WAKE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Per-CPU latency histograms, key `syscall * 2 + (ret < 0)`.
+#[map]
+static HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(HIST_KEYS, 0);
+
+/// Offset of the first syscall argument in a `sys_enter_*` record; `ret` of
+/// a `sys_exit_*` record is at the same offset.
+const ARGS: usize = 16;
+
+/// Argument `i` of the record, read straight from the context (no helper
+/// call); each program reads only its own syscall's arguments, so the
+/// verifier's bound on the context offset fits every tracepoint's record.
+#[inline(always)]
+fn arg(ctx: &TracePointContext, i: usize) -> u64 {
+    // SAFETY: the record holds the syscall's u64 arguments from offset 16
+    // (see /sys/kernel/tracing/events/syscalls/*/format); the verifier
+    // checks the offset against the tracepoint's record size.
+    unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(ARGS + 8 * i) as *const u64) }
+}
+
+#[inline(always)]
+fn global(v: &'static u64) -> u64 {
+    // SAFETY: reading our own static; volatile so the loader's value is used.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+/// task->nsproxy->mnt_ns->ns.inum, with the offsets from the kernel's BTF.
+#[inline(always)]
+fn mount_namespace() -> u64 {
+    let off_nsproxy = global(&OFF_TASK_NSPROXY);
+    if off_nsproxy == 0 {
+        return 0;
+    }
+    // SAFETY: kernel pointers read through bpf_probe_read_kernel, which
+    // checks them.
+    unsafe {
+        let task = bpf_get_current_task() as *const u8;
+        let Ok(nsproxy) =
+            bpf_probe_read_kernel(task.wrapping_add(off_nsproxy as usize) as *const u64)
+        else {
+            return 0;
+        };
+        if nsproxy == 0 {
+            return 0;
+        }
+        let Ok(mnt_ns) = bpf_probe_read_kernel(
+            (nsproxy as *const u8).wrapping_add(global(&OFF_NSPROXY_MNT_NS) as usize) as *const u64,
+        ) else {
+            return 0;
+        };
+        if mnt_ns == 0 {
+            return 0;
+        }
+        bpf_probe_read_kernel(
+            (mnt_ns as *const u8).wrapping_add(global(&OFF_MNT_NS_INUM) as usize) as *const u32,
+        )
+        .map_or(0, u64::from)
+    }
+}
+
+#[inline(always)]
+fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
+    let mnt_ns = mount_namespace();
+    let filter = global(&FILTER_MNT_NS);
+    if filter != 0 && filter != mnt_ns {
+        return 0;
+    }
+    let mut s = Start {
+        ts: 0,
+        mnt_ns,
+        flags: 0,
+        aux: [0; 2],
+        strs: [0; 3],
+        fds: [0; 2],
+        syscall,
+        _pad: 0,
+    };
+    match syscall {
+        SYS_MOUNT => {
+            // mount(dev_name, dir_name, type, flags, data)
+            s.strs = [arg(ctx, 2), arg(ctx, 0), arg(ctx, 1)];
+            s.flags = arg(ctx, 3);
+        }
+        SYS_UMOUNT => {
+            // umount(name, flags)
+            s.strs[2] = arg(ctx, 0);
+            s.flags = arg(ctx, 1);
+        }
+        SYS_FSOPEN => {
+            // fsopen(fs_name, flags)
+            s.strs[0] = arg(ctx, 0);
+            s.flags = arg(ctx, 1);
+        }
+        SYS_FSCONFIG => {
+            // fsconfig(fd, cmd, key, value, aux)
+            let cmd = arg(ctx, 1);
+            s.fds = [arg(ctx, 0) as i32, arg(ctx, 4) as i32];
+            s.aux[0] = cmd;
+            s.strs[1] = arg(ctx, 2);
+            // FSCONFIG_SET_STRING, FSCONFIG_SET_PATH, FSCONFIG_SET_PATH_EMPTY
+            if cmd == 1 || cmd == 3 || cmd == 4 {
+                s.strs[2] = arg(ctx, 3);
+            }
+        }
+        SYS_FSMOUNT => {
+            // fsmount(fs_fd, flags, attr_flags)
+            s.fds[0] = arg(ctx, 0) as i32;
+            s.flags = arg(ctx, 1);
+            s.aux[0] = arg(ctx, 2);
+        }
+        SYS_FSPICK | SYS_OPEN_TREE => {
+            // fspick(dfd, path, flags), open_tree(dfd, filename, flags)
+            s.fds[0] = arg(ctx, 0) as i32;
+            s.strs[1] = arg(ctx, 1);
+            s.flags = arg(ctx, 2);
+        }
+        SYS_MOVE_MOUNT => {
+            // move_mount(from_dfd, from_pathname, to_dfd, to_pathname, flags)
+            s.fds = [arg(ctx, 0) as i32, arg(ctx, 2) as i32];
+            s.strs[1] = arg(ctx, 1);
+            s.strs[2] = arg(ctx, 3);
+            s.flags = arg(ctx, 4);
+        }
+        SYS_MOUNT_SETATTR => {
+            // mount_setattr(dfd, path, flags, uattr, usize)
+            s.fds[0] = arg(ctx, 0) as i32;
+            s.strs[2] = arg(ctx, 1);
+            s.flags = arg(ctx, 2);
+            let uattr = arg(ctx, 3);
+            if uattr != 0 {
+                // struct mount_attr { u64 attr_set, attr_clr, propagation, userns_fd }
+                // SAFETY: a user pointer read through the checking helper.
+                if let Ok(a) = unsafe { bpf_probe_read_user(uattr as *const [u64; 2]) } {
+                    s.aux = a;
+                }
+            }
+        }
+        _ => return 0,
+    }
+    // SAFETY: helper without arguments.
+    s.ts = unsafe { bpf_ktime_get_ns() };
+    let _ = STARTS.insert(&bpf_get_current_pid_tgid(), &s, 0);
+    0
+}
+
+/// Reads the user string at `src` into `buf[off..off + max]`; its length
+/// with the NUL (0 when absent or unreadable) and whether it filled `max`.
+#[inline(always)]
+fn read_str(buf: &mut [u8; EVENT_MAX], off: usize, src: u64, max: usize) -> (usize, bool) {
+    if src == 0 || off > EVENT_MAX - max {
+        return (0, false);
+    }
+    let Some(dst) = buf.get_mut(off..off + max) else {
+        return (0, false);
+    };
+    // SAFETY: a user pointer read through the checking helper, into a
+    // bounded slice of our scratch buffer.
+    match unsafe { bpf_probe_read_user_str_bytes(src as *const u8, dst) } {
+        // The helper returns the bytes without the NUL.
+        Ok(s) => {
+            let n = s.len() + 1;
+            if n > max {
+                (max, true)
+            } else {
+                (n, n == max)
+            }
+        }
+        Err(_) => (0, false),
+    }
+}
+
+#[inline(always)]
+fn exit(ctx: &TracePointContext) -> u32 {
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // SAFETY: the entry is copied out at once and removed.
+    let Some(s) = (unsafe { STARTS.get(&pid_tgid) }).copied() else {
+        return 0;
+    };
+    let _ = STARTS.remove(&pid_tgid);
+    let ret = arg(ctx, 0) as i64;
+    let latency = now.wrapping_sub(s.ts);
+
+    let key = s.syscall * 2 + u32::from(ret < 0);
+    if let Some(h) = HIST.get_ptr_mut(key) {
+        let b = hist_bucket(latency);
+        if b < HIST_BUCKETS {
+            // SAFETY: per-CPU value of our own map; bounded index.
+            unsafe {
+                (*h).buckets[b] += 1;
+                (*h).sum_ns += latency;
+            }
+        }
+    }
+
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU scratch value of our own map, used by one program
+    // at a time on this CPU.
+    let buf = unsafe { &mut *buf };
+    let mut off = HEADER_SIZE;
+    let (l0, t0) = read_str(buf, off, s.strs[0], FSTYPE_MAX);
+    off += l0;
+    let (l1, t1) = read_str(buf, off, s.strs[1], PATH_MAX);
+    off += l1;
+    let (l2, t2) = read_str(buf, off, s.strs[2], PATH_MAX);
+    off += l2;
+
+    let pid = (pid_tgid >> 32) as u32;
+    let hdr = EventHeader {
+        boot_ns: now,
+        latency_ns: latency,
+        mnt_ns: s.mnt_ns,
+        // SAFETY: helper without arguments.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        flags: s.flags,
+        ret,
+        aux: s.aux,
+        fds: s.fds,
+        pid,
+        tid: pid_tgid as u32,
+        syscall: s.syscall,
+        len: [l0 as u16, l1 as u16, l2 as u16],
+        truncated: u8::from(t0) * TRUNC_FSTYPE
+            | u8::from(t1) * TRUNC_SOURCE
+            | u8::from(t2) * TRUNC_TARGET,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+    };
+    // SAFETY: the header is plain data written at the start of the buffer.
+    unsafe { core::ptr::write_unaligned(buf.as_mut_ptr() as *mut EventHeader, hdr) };
+
+    // Wake the reader only if no event did recently (races between CPUs
+    // only add a wake-up).
+    let mut wake = BPF_RB_NO_WAKEUP as u64;
+    if let Some(last) = LAST_WAKE.get_ptr_mut(0) {
+        // SAFETY: value of our own single-entry array.
+        unsafe {
+            if now.wrapping_sub(*last) >= WAKE_INTERVAL_NS {
+                *last = now;
+                wake = BPF_RB_FORCE_WAKEUP as u64;
+            }
+        }
+    }
+    let sent = match buf.get(..off) {
+        Some(ev) => EVENTS.output::<[u8]>(ev, wake).is_ok(),
+        None => false,
+    };
+    if !sent {
+        if let Some(lost) = LOST.get_ptr_mut(0) {
+            // SAFETY: per-CPU counter of our own map.
+            unsafe { *lost += 1 };
+        }
+    }
+    0
+}
+
+macro_rules! programs {
+    ($($enter:ident, $exit:ident, $id:expr;)*) => {$(
+        #[tracepoint]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            enter(&ctx, $id)
+        }
+        #[tracepoint]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            exit(&ctx)
+        }
+    )*};
+}
+
+programs! {
+    sys_enter_mount, sys_exit_mount, SYS_MOUNT;
+    sys_enter_umount, sys_exit_umount, SYS_UMOUNT;
+    sys_enter_fsopen, sys_exit_fsopen, SYS_FSOPEN;
+    sys_enter_fsconfig, sys_exit_fsconfig, SYS_FSCONFIG;
+    sys_enter_fsmount, sys_exit_fsmount, SYS_FSMOUNT;
+    sys_enter_fspick, sys_exit_fspick, SYS_FSPICK;
+    sys_enter_move_mount, sys_exit_move_mount, SYS_MOVE_MOUNT;
+    sys_enter_open_tree, sys_exit_open_tree, SYS_OPEN_TREE;
+    sys_enter_mount_setattr, sys_exit_mount_setattr, SYS_MOUNT_SETATTR;
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,415 @@
+//! Loading and attaching the embedded eBPF object, and reading its maps.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::programs::TracePoint;
+use aya::{Ebpf, EbpfLoader};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::mpsc;
+
+use super::btf::{Btf, MntNsOffsets};
+use super::decode::{extra_args, Decoder, ExtraArgs};
+use super::wire::{self, Hist};
+use super::{EbpfError, MountSyscall, SyscallEvent, TraceFilter};
+
+/// The object built by `build.rs` (empty when built without it).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/volmgr-ebpf"));
+
+// SAFETY: `Hist` is `repr(C)` plain data (u64 arrays), valid for any bytes.
+unsafe impl aya::Pod for Hist {}
+
+/// The tracepoints, as `syscalls:sys_{enter,exit}_<name>`.
+const TRACEPOINTS: [&str; 9] = [
+    "mount",
+    "umount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+];
+
+/// Whether this binary carries the eBPF object.
+pub fn object_built() -> bool {
+    !OBJECT.is_empty()
+}
+
+/// How often the tracer's programs ran and for how long.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ProgramRunStats {
+    /// Program runs (an enter and an exit per traced syscall).
+    pub runs: u64,
+    /// Total run time, ns.
+    pub run_time_ns: u64,
+}
+
+/// Turns on the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`) until
+/// the returned descriptor is closed. They add two clock reads to every BPF
+/// program run on the machine while on.
+pub fn enable_run_time_stats() -> Result<std::os::fd::OwnedFd, EbpfError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| EbpfError::Io(std::io::Error::other(e.to_string())))
+}
+
+/// In-kernel latency histogram of one (syscall, ok/error), summed over CPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelHistogram {
+    /// The syscall.
+    pub syscall: MountSyscall,
+    /// Whether these calls failed.
+    pub error: bool,
+    /// Counts per bucket; see [`super::wire::hist_bucket_bounds_ns`].
+    pub buckets: Vec<u64>,
+    /// Sum of latencies, ns.
+    pub sum_ns: u64,
+}
+
+impl KernelHistogram {
+    /// Number of calls.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
+
+/// A loaded and attached tracer.
+pub struct EbpfTracer {
+    // Owns the programs and their links: dropping it detaches everything.
+    _ebpf: Ebpf,
+    ring: Option<RingBuf<MapData>>,
+    /// The ring registered with the runtime, for [`EbpfTracer::next_events`].
+    ring_fd: Option<AsyncFd<RingBuf<MapData>>>,
+    decoder: Decoder,
+    /// The last read got events: read again after the wake-up interval
+    /// even without a wake-up (see `wire::WAKE_INTERVAL_NS`).
+    poll_soon: bool,
+    lost: PerCpuArray<MapData, u64>,
+    hist: PerCpuArray<MapData, Hist>,
+    filter: TraceFilter,
+}
+
+impl std::fmt::Debug for EbpfTracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EbpfTracer")
+            .field("filter", &self.filter)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EbpfTracer {
+    /// Loads and attaches. Errors carry the reason (not root, no BPF, object not built...).
+    pub fn load(filter: TraceFilter) -> Result<EbpfTracer, EbpfError> {
+        if !object_built() {
+            return Err(EbpfError::NotBuilt);
+        }
+        let offsets = MntNsOffsets::from_btf(&Btf::from_sys_fs()?)?;
+        // Attaching a tracepoint reads its id from tracefs. When tracefs is
+        // not mounted here, it is mounted in a private mount namespace of a
+        // short-lived thread, so the caller's mount table is left alone.
+        let handle = std::thread::Builder::new()
+            .name("volmgr-ebpf-load".into())
+            .spawn(move || load_in_thread(filter, offsets))
+            .map_err(EbpfError::Io)?;
+        let mut ebpf = handle
+            .join()
+            .map_err(|_| EbpfError::Tracefs("the loading thread panicked".into()))??;
+        let ring = RingBuf::try_from(take_map(&mut ebpf, "EVENTS")?)
+            .map_err(|e| EbpfError::Map("EVENTS", e))?;
+        let lost = PerCpuArray::try_from(take_map(&mut ebpf, "LOST")?)
+            .map_err(|e| EbpfError::Map("LOST", e))?;
+        let hist = PerCpuArray::try_from(take_map(&mut ebpf, "HIST")?)
+            .map_err(|e| EbpfError::Map("HIST", e))?;
+        Ok(EbpfTracer {
+            _ebpf: ebpf,
+            ring: Some(ring),
+            ring_fd: None,
+            decoder: Decoder::default(),
+            poll_soon: false,
+            lost,
+            hist,
+            filter,
+        })
+    }
+
+    /// The filter this tracer was loaded with.
+    pub fn filter(&self) -> TraceFilter {
+        self.filter
+    }
+
+    /// Starts reading the ring buffer on the current tokio runtime; every event is sent here.
+    pub fn events(&mut self) -> Result<mpsc::UnboundedReceiver<SyscallEvent>, EbpfError> {
+        let fd = self.ring_fd()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(read_ring(fd, move |ev, _| tx.send(ev).is_ok()));
+        Ok(rx)
+    }
+
+    /// Like [`EbpfTracer::events`], with each call's descriptor and extra
+    /// arguments (for `volmgr trace`).
+    pub fn detailed_events(
+        &mut self,
+    ) -> Result<mpsc::UnboundedReceiver<(SyscallEvent, ExtraArgs)>, EbpfError> {
+        let fd = self.ring_fd()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(read_ring(fd, move |ev, x| tx.send((ev, x)).is_ok()));
+        Ok(rx)
+    }
+
+    /// Waits until events are ready and appends them all to `out` (the
+    /// alternative to [`EbpfTracer::events`] for a caller that owns its loop).
+    pub async fn next_events(
+        &mut self,
+        out: &mut Vec<(SyscallEvent, ExtraArgs)>,
+    ) -> Result<(), EbpfError> {
+        if self.ring_fd.is_none() {
+            self.ring_fd = Some(self.ring_fd()?);
+        }
+        let Some(fd) = self.ring_fd.as_mut() else {
+            return Err(EbpfError::AlreadyStarted);
+        };
+        self.poll_soon = wait_and_drain(fd, &mut self.decoder, self.poll_soon, &mut |ev, x| {
+            out.push((ev, x));
+            true
+        })
+        .await
+        .map_err(EbpfError::Io)?
+            > 0;
+        Ok(())
+    }
+
+    /// Appends every event already in the ring to `out`, without waiting:
+    /// after a syscall has returned, its event is there.
+    pub fn drain_now(&mut self, out: &mut Vec<(SyscallEvent, ExtraArgs)>) {
+        if let Some(fd) = self.ring_fd.as_mut() {
+            drain(fd.get_mut(), &mut self.decoder, out);
+        } else if let Some(ring) = self.ring.as_mut() {
+            drain(ring, &mut self.decoder, out);
+        }
+    }
+
+    /// The ring buffer, registered with the current runtime's reactor.
+    fn ring_fd(&mut self) -> Result<AsyncFd<RingBuf<MapData>>, EbpfError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(EbpfError::Io(std::io::Error::other(
+                "the event stream needs a tokio runtime",
+            )));
+        }
+        let ring = self.ring.take().ok_or(EbpfError::AlreadyStarted)?;
+        // SAFETY: the RingBuf owns its map's descriptor (an OwnedFd in
+        // MapData) and keeps returning it until it is dropped with the AsyncFd.
+        unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| EbpfError::Io(e.into()))
+    }
+
+    /// Events the kernel failed to reserve ring space for (sum over CPUs).
+    pub fn events_lost(&self) -> u64 {
+        self.lost
+            .get(&0, 0)
+            .map(|v| v.iter().copied().sum())
+            .unwrap_or(0)
+    }
+
+    /// Runs of this tracer's programs and the time they took, summed over
+    /// its programs (the kernel counts only while run-time statistics are
+    /// on, see [`enable_run_time_stats`]).
+    pub fn program_run_stats(&self) -> ProgramRunStats {
+        let mut st = ProgramRunStats::default();
+        for (_, prog) in self._ebpf.programs() {
+            if let Ok(info) = prog.info() {
+                st.runs += info.run_count();
+                st.run_time_ns += u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            }
+        }
+        st
+    }
+
+    /// The in-kernel latency histograms, summed over CPUs; only pairs with
+    /// at least one call.
+    pub fn kernel_histograms(&self) -> Vec<KernelHistogram> {
+        let mut out = Vec::new();
+        for (i, syscall) in MountSyscall::ALL.iter().enumerate() {
+            for error in [false, true] {
+                let key = (i * 2 + usize::from(error)) as u32;
+                let Ok(per_cpu) = self.hist.get(&key, 0) else {
+                    continue;
+                };
+                let mut buckets = vec![0u64; wire::HIST_BUCKETS];
+                let mut sum_ns = 0u64;
+                for h in per_cpu.iter() {
+                    for (b, c) in buckets.iter_mut().zip(h.buckets.iter()) {
+                        *b += c;
+                    }
+                    sum_ns = sum_ns.wrapping_add(h.sum_ns);
+                }
+                let k = KernelHistogram {
+                    syscall: *syscall,
+                    error,
+                    buckets,
+                    sum_ns,
+                };
+                if k.count() > 0 {
+                    out.push(k);
+                }
+            }
+        }
+        out
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, EbpfError> {
+    ebpf.take_map(name).ok_or(EbpfError::MissingMap(name))
+}
+
+/// Whether tracefs is mounted where aya looks for it, in this thread's view.
+fn tracefs_visible() -> bool {
+    [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).is_dir())
+}
+
+/// Mounts tracefs in a new mount namespace private to the calling thread.
+fn private_tracefs() -> Result<(), EbpfError> {
+    use nix::mount::{mount, MsFlags};
+    use nix::sched::{unshare, CloneFlags};
+    let err = |what: &str, e: nix::Error| {
+        EbpfError::Tracefs(format!(
+            "not mounted at /sys/kernel/tracing, and mounting it in a private mount namespace failed (needs root): {what}: {e}"
+        ))
+    };
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| err("unshare(CLONE_NEWNS)", e))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| err("making / private", e))?;
+    mount(
+        Some("tracefs"),
+        "/sys/kernel/tracing",
+        Some("tracefs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| err("mounting tracefs on /sys/kernel/tracing", e))
+}
+
+fn load_in_thread(filter: TraceFilter, offsets: MntNsOffsets) -> Result<Ebpf, EbpfError> {
+    if !tracefs_visible() {
+        private_tracefs()?;
+    }
+    let mnt_ns = filter.mnt_ns.unwrap_or(0);
+    let mut ebpf = EbpfLoader::new()
+        .override_global("FILTER_MNT_NS", &mnt_ns, true)
+        .override_global("OFF_TASK_NSPROXY", &offsets.task_nsproxy, true)
+        .override_global("OFF_NSPROXY_MNT_NS", &offsets.nsproxy_mnt_ns, true)
+        .override_global("OFF_MNT_NS_INUM", &offsets.mnt_ns_inum, true)
+        .load(OBJECT)
+        .map_err(EbpfError::Load)?;
+    for name in TRACEPOINTS {
+        for dir in ["enter", "exit"] {
+            let prog = format!("sys_{dir}_{name}");
+            let tp: &mut TracePoint = ebpf
+                .program_mut(&prog)
+                .ok_or_else(|| EbpfError::MissingProgram(prog.clone()))?
+                .try_into()
+                .map_err(|e| EbpfError::Program(prog.clone(), e))?;
+            tp.load().map_err(|e| EbpfError::Program(prog.clone(), e))?;
+            tp.attach("syscalls", &prog)
+                .map_err(|e| EbpfError::Program(prog.clone(), e))?;
+        }
+    }
+    Ok(ebpf)
+}
+
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    decoder: &mut Decoder,
+    out: &mut Vec<(SyscallEvent, ExtraArgs)>,
+) {
+    while let Some(item) = ring.next() {
+        let x = extra_args(&item).unwrap_or_default();
+        if let Some(ev) = decoder.decode(&item) {
+            out.push((ev, x));
+        }
+    }
+}
+
+/// Waits until the ring is readable (or, when `poll_soon`, at most one
+/// wake-up interval: the kernel skips wake-ups within an interval of the
+/// last one) and hands every event to `send`; the number of events read.
+/// Stops early when `send` returns false.
+async fn wait_and_drain(
+    fd: &mut AsyncFd<RingBuf<MapData>>,
+    decoder: &mut Decoder,
+    poll_soon: bool,
+    send: &mut (impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send),
+) -> std::io::Result<usize> {
+    let mut n = 0;
+    let mut each = |ring: &mut RingBuf<MapData>| {
+        while let Some(item) = ring.next() {
+            let x = extra_args(&item).unwrap_or_default();
+            if let Some(ev) = decoder.decode(&item) {
+                n += 1;
+                if !send(ev, x) {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    let interval = Duration::from_nanos(wire::WAKE_INTERVAL_NS);
+    let ready = if poll_soon {
+        tokio::time::timeout(interval, fd.readable_mut()).await.ok()
+    } else {
+        Some(fd.readable_mut().await)
+    };
+    match ready {
+        Some(guard) => {
+            let mut guard = guard?;
+            each(guard.get_inner_mut());
+            guard.clear_ready();
+        }
+        None => {
+            each(fd.get_mut());
+        }
+    }
+    Ok(n)
+}
+
+/// Drains the ring buffer whenever it becomes readable (or soon after
+/// events, see [`wait_and_drain`]), until `send` returns false (the
+/// receiver is gone).
+async fn read_ring(
+    mut fd: AsyncFd<RingBuf<MapData>>,
+    mut send: impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send + 'static,
+) {
+    let mut decoder = Decoder::default();
+    let mut poll_soon = false;
+    let open = std::sync::atomic::AtomicBool::new(true);
+    let mut send_checked = |ev, x| {
+        let ok = send(ev, x);
+        open.store(ok, std::sync::atomic::Ordering::Relaxed);
+        ok
+    };
+    loop {
+        match wait_and_drain(&mut fd, &mut decoder, poll_soon, &mut send_checked).await {
+            Ok(n) => poll_soon = n > 0,
+            Err(e) => {
+                tracing::error!(fd = fd.get_ref().as_raw_fd(), "eBPF ring buffer: {e}");
+                return;
+            }
+        }
+        if !open.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+    }
+}

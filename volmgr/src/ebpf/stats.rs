@@ -1,0 +1,355 @@
+//! Latency histograms of traced syscalls (user side, `hdrhistogram`) and
+//! their Prometheus text, including the in-kernel histograms.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use hdrhistogram::Histogram;
+
+use super::loader::KernelHistogram;
+use super::wire;
+use super::{MountSyscall, SyscallEvent};
+
+/// Prometheus bucket bounds (seconds) of `volmgr_mount_syscall_duration_seconds`:
+/// 1 µs to 10 s.
+pub const SYSCALL_BUCKETS: [f64; 22] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+    5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Highest latency tracked: one hour, in ns.
+const MAX_NS: u64 = 3_600_000_000_000;
+
+/// Key of one histogram.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Key {
+    syscall: MountSyscall,
+    fstype: String,
+    error: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    hist: Histogram<u64>,
+    sum_ns: u128,
+}
+
+/// User-side latency histograms (hdrhistogram) per (syscall, fstype, ok/error).
+#[derive(Debug, Default, Clone)]
+pub struct SyscallStats {
+    by_key: BTreeMap<Key, Entry>,
+}
+
+/// One row of [`SyscallStats::summary`]; latencies in nanoseconds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SyscallSummary {
+    /// Syscall name.
+    pub syscall: String,
+    /// Filesystem type, `""` when the call has none.
+    pub fstype: String,
+    /// `ok` or `error`.
+    pub result: String,
+    /// Number of calls.
+    pub count: u64,
+    /// Median latency.
+    pub p50_ns: u64,
+    /// 90th percentile.
+    pub p90_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// 99.9th percentile.
+    pub p999_ns: u64,
+    /// Largest latency.
+    pub max_ns: u64,
+}
+
+fn result_label(error: bool) -> &'static str {
+    if error {
+        "error"
+    } else {
+        "ok"
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl SyscallStats {
+    /// Empty statistics.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records one event's latency.
+    pub fn record(&mut self, ev: &SyscallEvent) {
+        let key = Key {
+            syscall: ev.syscall,
+            fstype: ev.fstype.clone().unwrap_or_default(),
+            error: ev.ret < 0,
+        };
+        let entry = match self.by_key.get_mut(&key) {
+            Some(e) => e,
+            None => {
+                // Constant bounds that `new_with_bounds` accepts.
+                let Ok(hist) = Histogram::new_with_bounds(1, MAX_NS, 3) else {
+                    return;
+                };
+                self.by_key.entry(key).or_insert(Entry { hist, sum_ns: 0 })
+            }
+        };
+        entry.hist.saturating_record(ev.latency_ns.max(1));
+        entry.sum_ns += u128::from(ev.latency_ns);
+    }
+
+    /// Total number of recorded calls.
+    pub fn total(&self) -> u64 {
+        self.by_key.values().map(|e| e.hist.len()).sum()
+    }
+
+    /// `volmgr_mount_syscall_duration_seconds{syscall,fstype,result}` histogram
+    /// (Prometheus text) plus `volmgr_trace_events_lost_total`.
+    pub fn prometheus_text(&self, events_lost: u64) -> String {
+        let mut out = String::new();
+        let name = "volmgr_mount_syscall_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Latency of mount-table syscalls, entry to exit, traced with eBPF."
+        );
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (k, e) in &self.by_key {
+            let labels = format!(
+                "syscall=\"{}\",fstype=\"{}\",result=\"{}\"",
+                k.syscall.name(),
+                escape(&k.fstype),
+                result_label(k.error)
+            );
+            for le in SYSCALL_BUCKETS {
+                let le_ns = (le * 1e9) as u64;
+                let n = e.hist.count_between(0, le_ns);
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
+            }
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels},le=\"+Inf\"}} {}",
+                e.hist.len()
+            );
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", e.sum_ns as f64 / 1e9);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {}", e.hist.len());
+        }
+        let _ = writeln!(
+            out,
+            "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for."
+        );
+        let _ = writeln!(out, "# TYPE volmgr_trace_events_lost_total counter");
+        let _ = writeln!(out, "volmgr_trace_events_lost_total {events_lost}");
+        out
+    }
+
+    /// Summary rows for status/profile: syscall, fstype, result, count,
+    /// p50/p90/p99/p99.9/max (ns), sorted by syscall, fstype, result.
+    pub fn summary(&self) -> Vec<SyscallSummary> {
+        self.by_key
+            .iter()
+            .map(|(k, e)| SyscallSummary {
+                syscall: k.syscall.name().into(),
+                fstype: k.fstype.clone(),
+                result: result_label(k.error).into(),
+                count: e.hist.len(),
+                p50_ns: e.hist.value_at_quantile(0.5),
+                p90_ns: e.hist.value_at_quantile(0.9),
+                p99_ns: e.hist.value_at_quantile(0.99),
+                p999_ns: e.hist.value_at_quantile(0.999),
+                max_ns: e.hist.max(),
+            })
+            .collect()
+    }
+
+    /// Rows per (syscall, fstype), successes and failures together, with
+    /// the number of failures, and the merged histogram.
+    pub fn profile_rows(&self) -> Vec<ProfileRow> {
+        let mut merged: BTreeMap<(MountSyscall, String), (Histogram<u64>, u64)> = BTreeMap::new();
+        for (k, e) in &self.by_key {
+            let errors = if k.error { e.hist.len() } else { 0 };
+            match merged.get_mut(&(k.syscall, k.fstype.clone())) {
+                Some((h, n)) => {
+                    // Same bounds: adding cannot fail.
+                    let _ = h.add(&e.hist);
+                    *n += errors;
+                }
+                None => {
+                    merged.insert((k.syscall, k.fstype.clone()), (e.hist.clone(), errors));
+                }
+            }
+        }
+        merged
+            .into_iter()
+            .map(|((syscall, fstype), (h, errors))| ProfileRow {
+                syscall: syscall.name().into(),
+                fstype,
+                count: h.len(),
+                errors,
+                p50_ns: h.value_at_quantile(0.5),
+                p90_ns: h.value_at_quantile(0.9),
+                p99_ns: h.value_at_quantile(0.99),
+                p999_ns: h.value_at_quantile(0.999),
+                max_ns: h.max(),
+                buckets: log_buckets(&h),
+            })
+            .collect()
+    }
+
+    /// The histogram of one row of [`SyscallStats::summary`], as
+    /// `(upper bound ns, count)` over the kernel's log-linear buckets.
+    pub fn distribution(&self, syscall: &str, fstype: &str, error: bool) -> Vec<(u64, u64)> {
+        self.by_key
+            .iter()
+            .find(|(k, _)| k.syscall.name() == syscall && k.fstype == fstype && k.error == error)
+            .map(|(_, e)| log_buckets(&e.hist))
+            .unwrap_or_default()
+    }
+}
+
+/// One line of `volmgr profile`: a (syscall, fstype) pair.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProfileRow {
+    /// Syscall name.
+    pub syscall: String,
+    /// Filesystem type, `""` when the call has none.
+    pub fstype: String,
+    /// Calls, failed ones included.
+    pub count: u64,
+    /// Failed calls.
+    pub errors: u64,
+    /// Median latency, ns.
+    pub p50_ns: u64,
+    /// 90th percentile, ns.
+    pub p90_ns: u64,
+    /// 99th percentile, ns.
+    pub p99_ns: u64,
+    /// 99.9th percentile, ns.
+    pub p999_ns: u64,
+    /// Largest latency, ns.
+    pub max_ns: u64,
+    /// The distribution as `[upper bound ns, count]` over the kernel's
+    /// log-linear buckets, empty buckets left out.
+    pub buckets: Vec<(u64, u64)>,
+}
+
+fn log_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for v in h.iter_recorded() {
+        let value = v.value_iterated_to();
+        let (_, hi) = wire::hist_bucket_bounds_ns(wire::hist_bucket(value));
+        match out.last_mut() {
+            Some((h, c)) if *h == hi => *c += v.count_at_value(),
+            _ => out.push((hi, v.count_at_value())),
+        }
+    }
+    out
+}
+
+/// The in-kernel histograms as Prometheus text:
+/// `volmgr_mount_syscall_kernel_duration_seconds{syscall,result}` with the
+/// kernel's log-linear bucket bounds (exact counts even when events were lost).
+pub fn kernel_prometheus_text(hists: &[KernelHistogram]) -> String {
+    let mut out = String::new();
+    let name = "volmgr_mount_syscall_kernel_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Latency of mount-table syscalls, from the in-kernel per-CPU histograms."
+    );
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for h in hists {
+        let labels = format!(
+            "syscall=\"{}\",result=\"{}\"",
+            h.syscall.name(),
+            result_label(h.error)
+        );
+        let mut cum = 0u64;
+        for (i, c) in h.buckets.iter().enumerate() {
+            cum += c;
+            let (_, hi) = wire::hist_bucket_bounds_ns(i);
+            if i + 1 == h.buckets.len() {
+                break;
+            }
+            // Only bounds with something at or below them, plus +Inf.
+            if cum > 0 {
+                let le = hi as f64 / 1e9;
+                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
+            }
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count());
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(syscall: MountSyscall, fstype: Option<&str>, ret: i64, latency_ns: u64) -> SyscallEvent {
+        SyscallEvent {
+            boot_ns: 0,
+            pid: 1,
+            tid: 1,
+            comm: "t".into(),
+            mnt_ns: 1,
+            cgroup_id: 1,
+            syscall,
+            flags: 0,
+            fstype: fstype.map(str::to_string),
+            source: None,
+            target: None,
+            ret,
+            latency_ns,
+        }
+    }
+
+    #[test]
+    fn summary_and_prometheus() {
+        let mut s = SyscallStats::new();
+        for i in 1..=100u64 {
+            s.record(&ev(MountSyscall::Mount, Some("tmpfs"), 0, i * 1000));
+        }
+        s.record(&ev(MountSyscall::Umount, None, -22, 5000));
+        let rows = s.summary();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].syscall, "mount");
+        assert_eq!(rows[0].fstype, "tmpfs");
+        assert_eq!(rows[0].count, 100);
+        assert!((49_000..=51_000).contains(&rows[0].p50_ns), "{:?}", rows[0]);
+        assert!(rows[0].max_ns >= 100_000);
+        assert_eq!(rows[1].result, "error");
+        let text = s.prometheus_text(3);
+        assert!(text.contains(
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\"} 100"
+        ));
+        assert!(text.contains(
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000005\"} 1"
+        ), "{text}");
+        assert!(text.contains("volmgr_trace_events_lost_total 3"));
+        let dist = s.distribution("mount", "tmpfs", false);
+        assert_eq!(dist.iter().map(|d| d.1).sum::<u64>(), 100);
+    }
+
+    #[test]
+    fn kernel_text() {
+        let mut buckets = vec![0; wire::HIST_BUCKETS];
+        buckets[wire::hist_bucket(5000)] = 2;
+        let h = KernelHistogram {
+            syscall: MountSyscall::Fsopen,
+            error: false,
+            buckets,
+            sum_ns: 10_000,
+        };
+        let t = kernel_prometheus_text(&[h]);
+        assert!(t.contains(
+            "volmgr_mount_syscall_kernel_duration_seconds_count{syscall=\"fsopen\",result=\"ok\"} 2"
+        ));
+    }
+}

@@ -1,0 +1,284 @@
+//! The eBPF feed: every mount-table syscall of the agent's mount namespace
+//! lands in the latency histograms ([`SyscallStats`]); a successful call by
+//! another process that may have changed a managed path asks for a targeted
+//! check of that path. The event alone never changes the actual state.
+//!
+//! Which calls may change a managed path: `mount` (a new mount on its target;
+//! with `MS_MOVE` its source loses one), `umount2`, and `move_mount` (source
+//! and target). `fsopen`, `fsconfig`, `fsmount`, `fspick` and `open_tree`
+//! only prepare detached mounts, and `mount_setattr` changes attributes, not
+//! what is mounted where, so they are only measured. A target that is
+//! relative, empty (a dirfd), or goes through `/proc` (an fd's magic link)
+//! cannot be placed without racing the caller, so it means "check
+//! everything"; an absolute path is taken as given (util-linux resolves
+//! symlinks before calling; a symlinked path outside ROOT that leads into it
+//! is left to the resync).
+//!
+//! Only calls made in the agent's own mount namespace are followed (the
+//! program filters by namespace). A change made in another namespace that
+//! reaches the agent's through mount propagation (shared mounts) is left to
+//! the resync; the mountinfo poller, which watches the namespace's own
+//! table, does see those.
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::ebpf::{MountSyscall, SyscallEvent, SyscallStats};
+
+use super::check::{CheckSender, Origin, Scope};
+use super::out_of_band::DetectedBy;
+use super::TracerCounters;
+
+/// `MS_MOVE` from `linux/mount.h`.
+const MS_MOVE: u64 = 0x2000;
+
+/// Who the agent is, for telling its own calls apart.
+#[derive(Debug, Clone)]
+pub struct Own {
+    /// The agent's pid (tgid).
+    pub pid: u32,
+    /// When the manager is linked into a host process: the name of its
+    /// threads; the host's other threads are not the manager.
+    pub comm: Option<String>,
+    /// Its mount namespace inode.
+    pub mnt_ns: u64,
+    /// ROOT.
+    pub root: PathBuf,
+}
+
+/// Reads events until the channel closes or `shutdown`.
+pub async fn run(
+    mut events: mpsc::UnboundedReceiver<SyscallEvent>,
+    own: Own,
+    stats: Arc<Mutex<SyscallStats>>,
+    checks: CheckSender,
+    counters: Arc<TracerCounters>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let ev = tokio::select! {
+            biased;
+            r = shutdown.changed() => {
+                if r.is_err() || *shutdown.borrow() { return; }
+                continue;
+            }
+            ev = events.recv() => match ev {
+                Some(ev) => ev,
+                None => {
+                    tracing::error!("eBPF event stream ended; only the resync remains");
+                    return;
+                }
+            },
+        };
+        handle(&ev, &own, &stats, &checks, &counters);
+        while let Ok(ev) = events.try_recv() {
+            handle(&ev, &own, &stats, &checks, &counters);
+        }
+    }
+}
+
+fn handle(
+    ev: &SyscallEvent,
+    own: &Own,
+    stats: &Mutex<SyscallStats>,
+    checks: &CheckSender,
+    counters: &TracerCounters,
+) {
+    stats.lock().unwrap_or_else(|e| e.into_inner()).record(ev);
+    counters.events.fetch_add(1, Ordering::Relaxed);
+    let scopes = scopes(ev, own);
+    if scopes.is_empty() {
+        return;
+    }
+    counters.out_of_band_events.fetch_add(1, Ordering::Relaxed);
+    let origin = Origin {
+        by: DetectedBy::Ebpf,
+        cause: Some(describe(ev)),
+        boot_ns: Some(ev.boot_ns),
+    };
+    tracing::debug!(
+        cause = origin.cause.as_deref().unwrap_or(""),
+        "mount-table change by another process; checking"
+    );
+    for s in scopes {
+        checks.check(s, origin.clone());
+    }
+}
+
+/// `umount2("/x") by umount[42]`.
+pub fn describe(ev: &SyscallEvent) -> String {
+    let arg = |a: &Option<String>| a.as_deref().map(|s| format!("{s:?}")).unwrap_or_default();
+    let args = match ev.syscall {
+        MountSyscall::Mount | MountSyscall::MoveMount => {
+            format!("{}, {}", arg(&ev.source), arg(&ev.target))
+        }
+        _ => arg(&ev.target),
+    };
+    format!("{}({args}) by {}[{}]", ev.syscall.name(), ev.comm, ev.pid)
+}
+
+/// The checks an event calls for: none for the agent's own calls, calls in
+/// other mount namespaces, failed calls and calls that cannot change what is
+/// mounted where.
+pub fn scopes(ev: &SyscallEvent, own: &Own) -> Vec<Scope> {
+    let ours = ev.pid == own.pid && own.comm.as_ref().is_none_or(|c| *c == ev.comm);
+    if ours || ev.mnt_ns != own.mnt_ns || ev.ret != 0 {
+        return Vec::new();
+    }
+    let paths: Vec<&Option<String>> = match ev.syscall {
+        MountSyscall::Umount => vec![&ev.target],
+        MountSyscall::Mount if ev.flags & MS_MOVE != 0 => vec![&ev.source, &ev.target],
+        MountSyscall::Mount => vec![&ev.target],
+        MountSyscall::MoveMount => vec![&ev.source, &ev.target],
+        MountSyscall::Fsopen
+        | MountSyscall::Fsconfig
+        | MountSyscall::Fsmount
+        | MountSyscall::Fspick
+        | MountSyscall::OpenTree
+        | MountSyscall::MountSetattr => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for p in paths {
+        match place(p.as_deref(), &own.root) {
+            Place::Unknown => return vec![Scope::All],
+            Place::Outside => {}
+            Place::Below(p) => out.push(Scope::Below(p)),
+        }
+    }
+    out
+}
+
+enum Place {
+    Unknown,
+    Outside,
+    Below(PathBuf),
+}
+
+fn place(path: Option<&str>, root: &Path) -> Place {
+    let Some(p) = path.filter(|p| !p.is_empty()) else {
+        return Place::Unknown;
+    };
+    let p = Path::new(p);
+    if !p.is_absolute()
+        || p.starts_with("/proc")
+        || p.components().any(|c| matches!(c, Component::ParentDir))
+    {
+        return Place::Unknown;
+    }
+    // Lexical clean-up only (`//`, `/./`); never touches the file system.
+    let p: PathBuf = p.components().collect();
+    if p.starts_with(root) && p != root {
+        Place::Below(p)
+    } else if root.starts_with(&p) {
+        Place::Unknown
+    } else {
+        Place::Outside
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own() -> Own {
+        Own {
+            pid: 100,
+            comm: None,
+            mnt_ns: 7,
+            root: PathBuf::from("/r"),
+        }
+    }
+
+    fn ev(syscall: MountSyscall, source: Option<&str>, target: Option<&str>) -> SyscallEvent {
+        SyscallEvent {
+            boot_ns: 1,
+            pid: 200,
+            tid: 200,
+            comm: "umount".into(),
+            mnt_ns: 7,
+            cgroup_id: 1,
+            syscall,
+            flags: 0,
+            fstype: None,
+            source: source.map(Into::into),
+            target: target.map(Into::into),
+            ret: 0,
+            latency_ns: 1000,
+        }
+    }
+
+    #[test]
+    fn umount_under_root_checks_that_path() {
+        let e = ev(MountSyscall::Umount, None, Some("/r/pods/u/v"));
+        assert_eq!(scopes(&e, &own()), vec![Scope::Below("/r/pods/u/v".into())]);
+        assert_eq!(describe(&e), "umount2(\"/r/pods/u/v\") by umount[200]");
+        let e = ev(MountSyscall::Umount, None, Some("/r//pods/./u"));
+        assert_eq!(scopes(&e, &own()), vec![Scope::Below("/r/pods/u".into())]);
+    }
+
+    #[test]
+    fn own_failed_foreign_namespace_and_unrelated_calls_are_ignored() {
+        let mut e = ev(MountSyscall::Umount, None, Some("/r/pods/u/v"));
+        e.pid = 100;
+        assert!(scopes(&e, &own()).is_empty(), "the agent's own call");
+        let host = Own {
+            comm: Some("volmgr-rt".into()),
+            ..own()
+        };
+        assert!(
+            !scopes(&e, &host).is_empty(),
+            "a host process's own thread is not the manager"
+        );
+        e.comm = "volmgr-rt".into();
+        assert!(
+            scopes(&e, &host).is_empty(),
+            "the manager's thread in a host"
+        );
+        let mut e = ev(MountSyscall::Umount, None, Some("/r/pods/u/v"));
+        e.ret = -16;
+        assert!(scopes(&e, &own()).is_empty(), "EBUSY changed nothing");
+        let mut e = ev(MountSyscall::Umount, None, Some("/r/pods/u/v"));
+        e.mnt_ns = 8;
+        assert!(scopes(&e, &own()).is_empty(), "another namespace");
+        let e = ev(MountSyscall::Umount, None, Some("/mnt"));
+        assert!(scopes(&e, &own()).is_empty(), "outside ROOT");
+        let e = ev(MountSyscall::Umount, None, Some("/r2/x"));
+        assert!(scopes(&e, &own()).is_empty(), "a sibling of ROOT");
+        let e = ev(MountSyscall::Fsmount, None, None);
+        assert!(scopes(&e, &own()).is_empty(), "a detached mount");
+    }
+
+    #[test]
+    fn unplaceable_targets_check_everything() {
+        for t in [
+            None,
+            Some(""),
+            Some("rel/path"),
+            Some("/proc/self/fd/3/x"),
+            Some("/r/a/../b"),
+            Some("/"),
+            Some("/r"),
+        ] {
+            let e = ev(MountSyscall::Umount, None, t);
+            assert_eq!(scopes(&e, &own()), vec![Scope::All], "{t:?}");
+        }
+    }
+
+    #[test]
+    fn moves_check_source_and_target() {
+        let mut e = ev(MountSyscall::Mount, Some("/r/pods/u/v"), Some("/mnt"));
+        assert!(
+            scopes(&e, &own()).is_empty(),
+            "a plain mount's source is no path"
+        );
+        e.flags = MS_MOVE;
+        assert_eq!(scopes(&e, &own()), vec![Scope::Below("/r/pods/u/v".into())]);
+        let e = ev(MountSyscall::MoveMount, Some("/mnt"), Some("/r/pods/u/v"));
+        assert_eq!(scopes(&e, &own()), vec![Scope::Below("/r/pods/u/v".into())]);
+        let e = ev(MountSyscall::MoveMount, Some(""), Some("/r/pods/u/v"));
+        assert_eq!(scopes(&e, &own()), vec![Scope::All], "from a dirfd");
+    }
+}

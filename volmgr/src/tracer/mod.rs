@@ -1,0 +1,419 @@
+//! Tracers keep the actual state of world true between resyncs: when someone
+//! else unmounts a managed volume, or mounts something on its path, the
+//! manager learns it at once, checks the kernel's mount table
+//! ([`check`]), and repairs the volume.
+//!
+//! `--tracer auto|ebpf|mountinfo|off` picks one:
+//!
+//! - `ebpf` ([`ebpf_events`]): the aya program sees every mount-table syscall
+//!   with its caller, path and latency; only calls by other processes on
+//!   managed paths lead to a check, and every call lands in the latency
+//!   histograms (`volmgr_mount_syscall_duration_seconds`, status).
+//! - `mountinfo` ([`mountinfo_poller`]): `poll(POLLPRI)` on
+//!   `/proc/self/mountinfo` and a diff; needs no privilege beyond reading
+//!   proc, but cannot tell who changed what, nor how long it took.
+//! - `off`: only the periodic resync finds out-of-band changes.
+//! - `auto` (default): `ebpf` if it loads, `mountinfo` otherwise, with the
+//!   reason logged and shown in `volmgr status`.
+//!
+//! What was found is kept in the [`out_of_band`] log for status.
+
+pub mod check;
+pub mod ebpf_events;
+pub mod mountinfo_poller;
+pub mod out_of_band;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::ebpf::{self, EbpfError, EbpfTracer, SyscallStats, TraceFilter};
+use crate::status::{SyscallLatency, TracerStats};
+use crate::volume_manager::VolumeManager;
+
+use check::{CheckCounters, Checker};
+use mountinfo_poller::{MountinfoPoller, PollerError};
+
+/// The `--tracer` choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TracerMode {
+    /// eBPF if it loads, else the mountinfo poller.
+    #[default]
+    Auto,
+    /// eBPF or fail.
+    Ebpf,
+    /// The mountinfo poller.
+    Mountinfo,
+    /// No tracer: the periodic resync only.
+    Off,
+}
+
+impl TracerMode {
+    /// The name used on the command line and in the C ABI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Ebpf => "ebpf",
+            Self::Mountinfo => "mountinfo",
+            Self::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for TracerMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TracerMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "ebpf" => Ok(Self::Ebpf),
+            "mountinfo" => Ok(Self::Mountinfo),
+            "off" => Ok(Self::Off),
+            _ => Err(format!(
+                "unknown tracer {s:?} (expected auto, ebpf, mountinfo or off)"
+            )),
+        }
+    }
+}
+
+/// Why the chosen tracer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TracerError {
+    /// `--tracer ebpf` and the program cannot be loaded.
+    #[error(
+        "the eBPF tracer cannot be loaded: {0} (use --tracer auto or mountinfo to run without it)"
+    )]
+    Ebpf(#[source] EbpfError),
+    /// The mount namespace of this process cannot be read.
+    #[error("reading this process's mount namespace: {0}")]
+    Namespace(#[source] std::io::Error),
+    /// The mountinfo poller could not start.
+    #[error(transparent)]
+    Mountinfo(#[from] PollerError),
+}
+
+/// How long to pause after a mount-table read that took `took`: nothing
+/// after a quick one (a small table: out-of-band changes are handled at
+/// once), four times as long after one over a millisecond (a table of
+/// thousands of mounts during a burst of changes), so reading uses at most a
+/// fifth of a core.
+pub fn duty_pause(took: std::time::Duration) -> std::time::Duration {
+    if took > std::time::Duration::from_millis(1) {
+        took.saturating_mul(4)
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
+/// Counters shared by the tracers (for status).
+#[derive(Debug, Default)]
+pub struct TracerCounters {
+    /// Changes reported.
+    pub events: AtomicU64,
+    /// Changes that touched (or may have touched) a managed path and were
+    /// not the manager's own as far as the tracer can tell.
+    pub out_of_band_events: AtomicU64,
+}
+
+/// The running tracer.
+pub struct ActiveTracer {
+    /// `ebpf`, `mountinfo` or `off`.
+    pub name: &'static str,
+    /// Why this one.
+    pub reason: String,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ActiveTracer {
+    /// Waits for the tracer's tasks after `shutdown` was signalled.
+    pub async fn join(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts the tracer `mode` asks for on the current runtime (before the
+/// manager starts, so nothing between reconstruction and the first event is
+/// missed), records it in `vm`'s status and logs the choice. Runs until
+/// `shutdown` turns true. Every mount call of this process is the manager's
+/// own (the agent).
+pub fn start(
+    mode: TracerMode,
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<ActiveTracer, TracerError> {
+    start_inner(mode, vm, shutdown, None)
+}
+
+/// [`start`] for a manager linked into a host process (the C ABI): only
+/// mount calls from threads named `thread_name` (the manager's runtime, which
+/// also runs host plugins) are the manager's own; the host's other threads
+/// are "another process" (eBPF tracer).
+pub fn start_in_host(
+    mode: TracerMode,
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    thread_name: &str,
+) -> Result<ActiveTracer, TracerError> {
+    start_inner(mode, vm, shutdown, Some(thread_name))
+}
+
+fn start_inner(
+    mode: TracerMode,
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    thread_name: Option<&str>,
+) -> Result<ActiveTracer, TracerError> {
+    let active = match mode {
+        TracerMode::Off => ActiveTracer {
+            name: "off",
+            reason: format!(
+                "--tracer off: out-of-band changes are found by the resync (every {:?})",
+                vm.config().resync_period
+            ),
+            tasks: Vec::new(),
+        },
+        TracerMode::Mountinfo => start_mountinfo(
+            vm,
+            shutdown,
+            "--tracer mountinfo: poll(POLLPRI) on /proc/self/mountinfo".into(),
+        )?,
+        TracerMode::Ebpf => {
+            let loaded = load_ebpf(thread_name)?;
+            attach_ebpf(vm, loaded, shutdown, "")?
+        }
+        TracerMode::Auto => return Ok(start_auto(vm, shutdown, thread_name)),
+    };
+    tracing::info!(tracer = active.name, reason = %active.reason, "tracer selected");
+    vm.set_tracer(active.name, &active.reason);
+    Ok(active)
+}
+
+/// `auto`: loading the eBPF program takes a while (about 0.2 s in a release
+/// build, BTF parsing and verification), so the mountinfo poller watches
+/// from the start and the program loads on a blocking thread; once it is
+/// attached the poller stops (after, so no change goes unseen in between).
+/// If it cannot load, the poller stays, and status says why.
+fn start_auto(
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    thread_name: Option<&str>,
+) -> ActiveTracer {
+    let (poll_stop, poll_stop_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    let poller = start_mountinfo(
+        vm,
+        poll_stop_rx,
+        "auto: poll(POLLPRI) on /proc/self/mountinfo while the eBPF tracer loads".into(),
+    );
+    let (name, reason) = match poller {
+        Ok(p) => {
+            tasks.extend(p.tasks);
+            ("mountinfo", p.reason)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "mountinfo poller unavailable");
+            (
+                "off",
+                format!("auto: the eBPF tracer is loading; mountinfo poller unavailable ({e})"),
+            )
+        }
+    };
+    let polling = name == "mountinfo";
+    vm.set_tracer(name, &reason);
+    tracing::info!(tracer = name, reason = %reason, "tracer selected; loading the eBPF tracer");
+    let vm = Arc::clone(vm);
+    let thread_name = thread_name.map(str::to_string);
+    let mut stop = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let loaded = tokio::task::spawn_blocking(move || load_ebpf(thread_name.as_deref()))
+            .await
+            .unwrap_or_else(|e| {
+                Err(TracerError::Namespace(std::io::Error::other(format!(
+                    "the loading thread failed: {e}"
+                ))))
+            });
+        let mut ebpf_tasks = Vec::new();
+        match loaded.and_then(|l| attach_ebpf(&vm, l, shutdown, "auto: ")) {
+            Ok(t) => {
+                tracing::info!(tracer = t.name, reason = %t.reason, "tracer selected");
+                vm.set_tracer(t.name, &t.reason);
+                let _ = poll_stop.send(true);
+                ebpf_tasks = t.tasks;
+            }
+            Err(e) => {
+                let why = match &e {
+                    TracerError::Ebpf(e) => e.to_string(),
+                    e => e.to_string(),
+                };
+                let (name, reason) = if polling {
+                    (
+                        "mountinfo",
+                        format!(
+                            "auto: eBPF unavailable ({why}); poll(POLLPRI) on /proc/self/mountinfo"
+                        ),
+                    )
+                } else {
+                    (
+                        "off",
+                        format!("auto: eBPF unavailable ({why}); mountinfo poller unavailable"),
+                    )
+                };
+                tracing::warn!(tracer = name, reason = %reason, "eBPF tracer unavailable; falling back");
+                vm.set_tracer(name, &reason);
+            }
+        }
+        while !*stop.borrow_and_update() {
+            if stop.changed().await.is_err() {
+                break;
+            }
+        }
+        let _ = poll_stop.send(true);
+        for t in ebpf_tasks {
+            let _ = t.await;
+        }
+    }));
+    ActiveTracer {
+        name,
+        reason,
+        tasks,
+    }
+}
+
+fn start_mountinfo(
+    vm: &Arc<VolumeManager>,
+    shutdown: watch::Receiver<bool>,
+    reason: String,
+) -> Result<ActiveTracer, TracerError> {
+    let poller = MountinfoPoller::open(vm.root().path())?;
+    let counters = Arc::new(TracerCounters::default());
+    let check_counters = Arc::new(CheckCounters::default());
+    let (checks, check_task) =
+        Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
+    let poll_task = poller.spawn(checks, Arc::clone(&counters), shutdown)?;
+    vm.set_tracer_status_source(Arc::new(move || {
+        (stats_of(&counters, &check_counters, 0), Vec::new())
+    }));
+    Ok(ActiveTracer {
+        name: "mountinfo",
+        reason,
+        tasks: vec![check_task, poll_task],
+    })
+}
+
+/// A loaded, attached eBPF program, not yet read.
+struct LoadedEbpf {
+    tracer: EbpfTracer,
+    mnt_ns: u64,
+    thread_name: Option<String>,
+}
+
+fn load_ebpf(thread_name: Option<&str>) -> Result<LoadedEbpf, TracerError> {
+    let mnt_ns = ebpf::own_mount_namespace().map_err(TracerError::Namespace)?;
+    let tracer = EbpfTracer::load(TraceFilter {
+        mnt_ns: Some(mnt_ns),
+    })
+    .map_err(TracerError::Ebpf)?;
+    Ok(LoadedEbpf {
+        tracer,
+        mnt_ns,
+        thread_name: thread_name.map(str::to_string),
+    })
+}
+
+fn attach_ebpf(
+    vm: &Arc<VolumeManager>,
+    loaded: LoadedEbpf,
+    shutdown: watch::Receiver<bool>,
+    reason_prefix: &str,
+) -> Result<ActiveTracer, TracerError> {
+    let LoadedEbpf {
+        mut tracer,
+        mnt_ns,
+        thread_name,
+    } = loaded;
+    let events = tracer.events().map_err(TracerError::Ebpf)?;
+    let tracer = Arc::new(tracer);
+    let counters = Arc::new(TracerCounters::default());
+    let check_counters = Arc::new(CheckCounters::default());
+    let stats = Arc::new(Mutex::new(SyscallStats::new()));
+    let (checks, check_task) =
+        Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
+    let own = ebpf_events::Own {
+        pid: std::process::id(),
+        // The kernel keeps 15 bytes of a thread's name.
+        comm: thread_name.map(|n| n.chars().take(15).collect()),
+        mnt_ns,
+        root: vm.root().path().to_path_buf(),
+    };
+    let feed = tokio::spawn(ebpf_events::run(
+        events,
+        own,
+        Arc::clone(&stats),
+        checks,
+        Arc::clone(&counters),
+        shutdown,
+    ));
+    {
+        let (stats, tracer) = (Arc::clone(&stats), Arc::clone(&tracer));
+        vm.add_metrics_source(Arc::new(move || {
+            stats
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .prometheus_text(tracer.events_lost())
+        }));
+    }
+    vm.set_tracer_status_source(Arc::new(move || {
+        let rows = stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .summary()
+            .into_iter()
+            .map(|r| {
+                let s = |ns: u64| ns as f64 / 1e9;
+                SyscallLatency {
+                    syscall: r.syscall,
+                    fstype: r.fstype,
+                    result: r.result,
+                    count: r.count,
+                    p50_seconds: s(r.p50_ns),
+                    p90_seconds: s(r.p90_ns),
+                    p99_seconds: s(r.p99_ns),
+                    p999_seconds: s(r.p999_ns),
+                    max_seconds: s(r.max_ns),
+                }
+            })
+            .collect();
+        (
+            stats_of(&counters, &check_counters, tracer.events_lost()),
+            rows,
+        )
+    }));
+    Ok(ActiveTracer {
+        name: "ebpf",
+        reason: format!(
+            "{reason_prefix}eBPF program attached to the mount syscalls of mount namespace {mnt_ns}"
+        ),
+        tasks: vec![check_task, feed],
+    })
+}
+
+fn stats_of(t: &TracerCounters, c: &CheckCounters, events_lost: u64) -> TracerStats {
+    TracerStats {
+        events: t.events.load(Ordering::Relaxed),
+        out_of_band_events: t.out_of_band_events.load(Ordering::Relaxed),
+        checks: c.checks.load(Ordering::Relaxed),
+        events_lost,
+    }
+}
