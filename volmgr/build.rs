@@ -64,7 +64,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 fn grpc_clients(manifest_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let include = manifest_dir.join("proto");
-    let protos = [include.join("csi.proto"), include.join("pluginregistration.proto")];
+    let protos = [
+        include.join("csi.proto"),
+        include.join("pluginregistration.proto"),
+    ];
     for p in &protos {
         println!("cargo:rerun-if-changed={}", p.display());
     }

@@ -13,7 +13,12 @@
 //!
 //! ```text
 //! cargo bench -p volmgr --bench mounts -- [--n 1000,10000] [--rounds 3] [--idle-secs 10]
+//!     [--tracers off,auto]
 //! ```
+//!
+//! Each round runs the raw loop, then the agent once per `--tracers` entry
+//! (its `--tracer` flag), so the tracers' cost on a mount storm is measured
+//! side by side with the core.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -28,6 +33,7 @@ struct Args {
     ns: Vec<usize>,
     rounds: usize,
     idle_secs: u64,
+    tracers: Vec<String>,
 }
 
 fn parse_args() -> Args {
@@ -35,6 +41,7 @@ fn parse_args() -> Args {
         ns: vec![1000, 10_000],
         rounds: 3,
         idle_secs: 10,
+        tracers: vec!["off".into(), "auto".into()],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -49,6 +56,7 @@ fn parse_args() -> Args {
             }
             "--rounds" => a.rounds = it.next().unwrap().parse().unwrap(),
             "--idle-secs" => a.idle_secs = it.next().unwrap().parse().unwrap(),
+            "--tracers" => a.tracers = it.next().unwrap().split(',').map(String::from).collect(),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -91,63 +99,61 @@ fn main() {
     let baseline_rss = agent_baseline_rss(base.path());
     println!("agent RSS with no pods: {baseline_rss} KiB");
     println!();
-    println!("| N | raw mount (s) | volmgr mount (s) | ratio | raw teardown (s) | volmgr teardown (s) | ratio |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| N | tracer | raw mount (s) | volmgr mount (s) | ratio | raw teardown (s) | volmgr teardown (s) | ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
     for &n in &args.ns {
-        let mut rows = Vec::new();
-        let mut idle = None;
+        // Per tracer: (raw mount, agent mount, raw teardown, agent teardown) per round.
+        let mut rows: Vec<Vec<(f64, f64, f64, f64)>> = vec![Vec::new(); args.tracers.len()];
+        let mut idle = Vec::new();
         for round in 0..args.rounds {
             let (rm, ru) = raw_loop(base.path(), n, round);
-            let measure_idle = round == 0 && n == *args.ns.iter().max().unwrap();
-            let r = agent_run(
-                base.path(),
-                n,
-                round,
-                measure_idle.then_some(args.idle_secs),
-            );
-            if r.idle.is_some() {
-                idle = r.idle;
+            for (t, tracer) in args.tracers.iter().enumerate() {
+                let measure_idle = round == 0 && n == *args.ns.iter().max().unwrap();
+                let r = agent_run(
+                    base.path(),
+                    n,
+                    round,
+                    tracer,
+                    measure_idle.then_some(args.idle_secs),
+                );
+                if let Some(i) = r.idle {
+                    idle.push((tracer.clone(), i));
+                }
+                eprintln!(
+                    "n={n} round={round} tracer={tracer}: raw mount {rm:.3}s agent mount {:.3}s | raw teardown {ru:.3}s agent teardown {:.3}s",
+                    r.mount, r.teardown
+                );
+                rows[t].push((rm, r.mount, ru, r.teardown));
             }
-            eprintln!(
-                "n={n} round={round}: raw mount {rm:.3}s agent mount {:.3}s | raw teardown {ru:.3}s agent teardown {:.3}s",
-                r.mount, r.teardown
-            );
-            rows.push((rm, r.mount, ru, r.teardown));
         }
-        let med = |f: fn(&(f64, f64, f64, f64)) -> f64| {
-            let mut v: Vec<f64> = rows.iter().map(f).collect();
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        let ratio_m = {
-            let mut v: Vec<f64> = rows.iter().map(|r| r.1 / r.0).collect();
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        let ratio_u = {
-            let mut v: Vec<f64> = rows.iter().map(|r| r.3 / r.2).collect();
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        println!(
-            "| {n} | {:.3} | {:.3} | {ratio_m:.2}x | {:.3} | {:.3} | {ratio_u:.2}x |",
-            med(|r| r.0),
-            med(|r| r.1),
-            med(|r| r.2),
-            med(|r| r.3)
-        );
-        if let Some((cpu, rss)) = idle {
+        for (tracer, rows) in args.tracers.iter().zip(&rows) {
+            let col = |f: fn(&(f64, f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
+            println!(
+                "| {n} | {tracer} | {:.3} | {:.3} | {:.2}x | {:.3} | {:.3} | {:.2}x |",
+                col(|r| r.0),
+                col(|r| r.1),
+                col(|r| r.1 / r.0),
+                col(|r| r.2),
+                col(|r| r.3),
+                col(|r| r.3 / r.2),
+            );
+        }
+        for (tracer, (cpu, rss)) in idle {
             println!();
             println!(
-                "idle with N={n} mounted over {}s: CPU {:.3}% of one core; RSS {} KiB = {:.2} KiB per volume ({:.2} KiB per volume above the empty agent)",
+                "idle with N={n} mounted over {}s, tracer {tracer}: CPU {:.3}% of one core; RSS {} KiB = {:.2} KiB per volume ({:.2} KiB per volume above the empty agent)",
                 args.idle_secs,
                 cpu * 100.0,
                 rss,
                 rss as f64 / n as f64,
                 rss.saturating_sub(baseline_rss) as f64 / n as f64
             );
-            println!();
         }
+        println!();
     }
     println!(
         "(medians of {} interleaved rounds; ratio = volmgr / raw, per round)",
@@ -235,7 +241,7 @@ fn volmgr() -> &'static str {
     env!("CARGO_BIN_EXE_volmgr")
 }
 
-fn spawn_agent(root: &Path, manifests: &Path) -> std::process::Child {
+fn spawn_agent(root: &Path, manifests: &Path, tracer: &str) -> std::process::Child {
     Command::new(volmgr())
         .arg("agent")
         .arg("--root")
@@ -245,6 +251,7 @@ fn spawn_agent(root: &Path, manifests: &Path) -> std::process::Child {
         // Both safety nets fire inside the 10 s idle window, so the idle
         // figure includes one full resync and one manifests rescan.
         .args(["--resync-period", "10s", "--rescan-period", "10s"])
+        .args(["--tracer", tracer])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -275,8 +282,14 @@ fn stop(mut child: std::process::Child) {
     child.wait().unwrap();
 }
 
-fn agent_run(base: &Path, n: usize, round: usize, idle_secs: Option<u64>) -> AgentResult {
-    let area = fresh_tmpfs(&base.join(format!("agent-{round}")));
+fn agent_run(
+    base: &Path,
+    n: usize,
+    round: usize,
+    tracer: &str,
+    idle_secs: Option<u64>,
+) -> AgentResult {
+    let area = fresh_tmpfs(&base.join(format!("agent-{round}-{tracer}")));
     let root = area.join("root");
     let manifests = area.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
@@ -284,7 +297,7 @@ fn agent_run(base: &Path, n: usize, round: usize, idle_secs: Option<u64>) -> Age
         std::fs::write(manifests.join(format!("pod-{i}.json")), manifest(i)).unwrap();
     }
     let t = Instant::now();
-    let child = spawn_agent(&root, &manifests);
+    let child = spawn_agent(&root, &manifests, tracer);
     wait_all(&root, n);
     let mount = t.elapsed().as_secs_f64();
     assert_eq!(count_mounts(&root), n);
@@ -325,7 +338,7 @@ fn agent_baseline_rss(base: &Path) -> u64 {
     let root = area.join("root");
     let manifests = area.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
-    let child = spawn_agent(&root, &manifests);
+    let child = spawn_agent(&root, &manifests, "off");
     wait_all(&root, 0);
     std::thread::sleep(Duration::from_millis(500));
     let rss = rss_kib(child.id());

@@ -447,7 +447,9 @@ impl VolumeManager {
     fn remember_departing(&self, uid: &PodUid, names: PodNames) {
         let lock = || self.departing.lock().unwrap_or_else(|e| e.into_inner());
         let mut departing = lock();
-        let prune_at = self.departing_prune_at.load(std::sync::atomic::Ordering::Relaxed);
+        let prune_at = self
+            .departing_prune_at
+            .load(std::sync::atomic::Ordering::Relaxed);
         if departing.len() >= prune_at {
             // Never hold this lock while taking a world's lock.
             let uids: Vec<PodUid> = departing.keys().cloned().collect();
