@@ -223,13 +223,13 @@ fn status_reports_the_chosen_tracer() {
         assert_eq!(s.tracer, "off");
         assert!(s.tracer_reason.contains("resync"), "{}", s.tracer_reason);
         assert!(agent.term());
-        // auto: the mountinfo poller watches while the eBPF program loads,
+        // auto: the eBPF program loads in the background (status says so),
         // then the final choice shows.
         let agent = env.start_agent(&[]);
         env.wait_for("the eBPF tracer loaded or given up", || {
             !env.status()
                 .tracer_reason
-                .contains("while the eBPF tracer loads")
+                .contains("the eBPF tracer is loading")
         });
         let s = env.status();
         assert!(
@@ -311,7 +311,7 @@ fn without_bpf_privileges_ebpf_fails_and_auto_falls_back() {
             env.wait_for("the eBPF tracer given up", || {
                 !env.status()
                     .tracer_reason
-                    .contains("while the eBPF tracer loads")
+                    .contains("the eBPF tracer is loading")
             });
             let s = env.status();
             assert_eq!(s.tracer, "mountinfo", "{}", s.tracer_reason);

@@ -200,75 +200,59 @@ fn start_inner(
     Ok(active)
 }
 
-/// `auto`: loading the eBPF program takes a while (about 0.2 s in a release
-/// build, BTF parsing and verification), so the mountinfo poller watches
-/// from the start and the program loads on a blocking thread; once it is
-/// attached the poller stops (after, so no change goes unseen in between).
-/// If it cannot load, the poller stays, and status says why.
+/// `auto`: loading the eBPF program takes a while (about 0.2 s of CPU in a
+/// release build: BTF parsing and verification), so it loads in the
+/// background at the lowest priority while the manager starts; when it is
+/// attached, one check of everything covers what changed meanwhile (the
+/// periodic resync covers the same window if it never loads). If it cannot
+/// load, the mountinfo poller takes over (after a check of everything too),
+/// and status says why. No poller runs during the load: on a node starting
+/// with thousands of volumes it would re-read a growing mount table for each
+/// of the manager's own mounts.
 fn start_auto(
     vm: &Arc<VolumeManager>,
     shutdown: watch::Receiver<bool>,
     thread_name: Option<&str>,
 ) -> ActiveTracer {
-    let (poll_stop, poll_stop_rx) = watch::channel(false);
-    let mut tasks = Vec::new();
-    let poller = start_mountinfo(
-        vm,
-        poll_stop_rx,
-        "auto: poll(POLLPRI) on /proc/self/mountinfo while the eBPF tracer loads".into(),
-    );
-    let (name, reason) = match poller {
-        Ok(p) => {
-            tasks.extend(p.tasks);
-            ("mountinfo", p.reason)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "mountinfo poller unavailable");
-            (
-                "off",
-                format!("auto: the eBPF tracer is loading; mountinfo poller unavailable ({e})"),
-            )
-        }
-    };
-    let polling = name == "mountinfo";
+    let name = "off";
+    let reason = "auto: the eBPF tracer is loading".to_string();
     vm.set_tracer(name, &reason);
-    tracing::info!(tracer = name, reason = %reason, "tracer selected; loading the eBPF tracer");
+    tracing::info!(tracer = name, reason = %reason, "loading the eBPF tracer");
     let vm = Arc::clone(vm);
     let thread_name = thread_name.map(str::to_string);
     let mut stop = shutdown.clone();
-    tasks.push(tokio::spawn(async move {
-        let loaded = tokio::task::spawn_blocking(move || load_ebpf(thread_name.as_deref()))
-            .await
-            .unwrap_or_else(|e| {
-                Err(TracerError::Namespace(std::io::Error::other(format!(
-                    "the loading thread failed: {e}"
-                ))))
-            });
-        let mut ebpf_tasks = Vec::new();
-        match loaded.and_then(|l| attach_ebpf(&vm, l, shutdown, "auto: ")) {
+    let task = tokio::spawn(async move {
+        let loaded = load_in_background(thread_name).await;
+        let mut tasks = Vec::new();
+        match loaded.and_then(|l| attach_ebpf(&vm, l, shutdown.clone(), "auto: ")) {
             Ok(t) => {
                 tracing::info!(tracer = t.name, reason = %t.reason, "tracer selected");
                 vm.set_tracer(t.name, &t.reason);
-                let _ = poll_stop.send(true);
-                ebpf_tasks = t.tasks;
+                tasks = t.tasks;
             }
             Err(e) => {
                 let why = match &e {
                     TracerError::Ebpf(e) => e.to_string(),
                     e => e.to_string(),
                 };
-                let (name, reason) = if polling {
-                    (
-                        "mountinfo",
-                        format!(
-                            "auto: eBPF unavailable ({why}); poll(POLLPRI) on /proc/self/mountinfo"
-                        ),
-                    )
-                } else {
-                    (
+                let fallback = start_mountinfo(
+                    &vm,
+                    shutdown.clone(),
+                    format!(
+                        "auto: eBPF unavailable ({why}); poll(POLLPRI) on /proc/self/mountinfo"
+                    ),
+                );
+                let (name, reason) = match fallback {
+                    Ok(p) => {
+                        tasks = p.tasks;
+                        (p.name, p.reason)
+                    }
+                    Err(pe) => (
                         "off",
-                        format!("auto: eBPF unavailable ({why}); mountinfo poller unavailable"),
-                    )
+                        format!(
+                            "auto: eBPF unavailable ({why}); mountinfo poller unavailable ({pe})"
+                        ),
+                    ),
                 };
                 tracing::warn!(tracer = name, reason = %reason, "eBPF tracer unavailable; falling back");
                 vm.set_tracer(name, &reason);
@@ -279,15 +263,14 @@ fn start_auto(
                 break;
             }
         }
-        let _ = poll_stop.send(true);
-        for t in ebpf_tasks {
+        for t in tasks {
             let _ = t.await;
         }
-    }));
+    });
     ActiveTracer {
         name,
         reason,
-        tasks,
+        tasks: vec![task],
     }
 }
 
@@ -301,6 +284,16 @@ fn start_mountinfo(
     let check_counters = Arc::new(CheckCounters::default());
     let (checks, check_task) =
         Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
+    // The poller sees changes from now on; one check of everything covers
+    // what happened before it started (e.g. while `auto` tried eBPF).
+    checks.check(
+        check::Scope::All,
+        check::Origin {
+            by: out_of_band::DetectedBy::Mountinfo,
+            cause: Some("check when the mountinfo poller started".into()),
+            boot_ns: None,
+        },
+    );
     let poll_task = poller.spawn(checks, Arc::clone(&counters), shutdown)?;
     vm.set_tracer_status_source(Arc::new(move || {
         (stats_of(&counters, &check_counters, 0), Vec::new())
@@ -317,6 +310,40 @@ struct LoadedEbpf {
     tracer: EbpfTracer,
     mnt_ns: u64,
     thread_name: Option<String>,
+}
+
+/// `auto`'s load: on a thread of its own at the lowest CPU priority, so
+/// the BTF parsing and verification (about 0.2 s of CPU) never slows the
+/// mounts of a node starting up; the memory the parsing used goes back to
+/// the system afterwards (it would otherwise stay in that thread's malloc
+/// arena, tens of MiB).
+async fn load_in_background(thread_name: Option<String>) -> Result<LoadedEbpf, TracerError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("volmgr-bpf-load".into())
+        .spawn(move || {
+            // SAFETY: setpriority on this thread (Linux applies PRIO_PROCESS
+            // with a thread id to that thread only); failure only means
+            // the load competes at normal priority.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+            }
+            let loaded = load_ebpf(thread_name.as_deref());
+            // SAFETY: malloc_trim has no preconditions.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            let _ = tx.send(loaded);
+        });
+    let failed = |e: String| {
+        Err(TracerError::Namespace(std::io::Error::other(format!(
+            "the loading thread failed: {e}"
+        ))))
+    };
+    match spawned {
+        Ok(_) => rx.await.unwrap_or_else(|e| failed(e.to_string())),
+        Err(e) => failed(e.to_string()),
+    }
 }
 
 fn load_ebpf(thread_name: Option<&str>) -> Result<LoadedEbpf, TracerError> {
@@ -357,6 +384,16 @@ fn attach_ebpf(
         mnt_ns,
         root: vm.root().path().to_path_buf(),
     };
+    // Whatever changed before the program was attached (while it loaded)
+    // is found by one check of everything now.
+    checks.check(
+        check::Scope::All,
+        check::Origin {
+            by: out_of_band::DetectedBy::Ebpf,
+            cause: Some("check when the eBPF tracer attached".into()),
+            boot_ns: None,
+        },
+    );
     let feed = tokio::spawn(ebpf_events::run(
         events,
         own,
