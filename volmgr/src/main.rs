@@ -165,6 +165,17 @@ fn parse_csi_driver(s: &str) -> Result<(String, PathBuf), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Agent { .. }) {
+        // The client commands print to stdout: `volmgr trace | head` should
+        // end quietly when the reader goes, as other command-line tools do
+        // (Rust ignores SIGPIPE, which makes `println!` panic instead). The
+        // agent keeps ignoring it: a client leaving must not kill it.
+        // SAFETY: restoring a default signal disposition before any thread
+        // is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -14,7 +14,9 @@
 //!   proc, but cannot tell who changed what, nor how long it took.
 //! - `off`: only the periodic resync finds out-of-band changes.
 //! - `auto` (default): `ebpf` if it loads, `mountinfo` otherwise, with the
-//!   reason logged and shown in `volmgr status`.
+//!   reason logged and shown in `volmgr status`. The program loads in the
+//!   background at low priority; a check of everything when a tracer starts
+//!   covers the changes made before it watched.
 //!
 //! What was found is kept in the [`out_of_band`] log for status.
 
@@ -405,10 +407,13 @@ fn attach_ebpf(
     {
         let (stats, tracer) = (Arc::clone(&stats), Arc::clone(&tracer));
         vm.add_metrics_source(Arc::new(move || {
-            stats
+            let mut text = stats
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .prometheus_text(tracer.events_lost())
+                .prometheus_text(tracer.events_lost());
+            // The in-kernel histograms stay exact even if events were lost.
+            text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
+            text
         }));
     }
     vm.set_tracer_status_source(Arc::new(move || {
