@@ -279,12 +279,20 @@ fn assert_converged(env: &Env, pods: &[String]) {
             "pod {uid} mounted once"
         );
     }
+    // Pods that went away are cleaned up after the desired ones are
+    // mounted (orphaned directories once the sources are populated): wait
+    // for that, a leak still fails below when the wait gives up.
+    let pod_dirs = || {
+        std::fs::read_dir(env.root.join("pods"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    env.wait_for("the volumes and directories of removed pods gone", || {
+        env.mounts().len() == pods.len() && pod_dirs() == pods.len()
+    });
     let mounts = env.mounts();
     assert_eq!(mounts.len(), pods.len(), "no extra mounts: {mounts:?}");
-    let dirs = std::fs::read_dir(env.root.join("pods"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(dirs, pods.len(), "no leaked pod directories");
+    assert_eq!(pod_dirs(), pods.len(), "no leaked pod directories");
 }
 
 #[test]
