@@ -13,8 +13,15 @@
 //!
 //! ```text
 //! cargo bench -p volmgr --bench mounts -- [--n 1000,10000] [--rounds 3] [--idle-secs 10]
-//!     [--tracers off,auto]
+//!     [--tracers off,auto] [--settle-ms 1000] [--baseline PATH]...
 //! ```
+//!
+//! The manifests are removed `--settle-ms` after everything is mounted (or
+//! after the idle measurement), so the teardown starts on a settled agent.
+//!
+//! `--baseline PATH` (repeatable) runs another agent binary (another build
+//! of volmgr) beside this one in every round, so builds are compared in one
+//! run.
 //!
 //! Each round runs the raw loop, then the agent once per `--tracers` entry
 //! (its `--tracer` flag), so the tracers' cost on a mount storm is measured
@@ -34,6 +41,10 @@ struct Args {
     rounds: usize,
     idle_secs: u64,
     tracers: Vec<String>,
+    /// Other agent binaries to compare with, run in every round.
+    baselines: Vec<String>,
+    /// Pause between "all mounted" and removing the manifests.
+    settle_ms: u64,
 }
 
 fn parse_args() -> Args {
@@ -42,6 +53,8 @@ fn parse_args() -> Args {
         rounds: 3,
         idle_secs: 10,
         tracers: vec!["off".into(), "auto".into()],
+        baselines: Vec::new(),
+        settle_ms: 1000,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -57,6 +70,8 @@ fn parse_args() -> Args {
             "--rounds" => a.rounds = it.next().unwrap().parse().unwrap(),
             "--idle-secs" => a.idle_secs = it.next().unwrap().parse().unwrap(),
             "--tracers" => a.tracers = it.next().unwrap().split(',').map(String::from).collect(),
+            "--settle-ms" => a.settle_ms = it.next().unwrap().parse().unwrap(),
+            "--baseline" => a.baselines.push(it.next().unwrap()),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -105,32 +120,45 @@ fn main() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
+    // (label, agent binary, tracer) of each agent run in a round.
+    let mut variants: Vec<(String, String, String)> = args
+        .tracers
+        .iter()
+        .map(|t| (t.clone(), volmgr().to_string(), t.clone()))
+        .collect();
+    for b in &args.baselines {
+        for t in &args.tracers {
+            variants.push((format!("{t} ({b})"), b.clone(), t.clone()));
+        }
+    }
     for &n in &args.ns {
-        // Per tracer: (raw mount, agent mount, raw teardown, agent teardown) per round.
-        let mut rows: Vec<Vec<(f64, f64, f64, f64)>> = vec![Vec::new(); args.tracers.len()];
+        // Per variant: (raw mount, agent mount, raw teardown, agent teardown) per round.
+        let mut rows: Vec<Vec<(f64, f64, f64, f64)>> = vec![Vec::new(); variants.len()];
         let mut idle = Vec::new();
         for round in 0..args.rounds {
             let (rm, ru) = raw_loop(base.path(), n, round);
-            for (t, tracer) in args.tracers.iter().enumerate() {
+            for (t, (label, bin, tracer)) in variants.iter().enumerate() {
                 let measure_idle = round == 0 && n == *args.ns.iter().max().unwrap();
                 let r = agent_run(
                     base.path(),
                     n,
                     round,
+                    bin,
                     tracer,
                     measure_idle.then_some(args.idle_secs),
+                    Duration::from_millis(args.settle_ms),
                 );
                 if let Some(i) = r.idle {
-                    idle.push((tracer.clone(), i));
+                    idle.push((label.clone(), i));
                 }
                 eprintln!(
-                    "n={n} round={round} tracer={tracer}: raw mount {rm:.3}s agent mount {:.3}s | raw teardown {ru:.3}s agent teardown {:.3}s",
+                    "n={n} round={round} tracer={label}: raw mount {rm:.3}s agent mount {:.3}s | raw teardown {ru:.3}s agent teardown {:.3}s",
                     r.mount, r.teardown
                 );
                 rows[t].push((rm, r.mount, ru, r.teardown));
             }
         }
-        for (tracer, rows) in args.tracers.iter().zip(&rows) {
+        for ((tracer, _, _), rows) in variants.iter().zip(&rows) {
             let col = |f: fn(&(f64, f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
             println!(
                 "| {n} | {tracer} | {:.3} | {:.3} | {:.2}x | {:.3} | {:.3} | {:.2}x |",
@@ -241,8 +269,8 @@ fn volmgr() -> &'static str {
     env!("CARGO_BIN_EXE_volmgr")
 }
 
-fn spawn_agent(root: &Path, manifests: &Path, tracer: &str) -> std::process::Child {
-    Command::new(volmgr())
+fn spawn_agent(bin: &str, root: &Path, manifests: &Path, tracer: &str) -> std::process::Child {
+    Command::new(bin)
         .arg("agent")
         .arg("--root")
         .arg(root)
@@ -259,8 +287,8 @@ fn spawn_agent(root: &Path, manifests: &Path, tracer: &str) -> std::process::Chi
         .unwrap()
 }
 
-fn wait_all(root: &Path, pods: usize) {
-    let st = Command::new(volmgr())
+fn wait_all(bin: &str, root: &Path, pods: usize) {
+    let st = Command::new(bin)
         .args([
             "wait",
             "--all",
@@ -286,10 +314,12 @@ fn agent_run(
     base: &Path,
     n: usize,
     round: usize,
+    bin: &str,
     tracer: &str,
     idle_secs: Option<u64>,
+    settle: Duration,
 ) -> AgentResult {
-    let area = fresh_tmpfs(&base.join(format!("agent-{round}-{tracer}")));
+    let area = fresh_tmpfs(&base.join(format!("agent-{round}")));
     let root = area.join("root");
     let manifests = area.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
@@ -297,8 +327,8 @@ fn agent_run(
         std::fs::write(manifests.join(format!("pod-{i}.json")), manifest(i)).unwrap();
     }
     let t = Instant::now();
-    let child = spawn_agent(&root, &manifests, tracer);
-    wait_all(&root, n);
+    let child = spawn_agent(bin, &root, &manifests, tracer);
+    wait_all(bin, &root, n);
     let mount = t.elapsed().as_secs_f64();
     assert_eq!(count_mounts(&root), n);
     let idle = idle_secs.map(|secs| {
@@ -310,11 +340,16 @@ fn agent_run(
         let cpu = (cpu_ns(pid) - c0) as f64 / t0.elapsed().as_nanos() as f64;
         (cpu, rss_kib(pid))
     });
+    // Pods are deleted on a settled agent, as on a node, not in the
+    // milliseconds after the storm that mounted them (see BENCHMARKS.md).
+    std::thread::sleep(settle);
     let t = Instant::now();
     for i in 0..n {
         std::fs::remove_file(manifests.join(format!("pod-{i}.json"))).unwrap();
     }
-    wait_all(&root, 0);
+    let t_unlinked = t.elapsed().as_secs_f64();
+    wait_all(bin, &root, 0);
+    let t_waited = t.elapsed().as_secs_f64();
     while std::fs::read_dir(root.join("pods"))
         .unwrap()
         .next()
@@ -323,6 +358,9 @@ fn agent_run(
         std::thread::sleep(Duration::from_millis(1));
     }
     let teardown = t.elapsed().as_secs_f64();
+    eprintln!(
+        "  teardown: manifests removed at {t_unlinked:.4}s, `wait` returned at {t_waited:.4}s, pod directories gone at {teardown:.4}s"
+    );
     assert_eq!(count_mounts(&root), 0);
     stop(child);
     drop_tmpfs(&area);
@@ -338,8 +376,8 @@ fn agent_baseline_rss(base: &Path) -> u64 {
     let root = area.join("root");
     let manifests = area.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
-    let child = spawn_agent(&root, &manifests, "off");
-    wait_all(&root, 0);
+    let child = spawn_agent(volmgr(), &root, &manifests, "off");
+    wait_all(volmgr(), &root, 0);
     std::thread::sleep(Duration::from_millis(500));
     let rss = rss_kib(child.id());
     stop(child);

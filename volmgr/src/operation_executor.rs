@@ -168,6 +168,27 @@ impl OperationExecutor {
     where
         F: Future<Output = Result<(), VolumeError>> + Send + 'static,
     {
+        let run = self.prepare(volume, pod, kind, plugin, op)?;
+        tokio::spawn(run);
+        Ok(())
+    }
+
+    /// Like [`start`](Self::start), but returns the operation instead of
+    /// spawning it: it is recorded as running now, and the caller must run
+    /// the returned future to completion (the reconciler runs batches of
+    /// cheap operations back to back in one task). Dropping it unrun would
+    /// leave the operation "running" for ever.
+    pub fn prepare<F>(
+        self: &Arc<Self>,
+        volume: &UniqueVolumeName,
+        pod: Option<&PodUid>,
+        kind: OperationKind,
+        plugin: Arc<str>,
+        op: F,
+    ) -> Result<impl Future<Output = ()> + Send + 'static, NotStarted>
+    where
+        F: Future<Output = Result<(), VolumeError>> + Send + 'static,
+    {
         let now = Instant::now();
         {
             let mut ops = self.lock();
@@ -202,12 +223,11 @@ impl OperationExecutor {
         let this = Arc::clone(self);
         let volume = volume.clone();
         let pod = pod.cloned();
-        tokio::spawn(async move {
+        Ok(async move {
             let started = Instant::now();
             let result = op.await;
             this.finish(&volume, pod.as_ref(), kind, plugin, started, result);
-        });
-        Ok(())
+        })
     }
 
     fn finish(

@@ -12,14 +12,16 @@
 //! a full pass.
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
-use crate::operation_executor::{OperationExecutor, OperationKind};
+use crate::operation_executor::{NotStarted, OperationExecutor, OperationKind};
 use crate::operation_generator;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
@@ -35,6 +37,18 @@ const POD_DIR_PREFIX: &str = "volmgr/pod-dir/";
 fn pod_dir_key(uid: &PodUid) -> UniqueVolumeName {
     UniqueVolumeName::new(format!("{POD_DIR_PREFIX}{uid}"))
 }
+
+/// An operation prepared by the executor, ready to run.
+type BoxedOperation = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+fn boxed(op: impl Future<Output = ()> + Send + 'static) -> BoxedOperation {
+    Box::pin(op)
+}
+
+/// Inline operations of one batch run between two yields to the runtime,
+/// so a batch of thousands keeps its worker for a millisecond or two at a
+/// time, not for the whole storm.
+const BATCH_YIELD_EVERY: usize = 64;
 
 /// The reconciler.
 pub struct Reconciler {
@@ -269,16 +283,21 @@ impl Reconciler {
         for v in forget {
             self.executor.forget_volume(&v);
         }
+        let mut tear_downs = Vec::new();
         for a in actions {
-            self.start(a);
+            self.start(a, &mut tear_downs);
         }
-        self.cleanup_pod_dirs(pod_dirs, populated);
+        self.cleanup_pod_dirs(pod_dirs, populated, &mut tear_downs);
+        run_batch(tear_downs, &self.world);
         if dirty.all && populated && self.world.reconstructed() {
             self.world.set_synced();
         }
     }
 
-    fn start(self: &Arc<Self>, action: Action) {
+    /// Starts `action`: spawned as its own task, or, for the tear-down of a
+    /// volume whose plugin runs it inline, added to `tear_downs` (see
+    /// [`run_batch`]).
+    fn start(self: &Arc<Self>, action: Action, tear_downs: &mut Vec<BoxedOperation>) {
         let (volume, pod, plugin_name, kind) = match &action {
             Action::Mount {
                 volume,
@@ -312,78 +331,106 @@ impl Reconciler {
             spec.and_then(|s| plugin.metric_label(s))
                 .unwrap_or_else(|| Arc::clone(&plugin_name))
         };
+        let batched = matches!(
+            &action,
+            Action::Unmount { mounted, .. } if plugin.runs_inline(&mounted.spec)
+        );
         let world = Arc::clone(&self.world);
-        let started = match action {
-            Action::Mount { req, .. } => self.executor.start(
-                &volume,
-                pod.as_ref(),
-                kind,
-                label_of(Some(&req.spec)),
-                operation_generator::mount_volume(
-                    world,
-                    Arc::clone(&plugin),
-                    Arc::clone(&plugin_name),
-                    req,
-                ),
-            ),
+        let prepared: Result<BoxedOperation, NotStarted> = match action {
+            Action::Mount { req, .. } => self
+                .executor
+                .prepare(
+                    &volume,
+                    pod.as_ref(),
+                    kind,
+                    label_of(Some(&req.spec)),
+                    operation_generator::mount_volume(
+                        world,
+                        Arc::clone(&plugin),
+                        Arc::clone(&plugin_name),
+                        req,
+                    ),
+                )
+                .map(boxed),
             Action::Unmount {
                 mounted, pod: upod, ..
-            } => self.executor.start(
-                &volume,
-                pod.as_ref(),
-                kind,
-                label_of(Some(&mounted.spec)),
-                operation_generator::unmount_volume(
-                    world,
-                    Arc::clone(&plugin),
-                    volume.clone(),
-                    upod,
-                    mounted,
-                ),
-            ),
-            Action::MountDevice { spec, .. } => self.executor.start(
-                &volume,
-                None,
-                kind,
-                label_of(Some(&spec)),
-                operation_generator::mount_device(
-                    world,
-                    Arc::clone(&plugin),
-                    Arc::clone(&plugin_name),
-                    volume.clone(),
-                    spec,
-                ),
-            ),
-            Action::UnmountDevice { spec, .. } => self.executor.start(
-                &volume,
-                None,
-                kind,
-                label_of(spec.as_deref()),
-                operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
-            ),
-            Action::Expand { spec, new_size, .. } => self.executor.start(
-                &volume,
-                None,
-                kind,
-                label_of(Some(&spec)),
-                operation_generator::expand_volume(
-                    world,
-                    Arc::clone(&plugin),
-                    volume.clone(),
-                    spec,
-                    new_size,
-                ),
-            ),
+            } => self
+                .executor
+                .prepare(
+                    &volume,
+                    pod.as_ref(),
+                    kind,
+                    label_of(Some(&mounted.spec)),
+                    operation_generator::unmount_volume(
+                        world,
+                        Arc::clone(&plugin),
+                        volume.clone(),
+                        upod,
+                        mounted,
+                    ),
+                )
+                .map(boxed),
+            Action::MountDevice { spec, .. } => self
+                .executor
+                .prepare(
+                    &volume,
+                    None,
+                    kind,
+                    label_of(Some(&spec)),
+                    operation_generator::mount_device(
+                        world,
+                        Arc::clone(&plugin),
+                        Arc::clone(&plugin_name),
+                        volume.clone(),
+                        spec,
+                    ),
+                )
+                .map(boxed),
+            Action::UnmountDevice { spec, .. } => self
+                .executor
+                .prepare(
+                    &volume,
+                    None,
+                    kind,
+                    label_of(spec.as_deref()),
+                    operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
+                )
+                .map(boxed),
+            Action::Expand { spec, new_size, .. } => self
+                .executor
+                .prepare(
+                    &volume,
+                    None,
+                    kind,
+                    label_of(Some(&spec)),
+                    operation_generator::expand_volume(
+                        world,
+                        Arc::clone(&plugin),
+                        volume.clone(),
+                        spec,
+                        new_size,
+                    ),
+                )
+                .map(boxed),
         };
-        if let Err(why) = started {
-            tracing::debug!(%volume, pod = ?pod, ?why, "operation not started");
+        match prepared {
+            Ok(op) if batched => tear_downs.push(op),
+            Ok(op) => {
+                tokio::spawn(op);
+            }
+            Err(why) => tracing::debug!(%volume, pod = ?pod, ?why, "operation not started"),
         }
     }
 
     /// Removes `ROOT/pods/<uid>` of pods that are neither desired nor have
     /// anything mounted (the kubelet's `cleanupOrphanedPodDirs`). The removal
     /// never crosses a mount, so a volume unknown to the manager is left intact.
-    fn cleanup_pod_dirs(self: &Arc<Self>, mut candidates: FastSet<PodUid>, populated: bool) {
+    fn cleanup_pod_dirs(
+        self: &Arc<Self>,
+        mut candidates: FastSet<PodUid>,
+        populated: bool,
+        batch: &mut Vec<BoxedOperation>,
+    ) {
         {
             let mut deferred = self
                 .deferred_pod_dirs
@@ -408,21 +455,24 @@ impl Reconciler {
         };
         for uid in eligible {
             let root = Arc::clone(&self.root);
-            let pool = Arc::clone(&self.pool);
             let u = uid.clone();
+            // Inline: what is left of a pod whose volumes are all torn down
+            // is a few directories (and small files of its containers).
             let op = async move {
                 let rel = RelPath::new(["pods", u.as_str()])?;
-                pool.run(move || Ok(root.remove_all(&rel)?)).await?;
+                root.remove_all(&rel)?;
                 tracing::debug!(pod = %u, "removed orphaned pod directory");
                 Ok(())
             };
-            let _ = self.executor.start(
+            if let Ok(op) = self.executor.prepare(
                 &pod_dir_key(&uid),
                 None,
                 OperationKind::CleanupPodDir,
                 "volmgr".into(),
                 op,
-            );
+            ) {
+                batch.push(boxed(op));
+            }
         }
     }
 
@@ -510,6 +560,31 @@ impl Reconciler {
             self.world.mark_dirty([v]);
         }
     }
+}
+
+/// Runs the inline tear-downs (and pod-directory clean-ups) of one
+/// reconcile pass back to back in one task, as a plain loop would: each is a
+/// few syscalls, and a task each would cost more in hand-offs than the work
+/// itself. The reconciler hears of the finished operations once per stretch
+/// of [`BATCH_YIELD_EVERY`], not once per operation. Set-ups keep a task
+/// each: they gain from running on every CPU, and batching them measured
+/// slower (10,000 mounts 1.70x the raw loop instead of 1.44x).
+fn run_batch(batch: Vec<BoxedOperation>, world: &Arc<World>) {
+    if batch.is_empty() {
+        return;
+    }
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        let mut hold = Some(world.hold_wakes());
+        for (i, op) in batch.into_iter().enumerate() {
+            if i > 0 && i % BATCH_YIELD_EVERY == 0 {
+                drop(hold.take());
+                tokio::task::yield_now().await;
+                hold = Some(world.hold_wakes());
+            }
+            op.await;
+        }
+    });
 }
 
 #[cfg(test)]

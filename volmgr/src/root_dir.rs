@@ -434,14 +434,26 @@ impl RootDir {
             _ => None,
         };
         if let Some(parent) = top {
-            return remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel));
+            return remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel), false);
         }
         let parent = match self.open_how(&parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) {
             Ok(fd) => fd,
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e),
         };
-        remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel))
+        remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel), false)
+    }
+
+    /// Deletes `parent/name` like [`remove_all`](Self::remove_all), through
+    /// a descriptor of its parent the caller already holds (opened beneath
+    /// ROOT).
+    pub fn remove_all_at(&self, parent: &Target, name: &OsStr) -> Result<(), PathError> {
+        remove_tree(
+            parent.as_fd(),
+            name.to_os_string(),
+            &parent.path().join(name),
+            true,
+        )
     }
 
     /// Removes an empty directory `rel`; a missing one is fine, a non-empty
@@ -507,11 +519,45 @@ fn unlink_file(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<(), P
     }
 }
 
+/// What a first `rmdir` of a directory entry found.
+enum Rmdir {
+    /// Removed (it was an empty directory), or already gone.
+    Gone,
+    /// Not a directory (a file or a symlink, never followed).
+    NotADir,
+    /// It has entries (or the attempt failed in a way the full walk will
+    /// report with its path).
+    NotEmpty,
+}
+
+/// Tries `unlinkat(AT_REMOVEDIR)` on `parent/name` before opening it: most
+/// directories a tear-down deletes are empty by then (a volume's mount
+/// point, a plugin's directory), and one call replaces an open, a listing,
+/// a close and the same call. A mount point is refused (EBUSY), as the walk
+/// refuses to enter one.
+fn try_rmdir(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<Rmdir, PathError> {
+    match unlinkat(parent, name, UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(Rmdir::Gone),
+        Err(Errno::ENOTDIR) => Ok(Rmdir::NotADir),
+        Err(Errno::EBUSY) => Err(PathError::MountInside {
+            path: abs.to_path_buf(),
+        }),
+        Err(_) => Ok(Rmdir::NotEmpty),
+    }
+}
+
 /// Iterative post-order deletion of `parent/name`, so a deep tree cannot
 /// exhaust the stack. Directories are read with `getdents64`, whose entry
 /// types spare a `stat` per entry; each directory is opened once, with
-/// `RESOLVE_NO_XDEV`, so the walk never enters another mount.
-fn remove_tree(parent: BorrowedFd<'_>, name: OsString, abs: &Path) -> Result<(), PathError> {
+/// `RESOLVE_NO_XDEV`, so the walk never enters another mount. Subdirectories
+/// are first simply removed (see [`try_rmdir`]), and so is `name` itself when
+/// the caller expects it empty (`likely_empty`).
+fn remove_tree(
+    parent: BorrowedFd<'_>,
+    name: OsString,
+    abs: &Path,
+    likely_empty: bool,
+) -> Result<(), PathError> {
     struct Frame {
         name: OsString,
         abs: PathBuf,
@@ -526,6 +572,13 @@ fn remove_tree(parent: BorrowedFd<'_>, name: OsString, abs: &Path) -> Result<(),
         dirents::read_batch(fd.as_fd())
             .map_err(|e| PathError::from(SyscallError::new("getdents64", abs, e)))
     };
+    if likely_empty {
+        match try_rmdir(parent, &name, abs)? {
+            Rmdir::Gone => return Ok(()),
+            Rmdir::NotADir => return unlink_file(parent, &name, abs),
+            Rmdir::NotEmpty => {}
+        }
+    }
     let fd = match open_subdir(parent, &name, abs) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Ok(()),
@@ -547,6 +600,14 @@ fn remove_tree(parent: BorrowedFd<'_>, name: OsString, abs: &Path) -> Result<(),
             if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
                 unlink_file(top.fd.as_fd(), &child.name, &child_abs)?;
                 continue;
+            }
+            match try_rmdir(top.fd.as_fd(), &child.name, &child_abs)? {
+                Rmdir::Gone => continue,
+                Rmdir::NotADir => {
+                    unlink_file(top.fd.as_fd(), &child.name, &child_abs)?;
+                    continue;
+                }
+                Rmdir::NotEmpty => {}
             }
             match open_subdir(top.fd.as_fd(), &child.name, &child_abs) {
                 Ok(Some(child_fd)) => {
@@ -691,6 +752,35 @@ mod tests {
         r.remove_all(&RelPath::new(["pods", "file"]).unwrap())
             .unwrap();
         assert!(!r.path().join("pods/file").exists());
+    }
+
+    #[test]
+    fn remove_all_at_deletes_through_a_held_parent_without_following_links() {
+        let (_t, r) = root();
+        let parent_rel = RelPath::new(["pods", "u", "volumes"]).unwrap();
+        let parent = r.mkdir_all(&parent_rel, 0o750).unwrap();
+        let dir = r.path().join("pods/u/volumes");
+        // An empty directory (removed by the first rmdir).
+        std::fs::create_dir(dir.join("empty")).unwrap();
+        r.remove_all_at(&parent, OsStr::new("empty")).unwrap();
+        assert!(!dir.join("empty").exists());
+        // A tree.
+        std::fs::create_dir_all(dir.join("tree/a/b")).unwrap();
+        std::fs::write(dir.join("tree/a/f"), b"x").unwrap();
+        r.remove_all_at(&parent, OsStr::new("tree")).unwrap();
+        assert!(!dir.join("tree").exists());
+        // A symlink to a directory outside ROOT: the link goes, not the target.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outside.path().join("empty")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("empty"), dir.join("link")).unwrap();
+        r.remove_all_at(&parent, OsStr::new("link")).unwrap();
+        assert!(!dir.join("link").exists());
+        assert!(outside.path().join("empty").is_dir());
+        // A file, and something already gone.
+        std::fs::write(dir.join("file"), b"x").unwrap();
+        r.remove_all_at(&parent, OsStr::new("file")).unwrap();
+        assert!(!dir.join("file").exists());
+        r.remove_all_at(&parent, OsStr::new("file")).unwrap();
     }
 
     #[test]

@@ -155,6 +155,7 @@ impl VolumeManager {
         plugins.register(Arc::new(EmptyDirPlugin::new(
             Arc::clone(&root),
             Arc::clone(&mounter),
+            Arc::clone(&pool),
         )))?;
         plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(&pool))))?;
         let executor =

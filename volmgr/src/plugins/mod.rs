@@ -221,6 +221,16 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// Undoes `set_up`. Idempotent: a volume already gone is success.
     async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError>;
 
+    /// Whether this volume's set-up and tear-down are a few local syscalls
+    /// (tens of microseconds) that run on the calling thread without
+    /// awaiting anything. The reconciler then runs the tear-downs of one
+    /// pass back to back in one task, as a plain loop would, instead of a
+    /// task each: on a storm of thousands, the per-task hand-offs and
+    /// wake-ups cost more than the work. Default: no.
+    fn runs_inline(&self, _spec: &VolumeSpec) -> bool {
+        false
+    }
+
     /// At resync: whether a volume recorded as set up at `path` still is,
     /// judged cheaply against `table`.
     fn verify(&self, spec: &VolumeSpec, path: &Path, table: &MountTable) -> bool;

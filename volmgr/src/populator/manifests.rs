@@ -113,7 +113,7 @@ pub struct ParsedFile {
 /// Files read before the first batch is applied (small: mounting starts early).
 const FIRST_BATCH: usize = 32;
 /// Files per batch after the first.
-const BATCH: usize = 256;
+const BATCH: usize = 64;
 
 /// Parses the text of a manifest file.
 pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
@@ -500,6 +500,8 @@ impl ManifestsSource {
             }
         });
         while let Some(batch) = rx.recv().await {
+            // The reconciler hears of the batch once, not once per pod.
+            let _hold = self.vm.world().hold_wakes();
             for (name, r) in batch {
                 self.apply(name, r);
             }

@@ -29,6 +29,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -204,13 +205,14 @@ fn start_inner(
 
 /// `auto`: loading the eBPF program takes a while (about 0.2 s of CPU in a
 /// release build: BTF parsing and verification), so it loads in the
-/// background at the lowest priority while the manager starts; when it is
-/// attached, one check of everything covers what changed meanwhile (the
-/// periodic resync covers the same window if it never loads). If it cannot
-/// load, the mountinfo poller takes over (after a check of everything too),
-/// and status says why. No poller runs during the load: on a node starting
-/// with thousands of volumes it would re-read a growing mount table for each
-/// of the manager's own mounts.
+/// background at the lowest priority, once the manager's start-up work has
+/// settled ([`wait_for_quiet`]); when it is attached, one check of
+/// everything covers what changed meanwhile (the periodic resync covers the
+/// same window if it never loads). If it cannot load, the mountinfo poller
+/// takes over (after a check of everything too), and status says why. No
+/// poller runs during the load: on a node starting with thousands of
+/// volumes it would re-read a growing mount table for each of the manager's
+/// own mounts.
 fn start_auto(
     vm: &Arc<VolumeManager>,
     shutdown: watch::Receiver<bool>,
@@ -224,6 +226,10 @@ fn start_auto(
     let thread_name = thread_name.map(str::to_string);
     let mut stop = shutdown.clone();
     let task = tokio::spawn(async move {
+        tokio::select! {
+            () = wait_for_quiet(vm.world(), LOAD_QUIET, LOAD_MAX_DELAY) => {}
+            _ = stop.changed() => return,
+        }
         let loaded = load_in_background(thread_name).await;
         let mut tasks = Vec::new();
         match loaded.and_then(|l| attach_ebpf(&vm, l, shutdown.clone(), "auto: ")) {
@@ -312,6 +318,31 @@ struct LoadedEbpf {
     tracer: EbpfTracer,
     mnt_ns: u64,
     thread_name: Option<String>,
+}
+
+/// How long the states must stay unchanged before `auto` loads eBPF.
+const LOAD_QUIET: Duration = Duration::from_millis(50);
+
+/// The longest `auto` puts the load off on a node that never settles.
+const LOAD_MAX_DELAY: Duration = Duration::from_secs(5);
+
+/// Returns once neither world has changed for `quiet` (sampled, so a storm
+/// of changes costs one wake-up per `quiet`), or after `max`. The eBPF load
+/// keeps a CPU busy for about 0.2 s even at the lowest priority, and a busy
+/// CPU is exactly what makes every `umount2` of a storm slow (each waits for
+/// an RCU grace period, which must then interrupt that CPU: 7 µs with the
+/// other CPU idle, 50-65 µs with it busy, measured on this 2-CPU machine).
+async fn wait_for_quiet(world: &Arc<crate::world::World>, quiet: Duration, max: Duration) {
+    let deadline = tokio::time::Instant::now() + max;
+    let mut last = world.generation();
+    loop {
+        tokio::time::sleep(quiet).await;
+        let now = world.generation();
+        if now == last || tokio::time::Instant::now() >= deadline {
+            return;
+        }
+        last = now;
+    }
 }
 
 /// `auto`'s load: on a thread of its own at the lowest CPU priority, so
