@@ -21,31 +21,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::os::unix::process::CommandExt;
+#[path = "common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-const CHILD_ENV: &str = "VOLMGR_BENCH_IN_PRIVATE_NS";
 const DRIVER: &str = "loop.csi.volmgr.dev";
 
 fn main() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: the benchmark mounts, so it needs root (a private mount namespace)");
-            return;
-        }
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(std::env::args().skip(1)).env(CHILD_ENV, "1");
-        // SAFETY: only async-signal-safe syscalls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                volmgr::sys::namespace::enter_private_mount_namespace()?;
-                Ok(())
-            });
-        }
-        let st = cmd.status().unwrap();
-        std::process::exit(st.code().unwrap_or(1));
+    if !common::in_private_mount_namespace() {
+        return;
     }
     let (mut n, mut rounds) = (200usize, 3usize);
     let mut it = std::env::args().skip(1);

@@ -20,15 +20,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+#[path = "common/mod.rs"]
+mod common;
+
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const CHILD_ENV: &str = "VOLMGR_BENCH_IN_PRIVATE_NS";
 
 fn volmgr() -> &'static str {
     env!("CARGO_BIN_EXE_volmgr")
@@ -157,22 +157,8 @@ fn quantile(sorted: &[Duration], q: f64) -> Duration {
 }
 
 fn main() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP: the benchmark mounts, so it needs root (a private mount namespace)");
-            return;
-        }
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(std::env::args().skip(1)).env(CHILD_ENV, "1");
-        // SAFETY: only async-signal-safe syscalls between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                volmgr::sys::namespace::enter_private_mount_namespace()?;
-                Ok(())
-            });
-        }
-        let st = cmd.status().unwrap();
-        std::process::exit(st.code().unwrap_or(1));
+    if !common::in_private_mount_namespace() {
+        return;
     }
     let mut trials = 1000usize;
     let mut it = std::env::args().skip(1);

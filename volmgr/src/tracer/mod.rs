@@ -331,7 +331,7 @@ const LOAD_MAX_DELAY: Duration = Duration::from_secs(5);
 /// keeps a CPU busy for about 0.2 s even at the lowest priority, and a busy
 /// CPU is exactly what makes every `umount2` of a storm slow (each waits for
 /// an RCU grace period, which must then interrupt that CPU: 7 µs with the
-/// other CPU idle, 50-65 µs with it busy, measured on this 2-CPU machine).
+/// other CPU idle, 50-65 µs with it busy, `cargo bench --bench umount_cost`).
 async fn wait_for_quiet(world: &Arc<crate::world::World>, quiet: Duration, max: Duration) {
     let deadline = tokio::time::Instant::now() + max;
     let mut last = world.generation();

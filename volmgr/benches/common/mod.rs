@@ -1,0 +1,33 @@
+//! Shared by the benchmark programs (`#[path]`-included by each).
+
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+const CHILD_ENV: &str = "VOLMGR_BENCH_IN_PRIVATE_NS";
+
+/// Makes sure the rest of the program runs in a private mount namespace of
+/// its own, so the host's mount table is never touched: the first call
+/// re-executes the program with the same arguments after
+/// `unshare(CLONE_NEWNS)` and a recursively private `/`, waits for it and
+/// exits with its status; in that child it returns `true`. Without root it
+/// prints why it skips and returns `false`.
+pub fn in_private_mount_namespace() -> bool {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return true;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: the benchmark mounts, so it needs root (a private mount namespace)");
+        return false;
+    }
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(std::env::args().skip(1)).env(CHILD_ENV, "1");
+    // SAFETY: only async-signal-safe syscalls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            volmgr::sys::namespace::enter_private_mount_namespace()?;
+            Ok(())
+        });
+    }
+    let st = cmd.status().unwrap();
+    std::process::exit(st.code().unwrap_or(1));
+}
