@@ -34,16 +34,11 @@ fn main() {
     if !common::in_private_mount_namespace() {
         return;
     }
-    let (mut n, mut rounds) = (200usize, 3usize);
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--n" => n = it.next().unwrap().parse().unwrap(),
-            "--rounds" => rounds = it.next().unwrap().parse().unwrap(),
-            "--bench" => {}
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let f = common::flags(&["--n", "--rounds"]);
+    let (n, rounds) = (
+        common::flag(&f, "--n", 200usize),
+        common::flag(&f, "--rounds", 3usize),
+    );
     let driver = PathBuf::from(volmgr())
         .parent()
         .unwrap()

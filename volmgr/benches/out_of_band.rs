@@ -160,15 +160,7 @@ fn main() {
     if !common::in_private_mount_namespace() {
         return;
     }
-    let mut trials = 1000usize;
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--trials" => trials = it.next().unwrap().parse().unwrap(),
-            "--bench" => {}
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let trials = common::flag(&common::flags(&["--trials"]), "--trials", 1000usize);
     let base = tempfile::Builder::new()
         .prefix("volmgr-bench-oob")
         .tempdir()

@@ -105,16 +105,11 @@ fn main() {
     if !common::in_private_mount_namespace() {
         return;
     }
-    let (mut n, mut rounds) = (1000usize, 5usize);
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--n" => n = it.next().unwrap().parse().unwrap(),
-            "--rounds" => rounds = it.next().unwrap().parse().unwrap(),
-            "--bench" => {}
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let f = common::flags(&["--n", "--rounds"]);
+    let (n, rounds) = (
+        common::flag(&f, "--n", 1000usize),
+        common::flag(&f, "--rounds", 5usize),
+    );
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     let base = tempfile::Builder::new()
         .prefix("volmgr-umount")

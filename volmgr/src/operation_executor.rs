@@ -131,6 +131,43 @@ impl VolumeOps {
     }
 }
 
+/// A prepared operation's claim on its record: released by `finish` when it
+/// completes, or by [`OperationExecutor::abandon`] when it is dropped first.
+struct Pending {
+    executor: Arc<OperationExecutor>,
+    volume: UniqueVolumeName,
+    pod: Option<PodUid>,
+    done: bool,
+}
+
+impl Pending {
+    fn finish(
+        mut self,
+        kind: OperationKind,
+        plugin: Arc<str>,
+        started: Instant,
+        result: Result<(), VolumeError>,
+    ) {
+        self.executor.finish(
+            &self.volume,
+            self.pod.as_ref(),
+            kind,
+            plugin,
+            started,
+            result,
+        );
+        self.done = true;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.done {
+            self.executor.abandon(&self.volume, self.pod.as_ref());
+        }
+    }
+}
+
 /// Runs and tracks operations.
 pub struct OperationExecutor {
     ops: Mutex<FastMap<UniqueVolumeName, VolumeOps>>,
@@ -174,10 +211,10 @@ impl OperationExecutor {
     }
 
     /// Like [`start`](Self::start), but returns the operation instead of
-    /// spawning it: it is recorded as running now, and the caller must run
-    /// the returned future to completion (the reconciler runs batches of
-    /// cheap operations back to back in one task). Dropping it unrun would
-    /// leave the operation "running" for ever.
+    /// spawning it: it is recorded as running now, and the caller runs the
+    /// returned future (the reconciler runs batches of cheap operations back
+    /// to back in one task). Dropped before it completes, it is recorded as
+    /// not running any more and its volume is looked at again.
     pub fn prepare<F>(
         self: &Arc<Self>,
         volume: &UniqueVolumeName,
@@ -220,14 +257,35 @@ impl OperationExecutor {
             rec.running = true;
             rec.attempts = rec.attempts.saturating_add(1);
         }
-        let this = Arc::clone(self);
-        let volume = volume.clone();
-        let pod = pod.cloned();
+        let pending = Pending {
+            executor: Arc::clone(self),
+            volume: volume.clone(),
+            pod: pod.cloned(),
+            done: false,
+        };
         Ok(async move {
             let started = Instant::now();
             let result = op.await;
-            this.finish(&volume, pod.as_ref(), kind, plugin, started, result);
+            pending.finish(kind, plugin, started, result);
         })
+    }
+
+    /// An operation that will not run after all: no longer running, and its
+    /// volume is looked at again.
+    fn abandon(&self, volume: &UniqueVolumeName, pod: Option<&PodUid>) {
+        {
+            let mut ops = self.lock();
+            if let Some(vol) = ops.get_mut(volume) {
+                let rec = match pod {
+                    Some(p) => vol.pods.get_mut(p),
+                    None => vol.device.as_mut(),
+                };
+                if let Some(rec) = rec {
+                    rec.running = false;
+                }
+            }
+        }
+        self.world.mark_dirty([volume.clone()]);
     }
 
     fn finish(
@@ -406,6 +464,38 @@ mod tests {
         assert_eq!(b.delay(8), Duration::from_secs(64));
         assert_eq!(b.delay(9), Duration::from_secs(122));
         assert_eq!(b.delay(1000), Duration::from_secs(122));
+    }
+
+    #[tokio::test]
+    async fn a_prepared_operation_runs_once_and_one_dropped_unrun_frees_its_record() {
+        let world = Arc::new(World::default());
+        let ex = OperationExecutor::new(Backoff::default(), Arc::default(), world.clone());
+        let v = UniqueVolumeName::new("v");
+        let pod = PodUid::new("p").unwrap();
+        let kind = OperationKind::UnmountVolume;
+        let op = ex
+            .prepare(&v, Some(&pod), kind, "test".into(), async { Ok(()) })
+            .unwrap();
+        // Running from the moment it is prepared.
+        assert!(ex.is_running(&v));
+        assert_eq!(
+            ex.prepare(&v, Some(&pod), kind, "test".into(), async { Ok(()) })
+                .err(),
+            Some(NotStarted::AlreadyRunning)
+        );
+        op.await;
+        assert!(!ex.is_running(&v));
+        assert_eq!(ex.record(&v, Some(&pod)).unwrap().attempts, 1);
+        // Dropped before it ran: not running, and the volume is dirty again.
+        world.take_dirty().await;
+        let op = ex
+            .prepare(&v, Some(&pod), kind, "test".into(), async { Ok(()) })
+            .unwrap();
+        drop(op);
+        assert!(!ex.is_running(&v));
+        assert!(world.take_dirty().await.volumes.contains(&v));
+        ex.start(&v, Some(&pod), kind, "test".into(), async { Ok(()) })
+            .unwrap();
     }
 
     #[tokio::test]

@@ -337,81 +337,66 @@ impl Reconciler {
         );
         let world = Arc::clone(&self.world);
         let prepared: Result<BoxedOperation, NotStarted> = match action {
-            Action::Mount { req, .. } => self
-                .executor
-                .prepare(
-                    &volume,
-                    pod.as_ref(),
-                    kind,
-                    label_of(Some(&req.spec)),
-                    operation_generator::mount_volume(
-                        world,
-                        Arc::clone(&plugin),
-                        Arc::clone(&plugin_name),
-                        req,
-                    ),
-                )
-                .map(boxed),
+            Action::Mount { req, .. } => self.prepare(
+                &volume,
+                pod.as_ref(),
+                kind,
+                label_of(Some(&req.spec)),
+                operation_generator::mount_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    Arc::clone(&plugin_name),
+                    req,
+                ),
+            ),
             Action::Unmount {
                 mounted, pod: upod, ..
-            } => self
-                .executor
-                .prepare(
-                    &volume,
-                    pod.as_ref(),
-                    kind,
-                    label_of(Some(&mounted.spec)),
-                    operation_generator::unmount_volume(
-                        world,
-                        Arc::clone(&plugin),
-                        volume.clone(),
-                        upod,
-                        mounted,
-                    ),
-                )
-                .map(boxed),
-            Action::MountDevice { spec, .. } => self
-                .executor
-                .prepare(
-                    &volume,
-                    None,
-                    kind,
-                    label_of(Some(&spec)),
-                    operation_generator::mount_device(
-                        world,
-                        Arc::clone(&plugin),
-                        Arc::clone(&plugin_name),
-                        volume.clone(),
-                        spec,
-                    ),
-                )
-                .map(boxed),
-            Action::UnmountDevice { spec, .. } => self
-                .executor
-                .prepare(
-                    &volume,
-                    None,
-                    kind,
-                    label_of(spec.as_deref()),
-                    operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
-                )
-                .map(boxed),
-            Action::Expand { spec, new_size, .. } => self
-                .executor
-                .prepare(
-                    &volume,
-                    None,
-                    kind,
-                    label_of(Some(&spec)),
-                    operation_generator::expand_volume(
-                        world,
-                        Arc::clone(&plugin),
-                        volume.clone(),
-                        spec,
-                        new_size,
-                    ),
-                )
-                .map(boxed),
+            } => self.prepare(
+                &volume,
+                pod.as_ref(),
+                kind,
+                label_of(Some(&mounted.spec)),
+                operation_generator::unmount_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    volume.clone(),
+                    upod,
+                    mounted,
+                ),
+            ),
+            Action::MountDevice { spec, .. } => self.prepare(
+                &volume,
+                None,
+                kind,
+                label_of(Some(&spec)),
+                operation_generator::mount_device(
+                    world,
+                    Arc::clone(&plugin),
+                    Arc::clone(&plugin_name),
+                    volume.clone(),
+                    spec,
+                ),
+            ),
+            Action::UnmountDevice { spec, .. } => self.prepare(
+                &volume,
+                None,
+                kind,
+                label_of(spec.as_deref()),
+                operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
+            ),
+            Action::Expand { spec, new_size, .. } => self.prepare(
+                &volume,
+                None,
+                kind,
+                label_of(Some(&spec)),
+                operation_generator::expand_volume(
+                    world,
+                    Arc::clone(&plugin),
+                    volume.clone(),
+                    spec,
+                    new_size,
+                ),
+            ),
         };
         match prepared {
             Ok(op) if batched => tear_downs.push(op),
@@ -420,6 +405,23 @@ impl Reconciler {
             }
             Err(why) => tracing::debug!(%volume, pod = ?pod, ?why, "operation not started"),
         }
+    }
+
+    /// [`OperationExecutor::prepare`], boxed.
+    fn prepare<F>(
+        &self,
+        volume: &UniqueVolumeName,
+        pod: Option<&PodUid>,
+        kind: OperationKind,
+        label: Arc<str>,
+        op: F,
+    ) -> Result<BoxedOperation, NotStarted>
+    where
+        F: Future<Output = Result<(), VolumeError>> + Send + 'static,
+    {
+        self.executor
+            .prepare(volume, pod, kind, label, op)
+            .map(boxed)
     }
 
     /// Removes `ROOT/pods/<uid>` of pods that are neither desired nor have

@@ -1,5 +1,8 @@
 //! Shared by the benchmark programs (`#[path]`-included by each).
 
+// Each program uses part of this module.
+#![allow(dead_code)]
+
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -30,4 +33,34 @@ pub fn in_private_mount_namespace() -> bool {
     }
     let st = cmd.status().unwrap();
     std::process::exit(st.code().unwrap_or(1));
+}
+
+/// The program's `--name value` arguments, each of `names` at most once
+/// (cargo's own `--bench` flag is ignored). Panics on anything else.
+pub fn flags(names: &[&str]) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => {}
+            n if names.contains(&n) => {
+                let v = it.next().unwrap_or_else(|| panic!("{n} needs a value"));
+                out.insert(n.to_string(), v);
+            }
+            other => panic!("unknown argument {other} (known: {})", names.join(", ")),
+        }
+    }
+    out
+}
+
+/// `flags[name]` parsed, or `default`.
+pub fn flag<T: std::str::FromStr>(
+    flags: &std::collections::HashMap<String, String>,
+    name: &str,
+    default: T,
+) -> T
+where
+    T::Err: std::fmt::Debug,
+{
+    flags.get(name).map_or(default, |v| v.parse().unwrap())
 }
