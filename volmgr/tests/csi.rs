@@ -8,185 +8,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/csi_driver.rs"]
+mod csi_driver;
 mod support;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use csi_driver::{wait_for, Driver};
 use support::{isolated, Agent, Env};
 
 const DRIVER: &str = "loop.csi.volmgr.dev";
 
-/// The test driver binary, built next to `volmgr`.
-fn driver_bin() -> PathBuf {
-    let bin = support::volmgr_bin()
-        .parent()
-        .expect("target dir")
-        .join("volmgr-csi-driver");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p volmgr-csi-driver` (cargo test --workspace builds it)",
-        bin.display()
-    );
-    bin
-}
-
-/// A running test driver and its state directory.
-struct Driver {
-    child: Option<Child>,
-    /// Serve the kubelet plugin registration API in this directory.
-    registration: Option<PathBuf>,
-    state: PathBuf,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Driver {
-    fn start(env: &Env) -> Self {
-        let state = env.dir.path().join("driver");
-        std::fs::create_dir_all(&state).unwrap();
-        let socket = env.dir.path().join("csi.sock");
-        let log = env.dir.path().join("driver.log");
-        let mut d = Self {
-            child: None,
-            registration: None,
-            state,
-            socket,
-            log,
-        };
-        d.restart();
-        d
-    }
-
-    /// Starts (again) and waits for the socket.
-    fn restart(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(driver_bin())
-            .arg("--endpoint")
-            .arg(&self.socket)
-            .arg("--state-dir")
-            .arg(&self.state)
-            .args(["--name", DRIVER, "--node-id", "node-1"])
-            .args(
-                self.registration
-                    .iter()
-                    .flat_map(|r| [std::ffi::OsStr::new("--registration-dir"), r.as_os_str()]),
-            )
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn the CSI driver");
-        self.child = Some(child);
-        wait_for("driver socket", || {
-            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-        });
-    }
-
-    /// Stops the driver (SIGKILL).
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Waits for the driver to exit (an injected crash).
-    fn wait_exit(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.wait();
-        }
-    }
-
-    fn flag(&self) -> String {
-        format!("{DRIVER}={}", self.socket.display())
-    }
-
-    /// Replaces faults.json atomically.
-    fn faults(&self, rules: serde_json::Value) {
-        let tmp = self.state.join(".faults.tmp");
-        std::fs::write(&tmp, rules.to_string()).unwrap();
-        std::fs::rename(&tmp, self.state.join("faults.json")).unwrap();
-    }
-
-    /// Every journalled call.
-    fn calls(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.state.join("calls.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// Calls of `method` for `volume` that ended with `code`.
-    fn count(&self, method: &str, volume: &str, code: &str) -> usize {
-        self.calls()
-            .iter()
-            .filter(|c| c["method"] == method && c["volume_id"] == volume && c["code"] == code)
-            .count()
-    }
-
-    /// Waits until `n` calls of `method` for `volume` ended with `code` (the
-    /// driver journals a call as it answers, so the journal may trail what
-    /// the agent saw), then checks there are exactly `n`.
-    fn expect(&self, method: &str, volume: &str, code: &str, n: usize) {
-        wait_for(&format!("{n} {method} {volume} {code}"), || {
-            self.count(method, volume, code) >= n
-        });
-        assert_eq!(
-            self.count(method, volume, code),
-            n,
-            "{method} {volume} {code}"
-        );
-    }
-
-    /// Loop devices backed by an image of this driver.
-    fn loop_devices(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
-            let f = e.path().join("loop/backing_file");
-            if let Ok(b) = std::fs::read_to_string(&f) {
-                if b.trim().starts_with(self.state.to_str().unwrap()) {
-                    out.push(e.file_name().to_string_lossy().into_owned());
-                }
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // Never leave a loop device behind, even when a test failed.
-        for dev in self.loop_devices() {
-            let _ = Command::new("losetup")
-                .args(["-d", &format!("/dev/{dev}")])
-                .status();
-        }
-    }
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "gave up waiting for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The test driver, started (`--csi-driver` style: no registration).
+fn start_driver(env: &Env) -> Driver {
+    let mut d = Driver::new(env, DRIVER);
+    d.start();
+    d
 }
 
 /// A PersistentVolume of the test driver and its bound claim.
@@ -269,7 +110,7 @@ fn free_port() -> String {
 fn two_pods_share_one_staged_volume() {
     isolated("two_pods_share_one_staged_volume", || {
         let env = Env::new();
-        let driver = Driver::start(&env);
+        let driver = start_driver(&env);
         // Secrets go to the driver, never into a log.
         env.write_manifest(
             "pv.yaml",
@@ -371,7 +212,7 @@ fn two_pods_share_one_staged_volume() {
 fn block_volume_is_published_as_a_device() {
     isolated("block_volume_is_published_as_a_device", || {
         let env = Env::new();
-        let driver = Driver::start(&env);
+        let driver = start_driver(&env);
         env.write_manifest("pv.yaml", &pv_yaml("pv-b", "vol-b", "64Mi", true, ""));
         env.write_manifest(
             "p.yaml",
@@ -429,7 +270,7 @@ fn block_volume_is_published_as_a_device() {
 fn expansion_is_visible_in_statfs() {
     isolated("expansion_is_visible_in_statfs", || {
         let env = Env::new();
-        let driver = Driver::start(&env);
+        let driver = start_driver(&env);
         // xfs: growing a mounted ext4 needs CAP_SYS_RESOURCE, which the
         // dev/CI machines lack; xfs_growfs needs only CAP_SYS_ADMIN (and xfs
         // at least 300 MiB).
@@ -479,7 +320,7 @@ fn volume_status(env: &Env, uid: &str) -> Option<(String, u32, Option<String>)> 
 fn injected_faults_converge_without_leaks() {
     isolated("injected_faults_converge_without_leaks", || {
         let env = Env::new();
-        let mut driver = Driver::start(&env);
+        let mut driver = start_driver(&env);
         let add = |v: &str| {
             env.write_manifest(&format!("pv-{v}.yaml"), &pv_yaml(v, v, "64Mi", false, ""));
             env.write_manifest(
@@ -537,7 +378,7 @@ fn injected_faults_converge_without_leaks() {
             driver.count("NodeStageVolume", "f8", "EXIT") == 1
         });
         driver.wait_exit();
-        driver.restart();
+        driver.start();
         check_mounted("f8");
         driver.expect("NodeStageVolume", "f8", "OK", 1);
 
@@ -585,7 +426,7 @@ fn injected_faults_converge_without_leaks() {
             driver.count("NodeUnpublishVolume", "f3", "EXIT") == 1
         });
         driver.wait_exit();
-        driver.restart();
+        driver.start();
         driver.expect("NodeUnpublishVolume", "f3", "OK", 1);
         driver.expect("NodeUnstageVolume", "f3", "OK", 1);
         // Tear-down faults: retried until they succeed, then unstaged.
@@ -625,7 +466,7 @@ fn injected_faults_converge_without_leaks() {
 fn agent_restarts_keep_the_staging_reference_count() {
     isolated("agent_restarts_keep_the_staging_reference_count", || {
         let env = Env::new();
-        let driver = Driver::start(&env);
+        let driver = start_driver(&env);
         env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
         env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
         env.write_manifest("b.yaml", &pod_yaml("b", "uid-b", &["pv-1"]));
@@ -685,7 +526,7 @@ fn agent_restarts_keep_the_staging_reference_count() {
 fn cleanup_waits_for_an_unregistered_driver() {
     isolated("cleanup_waits_for_an_unregistered_driver", || {
         let env = Env::new();
-        let mut driver = Driver::start(&env);
+        let mut driver = start_driver(&env);
         env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
         env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
         let agent = start_agent(&env, &driver, &[]);
@@ -720,8 +561,8 @@ fn cleanup_waits_for_an_unregistered_driver() {
         // The driver comes back and registers through the kubelet plugin
         // registration socket: the clean-up completes and b is mounted,
         // without a restart.
-        driver.registration = Some(env.root.join("plugins_registry"));
-        driver.restart();
+        driver.register_in(env.root.join("plugins_registry"));
+        driver.start();
         driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
         assert_eq!(env.wait_pod("uid-b", 60.0), 0, "{}", agent.log());
         env.remove_manifest("b.yaml");
@@ -735,7 +576,7 @@ fn cleanup_waits_for_an_unregistered_driver() {
 fn driver_killed_mid_publish_then_restarted() {
     isolated("driver_killed_mid_publish_then_restarted", || {
         let env = Env::new();
-        let mut driver = Driver::start(&env);
+        let mut driver = start_driver(&env);
         driver.faults(serde_json::json!([
             {"method": "NodePublishVolume", "volume_id": "vol-1", "count": 1, "exit": "after_work"}
         ]));
@@ -753,7 +594,7 @@ fn driver_killed_mid_publish_then_restarted() {
         wait_for("uncertain in status", || {
             volume_status(&env, "uid-a").is_some_and(|(s, _, _)| s == "uncertain")
         });
-        driver.restart();
+        driver.start();
         assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
         driver.expect("NodePublishVolume", "vol-1", "OK", 1);
         assert_eq!(env.mount_count(&target), 1, "published again, not stacked");
@@ -772,7 +613,7 @@ fn client_speaks_every_rpc_and_redials_a_moved_driver() {
         use volmgr::csi::registry::DriverRegistry;
 
         let env = Env::new();
-        let mut driver = Driver::start(&env);
+        let mut driver = start_driver(&env);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -786,7 +627,7 @@ fn client_speaks_every_rpc_and_redials_a_moved_driver() {
                 e.to_string(),
                 format!("waiting for CSI driver {DRIVER} to register")
             );
-            registry.register(DRIVER, driver.socket.clone(), vec![]);
+            registry.register(DRIVER, driver.socket().to_path_buf(), vec![]);
             let info = clients.get_plugin_info(DRIVER).await.unwrap();
             assert_eq!(info.name, DRIVER);
             assert!(!clients
@@ -867,9 +708,9 @@ fn client_speaks_every_rpc_and_redials_a_moved_driver() {
 
         // The driver moves to another socket: the next call dials it there.
         driver.kill();
-        driver.socket = env.dir.path().join("moved.sock");
-        driver.restart();
-        registry.register(DRIVER, driver.socket.clone(), vec![]);
+        driver.move_socket(env.dir.path().join("moved.sock"));
+        driver.start();
+        registry.register(DRIVER, driver.socket().to_path_buf(), vec![]);
         rt.block_on(async {
             assert!(clients.probe(DRIVER).await.unwrap());
         });

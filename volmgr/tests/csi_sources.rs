@@ -15,140 +15,23 @@
 // Test-only helpers: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/csi_driver.rs"]
+mod csi_driver;
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 
+use csi_driver::Driver;
 use support::{isolated, pod_yaml, Env};
 
 const DRIVER: &str = "test.csi.volmgr.io";
 
-fn driver_bin() -> PathBuf {
-    let bin = support::volmgr_bin()
-        .parent()
-        .expect("target dir")
-        .join("volmgr-csi-driver");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p volmgr-csi-driver` (cargo test --workspace builds it)",
-        bin.display()
-    );
-    bin
-}
-
-/// The test driver serving plugin registration in `ROOT/plugins_registry`.
-struct Driver {
-    child: Option<Child>,
-    state: PathBuf,
-    socket: PathBuf,
-    registration_dir: PathBuf,
-    log: PathBuf,
-}
-
-impl Driver {
-    fn new(env: &Env) -> Self {
-        let state = env.dir.path().join("driver");
-        std::fs::create_dir_all(&state).unwrap();
-        Self {
-            child: None,
-            state,
-            socket: env.dir.path().join("csi.sock"),
-            registration_dir: env.root.join("plugins_registry"),
-            log: env.dir.path().join("driver.log"),
-        }
-    }
-
-    fn registration_socket(&self) -> PathBuf {
-        self.registration_dir.join(format!("{DRIVER}-reg.sock"))
-    }
-
-    fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(driver_bin())
-            .arg("--endpoint")
-            .arg(&self.socket)
-            .arg("--state-dir")
-            .arg(&self.state)
-            .args(["--name", DRIVER, "--node-id", "node-1"])
-            .arg("--registration-dir")
-            .arg(&self.registration_dir)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn the CSI driver");
-        self.child = Some(child);
-    }
-
-    /// SIGTERM: the driver removes its sockets and exits.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let _ = c.wait();
-        }
-    }
-
-    fn faults(&self, rules: serde_json::Value) {
-        let tmp = self.state.join(".faults.tmp");
-        std::fs::write(&tmp, rules.to_string()).unwrap();
-        std::fs::rename(&tmp, self.state.join("faults.json")).unwrap();
-    }
-
-    fn calls(&self, method: &str) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.state.join("calls.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|c| c["method"] == method)
-            .collect()
-    }
-
-    /// What the agent told the driver in NotifyRegistrationStatus.
-    fn registration(&self) -> Option<serde_json::Value> {
-        let text = std::fs::read_to_string(self.state.join("registration.json")).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Loop devices backed by this driver's images.
-    fn loop_devices(&self) -> Vec<String> {
-        let state = self.state.display().to_string();
-        std::fs::read_dir("/sys/block")
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| {
-                        std::fs::read_to_string(e.path().join("loop/backing_file"))
-                            .is_ok_and(|b| b.trim().starts_with(&state))
-                    })
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // Never leave a loop device behind, even when a test failed.
-        for dev in self.loop_devices() {
-            let _ = Command::new("losetup")
-                .args(["-d", &format!("/dev/{dev}")])
-                .status();
-        }
-    }
+/// The test driver serving plugin registration in `ROOT/plugins_registry`;
+/// not started yet.
+fn new_driver(env: &Env) -> Driver {
+    let mut d = Driver::new(env, DRIVER);
+    d.register_in(env.root.join("plugins_registry"));
+    d
 }
 
 /// The registered drivers in status: (name, endpoint, versions).
@@ -161,9 +44,9 @@ fn drivers(env: &Env) -> Vec<(String, String, Vec<String>)> {
 }
 
 fn registered(env: &Env, driver: &Driver) -> bool {
-    drivers(env)
-        .iter()
-        .any(|(n, e, v)| n == DRIVER && std::path::Path::new(e) == driver.socket && v == &["1.0.0"])
+    drivers(env).iter().any(|(n, e, v)| {
+        n == DRIVER && std::path::Path::new(e) == driver.socket() && v == &["1.0.0"]
+    })
 }
 
 #[test]
@@ -191,11 +74,11 @@ fn driver_registers_through_plugins_registry() {
 
         // GetInfo fails until the fault is lifted: the problem shows in
         // status (by socket), the registration is retried, then succeeds.
-        let mut driver = Driver::new(&env);
+        let mut driver = new_driver(&env);
         driver.faults(serde_json::json!([
             {"method": "GetInfo", "code": "UNAVAILABLE", "message": "not ready yet"}
         ]));
-        driver.start();
+        driver.spawn();
         let socket = driver.registration_socket().display().to_string();
         env.wait_for("registration problem in status", || {
             env.status().errors.iter().any(|e| {
@@ -205,7 +88,7 @@ fn driver_registers_through_plugins_registry() {
             })
         });
         assert!(!registered(&env, &driver));
-        env.wait_for("a retry", || driver.calls("GetInfo").len() >= 2);
+        env.wait_for("a retry", || driver.calls_of("GetInfo").len() >= 2);
         driver.faults(serde_json::json!([]));
         env.wait_for("driver registered", || registered(&env, &driver));
         assert!(
@@ -229,28 +112,30 @@ fn driver_registers_through_plugins_registry() {
         env.wait_for("driver unregistered", || !registered(&env, &driver));
 
         // And comes back: registered again.
-        let before = driver.calls("GetInfo").len();
-        driver.start();
+        let before = driver.calls_of("GetInfo").len();
+        driver.spawn();
         env.wait_for("driver registered again", || registered(&env, &driver));
-        env.wait_for("a new GetInfo", || driver.calls("GetInfo").len() > before);
+        env.wait_for("a new GetInfo", || {
+            driver.calls_of("GetInfo").len() > before
+        });
 
         // A driver restarting in a subdirectory is found there too.
         driver.stop();
         env.wait_for("driver unregistered", || !registered(&env, &driver));
-        driver.registration_dir = reg_dir.join("sub");
-        driver.start();
+        driver.register_in(reg_dir.join("sub"));
+        driver.spawn();
         env.wait_for("driver registered from a subdirectory", || {
             registered(&env, &driver)
         });
 
         // A restarted agent finds the socket that is already there.
         assert!(agent.term(), "agent exits 0 on SIGTERM");
-        let before = driver.calls("GetInfo").len();
+        let before = driver.calls_of("GetInfo").len();
         let agent = env.start_agent(&[]);
         env.wait_for("driver registered after an agent restart", || {
             registered(&env, &driver)
         });
-        assert!(driver.calls("GetInfo").len() > before);
+        assert!(driver.calls_of("GetInfo").len() > before);
         assert!(agent.term());
         env.assert_outside_untouched();
     });
@@ -346,8 +231,8 @@ fn pvc_resolves_through_manifest_objects() {
         // Resolved: the CSI plugin now waits for the driver.
         err_contains(&format!("waiting for CSI driver {DRIVER} to register"));
 
-        let mut driver = Driver::new(&env);
-        driver.start();
+        let mut driver = new_driver(&env);
+        driver.spawn();
         env.wait_for("volume mounted", || {
             env.volume_state("uid-pvc", "data")
                 .is_some_and(|(s, _, _)| s == "mounted")
@@ -369,7 +254,7 @@ fn pvc_resolves_through_manifest_objects() {
         // (xfs: online growth needs only CAP_SYS_ADMIN; ext4's also needs
         // CAP_SYS_RESOURCE, which some machines, like the dev one, lack).
         env.write_manifest("pv.yaml", &pv_yaml("400Mi"));
-        let image = driver.state.join("images/vol-1.img");
+        let image = driver.state().join("images/vol-1.img");
         wait_or_dump(
             &env,
             &agent,
@@ -379,7 +264,7 @@ fn pvc_resolves_through_manifest_objects() {
         );
         assert!(std::fs::metadata(&image).unwrap().len() >= 400 << 20);
         env.wait_for("NodeExpandVolume journalled", || {
-            !driver.calls("NodeExpandVolume").is_empty()
+            !driver.calls_of("NodeExpandVolume").is_empty()
         });
         assert_eq!(std::fs::read(path.join("hello")).unwrap(), b"data");
 
@@ -417,8 +302,8 @@ const INLINE_HANDLE: &str = "csi-1057494ee54b7626a4963591049135a59136d66afd43ff1
 fn inline_csi_volume_resolves_and_publishes() {
     isolated("inline_csi_volume_resolves_and_publishes", || {
         let env = Env::new();
-        let mut driver = Driver::new(&env);
-        driver.start();
+        let mut driver = new_driver(&env);
+        driver.spawn();
         env.write_manifest(
             "pod.yaml",
             &pod_yaml(
@@ -445,16 +330,16 @@ fn inline_csi_volume_resolves_and_publishes() {
         // under the kubelet's generated handle. (The test driver itself only
         // serves staged volumes, so it refuses the call: mounting inline
         // volumes end to end needs a driver that supports them.)
-        assert!(driver.calls("NodeStageVolume").is_empty());
+        assert!(driver.calls_of("NodeStageVolume").is_empty());
         wait_or_dump(&env, &agent, &driver, "inline volume published", || {
             driver
-                .calls("NodePublishVolume")
+                .calls_of("NodePublishVolume")
                 .iter()
                 .any(|c| c["volume_id"] == INLINE_HANDLE)
         });
         assert!(
             driver
-                .calls("NodeStageVolume")
+                .calls_of("NodeStageVolume")
                 .iter()
                 .all(|c| c["volume_id"] != INLINE_HANDLE),
             "inline volumes are never staged"
@@ -483,8 +368,8 @@ async fn watcher_tells_a_refused_plugin_why() {
     use volmgr::csi::registry::DriverRegistry;
 
     let env = Env::new();
-    let mut driver = Driver::new(&env);
-    std::fs::create_dir_all(&driver.registration_dir).unwrap();
+    let mut driver = new_driver(&env);
+    std::fs::create_dir_all(driver.registration_dir().unwrap()).unwrap();
     let registry = DriverRegistry::new();
     // Another registration of the same driver with a higher version.
     registry.register(DRIVER, "/elsewhere/csi.sock".into(), vec!["1.9.0".into()]);
@@ -494,13 +379,13 @@ async fn watcher_tells_a_refused_plugin_why() {
         ..WatcherConfig::default()
     };
     let watcher = PluginWatcher::new(
-        driver.registration_dir.clone(),
+        driver.registration_dir().unwrap().to_path_buf(),
         std::sync::Arc::clone(&registry),
         config,
     );
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(watcher.run(stop_rx));
-    driver.start();
+    driver.spawn();
     let wait = |what: &str, cond: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while !cond() {
@@ -533,7 +418,7 @@ async fn watcher_tells_a_refused_plugin_why() {
     registry.unregister(DRIVER);
     tokio::task::block_in_place(|| {
         wait("registered", &|| {
-            registry.endpoint(DRIVER).as_ref() == Some(&driver.socket)
+            registry.endpoint(DRIVER).as_deref() == Some(driver.socket())
                 && told().is_some_and(|r| r["plugin_registered"] == true)
         })
     });
