@@ -16,15 +16,13 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
-use tokio::io::unix::AsyncFd;
+use nix::sys::inotify::{AddWatchFlags, WatchDescriptor};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
@@ -32,6 +30,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::proto::pluginregistration::registration_client::RegistrationClient;
 use super::proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
 use super::registry::DriverRegistry;
+use crate::sys::inotify::{self, InotifyFd, WatchError};
 
 /// The plugin type this watcher handles (the kubelet's `CSIPlugin`).
 pub const CSI_PLUGIN_TYPE: &str = "CSIPlugin";
@@ -128,14 +127,6 @@ pub struct Validated {
     client: RegistrationClient<Channel>,
 }
 
-struct InotifyFd(Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
 /// The plugin watcher.
 pub struct PluginWatcher {
     dir: PathBuf,
@@ -179,28 +170,17 @@ impl PluginWatcher {
     /// Scans the directory, then follows changes until `shutdown`. Drivers it
     /// registered stay registered when it stops (the agent is stopping).
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), WatcherError> {
-        let inotify =
-            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|source| {
-                WatcherError::Inotify {
-                    path: self.dir.clone(),
-                    source,
-                }
-            })?;
-        let wd = inotify
-            .add_watch(&self.dir, Self::mask())
-            .map_err(|source| WatcherError::Inotify {
+        let (fd, wd) = inotify::watch(&self.dir, Self::mask()).map_err(|e| match e {
+            WatchError::Inotify(source) => WatcherError::Inotify {
                 path: self.dir.clone(),
                 source,
-            })?;
-        self.watches.insert(wd, self.dir.clone());
-        // SAFETY: the descriptor is owned by the `Inotify` moved into the
-        // `AsyncFd`, stays open for the `AsyncFd`'s whole life, and
-        // `as_raw_fd` always returns that same descriptor.
-        let fd =
-            unsafe { AsyncFd::register(InotifyFd(inotify)) }.map_err(|e| WatcherError::Io {
+            },
+            WatchError::Register(source) => WatcherError::Io {
                 path: self.dir.clone(),
-                source: std::io::Error::from(e),
-            })?;
+                source,
+            },
+        })?;
+        self.watches.insert(wd, self.dir.clone());
         let (tx, mut rx) = mpsc::unbounded_channel::<Attempt>();
         self.rescan(fd.get_ref());
         tracing::info!(dir = %self.dir.display(), sockets = self.sockets.len(), "plugin watcher started");

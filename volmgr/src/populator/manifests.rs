@@ -23,19 +23,18 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-use tokio::io::unix::AsyncFd;
+use nix::sys::inotify::AddWatchFlags;
 use tokio::sync::watch;
 
 use crate::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
+use crate::sys::inotify::{self, WatchError};
 use crate::volume::{PodUid, VolumeSource};
 use crate::volume_manager::VolumeManager;
 
@@ -289,14 +288,6 @@ fn is_manifest_name(name: &std::ffi::OsStr) -> Option<bool> {
     }
 }
 
-struct InotifyFd(Inotify);
-
-impl AsRawFd for InotifyFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
 /// The manifests-directory source.
 pub struct ManifestsSource {
     dir: PathBuf,
@@ -342,13 +333,6 @@ impl ManifestsSource {
     /// Reads everything once, marks the desired state populated, then follows
     /// changes until `shutdown`.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), SourceError> {
-        let inotify =
-            Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).map_err(|source| {
-                SourceError::Inotify {
-                    path: self.dir.clone(),
-                    source,
-                }
-            })?;
         let mask = AddWatchFlags::IN_CLOSE_WRITE
             | AddWatchFlags::IN_MOVED_TO
             | AddWatchFlags::IN_MOVED_FROM
@@ -356,20 +340,16 @@ impl ManifestsSource {
             | AddWatchFlags::IN_DELETE_SELF
             | AddWatchFlags::IN_MOVE_SELF
             | AddWatchFlags::IN_ONLYDIR;
-        inotify
-            .add_watch(&self.dir, mask)
-            .map_err(|source| SourceError::Inotify {
+        let (fd, _) = inotify::watch(&self.dir, mask).map_err(|e| match e {
+            WatchError::Inotify(source) => SourceError::Inotify {
                 path: self.dir.clone(),
                 source,
-            })?;
-        // SAFETY: the descriptor is owned by the `Inotify` moved into the
-        // `AsyncFd`, stays open for the `AsyncFd`'s whole life, and
-        // `as_raw_fd` always returns that same descriptor.
-        let fd =
-            unsafe { AsyncFd::register(InotifyFd(inotify)) }.map_err(|e| SourceError::Dir {
+            },
+            WatchError::Register(source) => SourceError::Dir {
                 path: self.dir.clone(),
-                source: std::io::Error::from(e),
-            })?;
+                source,
+            },
+        })?;
         let started = std::time::Instant::now();
         self.rescan().await;
         tracing::info!(

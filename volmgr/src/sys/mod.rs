@@ -4,6 +4,7 @@
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
 pub mod dirents;
+pub mod inotify;
 pub mod linux;
 pub mod mount_table;
 pub mod mountinfo;
