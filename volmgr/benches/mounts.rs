@@ -97,8 +97,14 @@ fn main() {
             .unwrap_or_default()
             .trim()
     );
-    let baseline_rss = agent_baseline_rss(base.path());
-    println!("agent RSS with no pods: {baseline_rss} KiB");
+    // The empty agent of each tracer: a tracer's fixed memory (the eBPF ring
+    // buffer and maps, the loader's leftovers) is not a cost per volume.
+    let mut empty_rss = std::collections::HashMap::new();
+    for t in &args.tracers {
+        let rss = agent_baseline_rss(base.path(), t);
+        println!("agent RSS with no pods, tracer {t}: {rss} KiB");
+        empty_rss.insert(t.clone(), rss);
+    }
     println!();
     println!("| N | tracer | raw mount (s) | volmgr mount (s) | ratio | raw teardown (s) | volmgr teardown (s) | ratio |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -135,7 +141,7 @@ fn main() {
                     Duration::from_millis(args.settle_ms),
                 );
                 if let Some(i) = r.idle {
-                    idle.push((label.clone(), i));
+                    idle.push((label.clone(), tracer.clone(), i));
                 }
                 eprintln!(
                     "n={n} round={round} tracer={label}: raw mount {rm:.3}s agent mount {:.3}s | raw teardown {ru:.3}s agent teardown {:.3}s",
@@ -156,15 +162,17 @@ fn main() {
                 col(|r| r.3 / r.2),
             );
         }
-        for (tracer, (cpu, rss)) in idle {
+        for (label, tracer, (cpu, rss)) in idle {
+            let empty = empty_rss.get(&tracer).copied().unwrap_or(0);
             println!();
             println!(
-                "idle with N={n} mounted over {}s, tracer {tracer}: CPU {:.3}% of one core; RSS {} KiB = {:.2} KiB per volume ({:.2} KiB per volume above the empty agent)",
+                "idle with N={n} mounted over {}s, tracer {label}: CPU {:.3}% of one core; RSS {} KiB = {:.2} KiB per volume ({:.2} KiB per volume above the empty agent with the same tracer, {} KiB)",
                 args.idle_secs,
                 cpu * 100.0,
                 rss,
                 rss as f64 / n as f64,
-                rss.saturating_sub(baseline_rss) as f64 / n as f64
+                rss.saturating_sub(empty) as f64 / n as f64,
+                empty
             );
         }
         println!();
@@ -357,14 +365,16 @@ fn agent_run(
     }
 }
 
-fn agent_baseline_rss(base: &Path) -> u64 {
+/// RSS of an agent with no pods and the given tracer, once settled (`auto`
+/// loads its eBPF program about 50 ms after start-up settles).
+fn agent_baseline_rss(base: &Path, tracer: &str) -> u64 {
     let area = fresh_tmpfs(&base.join("agent-empty"));
     let root = area.join("root");
     let manifests = area.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
-    let child = spawn_agent(volmgr(), &root, &manifests, "off");
+    let child = spawn_agent(volmgr(), &root, &manifests, tracer);
     wait_all(volmgr(), &root, 0);
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(2000));
     let rss = rss_kib(child.id());
     stop(child);
     drop_tmpfs(&area);

@@ -22,14 +22,16 @@
 //! error in status; a removed file removes its pods and objects.
 
 use std::collections::{BTreeSet, HashMap};
-use std::ffi::OsString;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::inotify::AddWatchFlags;
+use nix::sys::stat::{FileStat, Mode};
 use tokio::sync::watch;
 
 use crate::pod::{DesiredPod, PodRejected};
@@ -74,14 +76,19 @@ struct FileKey {
 }
 
 impl FileKey {
-    fn of(m: &std::fs::Metadata) -> Self {
+    fn of(st: &FileStat) -> Self {
         Self {
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+            ino: st.st_ino,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            mtime_ns: i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec),
+            ctime_ns: i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec),
         }
     }
+}
+
+/// Whether `st` is a regular file.
+fn is_regular(st: &FileStat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
 }
 
 #[derive(Debug, Default)]
@@ -401,6 +408,10 @@ impl ManifestsSource {
                         watching = fd.get_ref().0.add_watch(&self.dir, mask).is_ok();
                     }
                     self.rescan().await;
+                    // The listing and any parsing are freed: hand the pages
+                    // back (after the start-up storm, this is the first
+                    // chance to shed what reading every manifest left).
+                    tokio::task::spawn_blocking(crate::sys::memory::release_free_heap);
                 }
             }
         }
@@ -463,10 +474,24 @@ impl ManifestsSource {
         let dir = self.dir.clone();
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<(OsString, FileRead)>>(4);
         let reader = tokio::task::spawn_blocking(move || {
+            // Files are named relative to one descriptor of the directory:
+            // a rescan of 10,000 unchanged files walks one path component
+            // each, not the whole path.
+            let dir_fd = std::fs::File::open(&dir);
             let mut batch = Vec::with_capacity(FIRST_BATCH);
             let mut limit = FIRST_BATCH;
             for ((name, json), known) in names.into_iter().zip(known) {
-                let r = read_file(&dir.join(&name), json, known);
+                let r = match &dir_fd {
+                    Ok(d) => read_file(d, &name, json, known),
+                    // As for each file: a directory that is gone takes its
+                    // files with it (a rescan keeps them: it lists first).
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => FileRead::Gone,
+                    Err(e) => FileRead::Failed(None, format!("open directory: {e}")),
+                };
+                // Nothing to apply: an idle rescan sends nothing across.
+                if matches!(r, FileRead::Unchanged) {
+                    continue;
+                }
                 batch.push((name, r));
                 if batch.len() >= limit {
                     if tx.blocking_send(std::mem::take(&mut batch)).is_err() {
@@ -492,6 +517,9 @@ impl ManifestsSource {
     }
 
     fn apply(&mut self, name: OsString, r: FileRead) {
+        if matches!(r, FileRead::Unchanged) {
+            return;
+        }
         let source = self.dir.join(&name).display().to_string();
         match r {
             FileRead::Unchanged => {}
@@ -749,47 +777,51 @@ enum FileRead {
     Parsed(FileKey, ParsedFile),
 }
 
-fn read_file(path: &Path, json: bool, known: Option<FileKey>) -> FileRead {
-    let gone_or = |what: &str, e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::NotFound {
+fn read_file(dir: &std::fs::File, name: &OsStr, json: bool, known: Option<FileKey>) -> FileRead {
+    let gone_or = |what: &str, e: Errno| {
+        if e == Errno::ENOENT {
             FileRead::Gone
         } else {
-            FileRead::Failed(None, format!("{what}: {e}"))
+            FileRead::Failed(None, format!("{what}: {}", std::io::Error::from(e)))
         }
     };
     // A file already read is only stat'ed (a rescan opens nothing that did
     // not change); a new one is opened at once and stat'ed through its
     // descriptor.
     if let Some(known) = known {
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_file() && FileKey::of(&m) == known => return FileRead::Unchanged,
-            Ok(m) if !m.is_file() => return FileRead::Gone,
+        match nix::sys::stat::fstatat(dir, name, AtFlags::empty()) {
+            Ok(st) if is_regular(&st) && FileKey::of(&st) == known => return FileRead::Unchanged,
+            Ok(st) if !is_regular(&st) => return FileRead::Gone,
             Ok(_) => {}
             Err(e) => return gone_or("stat", e),
         }
     }
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
+    // O_NONBLOCK: a FIFO named like a manifest must not block the reader
+    // (it is then found not to be a regular file); regular files ignore it.
+    let flags = OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK;
+    let mut file = match nix::fcntl::openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => std::fs::File::from(fd),
         Err(e) => return gone_or("open", e),
     };
-    let meta = match file.metadata() {
+    let meta = match nix::sys::stat::fstat(&file) {
         Ok(m) => m,
         Err(e) => return gone_or("stat", e),
     };
-    if !meta.is_file() {
+    if !is_regular(&meta) {
         return FileRead::Gone;
     }
     let key = FileKey::of(&meta);
     if known == Some(key) {
         return FileRead::Unchanged;
     }
-    if meta.len() > MAX_FILE_BYTES {
+    let len = u64::try_from(meta.st_size).unwrap_or(0);
+    if len > MAX_FILE_BYTES {
         return FileRead::Failed(
             Some(key),
             format!("file is larger than {MAX_FILE_BYTES} bytes"),
         );
     }
-    let bytes = match read_sized(&mut file, meta.len()) {
+    let bytes = match read_sized(&mut file, len) {
         Ok(b) => b,
         Err(e) => return FileRead::Failed(Some(key), format!("read: {e}")),
     };
@@ -834,6 +866,7 @@ fn read_sized(file: &mut std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const POD: &str = r#"
 apiVersion: v1
@@ -1060,6 +1093,59 @@ spec:
             ""
         };
         format!("apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-1}}\nspec:\n  capacity: {{storage: {size}}}\n  claimRef: {{namespace: ns, name: claim}}\n  csi: {{driver: test.csi, volumeHandle: vol-1{secret}}}\n")
+    }
+
+    /// A rescan, bounded so that a regression fails instead of hanging: a
+    /// reader stuck in `open()` on the FIFO is released by opening it for
+    /// writing, then the test fails.
+    async fn rescan_or_fail(src: &mut ManifestsSource, fifo: &Path) {
+        if tokio::time::timeout(Duration::from_secs(20), src.rescan())
+            .await
+            .is_err()
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _writer = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fifo);
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("the rescan blocked on a FIFO");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fifo_named_like_a_manifest_neither_blocks_nor_yields_pods() {
+        // Opening a FIFO for reading blocks until a writer comes: the reader
+        // opens non-blocking and then sees it is not a regular file.
+        let root = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let vm = VolumeManager::new(
+            crate::volume_manager::Config::new(root.path()),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+        .unwrap();
+        let mut src = ManifestsSource::new(
+            dir.path().to_path_buf(),
+            Arc::clone(&vm),
+            Duration::from_secs(3600),
+        );
+        let fifo = dir.path().join("fifo.yaml");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
+        put(
+            dir.path(),
+            "pod.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ns, uid: uid-f}\nspec:\n  containers: [{name: c, image: i, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, emptyDir: {}}]\n",
+        );
+        rescan_or_fail(&mut src, &fifo).await;
+        let uids: Vec<String> = vm
+            .world()
+            .dsw()
+            .pods()
+            .map(|(u, _)| u.as_str().to_string())
+            .collect();
+        assert_eq!(uids, vec!["uid-f".to_string()]);
+        // A second pass (the FIFO now has no known key either) too.
+        rescan_or_fail(&mut src, &fifo).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@
 pub mod dirents;
 pub mod inotify;
 pub mod linux;
+pub mod memory;
 pub mod mount_table;
 pub mod mountinfo;
 pub mod namespace;

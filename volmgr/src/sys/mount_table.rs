@@ -1,21 +1,23 @@
 //! An indexed snapshot of the mount table, for reconstruction and resync.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::mountinfo::MountInfo;
+use crate::volume::FastMap;
 
 /// The mount table, indexed by mount point.
 #[derive(Debug, Default, Clone)]
 pub struct MountTable {
     entries: Vec<MountInfo>,
-    by_point: HashMap<PathBuf, Vec<usize>>,
+    /// ahash: a resync indexes every mount (10,000 paths at a time).
+    by_point: FastMap<PathBuf, Vec<usize>>,
 }
 
 impl MountTable {
     /// Indexes `entries` (in mountinfo order, so the last mount on a point is on top).
     pub fn new(entries: Vec<MountInfo>) -> Self {
-        let mut by_point: HashMap<PathBuf, Vec<usize>> = HashMap::with_capacity(entries.len());
+        let mut by_point: FastMap<PathBuf, Vec<usize>> =
+            FastMap::with_capacity_and_hasher(entries.len(), Default::default());
         for (i, m) in entries.iter().enumerate() {
             by_point.entry(m.mount_point.clone()).or_default().push(i);
         }

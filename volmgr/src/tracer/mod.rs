@@ -362,10 +362,8 @@ async fn load_in_background(thread_name: Option<String>) -> Result<LoadedEbpf, T
                 libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
             }
             let loaded = load_ebpf(thread_name.as_deref());
-            // SAFETY: malloc_trim has no preconditions.
-            unsafe {
-                libc::malloc_trim(0);
-            }
+            // BTF parsing left tens of MB in this thread's arena.
+            crate::sys::memory::release_free_heap();
             let _ = tx.send(loaded);
         });
     let failed = |e: String| {
