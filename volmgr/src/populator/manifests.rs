@@ -1095,6 +1095,30 @@ spec:
         format!("apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-1}}\nspec:\n  capacity: {{storage: {size}}}\n  claimRef: {{namespace: ns, name: claim}}\n  csi: {{driver: test.csi, volumeHandle: vol-1{secret}}}\n")
     }
 
+    /// A manager on a temporary ROOT (recording fake mounter) and a manifests
+    /// source on a temporary directory (no periodic rescan); the directories
+    /// live as long as the returned guards.
+    fn source_on_temp_dirs() -> (
+        tempfile::TempDir,
+        tempfile::TempDir,
+        Arc<VolumeManager>,
+        ManifestsSource,
+    ) {
+        let root = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let vm = VolumeManager::new(
+            crate::volume_manager::Config::new(root.path()),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+        .unwrap();
+        let src = ManifestsSource::new(
+            dir.path().to_path_buf(),
+            Arc::clone(&vm),
+            Duration::from_secs(3600),
+        );
+        (root, dir, vm, src)
+    }
+
     /// A rescan, bounded so that a regression fails instead of hanging: a
     /// reader stuck in `open()` on the FIFO is released by opening it for
     /// writing, then the test fails.
@@ -1117,18 +1141,7 @@ spec:
     async fn a_fifo_named_like_a_manifest_neither_blocks_nor_yields_pods() {
         // Opening a FIFO for reading blocks until a writer comes: the reader
         // opens non-blocking and then sees it is not a regular file.
-        let root = tempfile::tempdir().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let vm = VolumeManager::new(
-            crate::volume_manager::Config::new(root.path()),
-            Arc::new(crate::sys::fake::FakeMounter::default()),
-        )
-        .unwrap();
-        let mut src = ManifestsSource::new(
-            dir.path().to_path_buf(),
-            Arc::clone(&vm),
-            Duration::from_secs(3600),
-        );
+        let (_root, dir, vm, mut src) = source_on_temp_dirs();
         let fifo = dir.path().join("fifo.yaml");
         nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
         put(
@@ -1150,19 +1163,8 @@ spec:
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pods_are_re_resolved_when_their_objects_change() {
-        let root = tempfile::tempdir().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let vm = VolumeManager::new(
-            crate::volume_manager::Config::new(root.path()),
-            Arc::new(crate::sys::fake::FakeMounter::default()),
-        )
-        .unwrap();
+        let (_root, dir, vm, mut src) = source_on_temp_dirs();
         vm.register_plugin(Arc::new(CsiStandIn)).unwrap();
-        let mut src = ManifestsSource::new(
-            dir.path().to_path_buf(),
-            Arc::clone(&vm),
-            Duration::from_secs(3600),
-        );
         let d = dir.path();
         put(d, "pod.yaml", PVC_POD);
         src.rescan().await;

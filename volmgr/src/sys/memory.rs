@@ -7,8 +7,8 @@
 //! stayed 5-7 MB larger after its first resync (BENCHMARKS.md).
 
 /// Returns the free pages of every malloc arena to the kernel
-/// (`malloc_trim(0)`): a millisecond or two for a heap of tens of MB, so
-/// call it after a large transient allocation, not on a hot path.
+/// (`malloc_trim(0)`). It walks every arena under its lock, so call it
+/// after a large transient allocation, not on a hot path.
 pub fn release_free_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim has no preconditions; it only walks and trims
