@@ -488,7 +488,8 @@ impl ManifestsSource {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => FileRead::Gone,
                     Err(e) => FileRead::Failed(None, format!("open directory: {e}")),
                 };
-                // Nothing to apply: an idle rescan sends nothing across.
+                // Nothing to apply (and `apply` never sees it): an idle
+                // rescan sends nothing across.
                 if matches!(r, FileRead::Unchanged) {
                     continue;
                 }
@@ -517,9 +518,6 @@ impl ManifestsSource {
     }
 
     fn apply(&mut self, name: OsString, r: FileRead) {
-        if matches!(r, FileRead::Unchanged) {
-            return;
-        }
         let source = self.dir.join(&name).display().to_string();
         match r {
             FileRead::Unchanged => {}
