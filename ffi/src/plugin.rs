@@ -12,7 +12,7 @@ use volmgr_core::plugins::{
     VolumeError, VolumePlugin,
 };
 use volmgr_core::root_dir::{check_component, RelPath, RootDir};
-use volmgr_core::sys::mount_table::MountTable;
+use volmgr_core::sys::mount_table::{MountTable, MountTableView};
 use volmgr_core::volume::{PodUid, VolumeSource, VolumeSpec};
 
 use crate::boundary::{guard, str_arg, try_ffi};
@@ -206,7 +206,7 @@ impl VolumePlugin for HostPlugin {
             .await
     }
 
-    fn verify(&self, _spec: &VolumeSpec, path: &Path, _table: &MountTable) -> bool {
+    fn verify(&self, _spec: &VolumeSpec, path: &Path, _table: MountTableView<'_>) -> bool {
         path.is_dir()
     }
 

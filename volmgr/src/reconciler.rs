@@ -25,8 +25,8 @@ use crate::operation_executor::{NotStarted, OperationExecutor, OperationKind};
 use crate::operation_generator;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::root_dir::{RelPath, RootDir};
-use crate::sys::mount_table::MountTable;
-use crate::sys::Mounter;
+use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::{MountTableWatch, Mounter};
 use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
 use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
 
@@ -40,6 +40,10 @@ fn pod_dir_key(uid: &PodUid) -> UniqueVolumeName {
 
 /// An operation prepared by the executor, ready to run.
 type BoxedOperation = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A pod's volume recorded as mounted that no longer is: the volume, the
+/// pod, the volume's name in the pod and its path.
+pub type LostVolume = (UniqueVolumeName, PodUid, String, PathBuf);
 
 fn boxed(op: impl Future<Output = ()> + Send + 'static) -> BoxedOperation {
     Box::pin(op)
@@ -61,6 +65,52 @@ pub struct Reconciler {
     resync_period: Duration,
     /// Orphan candidates seen before the sources were populated.
     deferred_pod_dirs: Mutex<HashSet<PodUid>>,
+    /// What the previous resyncs learnt.
+    resync_state: Mutex<ResyncState>,
+}
+
+/// A resync reads the mount table at least this often, even when it has
+/// not changed: a change the kernel does not count as a mount event (a
+/// directory above a mount renamed, which moves the mount's path) is then
+/// still found, ten periods later at most.
+const READ_TABLE_EVERY: u32 = 10;
+
+/// What lets a resync skip the mount table: at 10,000 volumes, having the
+/// kernel format `/proc/self/mountinfo` and parsing it is most of a resync's
+/// cost, and on an idle node the table does not change between two resyncs.
+#[derive(Default)]
+struct ResyncState {
+    /// The watch on the mount table, opened by the first resync.
+    watch: Option<Box<dyn MountTableWatch>>,
+    /// The actual state's mounted generation at the last resync that read
+    /// the table and checked every volume recorded as mounted against it.
+    checked: Option<u64>,
+    /// Resyncs since then that did not read the table.
+    skipped: u32,
+}
+
+impl ResyncState {
+    /// Whether the last full check still holds: neither the mount table
+    /// nor the set of volumes recorded as mounted changed since. Call it
+    /// before reading the table, so a change made meanwhile is seen next
+    /// time.
+    fn unchanged_since_checked(&mut self, mounter: &dyn Mounter, generation: u64) -> bool {
+        if self.watch.is_none() {
+            match mounter.watch_mount_table() {
+                Ok(w) => self.watch = Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "resync: cannot watch the mount table; reading it every time");
+                }
+            }
+        }
+        // Always asked, so that the watch's flag is cleared.
+        let table_changed = self.watch.as_mut().is_none_or(|w| w.changed());
+        let unchanged = !table_changed
+            && self.checked == Some(generation)
+            && self.skipped + 1 < READ_TABLE_EVERY;
+        self.skipped = if unchanged { self.skipped + 1 } else { 0 };
+        unchanged
+    }
 }
 
 enum Action {
@@ -115,6 +165,7 @@ impl Reconciler {
             pool,
             resync_period,
             deferred_pod_dirs: Mutex::default(),
+            resync_state: Mutex::default(),
         })
     }
 
@@ -485,32 +536,46 @@ impl Reconciler {
         // Reading the table and checking every volume makes syscalls: do it
         // on a blocking thread, not on the runtime.
         let this = Arc::clone(self);
-        let lost = self
-            .pool
-            .run(move || {
-                let table = this
-                    .mounter
-                    .mount_table()
-                    .map_err(|e| VolumeError::Internal(e.to_string()))?;
-                let lost = this.find_lost(&MountTable::new(table));
-                // The parsed table (megabytes at 10,000 mounts) is freed by
-                // now: hand its pages back instead of keeping them resident.
-                crate::sys::memory::release_free_heap();
-                Ok(lost)
-            })
-            .await;
+        let lost = self.pool.run(move || this.check_mounted()).await;
         match lost {
             Ok(lost) => self.forget_lost(lost),
-            Err(e) => tracing::warn!(error = %e, "resync: cannot read the mount table"),
+            Err(e) => tracing::warn!(error = %e, "resync: cannot check the mounted volumes"),
         }
         self.world.mark_all_dirty();
     }
 
+    /// The resync's check of every volume recorded as mounted: against a
+    /// fresh read of the mount table, unless neither the table nor the set
+    /// of mounted volumes changed since the last such check (then only the
+    /// checks that look at something else than the table run). Blocking.
+    fn check_mounted(&self) -> Result<Vec<LostVolume>, VolumeError> {
+        let started = std::time::Instant::now();
+        // Only a cache of what the last resyncs saw: usable after a panic.
+        let mut state = self.resync_state.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = self.world.asw().mounted_generation();
+        if state.unchanged_since_checked(&*self.mounter, generation) {
+            let lost = self.find_lost(MountTableView::Unchanged);
+            tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table unchanged");
+            return Ok(lost);
+        }
+        state.checked = None;
+        let table = self
+            .mounter
+            .mount_table()
+            .map_err(|e| VolumeError::Internal(format!("cannot read the mount table: {e}")))?;
+        let table = MountTable::new(table);
+        let lost = self.find_lost(MountTableView::Read(&table));
+        state.checked = Some(generation);
+        drop(table);
+        // The parsed table (megabytes at 10,000 mounts) is freed by now:
+        // hand its pages back instead of keeping them resident.
+        crate::sys::memory::release_free_heap();
+        tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table read");
+        Ok(lost)
+    }
+
     /// Volumes recorded as mounted that no longer are.
-    pub fn find_lost(
-        &self,
-        table: &MountTable,
-    ) -> Vec<(UniqueVolumeName, PodUid, String, PathBuf)> {
+    pub fn find_lost(&self, table: MountTableView<'_>) -> Vec<LostVolume> {
         let asw = self.world.asw();
         let mut lost = Vec::new();
         for (v, av) in asw.volumes() {
@@ -532,7 +597,7 @@ impl Reconciler {
     }
 
     /// Marks lost volumes as unmounted (so they are mounted again if desired).
-    pub fn forget_lost(&self, lost: Vec<(UniqueVolumeName, PodUid, String, PathBuf)>) {
+    pub fn forget_lost(&self, lost: Vec<LostVolume>) {
         if lost.is_empty() {
             return;
         }
@@ -611,7 +676,7 @@ mod tests {
         UnmountRequest, VolumeError, VolumePlugin,
     };
     use crate::sys::fake::FakeMounter;
-    use crate::sys::mount_table::MountTable;
+    use crate::sys::mount_table::MountTableView;
     use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
     use crate::volume_manager::{Config, VolumeManager};
     use std::path::PathBuf;
@@ -653,7 +718,7 @@ mod tests {
             self.log(format!("unpublish {}", req.pod_uid));
             Ok(())
         }
-        fn verify(&self, _: &VolumeSpec, _: &Path, _: &MountTable) -> bool {
+        fn verify(&self, _: &VolumeSpec, _: &Path, _: MountTableView<'_>) -> bool {
             true
         }
         fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {

@@ -989,6 +989,7 @@ impl VolumeManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::actual_state_of_world::MountedPod;
     use crate::sys::fake::{Call, FakeMounter};
 
     fn pod(uid: &str, vols: &[(&str, serde_json::Value)]) -> Pod {
@@ -1124,6 +1125,68 @@ mod tests {
         vm.reconciler().resync().await;
         vm.wait_converged(Some(1), T).await.unwrap();
         assert_eq!(fake.mounted(), vec![path]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_resync_does_not_read_the_unchanged_mount_table() {
+        let (_t, fake, vm) = manager().await;
+        let disk = serde_json::json!({"emptyDir": {}});
+        let uid = vm
+            .upsert_pod(&pod("c", &[("m", mem()), ("d", disk)]))
+            .unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let path_of = |name: &str| {
+            let vols = vm.mounted_volumes_for_pod(&uid);
+            let v = vols.iter().find(|v| v.outer_volume_spec_name == name);
+            v.unwrap().path.clone()
+        };
+        let (mem_path, disk_path) = (path_of("m"), path_of("d"));
+        // The first resync reads the table; the next one, with nothing
+        // changed, does not.
+        vm.reconciler().resync().await;
+        let reads = fake.table_reads();
+        vm.reconciler().resync().await;
+        assert_eq!(fake.table_reads(), reads);
+        // Checks that look at something else still run: the on-disk
+        // emptyDir's directory is gone, and is made again.
+        std::fs::remove_dir(&disk_path).unwrap();
+        vm.reconciler().resync().await;
+        assert_eq!(fake.table_reads(), reads);
+        vm.wait_converged(Some(1), T).await.unwrap();
+        assert!(disk_path.is_dir());
+        // A volume recorded as mounted again (here: by hand, with no change
+        // to the table) is checked against a fresh read.
+        vm.reconciler().resync().await;
+        let reads = fake.table_reads();
+        {
+            let volume = vm.mounted_volumes_for_pod(&uid)[0].volume_name.clone();
+            let mut asw = vm.world().asw_mut();
+            let m = asw.pod_mount(&volume, &uid).cloned().unwrap();
+            let uncertain = MountedPod {
+                state: VolumeMountState::Uncertain,
+                ..m.clone()
+            };
+            asw.mark_volume_as_mounted(&volume, &uid, uncertain);
+            asw.mark_volume_as_mounted(&volume, &uid, m);
+        }
+        vm.reconciler().resync().await;
+        assert_eq!(fake.table_reads(), reads + 1);
+        // A change to the table is read, and the lost tmpfs mounted again.
+        fake.remove_out_of_band(&mem_path);
+        vm.reconciler().resync().await;
+        assert_eq!(fake.table_reads(), reads + 2);
+        vm.wait_converged(Some(1), T).await.unwrap();
+        assert_eq!(fake.mounted(), vec![mem_path]);
+        // Unchanged or not, every tenth resync reads it.
+        vm.reconciler().resync().await;
+        let reads = fake.table_reads();
+        for _ in 0..9 {
+            vm.reconciler().resync().await;
+        }
+        assert_eq!(fake.table_reads(), reads);
+        vm.reconciler().resync().await;
+        assert_eq!(fake.table_reads(), reads + 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

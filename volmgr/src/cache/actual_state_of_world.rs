@@ -84,6 +84,9 @@ pub struct ActualStateOfWorld {
     volumes: FastMap<UniqueVolumeName, AttachedVolume>,
     /// Index: the volumes each pod has mounted.
     by_pod: FastMap<PodUid, Vec<UniqueVolumeName>>,
+    /// Moves on whenever a pod's mount is recorded as mounted (new, or
+    /// with a new path or spec): see [`Self::mounted_generation`].
+    mounted_generation: u64,
 }
 
 impl ActualStateOfWorld {
@@ -115,12 +118,23 @@ impl ActualStateOfWorld {
         let changed = v.pods.get(pod).is_none_or(|m| {
             m.state != mounted.state || m.path != mounted.path || m.spec != mounted.spec
         });
+        if changed && mounted.state == VolumeMountState::Mounted {
+            self.mounted_generation += 1;
+        }
         v.pods.insert(pod.clone(), mounted);
         let vols = self.by_pod.entry(pod.clone()).or_default();
         if !vols.contains(volume) {
             vols.push(volume.clone());
         }
         changed
+    }
+
+    /// A count that moves on whenever a pod's mount is recorded as mounted.
+    /// While it stands still, the set of mounts recorded as mounted only
+    /// shrinks: a resync that checked them all needs to check none again
+    /// until something else changes.
+    pub fn mounted_generation(&self) -> u64 {
+        self.mounted_generation
     }
 
     /// Removes a pod's mount of a volume. Returns whether it was recorded.

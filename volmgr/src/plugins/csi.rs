@@ -43,7 +43,7 @@ use crate::csi::client::CsiClients;
 use crate::csi::errors::{classify, CsiOp};
 use crate::csi::proto::csi;
 use crate::root_dir::{PathError, RelPath, RootDir};
-use crate::sys::mount_table::MountTable;
+use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::volume::{
     CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, UniqueVolumeName,
     VolumeSource, VolumeSpec,
@@ -420,9 +420,9 @@ impl VolumePlugin for CsiPlugin {
         Ok(())
     }
 
-    fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: &MountTable) -> bool {
+    fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: MountTableView<'_>) -> bool {
         match source(spec).map(|s| s.volume_mode) {
-            Ok(CsiVolumeMode::Filesystem) => table.is_mount_point(path),
+            Ok(CsiVolumeMode::Filesystem) => table.holds(|t| t.is_mount_point(path)),
             // The pod's view is a symlink; its target is checked by the driver.
             _ => true,
         }

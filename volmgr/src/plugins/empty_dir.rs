@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::failpoint;
 use crate::root_dir::{RelPath, RootDir};
-use crate::sys::mount_table::MountTable;
+use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
 use crate::volume::{PodUid, StorageMedium, VolumeSource, VolumeSpec};
 
@@ -246,12 +246,12 @@ impl VolumePlugin for EmptyDirPlugin {
         is_memory(spec)
     }
 
-    fn verify(&self, spec: &VolumeSpec, path: &Path, table: &MountTable) -> bool {
+    fn verify(&self, spec: &VolumeSpec, path: &Path, table: MountTableView<'_>) -> bool {
         match &spec.source {
             VolumeSource::EmptyDir {
                 medium: StorageMedium::Memory,
                 ..
-            } => table.top(path).is_some_and(|m| m.fstype == "tmpfs"),
+            } => table.holds(|t| t.top(path).is_some_and(|m| m.fstype == "tmpfs")),
             _ => path.is_dir(),
         }
     }
@@ -445,7 +445,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o777);
         let table = MountTable::default();
         let spec = req(StorageMedium::Default, None).spec;
-        assert!(p.verify(&spec, &path, &table));
+        assert!(p.verify(&spec, &path, MountTableView::Read(&table)));
         let rec = p
             .reconstruct(&PodUid::new("pod1").unwrap(), "v", &table)
             .unwrap()

@@ -7,7 +7,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::sys::mount_table::MountTable;
+use crate::sys::mount_table::MountTableView;
 use crate::sys::SyscallError;
 use crate::volume::{HostPathType, VolumeSource, VolumeSpec};
 
@@ -121,7 +121,7 @@ impl VolumePlugin for HostPathPlugin {
         Ok(())
     }
 
-    fn verify(&self, spec: &VolumeSpec, path: &Path, _table: &MountTable) -> bool {
+    fn verify(&self, spec: &VolumeSpec, path: &Path, _table: MountTableView<'_>) -> bool {
         match &spec.source {
             VolumeSource::HostPath {
                 kind: HostPathType::Unset,

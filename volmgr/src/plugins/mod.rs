@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::root_dir::PathError;
-use crate::sys::mount_table::MountTable;
+use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::SyscallError;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
 
@@ -232,8 +232,10 @@ pub trait VolumePlugin: Send + Sync + 'static {
     }
 
     /// At resync: whether a volume recorded as set up at `path` still is,
-    /// judged cheaply against `table`.
-    fn verify(&self, spec: &VolumeSpec, path: &Path, table: &MountTable) -> bool;
+    /// judged cheaply. What it reads of the mount table goes through
+    /// [`MountTableView::holds`], so an idle resync, which does not read the
+    /// table, does not re-check it.
+    fn verify(&self, spec: &VolumeSpec, path: &Path, table: MountTableView<'_>) -> bool;
 
     /// The directory under `pods/<uid>/volumes/` this plugin owns, for
     /// reconstruction (`kubernetes.io~empty-dir`), if it keeps state there.

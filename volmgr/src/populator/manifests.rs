@@ -1048,7 +1048,7 @@ spec:
             &self,
             _spec: &crate::volume::VolumeSpec,
             _path: &Path,
-            _table: &crate::sys::mount_table::MountTable,
+            _table: crate::sys::mount_table::MountTableView<'_>,
         ) -> bool {
             false
         }

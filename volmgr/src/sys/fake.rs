@@ -3,10 +3,11 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::mountinfo::{MountInfo, MountInfoError};
-use super::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
+use super::{MountTableWatch, Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
 
 /// One recorded call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +34,29 @@ struct State {
     /// Errors to return from the next mount calls, in order.
     mount_failures: VecDeque<nix::errno::Errno>,
     unmount_failures: VecDeque<nix::errno::Errno>,
+    /// How many times the whole table was read.
+    table_reads: usize,
+    /// Moves on with every change of `mounts` (the kernel's mount event).
+    events: Arc<AtomicU64>,
+}
+
+impl State {
+    fn changed(&self) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The fake's [`MountTableWatch`]: compares event counts.
+struct FakeWatch {
+    events: Arc<AtomicU64>,
+    seen: u64,
+}
+
+impl MountTableWatch for FakeWatch {
+    fn changed(&mut self) -> bool {
+        let now = self.events.load(Ordering::Relaxed);
+        std::mem::replace(&mut self.seen, now) != now
+    }
 }
 
 /// The recording fake.
@@ -65,10 +89,16 @@ impl FakeMounter {
         s.mounts.iter().map(|(p, _)| p.clone()).collect()
     }
 
+    /// How many times the whole mount table was read.
+    pub fn table_reads(&self) -> usize {
+        self.state.lock().unwrap().table_reads
+    }
+
     /// Removes a mount behind the manager's back (an out-of-band unmount).
     pub fn remove_out_of_band(&self, path: &Path) {
         let mut s = self.state.lock().unwrap();
         s.mounts.retain(|(p, _)| p != path);
+        s.changed();
     }
 }
 
@@ -93,6 +123,7 @@ impl Mounter for FakeMounter {
         }
         s.mounts
             .push((target.path().to_path_buf(), fstype.to_string()));
+        s.changed();
         Ok(())
     }
 
@@ -106,6 +137,7 @@ impl Mounter for FakeMounter {
         match s.mounts.iter().rposition(|(p, _)| *p == path) {
             Some(i) => {
                 s.mounts.remove(i);
+                s.changed();
                 Ok(())
             }
             None => Err(SyscallError::new(
@@ -142,7 +174,8 @@ impl Mounter for FakeMounter {
     }
 
     fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        s.table_reads += 1;
         Ok(s.mounts
             .iter()
             .enumerate()
@@ -160,5 +193,11 @@ impl Mounter for FakeMounter {
                 super_options: "rw".into(),
             })
             .collect())
+    }
+
+    fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError> {
+        let events = Arc::clone(&self.state.lock().unwrap().events);
+        let seen = events.load(Ordering::Relaxed);
+        Ok(Box::new(FakeWatch { events, seen }))
     }
 }

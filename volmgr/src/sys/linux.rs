@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use nix::mount::MntFlags;
 
 use super::mountinfo::{self, MountInfo, MountInfoError};
-use super::{Mounter, MsFlags, SyscallError, Target};
+use super::{MountTableWatch, Mounter, MsFlags, SyscallError, Target};
 
 /// Mounts for real, in the mount namespace of the calling process.
 #[derive(Debug, Default, Clone, Copy)]
@@ -72,6 +72,47 @@ impl Mounter for LinuxMounter {
 
     fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
         mountinfo::read_self()
+    }
+
+    fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError> {
+        Ok(Box::new(ProcMountinfoWatch::open()?))
+    }
+}
+
+/// A [`MountTableWatch`] on an open `/proc/self/mountinfo`: the kernel flags
+/// the open file with `POLLPRI` when the namespace's mount event counter moves
+/// on, and clears the flag for that file when it is polled (proc(5)). One
+/// `poll(2)` with a zero timeout answers, whatever the size of the table.
+#[derive(Debug)]
+pub struct ProcMountinfoWatch {
+    file: std::fs::File,
+}
+
+impl ProcMountinfoWatch {
+    /// Opens the watch; the first [`changed`](MountTableWatch::changed)
+    /// compares with the table as it is now.
+    pub fn open() -> Result<Self, SyscallError> {
+        let path = mountinfo::SELF_MOUNTINFO;
+        let file = std::fs::File::open(path).map_err(|e| SyscallError::io("open", path, e))?;
+        Ok(Self { file })
+    }
+}
+
+impl MountTableWatch for ProcMountinfoWatch {
+    fn changed(&mut self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let mut fds = [PollFd::new(self.file.as_fd(), PollFlags::POLLPRI)];
+        loop {
+            match poll(&mut fds, PollTimeout::ZERO) {
+                Ok(_) => {
+                    return fds[0]
+                        .revents()
+                        .is_none_or(|r| r.intersects(PollFlags::POLLPRI | PollFlags::POLLERR))
+                }
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return true,
+            }
+        }
     }
 }
 

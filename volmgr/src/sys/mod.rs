@@ -130,6 +130,18 @@ pub trait Mounter: Send + Sync + 'static {
 
     /// The whole mount table of this process's mount namespace.
     fn mount_table(&self) -> Result<Vec<mountinfo::MountInfo>, mountinfo::MountInfoError>;
+
+    /// A watch on that mount table, telling whether it changed.
+    fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError>;
+}
+
+/// Tells whether the mount table of this process's mount namespace may have
+/// changed: a mount, unmount, move or remount, by anyone, including mounts
+/// propagated from another namespace.
+pub trait MountTableWatch: Send {
+    /// Whether the table changed since the previous call (the first call:
+    /// since the watch was opened). When unsure it answers `true`.
+    fn changed(&mut self) -> bool;
 }
 
 /// `TMPFS_MAGIC` from `linux/magic.h`, as returned by `statfs`.

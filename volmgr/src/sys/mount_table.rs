@@ -5,6 +5,28 @@ use std::path::{Path, PathBuf};
 use super::mountinfo::MountInfo;
 use crate::volume::FastMap;
 
+/// The mount table as a check of set-up volumes sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum MountTableView<'a> {
+    /// Not read: the table has not changed since the last check that read
+    /// it, and every volume recorded as set up now passed that check.
+    Unchanged,
+    /// Read for this check.
+    Read(&'a MountTable),
+}
+
+impl MountTableView<'_> {
+    /// Whether `check` holds on the table. On an unchanged table it held at
+    /// the last check, so it still does: a check that reads nothing but the
+    /// table must go through here.
+    pub fn holds(&self, check: impl FnOnce(&MountTable) -> bool) -> bool {
+        match self {
+            Self::Unchanged => true,
+            Self::Read(table) => check(table),
+        }
+    }
+}
+
 /// The mount table, indexed by mount point.
 #[derive(Debug, Default, Clone)]
 pub struct MountTable {

@@ -77,9 +77,12 @@ impl MountInfo {
     }
 }
 
+/// The mount table of the calling process's mount namespace.
+pub const SELF_MOUNTINFO: &str = "/proc/self/mountinfo";
+
 /// Reads and parses `/proc/self/mountinfo`.
 pub fn read_self() -> Result<Vec<MountInfo>, MountInfoError> {
-    read(Path::new("/proc/self/mountinfo"))
+    read(Path::new(SELF_MOUNTINFO))
 }
 
 /// Size of the last mountinfo read. The next read's buffer starts a little

@@ -43,7 +43,7 @@ use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
 use crate::operation_executor::{OperationExecutor, OperationKind, OperationRecord};
 use crate::plugins::{VolumeError, VolumePlugin};
 use crate::root_dir::{RelPath, RootDir};
-use crate::sys::mount_table::MountTable;
+use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::Mounter;
 use crate::volume::{PodUid, StorageMedium, UniqueVolumeName, VolumeSource, VolumeSpec};
 use crate::volume_manager::VolumeManager;
@@ -381,7 +381,7 @@ impl Checker {
                 } else {
                     out.deferred.push(retry);
                 }
-            } else if !plugin.verify(&c.mounted.spec, path, &table) {
+            } else if !plugin.verify(&c.mounted.spec, path, MountTableView::Read(&table)) {
                 lost.push(c);
             }
         }
@@ -495,7 +495,7 @@ fn is_foreign(
     table: &MountTable,
 ) -> bool {
     let (count, expected) = (table.count(path), expected_mounts(spec));
-    count > expected || (count > 0 && !plugin.verify(spec, path, table))
+    count > expected || (count > 0 && !plugin.verify(spec, path, MountTableView::Read(table)))
 }
 
 /// How many mounts the plugin itself puts on a volume's path: none for a
@@ -559,7 +559,7 @@ fn unstack_volume(
     }
     tracing::info!(pod = %c.pod, volume = %c.mounted.outer_volume_spec_name, removed,
         "removed foreign mounts from a volume's path");
-    if !plugin.verify(&c.mounted.spec, path, &table) {
+    if !plugin.verify(&c.mounted.spec, path, MountTableView::Read(&table)) {
         // What is left is not the volume (e.g. it was unmounted too): set it
         // up again.
         {

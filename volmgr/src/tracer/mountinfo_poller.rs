@@ -59,7 +59,7 @@ impl MountinfoPoller {
     /// Opens `/proc/self/mountinfo` (a change after this is reported) and
     /// reads the table once as the base of the diff.
     pub fn open(root: &Path) -> Result<Self, PollerError> {
-        let file = File::open("/proc/self/mountinfo").map_err(PollerError::Open)?;
+        let file = File::open(mountinfo::SELF_MOUNTINFO).map_err(PollerError::Open)?;
         let (stop_rx, stop_tx) = UnixStream::pair().map_err(PollerError::Open)?;
         let last = read_keys(root)?;
         Ok(Self {
@@ -183,7 +183,7 @@ fn origin() -> Origin {
 /// (a full parse allocates a handful of strings per mount, and this runs on
 /// every change).
 fn read_keys(root: &Path) -> Result<HashSet<MountKey>, mountinfo::MountInfoError> {
-    let path = Path::new("/proc/self/mountinfo");
+    let path = Path::new(mountinfo::SELF_MOUNTINFO);
     let text = std::fs::read_to_string(path).map_err(|source| mountinfo::MountInfoError::Read {
         path: path.to_path_buf(),
         source,
