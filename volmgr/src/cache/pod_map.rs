@@ -49,7 +49,7 @@ impl<T> PodMap<T> {
         let i = match self.entries.iter().position(|(p, _)| p == pod) {
             Some(i) => i,
             None => {
-                self.entries.push((pod.clone(), f()));
+                self.push(pod.clone(), f());
                 self.entries.len() - 1
             }
         };
@@ -61,10 +61,20 @@ impl<T> PodMap<T> {
         match self.get_mut(&pod) {
             Some(v) => Some(std::mem::replace(v, value)),
             None => {
-                self.entries.push((pod, value));
+                self.push(pod, value);
                 None
             }
         }
+    }
+
+    /// Appends an entry. The first one is allocated alone: `Vec::push`
+    /// would make room for four, and most maps never hold a second (at
+    /// 10,000 volumes the spare room was 9 MB of the agent's 27 MB heap).
+    fn push(&mut self, pod: PodUid, value: T) {
+        if self.entries.capacity() == 0 {
+            self.entries.reserve_exact(1);
+        }
+        self.entries.push((pod, value));
     }
 
     /// Removes `pod`'s value.
@@ -133,6 +143,15 @@ impl<'a, T> IntoIterator for &'a PodMap<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_single_entry_takes_room_for_one() {
+        let mut m = PodMap::default();
+        m.insert(PodUid::new("a").unwrap(), [0u8; 64]);
+        assert_eq!(m.entries.capacity(), 1);
+        m.get_or_insert_with(&PodUid::new("b").unwrap(), || [1u8; 64]);
+        assert_eq!(m.len(), 2);
+    }
 
     #[test]
     fn map_operations() {
