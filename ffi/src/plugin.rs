@@ -206,6 +206,10 @@ impl VolumePlugin for HostPlugin {
             .await
     }
 
+    fn verify_reads_mount_table(&self, _spec: &VolumeSpec) -> bool {
+        false
+    }
+
     fn verify(&self, _spec: &VolumeSpec, path: &Path, _table: MountTableView<'_>) -> bool {
         path.is_dir()
     }

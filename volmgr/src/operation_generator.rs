@@ -39,6 +39,11 @@ pub async fn mount_volume(
         return Ok(());
     }
     let res = plugin.set_up(req).await;
+    // Before the lock: a syscall or two.
+    let mount_id = match &res {
+        Ok(_) => plugin.mount_id(&pod, &spec),
+        Err(_) => None,
+    };
     {
         let mut asw = world.asw_mut();
         if let Err(VolumeError::NeedsDeviceMount(_)) = &res {
@@ -66,6 +71,7 @@ pub async fn mount_volume(
                     spec: Arc::clone(&spec),
                     path,
                     state,
+                    mount_id,
                 },
             );
         }

@@ -69,47 +69,70 @@ pub struct Reconciler {
     resync_state: Mutex<ResyncState>,
 }
 
-/// A resync reads the mount table at least this often, even when it has
-/// not changed: a change the kernel does not count as a mount event (a
-/// directory above a mount renamed, which moves the mount's path) is then
-/// still found, ten periods later at most.
+/// A resync reads the mount table at least this often, even when a cheaper
+/// check would do: what those checks cannot see (a mount stacked over a
+/// volume or moved away, a directory above a mount renamed, which moves the
+/// mount's path without a mount event) is then still found, ten periods
+/// later at most.
 const READ_TABLE_EVERY: u32 = 10;
 
-/// What lets a resync skip the mount table: at 10,000 volumes, having the
-/// kernel format `/proc/self/mountinfo` and parsing it is most of a resync's
-/// cost, and on an idle node the table does not change between two resyncs.
+/// What lets a resync skip reading the mount table: at 10,000 volumes,
+/// having the kernel format `/proc/self/mountinfo` and parsing it is most of
+/// a resync's cost (30-55 ms), and what it would tell is usually known.
 #[derive(Default)]
 struct ResyncState {
     /// The watch on the mount table, opened by the first resync.
     watch: Option<Box<dyn MountTableWatch>>,
-    /// The actual state's mounted generation at the last resync that read
-    /// the table and checked every volume recorded as mounted against it.
+    /// The actual state's mounted generation at the last resync that
+    /// checked every volume recorded as mounted.
     checked: Option<u64>,
-    /// Resyncs since then that did not read the table.
-    skipped: u32,
+    /// Resyncs since the last one that read the table (or since start-up,
+    /// whose reconstruction read it).
+    since_read: u32,
+}
+
+/// How a resync checks the volumes recorded as mounted.
+enum ResyncCheck {
+    /// Neither the mount table nor the set of mounted volumes changed since
+    /// the last check: only the checks that read no table run.
+    Unchanged,
+    /// The table changed: if every volume set up by a mount has its
+    /// mount's id still listed (`listmount(2)`, 2 ms), nothing was
+    /// unmounted; otherwise the table is read.
+    MountIds,
+    /// Read the table and check everything against it.
+    ReadTable,
 }
 
 impl ResyncState {
-    /// Whether the last full check still holds: neither the mount table
-    /// nor the set of volumes recorded as mounted changed since. Call it
-    /// before reading the table, so a change made meanwhile is seen next
-    /// time.
-    fn unchanged_since_checked(&mut self, mounter: &dyn Mounter, generation: u64) -> bool {
+    /// Which check this resync makes. Call it before reading the table, so
+    /// that a change made meanwhile is seen next time.
+    fn next_check(&mut self, mounter: &dyn Mounter, generation: u64) -> ResyncCheck {
         if self.watch.is_none() {
             match mounter.watch_mount_table() {
                 Ok(w) => self.watch = Some(w),
                 Err(e) => {
-                    tracing::warn!(error = %e, "resync: cannot watch the mount table; reading it every time");
+                    tracing::warn!(error = %e, "resync: cannot watch the mount table");
                 }
             }
         }
         // Always asked, so that the watch's flag is cleared.
         let table_changed = self.watch.as_mut().is_none_or(|w| w.changed());
-        let unchanged = !table_changed
-            && self.checked == Some(generation)
-            && self.skipped + 1 < READ_TABLE_EVERY;
-        self.skipped = if unchanged { self.skipped + 1 } else { 0 };
-        unchanged
+        // Reconstruction read the table at start-up: the first resync
+        // counts from there.
+        if self.since_read + 1 >= READ_TABLE_EVERY {
+            ResyncCheck::ReadTable
+        } else if !table_changed && self.checked == Some(generation) {
+            ResyncCheck::Unchanged
+        } else {
+            ResyncCheck::MountIds
+        }
+    }
+
+    /// Records a completed check at `generation`.
+    fn checked(&mut self, generation: u64, read_table: bool) {
+        self.checked = Some(generation);
+        self.since_read = if read_table { 0 } else { self.since_read + 1 };
     }
 }
 
@@ -544,19 +567,27 @@ impl Reconciler {
         self.world.mark_all_dirty();
     }
 
-    /// The resync's check of every volume recorded as mounted: against a
-    /// fresh read of the mount table, unless neither the table nor the set
-    /// of mounted volumes changed since the last such check (then only the
-    /// checks that look at something else than the table run). Blocking.
+    /// The resync's check of every volume recorded as mounted (see
+    /// [`ResyncCheck`]). Blocking.
     fn check_mounted(&self) -> Result<Vec<LostVolume>, VolumeError> {
         let started = std::time::Instant::now();
         // Only a cache of what the last resyncs saw: usable after a panic.
         let mut state = self.resync_state.lock().unwrap_or_else(|e| e.into_inner());
         let generation = self.world.asw().mounted_generation();
-        if state.unchanged_since_checked(&*self.mounter, generation) {
-            let lost = self.find_lost(MountTableView::Unchanged);
-            tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table unchanged");
-            return Ok(lost);
+        match state.next_check(&*self.mounter, generation) {
+            ResyncCheck::Unchanged => {
+                let lost = self.find_lost(MountTableView::Unchanged);
+                state.checked(generation, false);
+                tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table unchanged");
+                return Ok(lost);
+            }
+            ResyncCheck::MountIds if self.mount_ids_all_listed() => {
+                let lost = self.find_lost(MountTableView::Unchanged);
+                state.checked(generation, false);
+                tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: every mount id listed");
+                return Ok(lost);
+            }
+            ResyncCheck::MountIds | ResyncCheck::ReadTable => {}
         }
         state.checked = None;
         let table = self
@@ -565,13 +596,42 @@ impl Reconciler {
             .map_err(|e| VolumeError::Internal(format!("cannot read the mount table: {e}")))?;
         let table = MountTable::new(table);
         let lost = self.find_lost(MountTableView::Read(&table));
-        state.checked = Some(generation);
+        state.checked(generation, true);
         drop(table);
         // The parsed table (megabytes at 10,000 mounts) is freed by now:
         // hand its pages back instead of keeping them resident.
         crate::sys::memory::release_free_heap();
         tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table read");
         Ok(lost)
+    }
+
+    /// Whether every volume recorded as mounted whose check reads the mount
+    /// table has a known mount id, still listed by the kernel: then none of
+    /// them was unmounted (ids are never reused).
+    fn mount_ids_all_listed(&self) -> bool {
+        let ids = match self.mounter.mount_ids() {
+            Ok(Some(ids)) => ids,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(error = %e, "resync: cannot list the mount ids");
+                return false;
+            }
+        };
+        let asw = self.world.asw();
+        for (_, av) in asw.volumes() {
+            let Some(p) = self.plugins.find_by_name(&av.plugin_name) else {
+                continue;
+            };
+            for (_, m) in &av.pods {
+                if m.state == VolumeMountState::Mounted
+                    && p.verify_reads_mount_table(&m.spec)
+                    && !m.mount_id.is_some_and(|id| ids.contains(&id))
+                {
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Volumes recorded as mounted that no longer are.

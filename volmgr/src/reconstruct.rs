@@ -137,6 +137,10 @@ fn record(
     };
     let spec = Arc::new(rec.spec);
     let volume_name = plugin.unique_volume_name(uid, &spec);
+    let mount_id = match state {
+        VolumeMountState::Mounted => plugin.mount_id(uid, &spec),
+        VolumeMountState::Uncertain => None,
+    };
     let mut asw = world.asw_mut();
     asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
     asw.mark_volume_as_mounted(
@@ -147,6 +151,7 @@ fn record(
             spec,
             path: rec.path,
             state,
+            mount_id,
         },
     );
 }

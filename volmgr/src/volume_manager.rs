@@ -1128,7 +1128,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_idle_resync_does_not_read_the_unchanged_mount_table() {
+    async fn a_resync_reads_the_mount_table_only_when_it_must() {
         let (_t, fake, vm) = manager().await;
         let disk = serde_json::json!({"emptyDir": {}});
         let uid = vm
@@ -1142,51 +1142,57 @@ mod tests {
             v.unwrap().path.clone()
         };
         let (mem_path, disk_path) = (path_of("m"), path_of("d"));
-        // The first resync reads the table; the next one, with nothing
-        // changed, does not.
+        let counts = || (fake.table_reads(), fake.id_lists());
+        // The first resync finds the tmpfs's mount id listed, so it does
+        // not read the table; the next one, with nothing changed, does
+        // not even list the ids.
+        let (reads, lists) = counts();
         vm.reconciler().resync().await;
-        let reads = fake.table_reads();
+        assert_eq!(counts(), (reads, lists + 1));
+        let lists = lists + 1;
         vm.reconciler().resync().await;
-        assert_eq!(fake.table_reads(), reads);
+        assert_eq!(counts(), (reads, lists));
         // Checks that look at something else still run: the on-disk
         // emptyDir's directory is gone, and is made again.
         std::fs::remove_dir(&disk_path).unwrap();
         vm.reconciler().resync().await;
-        assert_eq!(fake.table_reads(), reads);
+        assert_eq!(counts(), (reads, lists));
         vm.wait_converged(Some(1), T).await.unwrap();
         assert!(disk_path.is_dir());
-        // A volume recorded as mounted again (here: by hand, with no change
-        // to the table) is checked against a fresh read.
+        // A new volume changes the table: its mount's id is listed, so the
+        // table is not read.
+        let uid2 = vm.upsert_pod(&pod("c2", &[("m", mem())])).unwrap();
+        vm.wait_for_attach_and_mount(&uid2, T).await.unwrap();
         vm.reconciler().resync().await;
-        let reads = fake.table_reads();
+        assert_eq!(counts(), (reads, lists + 1));
+        // A volume recorded as mounted with no known mount id (here: by
+        // hand) is checked against a fresh read.
         {
-            let volume = vm.mounted_volumes_for_pod(&uid)[0].volume_name.clone();
+            let volume = vm.mounted_volumes_for_pod(&uid2)[0].volume_name.clone();
             let mut asw = vm.world().asw_mut();
-            let m = asw.pod_mount(&volume, &uid).cloned().unwrap();
-            let uncertain = MountedPod {
-                state: VolumeMountState::Uncertain,
-                ..m.clone()
+            let m = asw.pod_mount(&volume, &uid2).cloned().unwrap();
+            let unknown = MountedPod {
+                mount_id: None,
+                ..m
             };
-            asw.mark_volume_as_mounted(&volume, &uid, uncertain);
-            asw.mark_volume_as_mounted(&volume, &uid, m);
+            asw.mark_volume_as_mounted(&volume, &uid2, unknown);
         }
         vm.reconciler().resync().await;
-        assert_eq!(fake.table_reads(), reads + 1);
-        // A change to the table is read, and the lost tmpfs mounted again.
+        assert_eq!(counts(), (reads + 1, lists + 2));
+        // An unmount behind the manager's back: the id is no longer listed,
+        // the table is read, and the tmpfs mounted again.
         fake.remove_out_of_band(&mem_path);
         vm.reconciler().resync().await;
-        assert_eq!(fake.table_reads(), reads + 2);
-        vm.wait_converged(Some(1), T).await.unwrap();
-        assert_eq!(fake.mounted(), vec![mem_path]);
-        // Unchanged or not, every tenth resync reads it.
-        vm.reconciler().resync().await;
-        let reads = fake.table_reads();
-        for _ in 0..9 {
+        assert_eq!(counts(), (reads + 2, lists + 3));
+        vm.wait_converged(Some(2), T).await.unwrap();
+        assert_eq!(fake.mounted().len(), 2);
+        assert!(fake.mounted().contains(&mem_path));
+        // However cheap the other checks, every tenth resync reads it.
+        let (reads, _) = counts();
+        for _ in 0..20 {
             vm.reconciler().resync().await;
         }
-        assert_eq!(fake.table_reads(), reads);
-        vm.reconciler().resync().await;
-        assert_eq!(fake.table_reads(), reads + 1);
+        assert_eq!(counts().0, reads + 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use support::{isolated, pod_yaml, Env};
+use volmgr::sys::Mounter;
 
 const MEM: &str = "emptyDir: {medium: Memory}";
 
@@ -214,8 +215,9 @@ fn out_of_band_unmount_is_repaired_by_resync() {
         // Twice, the second time after resyncs that found the mount table
         // unchanged (and so did not read it): the kernel's change signal
         // is what brings the next read.
+        let count = |what: &str| agent.log().matches(what).count();
         for round in 0..2 {
-            let unchanged = || agent.log().matches("resync: mount table unchanged").count();
+            let unchanged = || count("resync: mount table unchanged");
             let before = unchanged();
             env.wait_for("two idle resyncs", || unchanged() >= before + 2);
             std::fs::write(path.join("marker"), b"old tmpfs").unwrap();
@@ -234,6 +236,19 @@ fn out_of_band_unmount_is_repaired_by_resync() {
             env.wait_for("status mounted", || {
                 env.volume_state("uid-p", "m")
                     .is_some_and(|s| s.0 == "mounted")
+            });
+        }
+        // After the second repair the table changed, but the new tmpfs's
+        // unique mount id is known and listed: the resync trusts it
+        // without reading the table (kernels with listmount(2), 6.8+).
+        if volmgr::sys::linux::LinuxMounter
+            .mount_ids()
+            .ok()
+            .flatten()
+            .is_some()
+        {
+            env.wait_for("a resync by mount ids", || {
+                count("resync: every mount id listed") >= 1
             });
         }
     });

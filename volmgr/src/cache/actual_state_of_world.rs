@@ -42,6 +42,9 @@ pub struct MountedPod {
     pub path: PathBuf,
     /// Mounted or uncertain.
     pub state: VolumeMountState,
+    /// The unique id of the mount at `path`, for volumes set up by a mount,
+    /// when known (see [`VolumePlugin::mount_id`](crate::plugins::VolumePlugin::mount_id)).
+    pub mount_id: Option<u64>,
 }
 
 /// A volume known to the node.
@@ -116,7 +119,10 @@ impl ActualStateOfWorld {
             return false;
         };
         let changed = v.pods.get(pod).is_none_or(|m| {
-            m.state != mounted.state || m.path != mounted.path || m.spec != mounted.spec
+            m.state != mounted.state
+                || m.path != mounted.path
+                || m.spec != mounted.spec
+                || m.mount_id != mounted.mount_id
         });
         if changed && mounted.state == VolumeMountState::Mounted {
             self.mounted_generation += 1;
@@ -318,6 +324,7 @@ mod tests {
             spec,
             path: "/a".into(),
             state: VolumeMountState::Uncertain,
+            mount_id: None,
         };
         assert!(!a.mark_volume_as_mounted(&v, &pod, m.clone()));
         a.mark_volume_as_attached(&v, "plug".into());

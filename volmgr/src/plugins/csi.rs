@@ -420,6 +420,14 @@ impl VolumePlugin for CsiPlugin {
         Ok(())
     }
 
+    fn verify_reads_mount_table(&self, spec: &VolumeSpec) -> bool {
+        // Filesystem volumes (and specs that do not parse: the safe answer).
+        !matches!(
+            source(spec).map(|s| s.volume_mode),
+            Ok(CsiVolumeMode::Block)
+        )
+    }
+
     fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: MountTableView<'_>) -> bool {
         match source(spec).map(|s| s.volume_mode) {
             Ok(CsiVolumeMode::Filesystem) => table.holds(|t| t.is_mount_point(path)),

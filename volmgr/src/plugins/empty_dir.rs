@@ -256,6 +256,22 @@ impl VolumePlugin for EmptyDirPlugin {
         }
     }
 
+    fn verify_reads_mount_table(&self, spec: &VolumeSpec) -> bool {
+        is_memory(spec)
+    }
+
+    fn mount_id(&self, pod: &PodUid, spec: &VolumeSpec) -> Option<u64> {
+        if !is_memory(spec) {
+            return None;
+        }
+        // The volume's root: the walk ends on the tmpfs mounted there.
+        let top = self
+            .root
+            .open_dir(&volume_dir(pod, &spec.name).ok()?)
+            .ok()?;
+        self.mounter.mount_id(&top).ok().flatten()
+    }
+
     fn volumes_dir_name(&self) -> Option<String> {
         Some(escape_plugin_name(PLUGIN_NAME))
     }

@@ -121,6 +121,10 @@ impl VolumePlugin for HostPathPlugin {
         Ok(())
     }
 
+    fn verify_reads_mount_table(&self, _spec: &VolumeSpec) -> bool {
+        false
+    }
+
     fn verify(&self, spec: &VolumeSpec, path: &Path, _table: MountTableView<'_>) -> bool {
         match &spec.source {
             VolumeSource::HostPath {

@@ -237,6 +237,22 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// table, does not re-check it.
     fn verify(&self, spec: &VolumeSpec, path: &Path, table: MountTableView<'_>) -> bool;
 
+    /// Whether `verify` reads the mount table for this volume. Default: yes,
+    /// the safe answer: a resync trusts such a volume without reading the
+    /// table only when its [`mount_id`](Self::mount_id) is still listed.
+    fn verify_reads_mount_table(&self, _spec: &VolumeSpec) -> bool {
+        true
+    }
+
+    /// The unique id of the mount this plugin made at the volume's path for
+    /// `pod` (see [`Mounter::mount_id`](crate::sys::Mounter::mount_id)),
+    /// asked once the volume is set up. A resync that finds every such id
+    /// still listed by the kernel need not read the mount table. Default:
+    /// unknown (a resync after a change of the table then reads it).
+    fn mount_id(&self, _pod: &PodUid, _spec: &VolumeSpec) -> Option<u64> {
+        None
+    }
+
     /// The directory under `pods/<uid>/volumes/` this plugin owns, for
     /// reconstruction (`kubernetes.io~empty-dir`), if it keeps state there.
     fn volumes_dir_name(&self) -> Option<String> {

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::mountinfo::{MountInfo, MountInfoError};
 use super::{MountTableWatch, Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
+use crate::volume::FastSet;
 
 /// One recorded call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,13 +30,16 @@ pub enum Call {
 
 #[derive(Default)]
 struct State {
-    mounts: Vec<(PathBuf, String)>,
+    /// Mount point, file system type, unique mount id.
+    mounts: Vec<(PathBuf, String, u64)>,
     calls: Vec<Call>,
     /// Errors to return from the next mount calls, in order.
     mount_failures: VecDeque<nix::errno::Errno>,
     unmount_failures: VecDeque<nix::errno::Errno>,
     /// How many times the whole table was read.
     table_reads: usize,
+    /// How many times the mount ids were listed.
+    id_lists: usize,
     /// Moves on with every change of `mounts` (the kernel's mount event).
     events: Arc<AtomicU64>,
 }
@@ -86,7 +90,7 @@ impl FakeMounter {
     /// Paths mounted now (a path mounted twice appears twice).
     pub fn mounted(&self) -> Vec<PathBuf> {
         let s = self.state.lock().unwrap();
-        s.mounts.iter().map(|(p, _)| p.clone()).collect()
+        s.mounts.iter().map(|(p, _, _)| p.clone()).collect()
     }
 
     /// How many times the whole mount table was read.
@@ -94,10 +98,15 @@ impl FakeMounter {
         self.state.lock().unwrap().table_reads
     }
 
+    /// How many times the mount ids were listed.
+    pub fn id_lists(&self) -> usize {
+        self.state.lock().unwrap().id_lists
+    }
+
     /// Removes a mount behind the manager's back (an out-of-band unmount).
     pub fn remove_out_of_band(&self, path: &Path) {
         let mut s = self.state.lock().unwrap();
-        s.mounts.retain(|(p, _)| p != path);
+        s.mounts.retain(|(p, _, _)| p != path);
         s.changed();
     }
 }
@@ -121,9 +130,11 @@ impl Mounter for FakeMounter {
         if let Some(errno) = s.mount_failures.pop_front() {
             return Err(SyscallError::new("mount", target.path(), errno));
         }
-        s.mounts
-            .push((target.path().to_path_buf(), fstype.to_string()));
         s.changed();
+        // The event count is never reused: a unique mount id.
+        let id = s.events.load(Ordering::Relaxed);
+        s.mounts
+            .push((target.path().to_path_buf(), fstype.to_string(), id));
         Ok(())
     }
 
@@ -134,7 +145,7 @@ impl Mounter for FakeMounter {
         if let Some(errno) = s.unmount_failures.pop_front() {
             return Err(SyscallError::new("umount2", &path, errno));
         }
-        match s.mounts.iter().rposition(|(p, _)| *p == path) {
+        match s.mounts.iter().rposition(|(p, _, _)| *p == path) {
             Some(i) => {
                 s.mounts.remove(i);
                 s.changed();
@@ -150,7 +161,7 @@ impl Mounter for FakeMounter {
 
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError> {
         let s = self.state.lock().unwrap();
-        Ok(s.mounts.iter().any(|(p, _)| p == target.path()))
+        Ok(s.mounts.iter().any(|(p, _, _)| p == target.path()))
     }
 
     fn is_mount_point_at(
@@ -160,14 +171,14 @@ impl Mounter for FakeMounter {
     ) -> Result<bool, SyscallError> {
         let path = parent.path().join(name);
         let s = self.state.lock().unwrap();
-        Ok(s.mounts.iter().any(|(p, _)| *p == path))
+        Ok(s.mounts.iter().any(|(p, _, _)| *p == path))
     }
 
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
         let s = self.state.lock().unwrap();
         Ok(
-            match s.mounts.iter().rev().find(|(p, _)| p == target.path()) {
-                Some((_, fstype)) if fstype == "tmpfs" => TMPFS_MAGIC,
+            match s.mounts.iter().rev().find(|(p, _, _)| p == target.path()) {
+                Some((_, fstype, _)) if fstype == "tmpfs" => TMPFS_MAGIC,
                 _ => 0xEF53,
             },
         )
@@ -179,7 +190,7 @@ impl Mounter for FakeMounter {
         Ok(s.mounts
             .iter()
             .enumerate()
-            .map(|(i, (p, fstype))| MountInfo {
+            .map(|(i, (p, fstype, _))| MountInfo {
                 mount_id: 100 + i as u32,
                 parent_id: 1,
                 major: 0,
@@ -193,6 +204,18 @@ impl Mounter for FakeMounter {
                 super_options: "rw".into(),
             })
             .collect())
+    }
+
+    fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError> {
+        let s = self.state.lock().unwrap();
+        let top = s.mounts.iter().rev().find(|(p, _, _)| p == target.path());
+        Ok(top.map(|(_, _, id)| *id))
+    }
+
+    fn mount_ids(&self) -> Result<Option<FastSet<u64>>, SyscallError> {
+        let mut s = self.state.lock().unwrap();
+        s.id_lists += 1;
+        Ok(Some(s.mounts.iter().map(|(_, _, id)| *id).collect()))
     }
 
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError> {

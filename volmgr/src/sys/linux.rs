@@ -9,6 +9,7 @@ use nix::mount::MntFlags;
 
 use super::mountinfo::{self, MountInfo, MountInfoError};
 use super::{MountTableWatch, Mounter, MsFlags, SyscallError, Target};
+use crate::volume::FastSet;
 
 /// Mounts for real, in the mount namespace of the calling process.
 #[derive(Debug, Default, Clone, Copy)]
@@ -49,7 +50,12 @@ impl Mounter for LinuxMounter {
         let path = || parent.path().join(name);
         let c_name = CString::new(name.as_bytes())
             .map_err(|_| SyscallError::new("statx", path(), nix::errno::Errno::EINVAL))?;
-        let stx = match statx_at(parent, &c_name, libc::AT_SYMLINK_NOFOLLOW) {
+        let stx = match statx_at(
+            parent,
+            &c_name,
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS,
+        ) {
             Ok(stx) => stx,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(false),
             Err(e) => return Err(SyscallError::io("statx", path(), e)),
@@ -58,8 +64,13 @@ impl Mounter for LinuxMounter {
             return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
         }
         // Kernels before 5.8: a different device than the parent's.
-        let up = statx_at(parent, &CString::default(), libc::AT_EMPTY_PATH)
-            .map_err(|e| SyscallError::io("statx", parent.path(), e))?;
+        let up = statx_at(
+            parent,
+            &CString::default(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_BASIC_STATS,
+        )
+        .map_err(|e| SyscallError::io("statx", parent.path(), e))?;
         Ok((stx.stx_dev_major, stx.stx_dev_minor) != (up.stx_dev_major, up.stx_dev_minor))
     }
 
@@ -77,6 +88,92 @@ impl Mounter for LinuxMounter {
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError> {
         Ok(Box::new(ProcMountinfoWatch::open()?))
     }
+
+    fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError> {
+        let stx = statx_empty_path_mask(target, STATX_MNT_ID_UNIQUE)?;
+        let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+        let is_root = stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0;
+        let unique = stx.stx_mask & STATX_MNT_ID_UNIQUE != 0;
+        Ok((is_root && unique).then_some(stx.stx_mnt_id))
+    }
+
+    fn mount_ids(&self) -> Result<Option<FastSet<u64>>, SyscallError> {
+        let Some(nr) = SYS_LISTMOUNT else {
+            return Ok(None);
+        };
+        let mut ids = FastSet::default();
+        let mut buf = vec![0u64; 4096];
+        let mut last = 0;
+        loop {
+            let req = MntIdReq {
+                size: MNT_ID_REQ_SIZE_VER0,
+                spare: 0,
+                mnt_id: LSMT_ROOT,
+                param: last,
+            };
+            // SAFETY: `req` is a complete `struct mnt_id_req` of the size it
+            // declares, `buf` has `buf.len()` writable u64s, and the kernel
+            // writes at most that many.
+            let n = unsafe {
+                libc::syscall(
+                    nr,
+                    std::ptr::from_ref(&req),
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                    0u32,
+                )
+            };
+            let Ok(n) = usize::try_from(n) else {
+                let e = std::io::Error::last_os_error();
+                return match e.raw_os_error() {
+                    // Before 6.8, or filtered out (seccomp).
+                    Some(libc::ENOSYS | libc::EPERM | libc::EINVAL) => Ok(None),
+                    _ => Err(SyscallError::io("listmount", "/", e)),
+                };
+            };
+            let got = buf.get(..n).unwrap_or_default();
+            ids.extend(got.iter().copied());
+            match got.last() {
+                // A full buffer: continue after its last id.
+                Some(&id) if n == buf.len() => last = id,
+                _ => return Ok(Some(ids)),
+            }
+        }
+    }
+}
+
+/// `STATX_MNT_ID_UNIQUE` (linux/stat.h, 6.8): `stx_mnt_id` is then the
+/// 64-bit mount id that is never reused, the one `listmount(2)` returns.
+const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+
+/// `listmount(2)`'s number, the same on the architectures listed (it was
+/// added after their tables were unified). Elsewhere: not used.
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+))]
+const SYS_LISTMOUNT: Option<libc::c_long> = Some(458);
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    target_arch = "riscv64"
+)))]
+const SYS_LISTMOUNT: Option<libc::c_long> = None;
+
+/// `LSMT_ROOT`: list the mounts below the caller's root.
+const LSMT_ROOT: u64 = u64::MAX;
+
+/// `MNT_ID_REQ_SIZE_VER0`.
+const MNT_ID_REQ_SIZE_VER0: u32 = 24;
+
+/// `struct mnt_id_req` (linux/mount.h), version 0.
+#[repr(C)]
+struct MntIdReq {
+    size: u32,
+    spare: u32,
+    mnt_id: u64,
+    param: u64,
 }
 
 /// A [`MountTableWatch`] on an open `/proc/self/mountinfo`: the kernel flags
@@ -117,16 +214,21 @@ impl MountTableWatch for ProcMountinfoWatch {
 }
 
 fn statx_empty_path(target: &Target) -> Result<libc::statx, SyscallError> {
+    statx_empty_path_mask(target, libc::STATX_BASIC_STATS)
+}
+
+fn statx_empty_path_mask(target: &Target, mask: u32) -> Result<libc::statx, SyscallError> {
     statx_at(
         target,
         &CString::default(),
         libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+        mask,
     )
     .map_err(|e| SyscallError::io("statx", target.path(), e))
 }
 
 /// `statx(dir, name, flags | AT_NO_AUTOMOUNT, STATX_BASIC_STATS)`.
-fn statx_at(dir: &Target, name: &CString, flags: i32) -> std::io::Result<libc::statx> {
+fn statx_at(dir: &Target, name: &CString, flags: i32, mask: u32) -> std::io::Result<libc::statx> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: `name` is a valid NUL-terminated string, `stx` points to
     // writable memory of the right size, and the descriptor is owned by `dir`.
@@ -135,7 +237,7 @@ fn statx_at(dir: &Target, name: &CString, flags: i32) -> std::io::Result<libc::s
             dir.as_fd().as_raw_fd(),
             name.as_ptr(),
             flags | libc::AT_NO_AUTOMOUNT,
-            libc::STATX_BASIC_STATS,
+            mask,
             stx.as_mut_ptr(),
         )
     };

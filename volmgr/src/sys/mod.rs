@@ -133,6 +133,18 @@ pub trait Mounter: Send + Sync + 'static {
 
     /// A watch on that mount table, telling whether it changed.
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError>;
+
+    /// The unique id of the mount whose root `target` is (`statx` with
+    /// `STATX_MNT_ID_UNIQUE`, Linux 6.8+; such ids are never reused).
+    /// `None` when `target` is not the root of a mount, or the kernel has
+    /// no unique ids.
+    fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError>;
+
+    /// The unique ids of every mount in this namespace (`listmount(2)`,
+    /// Linux 6.8+): about 2 ms for 10,000 mounts, where reading
+    /// `/proc/self/mountinfo` takes 30-40. `None` when the kernel cannot
+    /// list them.
+    fn mount_ids(&self) -> Result<Option<crate::volume::FastSet<u64>>, SyscallError>;
 }
 
 /// Tells whether the mount table of this process's mount namespace may have
