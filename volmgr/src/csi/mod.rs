@@ -27,6 +27,7 @@ pub fn install(
         Arc::clone(vm.root()),
         Arc::clone(&clients),
         vm.config().node_name.clone(),
+        Arc::clone(vm.mounter()),
     )))?;
     let metrics = Arc::clone(clients.metrics());
     vm.add_metrics_source(Arc::new(move || metrics.render()));

@@ -44,6 +44,7 @@ use crate::csi::errors::{classify, CsiOp};
 use crate::csi::proto::csi;
 use crate::root_dir::{PathError, RelPath, RootDir};
 use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::Mounter;
 use crate::volume::{
     CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, UniqueVolumeName,
     VolumeSource, VolumeSpec,
@@ -79,15 +80,23 @@ pub struct CsiPlugin {
     root: Arc<RootDir>,
     clients: Arc<CsiClients>,
     node_name: String,
+    /// Only to learn the id of the mount a driver made (the drivers mount).
+    mounter: Arc<dyn Mounter>,
 }
 
 impl CsiPlugin {
     /// A plugin calling drivers through `clients`, keeping its files under `root`.
-    pub fn new(root: Arc<RootDir>, clients: Arc<CsiClients>, node_name: String) -> Self {
+    pub fn new(
+        root: Arc<RootDir>,
+        clients: Arc<CsiClients>,
+        node_name: String,
+        mounter: Arc<dyn Mounter>,
+    ) -> Self {
         Self {
             root,
             clients,
             node_name,
+            mounter,
         }
     }
 
@@ -426,6 +435,17 @@ impl VolumePlugin for CsiPlugin {
             source(spec).map(|s| s.volume_mode),
             Ok(CsiVolumeMode::Block)
         )
+    }
+
+    fn mount_id(&self, pod: &PodUid, spec: &VolumeSpec) -> Option<u64> {
+        let src = source(spec).ok()?;
+        if src.volume_mode != CsiVolumeMode::Filesystem {
+            return None;
+        }
+        // The publish target: the walk ends on what the driver mounted.
+        let target = publish_layout(pod, spec, src).ok()?.target;
+        let top = self.root.open_dir(&target).ok()?;
+        self.mounter.mount_id(&top).ok().flatten()
     }
 
     fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: MountTableView<'_>) -> bool {
