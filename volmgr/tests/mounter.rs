@@ -15,6 +15,17 @@ use support::isolated;
 use volmgr::sys::linux::LinuxMounter;
 use volmgr::sys::{Mounter, Target};
 
+fn tmpfs(path: &Path) {
+    mount(
+        Some("tmpfs"),
+        path,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+}
+
 fn target(path: &Path) -> Target {
     let fd: OwnedFd = open(path, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap();
     Target::new(fd, path.to_path_buf())
@@ -31,14 +42,7 @@ fn listmount_lists_every_mount_id() {
             return;
         };
         let base = tempfile::tempdir().unwrap();
-        mount(
-            Some("tmpfs"),
-            base.path(),
-            Some("tmpfs"),
-            MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap();
+        tmpfs(base.path());
         let paths: Vec<_> = (0..5000)
             .map(|i| base.path().join(format!("m{i}")))
             .collect();
@@ -50,14 +54,7 @@ fn listmount_lists_every_mount_id() {
                 None,
                 "not a mount root yet"
             );
-            mount(
-                Some("tmpfs"),
-                p,
-                Some("tmpfs"),
-                MsFlags::empty(),
-                None::<&str>,
-            )
-            .unwrap();
+            tmpfs(p);
             ids.push(m.mount_id(&target(p)).unwrap().expect("a unique mount id"));
         }
         let listed = m.mount_ids().unwrap().unwrap();
@@ -67,14 +64,7 @@ fn listmount_lists_every_mount_id() {
         umount(&paths[7]).unwrap();
         let listed = m.mount_ids().unwrap().unwrap();
         assert!(!listed.contains(&ids[7]));
-        mount(
-            Some("tmpfs"),
-            &paths[7],
-            Some("tmpfs"),
-            MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap();
+        tmpfs(&paths[7]);
         let again = m.mount_id(&target(&paths[7])).unwrap().unwrap();
         assert!(!ids.contains(&again));
         nix::mount::umount2(base.path(), nix::mount::MntFlags::MNT_DETACH).unwrap();
