@@ -78,7 +78,7 @@ const READ_TABLE_EVERY: u32 = 10;
 
 /// What lets a resync skip reading the mount table: at 10,000 volumes,
 /// having the kernel format `/proc/self/mountinfo` and parsing it is most of
-/// a resync's cost (30-55 ms), and what it would tell is usually known.
+/// a resync's cost (50-70 ms), and what it would tell is usually known.
 #[derive(Default)]
 struct ResyncState {
     /// The watch on the mount table, opened by the first resync.
