@@ -265,8 +265,7 @@ struct AgentResult {
 /// The agent's idle cost with everything mounted.
 struct Idle {
     /// CPU share of one core over the first window after all mounted: its
-    /// resync is usually the first since the mount storm, which reads the
-    /// whole mount table once.
+    /// resync is the first since the mount storm (the table changed).
     first: f64,
     /// Over the next window: a steady idle agent, whose resync finds the
     /// mount table unchanged.

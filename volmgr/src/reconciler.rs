@@ -576,13 +576,13 @@ impl Reconciler {
         let generation = self.world.asw().mounted_generation();
         match state.next_check(&*self.mounter, generation) {
             ResyncCheck::Unchanged => {
-                let lost = self.find_lost(MountTableView::Unchanged);
+                let lost = self.find_lost(MountTableView::NotRead);
                 state.checked(generation, false);
                 tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table unchanged");
                 return Ok(lost);
             }
             ResyncCheck::MountIds if self.mount_ids_all_listed() => {
-                let lost = self.find_lost(MountTableView::Unchanged);
+                let lost = self.find_lost(MountTableView::NotRead);
                 state.checked(generation, false);
                 tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: every mount id listed");
                 return Ok(lost);

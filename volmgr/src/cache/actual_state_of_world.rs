@@ -88,7 +88,7 @@ pub struct ActualStateOfWorld {
     /// Index: the volumes each pod has mounted.
     by_pod: FastMap<PodUid, Vec<UniqueVolumeName>>,
     /// Moves on whenever a pod's mount is recorded as mounted (new, or
-    /// with a new path or spec): see [`Self::mounted_generation`].
+    /// with a new path, spec or mount id): see [`Self::mounted_generation`].
     mounted_generation: u64,
 }
 

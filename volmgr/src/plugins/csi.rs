@@ -442,10 +442,9 @@ impl VolumePlugin for CsiPlugin {
         if src.volume_mode != CsiVolumeMode::Filesystem {
             return None;
         }
-        // The publish target: the walk ends on what the driver mounted.
+        // The publish target, where the driver mounted.
         let target = publish_layout(pod, spec, src).ok()?.target;
-        let top = self.root.open_dir(&target).ok()?;
-        self.mounter.mount_id(&top).ok().flatten()
+        super::mount_id_at(&self.root, self.mounter.as_ref(), &target)
     }
 
     fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: MountTableView<'_>) -> bool {

@@ -264,12 +264,8 @@ impl VolumePlugin for EmptyDirPlugin {
         if !is_memory(spec) {
             return None;
         }
-        // The volume's root: the walk ends on the tmpfs mounted there.
-        let top = self
-            .root
-            .open_dir(&volume_dir(pod, &spec.name).ok()?)
-            .ok()?;
-        self.mounter.mount_id(&top).ok().flatten()
+        let rel = volume_dir(pod, &spec.name).ok()?;
+        super::mount_id_at(&self.root, self.mounter.as_ref(), &rel)
     }
 
     fn volumes_dir_name(&self) -> Option<String> {

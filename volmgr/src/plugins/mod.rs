@@ -233,8 +233,8 @@ pub trait VolumePlugin: Send + Sync + 'static {
 
     /// At resync: whether a volume recorded as set up at `path` still is,
     /// judged cheaply. What it reads of the mount table goes through
-    /// [`MountTableView::holds`], so an idle resync, which does not read the
-    /// table, does not re-check it.
+    /// [`MountTableView::holds`], so a resync that did not read the table
+    /// does not re-check it.
     fn verify(&self, spec: &VolumeSpec, path: &Path, table: MountTableView<'_>) -> bool;
 
     /// Whether `verify` reads the mount table for this volume. Default: yes,
@@ -300,6 +300,18 @@ pub trait VolumePlugin: Send + Sync + 'static {
 /// (`kubernetes.io/empty-dir` → `kubernetes.io~empty-dir`).
 pub fn escape_plugin_name(name: &str) -> String {
     name.replace('/', "~")
+}
+
+/// The unique id of the mount at `rel` (for [`VolumePlugin::mount_id`]):
+/// `rel` is opened beneath ROOT, and the walk ends on what is mounted
+/// there. `None` when nothing is, or the kernel cannot tell.
+pub(crate) fn mount_id_at(
+    root: &crate::root_dir::RootDir,
+    mounter: &dyn crate::sys::Mounter,
+    rel: &crate::root_dir::RelPath,
+) -> Option<u64> {
+    let top = root.open_dir(rel).ok()?;
+    mounter.mount_id(&top).ok().flatten()
 }
 
 /// A registered plugin with its name, shared by every volume that records it.

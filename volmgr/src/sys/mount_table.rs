@@ -8,20 +8,21 @@ use crate::volume::FastMap;
 /// The mount table as a check of set-up volumes sees it.
 #[derive(Debug, Clone, Copy)]
 pub enum MountTableView<'a> {
-    /// Not read: the table has not changed since the last check that read
-    /// it, and every volume recorded as set up now passed that check.
-    Unchanged,
+    /// Not read: cheaper signals (the table unchanged since the last check,
+    /// or every volume's mount id still listed) show that every volume
+    /// recorded as set up is still mounted.
+    NotRead,
     /// Read for this check.
     Read(&'a MountTable),
 }
 
 impl MountTableView<'_> {
-    /// Whether `check` holds on the table. On an unchanged table it held at
-    /// the last check, so it still does: a check that reads nothing but the
-    /// table must go through here.
+    /// Whether `check` holds on the table; `true` when it was not read (see
+    /// [`Self::NotRead`]). A check that reads nothing but the table must go
+    /// through here.
     pub fn holds(&self, check: impl FnOnce(&MountTable) -> bool) -> bool {
         match self {
-            Self::Unchanged => true,
+            Self::NotRead => true,
             Self::Read(table) => check(table),
         }
     }
