@@ -17,4 +17,4 @@ if [ "${#need[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 echo "nproc: $(nproc)  uname -r: $(uname -r)  bpftrace: $(bpftrace --version)"
-exec cargo bench -p volmgr --bench tracer_overhead -- "$@"
+exec cargo bench -p volmgr-cli --bench tracer_overhead -- "$@"

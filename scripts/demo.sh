@@ -12,7 +12,7 @@ once=0
 if [ "${VOLMGR_DEMO_IN_NS:-}" != 1 ]; then
   ./scripts/bootstrap.sh
   export PATH="$HOME/.cargo/bin:$PATH"
-  cargo build --release -q -p volmgr
+  cargo build --release -q -p volmgr-cli
   if [ "$(id -u)" -ne 0 ]; then
     echo "demo: needs root to create a private mount namespace (try: sudo $0)" >&2
     exit 1

@@ -11,8 +11,8 @@ use volmgr_core::plugins::{
     escape_plugin_name, BlockingPool, MountRequest, ReconstructedVolume, UnmountRequest,
     VolumeError, VolumePlugin,
 };
-use volmgr_core::root_dir::{check_component, RelPath, RootDir};
 use volmgr_core::sys::mount_table::{MountTable, MountTableView};
+use volmgr_core::sys::root_dir::{check_component, RelPath, RootDir};
 use volmgr_core::volume::{PodUid, VolumeSource, VolumeSpec};
 
 use crate::boundary::{guard, str_arg, try_ffi};

@@ -1,31 +1,34 @@
 //! volmgr: a node-level Kubernetes volume manager.
 //!
-//! The model follows the kubelet's volumemanager (see `DESIGN.md`): sources
-//! feed a [`populator`] that edits the [`cache::desired_state_of_world`]; the
-//! [`reconciler`] compares it with the [`cache::actual_state_of_world`] and
-//! starts operations on the [`operation_executor`], which calls [`plugins`];
-//! [`reconstruct`] rebuilds the actual state at start-up. The
-//! [`volume_manager::VolumeManager`] ties it together for the agent and the C ABI.
+//! The model and the names follow the kubelet's volumemanager; the layers
+//! only point down (`docs/ARCHITECTURE.md`, checked by `tests/layers.rs`):
+//!
+//! ```text
+//! volumemanager      the kubelet's VolumeManager methods: a thin facade
+//! populator          sources (manifests directory) + pod → desired volumes (PVC→PV→CSI)
+//! reconciler         reconcile phases, resync, start-up reconstruction
+//! operationexecutor  one operation per volume at a time, backoff, the operation bodies
+//! tracer             eBPF / mountinfo observers: write the actual state, never mount
+//! plugins            emptyDir, hostPath, CSI (kubelet side)
+//! csi                gRPC clients, driver registry, plugin watcher (a leaf)
+//! cache              desired and actual states of world, out-of-band log
+//! sys                every syscall behind a seam; root_dir, the only door to ROOT
+//! base               volume names and specs, quantities, metrics, status schema, ebpf loader, util
+//! ```
 
-pub mod agent;
-pub mod api;
 pub mod cache;
 pub mod csi;
 pub mod ebpf;
 pub mod failpoint;
 pub mod metrics;
-pub mod operation_executor;
-pub mod operation_generator;
+pub mod operationexecutor;
 pub mod plugins;
-pub mod pod;
 pub mod populator;
 pub mod quantity;
 pub mod reconciler;
-pub mod reconstruct;
-pub mod root_dir;
 pub mod status;
 pub mod sys;
 pub mod tracer;
+pub mod util;
 pub mod volume;
-pub mod volume_manager;
-pub mod world;
+pub mod volumemanager;

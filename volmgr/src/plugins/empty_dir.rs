@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::failpoint;
-use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
 use crate::volume::{PodUid, StorageMedium, VolumeSource, VolumeSpec};
 
@@ -68,7 +68,7 @@ fn is_memory(spec: &VolumeSpec) -> bool {
 }
 
 /// `pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
-pub fn volume_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::root_dir::PathError> {
+pub fn volume_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::sys::root_dir::PathError> {
     RelPath::new([
         "pods",
         pod.as_str(),
@@ -79,7 +79,7 @@ pub fn volume_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::root_dir
 }
 
 /// `pods/<uid>/plugins/kubernetes.io~empty-dir/<volume>`.
-fn plugin_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::root_dir::PathError> {
+fn plugin_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::sys::root_dir::PathError> {
     RelPath::new([
         "pods",
         pod.as_str(),

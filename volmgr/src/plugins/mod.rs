@@ -8,8 +8,8 @@ pub mod host_path;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use crate::root_dir::PathError;
 use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::root_dir::PathError;
 use crate::sys::SyscallError;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
 
@@ -306,9 +306,9 @@ pub fn escape_plugin_name(name: &str) -> String {
 /// `rel` is opened beneath ROOT, and the walk ends on what is mounted
 /// there. `None` when nothing is, or the kernel cannot tell.
 pub(crate) fn mount_id_at(
-    root: &crate::root_dir::RootDir,
+    root: &crate::sys::root_dir::RootDir,
     mounter: &dyn crate::sys::Mounter,
-    rel: &crate::root_dir::RelPath,
+    rel: &crate::sys::root_dir::RelPath,
 ) -> Option<u64> {
     let top = root.open_dir(rel).ok()?;
     mounter.mount_id(&top).ok().flatten()

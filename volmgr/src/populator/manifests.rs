@@ -8,7 +8,7 @@
 //!
 //! PVCs, PVs and Secrets stand in for the API server: a pod's
 //! `persistentVolumeClaim` volume resolves through them (see
-//! [`crate::pod::ObjectLookup`]), and when one of them appears, changes or
+//! [`crate::populator::pod::ObjectLookup`]), and when one of them appears, changes or
 //! disappears, the pods that read it are re-resolved (a missing object's
 //! volume error clears itself; a PV whose capacity grew raises the desired
 //! size). Like the kubelet, a volume that resolved once is not torn down
@@ -34,11 +34,11 @@ use nix::sys::inotify::AddWatchFlags;
 use nix::sys::stat::{FileStat, Mode};
 use tokio::sync::watch;
 
-use crate::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
+use crate::populator::pod::{DesiredPod, PodRejected};
 use crate::sys::inotify::{self, WatchError};
 use crate::volume::{PodUid, VolumeSource};
-use crate::volume_manager::VolumeManager;
+use crate::volumemanager::VolumeManager;
 
 /// Files larger than this are refused.
 const MAX_FILE_BYTES: u64 = 8 << 20;
@@ -260,7 +260,7 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
 }
 
 fn add_pod(pod: Pod, out: &mut ParsedFile) {
-    if crate::pod::needs_objects(&pod) {
+    if crate::populator::pod::needs_objects(&pod) {
         out.unresolved.push(Arc::new(pod));
         return;
     }
@@ -1105,7 +1105,7 @@ spec:
         let root = tempfile::tempdir().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let vm = VolumeManager::new(
-            crate::volume_manager::Config::new(root.path()),
+            crate::volumemanager::Config::new(root.path()),
             Arc::new(crate::sys::fake::FakeMounter::default()),
         )
         .unwrap();

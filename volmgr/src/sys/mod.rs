@@ -10,6 +10,7 @@ pub mod memory;
 pub mod mount_table;
 pub mod mountinfo;
 pub mod namespace;
+pub mod root_dir;
 
 #[cfg(test)]
 pub mod fake;

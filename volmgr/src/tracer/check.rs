@@ -40,16 +40,16 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
-use crate::operation_executor::{OperationExecutor, OperationKind, OperationRecord};
+use crate::cache::world::{VolumeEvent, VolumeEventKind, World};
+use crate::operationexecutor::{OperationExecutor, OperationKind, OperationRecord};
 use crate::plugins::{VolumeError, VolumePlugin};
-use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
 use crate::volume::{PodUid, StorageMedium, UniqueVolumeName, VolumeSource, VolumeSpec};
-use crate::volume_manager::VolumeManager;
-use crate::world::{VolumeEvent, VolumeEventKind, World};
+use crate::volumemanager::VolumeManager;
 
-use super::out_of_band::{DetectedBy, Detection, OutOfBandLog};
+use crate::cache::out_of_band::{DetectedBy, Detection, OutOfBandLog};
 
 /// Which managed paths a change may have touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -617,7 +617,7 @@ pub fn monotonic_ns() -> u64 {
 mod tests {
     use super::*;
     use crate::sys::fake::FakeMounter;
-    use crate::volume_manager::Config;
+    use crate::volumemanager::Config;
 
     const T: Duration = Duration::from_secs(20);
 

@@ -29,8 +29,8 @@ use tokio::sync::{mpsc, watch};
 use crate::ebpf::{MountSyscall, SyscallEvent, SyscallStats};
 
 use super::check::{CheckSender, Origin, Scope};
-use super::out_of_band::DetectedBy;
 use super::TracerCounters;
+use crate::cache::out_of_band::DetectedBy;
 
 /// `MS_MOVE` from `linux/mount.h`.
 const MS_MOVE: u64 = 0x2000;

@@ -23,7 +23,6 @@
 pub mod check;
 pub mod ebpf_events;
 pub mod mountinfo_poller;
-pub mod out_of_band;
 
 use std::fmt;
 use std::str::FromStr;
@@ -36,7 +35,7 @@ use tokio::task::JoinHandle;
 
 use crate::ebpf::{self, EbpfError, EbpfTracer, SyscallStats, TraceFilter};
 use crate::status::{SyscallLatency, TracerStats};
-use crate::volume_manager::VolumeManager;
+use crate::volumemanager::VolumeManager;
 
 use check::{CheckCounters, Checker};
 use mountinfo_poller::{MountinfoPoller, PollerError};
@@ -297,7 +296,7 @@ fn start_mountinfo(
     checks.check(
         check::Scope::All,
         check::Origin {
-            by: out_of_band::DetectedBy::Mountinfo,
+            by: crate::cache::out_of_band::DetectedBy::Mountinfo,
             cause: Some("check when the mountinfo poller started".into()),
             boot_ns: None,
         },
@@ -332,7 +331,7 @@ const LOAD_MAX_DELAY: Duration = Duration::from_secs(5);
 /// CPU is exactly what makes every `umount2` of a storm slow (each waits for
 /// an RCU grace period, which must then interrupt that CPU: 7 µs with the
 /// other CPU idle, 50-65 µs with it busy, `cargo bench --bench umount_cost`).
-async fn wait_for_quiet(world: &Arc<crate::world::World>, quiet: Duration, max: Duration) {
+async fn wait_for_quiet(world: &Arc<crate::cache::world::World>, quiet: Duration, max: Duration) {
     let deadline = tokio::time::Instant::now() + max;
     let mut last = world.generation();
     loop {
@@ -420,7 +419,7 @@ fn attach_ebpf(
     checks.check(
         check::Scope::All,
         check::Origin {
-            by: out_of_band::DetectedBy::Ebpf,
+            by: crate::cache::out_of_band::DetectedBy::Ebpf,
             cause: Some("check when the eBPF tracer attached".into()),
             boot_ns: None,
         },

@@ -27,8 +27,8 @@ use tokio::sync::watch;
 use crate::sys::mountinfo;
 
 use super::check::{CheckSender, Origin, Scope};
-use super::out_of_band::DetectedBy;
 use super::TracerCounters;
+use crate::cache::out_of_band::DetectedBy;
 
 /// Why the poller could not start.
 #[derive(Debug, thiserror::Error)]

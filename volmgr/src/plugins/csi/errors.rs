@@ -17,7 +17,7 @@
 
 use tonic::Code;
 
-use super::client::CsiCallError;
+use crate::csi::client::CsiCallError;
 use crate::plugins::VolumeError;
 
 /// The node operation a call belongs to.

@@ -28,27 +28,29 @@
 //! mountinfo): an existing mount is not proof that the call succeeded, and
 //! a staged volume is never staged again nor unstaged while a pod uses it.
 
+pub mod errors;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use sha2::Digest;
 
-use super::{
+use crate::csi::client::CsiClients;
+use crate::csi::proto::csi;
+use crate::plugins::{
     escape_plugin_name, DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest,
     MountRequest, NodeExpandRequest, NodeExpandableVolumePlugin, ReconstructedDevice,
     ReconstructedVolume, UnmountRequest, VolumeError, VolumePlugin,
 };
-use crate::csi::client::CsiClients;
-use crate::csi::errors::{classify, CsiOp};
-use crate::csi::proto::csi;
-use crate::root_dir::{PathError, RelPath, RootDir};
 use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::root_dir::{PathError, RelPath, RootDir};
 use crate::sys::Mounter;
 use crate::volume::{
     CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, UniqueVolumeName,
     VolumeSource, VolumeSpec,
 };
+use errors::{classify, CsiOp};
 
 /// The plugin's name.
 pub const PLUGIN_NAME: &str = "kubernetes.io/csi";
@@ -444,7 +446,7 @@ impl VolumePlugin for CsiPlugin {
         }
         // The publish target, where the driver mounted.
         let target = publish_layout(pod, spec, src).ok()?.target;
-        super::mount_id_at(&self.root, self.mounter.as_ref(), &target)
+        crate::plugins::mount_id_at(&self.root, self.mounter.as_ref(), &target)
     }
 
     fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: MountTableView<'_>) -> bool {

@@ -14,9 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
+use crate::cache::world::{VolumeEvent, VolumeEventKind};
 use crate::status::OutOfBandEvent;
 use crate::volume::{PodUid, UniqueVolumeName};
-use crate::world::{VolumeEvent, VolumeEventKind};
 
 /// How many recent changes are kept.
 pub const RECENT: usize = 64;

@@ -8,12 +8,12 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 
-use volmgr::agent::{self, AgentOptions};
-use volmgr::api::{self, Request};
 use volmgr::ebpf;
-use volmgr::operation_executor::Backoff;
+use volmgr::operationexecutor::Backoff;
 use volmgr::status::Status;
 use volmgr::tracer::TracerMode;
+use volmgr_cli::agent::{self, AgentOptions};
+use volmgr_cli::api::{self, Request};
 
 /// volmgr: a node-level Kubernetes volume manager.
 #[derive(Parser, Debug)]

@@ -14,14 +14,14 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api;
-use crate::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
-use crate::csi::registry::DriverRegistry;
-use crate::operation_executor::Backoff;
-use crate::populator::manifests::{ManifestsSource, SourceError};
-use crate::root_dir::RelPath;
-use crate::sys::linux::LinuxMounter;
-use crate::tracer::{self, TracerError, TracerMode};
-use crate::volume_manager::{self, Config, VolumeManager};
+use volmgr::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
+use volmgr::csi::registry::DriverRegistry;
+use volmgr::operationexecutor::Backoff;
+use volmgr::populator::manifests::{ManifestsSource, SourceError};
+use volmgr::sys::linux::LinuxMounter;
+use volmgr::sys::root_dir::RelPath;
+use volmgr::tracer::{self, TracerError, TracerMode};
+use volmgr::volumemanager::{self, Config, VolumeManager};
 
 /// The kubelet's plugin registration directory under ROOT.
 pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
@@ -57,7 +57,7 @@ pub struct AgentOptions {
 pub enum AgentError {
     /// Building or starting the manager failed.
     #[error(transparent)]
-    Manager(#[from] volume_manager::Error),
+    Manager(#[from] volumemanager::Error),
     /// Another agent holds ROOT.
     #[error("another volmgr agent is running on {0} (lock held on volmgr.lock)")]
     Locked(PathBuf),
@@ -96,9 +96,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.backoff = opts.backoff;
     config.node_name = opts.node_name.clone();
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
-    let csi_registry = crate::csi::registry::DriverRegistry::new();
-    crate::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
-    vm.set_csi_driver_registry(Arc::clone(&csi_registry));
+    let csi_registry = DriverRegistry::new();
+    volumemanager::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
     for (name, socket) in &opts.csi_drivers {
         csi_registry.register_fixed(name, socket.clone());
     }

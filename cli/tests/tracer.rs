@@ -63,7 +63,10 @@ fn metrics_text(env: &Env) -> String {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(volmgr::api::call(&env.root, &volmgr::api::Request::Metrics))
+        .block_on(volmgr_cli::api::call(
+            &env.root,
+            &volmgr_cli::api::Request::Metrics,
+        ))
         .unwrap();
     v.as_str().unwrap().to_string()
 }

@@ -11,6 +11,8 @@
 //! a slow periodic resync re-reads the mount table as a safety net and makes
 //! a full pass.
 
+pub mod reconstruct;
+
 use std::collections::HashSet;
 use std::future::Future;
 use std::path::PathBuf;
@@ -21,14 +23,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
-use crate::operation_executor::{NotStarted, OperationExecutor, OperationKind};
-use crate::operation_generator;
+use crate::cache::world::{Dirty, VolumeEvent, VolumeEventKind, World};
+use crate::operationexecutor::generator;
+use crate::operationexecutor::{NotStarted, OperationExecutor, OperationKind};
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
-use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::{MountTableWatch, Mounter};
 use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
-use crate::world::{Dirty, VolumeEvent, VolumeEventKind, World};
 
 /// Prefix of the operation keys of pod-directory clean-ups
 /// (`volmgr/pod-dir/<uid>`): one key per pod, so each has its own backoff.
@@ -416,12 +418,7 @@ impl Reconciler {
                 pod.as_ref(),
                 kind,
                 label_of(Some(&req.spec)),
-                operation_generator::mount_volume(
-                    world,
-                    Arc::clone(&plugin),
-                    Arc::clone(&plugin_name),
-                    req,
-                ),
+                generator::mount_volume(world, Arc::clone(&plugin), Arc::clone(&plugin_name), req),
             ),
             Action::Unmount {
                 mounted, pod: upod, ..
@@ -430,7 +427,7 @@ impl Reconciler {
                 pod.as_ref(),
                 kind,
                 label_of(Some(&mounted.spec)),
-                operation_generator::unmount_volume(
+                generator::unmount_volume(
                     world,
                     Arc::clone(&plugin),
                     volume.clone(),
@@ -443,7 +440,7 @@ impl Reconciler {
                 None,
                 kind,
                 label_of(Some(&spec)),
-                operation_generator::mount_device(
+                generator::mount_device(
                     world,
                     Arc::clone(&plugin),
                     Arc::clone(&plugin_name),
@@ -456,14 +453,14 @@ impl Reconciler {
                 None,
                 kind,
                 label_of(spec.as_deref()),
-                operation_generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
+                generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
             ),
             Action::Expand { spec, new_size, .. } => self.prepare(
                 &volume,
                 None,
                 kind,
                 label_of(Some(&spec)),
-                operation_generator::expand_volume(
+                generator::expand_volume(
                     world,
                     Arc::clone(&plugin),
                     volume.clone(),
@@ -730,7 +727,7 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
 
     use crate::cache::actual_state_of_world::DeviceMountState;
-    use crate::operation_executor::Backoff;
+    use crate::operationexecutor::Backoff;
     use crate::plugins::{
         DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, MountRequest,
         UnmountRequest, VolumeError, VolumePlugin,
@@ -738,7 +735,7 @@ mod tests {
     use crate::sys::fake::FakeMounter;
     use crate::sys::mount_table::MountTableView;
     use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
-    use crate::volume_manager::{Config, VolumeManager};
+    use crate::volumemanager::{Config, VolumeManager};
     use std::path::PathBuf;
     use std::sync::Arc;
 

@@ -4,15 +4,17 @@
 //! every other operation on its volume), and a failed operation is retried only
 //! after an exponential backoff. Attempts and the last error are kept for status.
 
+pub mod generator;
+
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cache::pod_map::PodMap;
+use crate::cache::world::World;
 use crate::metrics::{Metrics, OperationLabels};
 use crate::plugins::VolumeError;
 use crate::volume::{FastMap, PodUid, UniqueVolumeName};
-use crate::world::World;
 
 /// Backoff policy (the kubelet's `exponentialbackoff` defaults).
 #[derive(Debug, Clone, Copy)]

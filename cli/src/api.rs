@@ -16,8 +16,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
-use crate::volume::PodUid;
-use crate::volume_manager::VolumeManager;
+use volmgr::volume::PodUid;
+use volmgr::volumemanager::VolumeManager;
 
 /// The socket's file name under ROOT.
 pub const SOCKET_NAME: &str = "volmgr.sock";

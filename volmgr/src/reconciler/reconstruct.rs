@@ -21,12 +21,12 @@
 use std::sync::Arc;
 
 use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
+use crate::cache::world::World;
 use crate::plugins::{VolumeError, VolumePluginMgr};
-use crate::root_dir::{RelPath, RootDir};
 use crate::sys::mount_table::MountTable;
+use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
 use crate::volume::PodUid;
-use crate::world::World;
 
 /// What reconstruction found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -3,6 +3,8 @@
 //! plugins, the executor and the reconciler, and answers the kubelet's
 //! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
 
+pub mod csi;
+
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -14,20 +16,20 @@ use tokio::task::JoinHandle;
 
 use crate::cache::actual_state_of_world::{MountedVolume, VolumeMountState};
 use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
+use crate::cache::out_of_band::OutOfBandLog;
+use crate::cache::world::{EventListener, World};
 use crate::metrics::Metrics;
-use crate::operation_executor::{Backoff, OperationExecutor, OperationKind};
+use crate::operationexecutor::{Backoff, OperationExecutor, OperationKind};
 use crate::plugins::empty_dir::EmptyDirPlugin;
 use crate::plugins::host_path::HostPathPlugin;
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
-use crate::pod::{DesiredPod, PodRejected};
+use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::reconciler::reconstruct::{reconstruct, ReconstructionReport};
 use crate::reconciler::Reconciler;
-use crate::reconstruct::{reconstruct, ReconstructionReport};
-use crate::root_dir::{PathError, RootDir};
 use crate::status::{PodStatus, SourceError, Status, SyscallLatency, TracerStats, VolumeStatus};
+use crate::sys::root_dir::{PathError, RootDir};
 use crate::sys::Mounter;
-use crate::tracer::out_of_band::OutOfBandLog;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
-use crate::world::{EventListener, World};
 
 /// Deleted pods remembered for status before the list is first pruned.
 const DEPARTING_PRUNE_MIN: usize = 1024;

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
+use crate::cache::world::{VolumeEvent, VolumeEventKind, World};
 use crate::plugins::{
     DeviceMountRequest, DeviceUnmountRequest, MountRequest, NodeExpandRequest, UnmountRequest,
     VolumeError, VolumePlugin,
 };
 use crate::volume::VolumeSpec;
 use crate::volume::{PodUid, UniqueVolumeName};
-use crate::world::{VolumeEvent, VolumeEventKind, World};
 
 /// `MountVolume`: set the volume up for the pod. Success records it mounted;
 /// an uncertain failure records it uncertain (so it is set up again, or torn

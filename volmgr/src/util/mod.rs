@@ -1,0 +1,1 @@
+//! Small helpers every layer uses: lock recovery, task supervision.
