@@ -1,0 +1,448 @@
+//! The shape of the code, checked on every test run (`docs/ARCHITECTURE.md`):
+//!
+//! - the library's modules form layers whose `crate::` references only point
+//!   down (no module cycle);
+//! - the tracer observes: it never reaches the executor, the reconciler or
+//!   anything that mounts;
+//! - no function outside tests is longer than 80 lines, in the library, the
+//!   command and the C ABI.
+//!
+//! The parser is deliberately small: it strips comments, string and char
+//! literals, skips `#[cfg(test)]` items, and reads `crate::NAME` paths and
+//! `fn` bodies by brace matching. Every check is shown to fail on a planted
+//! violation by its own unit test below.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first. A module may use modules of lower layers only,
+/// never another module of its own layer.
+const LAYERS: &[&[&str]] = &[
+    &["util", "failpoint", "quantity", "volume", "ebpf"],
+    &["metrics"],
+    &["status"],
+    &["sys"],
+    &["cache", "csi"],
+    &["plugins"],
+    &["tracer"],
+    &["operationexecutor"],
+    &["reconciler"],
+    &["populator"],
+    &["volumemanager"],
+];
+
+/// Names the tracer must not use: it records what it sees in the actual state
+/// and leaves every mount and unmount to the reconciler.
+const TRACER_FORBIDDEN: &[&str] = &["Mounter", "OperationExecutor", "operationexecutor", "Reconciler"];
+
+/// The longest a function outside tests may be, in lines.
+const MAX_FN_LINES: usize = 80;
+
+fn rank(module: &str) -> Option<(usize, usize)> {
+    // (layer, position in it)
+    LAYERS.iter().enumerate().find_map(|(layer, names)| {
+        names
+            .iter()
+            .position(|n| *n == module)
+            .map(|pos| (layer, pos))
+    })
+}
+
+/// Whether `from` may refer to `to`.
+fn allowed(from: &str, to: &str) -> bool {
+    if from == to {
+        return true;
+    }
+    match (rank(from), rank(to)) {
+        (Some((fl, _)), Some((tl, _))) => tl < fl,
+        _ => false,
+    }
+}
+
+/// Source text with comments, string and char literals blanked (newlines
+/// kept, so line numbers stay right).
+fn strip(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = String::with_capacity(src.len());
+    let mut i = 0;
+    let blank = |out: &mut String, c: u8| out.push(if c == b'\n' { '\n' } else { ' ' });
+    while i < b.len() {
+        let c = b[i];
+        if c == b'/' && b.get(i + 1) == Some(&b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(' ');
+                i += 1;
+            }
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+                    depth += 1;
+                    out.push_str("  ");
+                    i += 2;
+                } else if b[i] == b'*' && b.get(i + 1) == Some(&b'/') {
+                    depth -= 1;
+                    out.push_str("  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+        } else if c == b'r' && matches!(b.get(i + 1), Some(b'"') | Some(b'#')) && !ident_before(b, i) {
+            // Raw string: r"..." or r#"..."#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while b.get(j) == Some(&b'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if b.get(j) != Some(&b'"') {
+                out.push(c as char);
+                i += 1;
+                continue;
+            }
+            out.push(' ');
+            i += 1;
+            while i <= j {
+                out.push(' ');
+                i += 1;
+            }
+            loop {
+                if i >= b.len() {
+                    break;
+                }
+                if b[i] == b'"' && (0..hashes).all(|k| b.get(i + 1 + k) == Some(&b'#')) {
+                    for _ in 0..=hashes {
+                        out.push(' ');
+                    }
+                    i += 1 + hashes;
+                    break;
+                }
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+        } else if c == b'"' {
+            out.push(' ');
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                if b[i] == b'\\' {
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+                if i < b.len() {
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+            out.push(' ');
+            i += 1;
+        } else if c == b'\'' {
+            // A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
+            let end = if b.get(i + 1) == Some(&b'\\') {
+                (i + 2..b.len().min(i + 12)).find(|&k| b[k] == b'\'')
+            } else if b.get(i + 2) == Some(&b'\'') {
+                Some(i + 2)
+            } else {
+                None
+            };
+            match end {
+                Some(e) => {
+                    for _ in i..=e {
+                        out.push(' ');
+                    }
+                    i = e + 1;
+                }
+                None => {
+                    out.push('\'');
+                    i += 1;
+                }
+            }
+        } else {
+            out.push(c as char);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn ident_before(b: &[u8], i: usize) -> bool {
+    i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')
+}
+
+/// The index of the line holding the brace that closes the first `{` at or
+/// after line `start`, or the line of a `;` that ends the item before any
+/// brace opens.
+fn item_end(lines: &[&str], start: usize) -> usize {
+    let mut depth = 0usize;
+    let mut opened = false;
+    for (n, line) in lines.iter().enumerate().skip(start) {
+        for ch in line.chars() {
+            match ch {
+                '{' => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    if opened && depth == 0 {
+                        return n;
+                    }
+                }
+                ';' if !opened && depth == 0 => return n,
+                _ => {}
+            }
+        }
+    }
+    lines.len().saturating_sub(1)
+}
+
+/// The stripped lines of `src` with `#[cfg(test)]` items blanked; `None` when
+/// the whole file is test-only (declared under `#[cfg(test)]` by its parent).
+fn non_test_lines(src: &str) -> Vec<String> {
+    let stripped = strip(src);
+    let lines: Vec<&str> = stripped.lines().collect();
+    let mut keep: Vec<String> = Vec::with_capacity(lines.len());
+    let mut n = 0;
+    while n < lines.len() {
+        if lines[n].trim() == "#[cfg(test)]" {
+            let end = item_end(&lines, n + 1);
+            for _ in n..=end {
+                keep.push(String::new());
+            }
+            n = end + 1;
+        } else {
+            keep.push(lines[n].to_string());
+            n += 1;
+        }
+    }
+    keep
+}
+
+fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            rs_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Files declared `#[cfg(test)] mod NAME;` by their parent (e.g. `sys/fake.rs`).
+fn test_only_files(src: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        for w in lines.windows(2) {
+            if w[0].trim() != "#[cfg(test)]" {
+                continue;
+            }
+            let decl = w[1].trim().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
+            if let Some(name) = decl.strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) {
+                let dir = if f.file_name().is_some_and(|n| n == "mod.rs" || n == "lib.rs") {
+                    f.parent().map(Path::to_path_buf).unwrap_or_else(|| src.to_path_buf())
+                } else {
+                    f.with_extension("")
+                };
+                out.push(dir.join(format!("{name}.rs")));
+                out.push(dir.join(name).join("mod.rs"));
+            }
+        }
+    }
+    out
+}
+
+/// The top-level module a file of `src` belongs to.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (name != "lib").then(|| name.to_string())
+}
+
+/// `crate::NAME` references of non-test code: (line, NAME).
+fn crate_refs(lines: &[String]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let mut rest = line.as_str();
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().last();
+            rest = &rest[at + "crate::".len()..];
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push((n + 1, name));
+            }
+        }
+    }
+    out
+}
+
+/// Layer violations in the library at `src`.
+fn layer_violations(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rs_files(src, &mut files);
+    let test_only = test_only_files(src, &files);
+    let mut out = Vec::new();
+    for f in &files {
+        if test_only.contains(f) {
+            continue;
+        }
+        let Some(module) = module_of(src, f) else {
+            continue;
+        };
+        let rel = f.strip_prefix(src).unwrap_or(f).display().to_string();
+        if rank(&module).is_none() {
+            out.push(format!("{rel}: module `{module}` is in no layer (add it to LAYERS)"));
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let lines = non_test_lines(&text);
+        for (line, to) in crate_refs(&lines) {
+            if !allowed(&module, &to) {
+                out.push(format!("{rel}:{line}: `{module}` uses `crate::{to}`, a layer above it"));
+            }
+        }
+        if module == "tracer" {
+            for (n, line) in lines.iter().enumerate() {
+                for word in TRACER_FORBIDDEN {
+                    if contains_word(line, word) {
+                        out.push(format!(
+                            "{rel}:{}: the tracer uses `{word}`: it must only record in the actual state",
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn contains_word(line: &str, word: &str) -> bool {
+    line.match_indices(word).any(|(at, _)| {
+        let before = line[..at].chars().last();
+        let after = line[at + word.len()..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// Functions outside tests longer than `max` lines: "file:line fn name (N lines)".
+fn long_functions(file: &Path, text: &str, max: usize) -> Vec<String> {
+    let lines = non_test_lines(text);
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let mut out = Vec::new();
+    for (n, line) in refs.iter().enumerate() {
+        let Some(name) = fn_name(line) else {
+            continue;
+        };
+        // A declaration without a body (trait method, extern) ends with `;`.
+        let end = item_end(&refs, n);
+        let has_body = refs[n..=end].iter().any(|l| l.contains('{'));
+        if !has_body {
+            continue;
+        }
+        let len = end - n + 1;
+        if len > max {
+            out.push(format!("{}:{} fn {name} ({len} lines)", file.display(), n + 1));
+        }
+    }
+    out
+}
+
+fn fn_name(line: &str) -> Option<String> {
+    let mut words = line.split_whitespace().peekable();
+    while let Some(w) = words.next() {
+        match w {
+            "pub" | "async" | "unsafe" | "const" | "extern" | "\"C\"" | "default" => continue,
+            w if w.starts_with("pub(") => continue,
+            "fn" => {
+                let name: String = words
+                    .next()?
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                return (!name.is_empty()).then_some(name);
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn layers_only_point_down() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let v = layer_violations(&src);
+    assert!(v.is_empty(), "layer violations:\n{}", v.join("\n"));
+}
+
+#[test]
+fn no_function_outside_tests_is_longer_than_80_lines() {
+    let ws = workspace();
+    let mut files = Vec::new();
+    for dir in ["volmgr/src", "cli/src", "ffi/src"] {
+        rs_files(&ws.join(dir), &mut files);
+    }
+    assert!(files.len() > 50, "found only {} source files", files.len());
+    let mut by_file: BTreeMap<PathBuf, Vec<String>> = BTreeMap::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let long = long_functions(f.strip_prefix(&ws).unwrap_or(f), &text, MAX_FN_LINES);
+        if !long.is_empty() {
+            by_file.insert(f.clone(), long);
+        }
+    }
+    let all: Vec<String> = by_file.into_values().flatten().collect();
+    assert!(all.is_empty(), "functions over {MAX_FN_LINES} lines:\n{}", all.join("\n"));
+}
+
+#[test]
+fn the_checks_catch_what_they_look_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("cache")).unwrap();
+    std::fs::create_dir_all(src.join("tracer")).unwrap();
+    std::fs::write(src.join("lib.rs"), "pub mod cache;\npub mod tracer;\n").unwrap();
+    // cache → reconciler points up; the one in a test module and the one in a
+    // comment or string do not count.
+    std::fs::write(
+        src.join("cache/mod.rs"),
+        "use crate::volume::X;\n// crate::reconciler in a comment\nfn f() { let _ = \"crate::reconciler\"; crate::reconciler::go(); }\n#[cfg(test)]\nmod tests {\n    use crate::volumemanager::VolumeManager;\n}\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("tracer/mod.rs"), "use crate::sys::Mounter;\n").unwrap();
+    let v = layer_violations(src);
+    assert_eq!(v.len(), 2, "{v:#?}");
+    assert!(v[0].contains("cache/mod.rs:3") && v[0].contains("crate::reconciler"), "{v:#?}");
+    assert!(v[1].contains("tracer/mod.rs:1") && v[1].contains("Mounter"), "{v:#?}");
+
+    let body: String = (0..81).map(|i| format!("    let _x{i} = '{{';\n")).collect();
+    let text = format!(
+        "pub fn short() {{\n}}\npub async fn long() {{\n{body}}}\ntrait T {{\n    fn decl(&self);\n}}\n#[cfg(test)]\nmod tests {{\n    fn long_test() {{\n{body}    }}\n}}\n"
+    );
+    let long = long_functions(Path::new("x.rs"), &text, 80);
+    assert_eq!(long, vec!["x.rs:3 fn long (83 lines)".to_string()]);
+    assert!(!allowed("cache", "csi") && !allowed("csi", "cache"));
+    assert!(allowed("plugins", "csi") && allowed("status", "metrics"));
+}
