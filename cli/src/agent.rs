@@ -232,9 +232,7 @@ async fn serve_metrics(
 ) {
     loop {
         tokio::select! {
-            r = shutdown.changed() => {
-                if r.is_err() || *shutdown.borrow() { return; }
-            }
+            () = volmgr::util::shutdown::requested(&mut shutdown) => return,
             conn = listener.accept() => {
                 let Ok((mut stream, _)) = conn else { continue };
                 let vm = Arc::clone(&vm);

@@ -113,9 +113,7 @@ pub async fn serve(
 ) {
     loop {
         tokio::select! {
-            r = shutdown.changed() => {
-                if r.is_err() || *shutdown.borrow() { return; }
-            }
+            () = volmgr::util::shutdown::requested(&mut shutdown) => return,
             conn = listener.accept() => match conn {
                 Ok((stream, _)) => {
                     let vm = Arc::clone(&vm);

@@ -15,6 +15,7 @@ use volmgr_core::volumemanager::{Config, VolumeManager, WaitError};
 
 use crate::boundary::{guard, guard_value, out_arg, str_arg, to_c_string, try_ffi};
 use crate::error::*;
+use volmgr_core::util::sync::MutexExt;
 
 /// An opaque volume manager. Created by `volmgr_new`, destroyed by
 /// `volmgr_free`; every other call may come from any thread at once.
@@ -153,7 +154,7 @@ pub unsafe extern "C" fn volmgr_new(
         let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();
         let sink = Arc::clone(&events);
         vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
-            let cb = *sink.lock().unwrap_or_else(|e| e.into_inner());
+            let cb = *sink.locked();
             if let Some(cb) = cb {
                 let json = event_json(ev);
                 if let Ok(c) = std::ffi::CString::new(json) {
@@ -284,8 +285,7 @@ pub unsafe extern "C" fn volmgr_set_event_callback(
     guard(|| {
         // SAFETY: per this function's contract.
         let h = try_ffi!(unsafe { handle(vm) });
-        *h.events.lock().unwrap_or_else(|e| e.into_inner()) =
-            cb.map(|f| EventCallback { f, userdata });
+        *h.events.locked() = cb.map(|f| EventCallback { f, userdata });
         VOLMGR_OK
     })
 }
@@ -437,7 +437,7 @@ impl volmgr {
     fn volume_list(&self, uid: &str, uncertain: bool) -> Result<std::ffi::CString, volmgr_status> {
         // Read the generation first: a list built after it is at least as new.
         let generation = self.vm.world().generation();
-        let mut cache = self.volume_lists.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.volume_lists.locked();
         // Forget everything when the pods asked about outnumber any node's.
         if cache.len() > 4096 {
             cache.clear();
@@ -450,8 +450,7 @@ impl volmgr {
         drop(cache);
         let json = volumes_json(&self.vm, uid, uncertain)?;
         self.volume_lists
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .insert((uid.to_string(), uncertain), (generation, json.clone()));
         Ok(json)
     }

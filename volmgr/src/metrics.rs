@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::util::sync::MutexExt;
 use crate::volume::FastMap;
 
 /// The kubelet's buckets for `storage_operation_duration_seconds`.
@@ -115,13 +116,13 @@ pub struct Metrics {
 impl Metrics {
     /// Records an operation's duration.
     pub fn record_operation(&self, labels: OperationLabels, d: Duration) {
-        let mut ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ops = self.operations.locked();
         ops.entry(labels).or_default().record(d);
     }
 
     /// p50/p99 per operation, for status.
     pub fn summaries(&self) -> Vec<LatencySummary> {
-        let ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+        let ops = self.operations.locked();
         let sorted: BTreeMap<_, _> = ops.iter().collect();
         sorted
             .into_iter()
@@ -144,7 +145,7 @@ impl Metrics {
         out.push_str("# HELP storage_operation_duration_seconds Storage operation duration\n");
         out.push_str("# TYPE storage_operation_duration_seconds histogram\n");
         {
-            let ops = self.operations.lock().unwrap_or_else(|e| e.into_inner());
+            let ops = self.operations.locked();
             let sorted: BTreeMap<_, _> = ops.iter().collect();
             for (k, h) in sorted {
                 let labels = format!(

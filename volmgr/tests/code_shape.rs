@@ -33,7 +33,12 @@ const LAYERS: &[&[&str]] = &[
 
 /// Names the tracer must not use: it records what it sees in the actual state
 /// and leaves every mount and unmount to the reconciler.
-const TRACER_FORBIDDEN: &[&str] = &["Mounter", "OperationExecutor", "operationexecutor", "Reconciler"];
+const TRACER_FORBIDDEN: &[&str] = &[
+    "Mounter",
+    "OperationExecutor",
+    "operationexecutor",
+    "Reconciler",
+];
 
 /// The longest a function outside tests may be, in lines.
 const MAX_FN_LINES: usize = 80;
@@ -92,7 +97,10 @@ fn strip(src: &str) -> String {
                     i += 1;
                 }
             }
-        } else if c == b'r' && matches!(b.get(i + 1), Some(b'"') | Some(b'#')) && !ident_before(b, i) {
+        } else if c == b'r'
+            && matches!(b.get(i + 1), Some(b'"') | Some(b'#'))
+            && !ident_before(b, i)
+        {
             // Raw string: r"..." or r#"..."#.
             let mut j = i + 1;
             let mut hashes = 0;
@@ -247,10 +255,18 @@ fn test_only_files(src: &Path, files: &[PathBuf]) -> Vec<PathBuf> {
             if w[0].trim() != "#[cfg(test)]" {
                 continue;
             }
-            let decl = w[1].trim().trim_start_matches("pub ").trim_start_matches("pub(crate) ");
+            let decl = w[1]
+                .trim()
+                .trim_start_matches("pub ")
+                .trim_start_matches("pub(crate) ");
             if let Some(name) = decl.strip_prefix("mod ").and_then(|r| r.strip_suffix(';')) {
-                let dir = if f.file_name().is_some_and(|n| n == "mod.rs" || n == "lib.rs") {
-                    f.parent().map(Path::to_path_buf).unwrap_or_else(|| src.to_path_buf())
+                let dir = if f
+                    .file_name()
+                    .is_some_and(|n| n == "mod.rs" || n == "lib.rs")
+                {
+                    f.parent()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| src.to_path_buf())
                 } else {
                     f.with_extension("")
                 };
@@ -308,14 +324,18 @@ fn layer_violations(src: &Path) -> Vec<String> {
         };
         let rel = f.strip_prefix(src).unwrap_or(f).display().to_string();
         if rank(&module).is_none() {
-            out.push(format!("{rel}: module `{module}` is in no layer (add it to LAYERS)"));
+            out.push(format!(
+                "{rel}: module `{module}` is in no layer (add it to LAYERS)"
+            ));
             continue;
         }
         let text = std::fs::read_to_string(f).unwrap_or_default();
         let lines = non_test_lines(&text);
         for (line, to) in crate_refs(&lines) {
             if !allowed(&module, &to) {
-                out.push(format!("{rel}:{line}: `{module}` uses `crate::{to}`, a layer above it"));
+                out.push(format!(
+                    "{rel}:{line}: `{module}` uses `crate::{to}`, a layer above it"
+                ));
             }
         }
         if module == "tracer" {
@@ -360,7 +380,11 @@ fn long_functions(file: &Path, text: &str, max: usize) -> Vec<String> {
         }
         let len = end - n + 1;
         if len > max {
-            out.push(format!("{}:{} fn {name} ({len} lines)", file.display(), n + 1));
+            out.push(format!(
+                "{}:{} fn {name} ({len} lines)",
+                file.display(),
+                n + 1
+            ));
         }
     }
     out
@@ -414,7 +438,11 @@ fn no_function_outside_tests_is_longer_than_80_lines() {
         }
     }
     let all: Vec<String> = by_file.into_values().flatten().collect();
-    assert!(all.is_empty(), "functions over {MAX_FN_LINES} lines:\n{}", all.join("\n"));
+    assert!(
+        all.is_empty(),
+        "functions over {MAX_FN_LINES} lines:\n{}",
+        all.join("\n")
+    );
 }
 
 #[test]
@@ -434,10 +462,18 @@ fn the_checks_catch_what_they_look_for() {
     std::fs::write(src.join("tracer/mod.rs"), "use crate::sys::Mounter;\n").unwrap();
     let v = layer_violations(src);
     assert_eq!(v.len(), 2, "{v:#?}");
-    assert!(v[0].contains("cache/mod.rs:3") && v[0].contains("crate::reconciler"), "{v:#?}");
-    assert!(v[1].contains("tracer/mod.rs:1") && v[1].contains("Mounter"), "{v:#?}");
+    assert!(
+        v[0].contains("cache/mod.rs:3") && v[0].contains("crate::reconciler"),
+        "{v:#?}"
+    );
+    assert!(
+        v[1].contains("tracer/mod.rs:1") && v[1].contains("Mounter"),
+        "{v:#?}"
+    );
 
-    let body: String = (0..81).map(|i| format!("    let _x{i} = '{{';\n")).collect();
+    let body: String = (0..81)
+        .map(|i| format!("    let _x{i} = '{{';\n"))
+        .collect();
     let text = format!(
         "pub fn short() {{\n}}\npub async fn long() {{\n{body}}}\ntrait T {{\n    fn decl(&self);\n}}\n#[cfg(test)]\nmod tests {{\n    fn long_test() {{\n{body}    }}\n}}\n"
     );

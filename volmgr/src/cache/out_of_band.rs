@@ -16,6 +16,7 @@ use std::time::{Instant, SystemTime};
 
 use crate::cache::world::{VolumeEvent, VolumeEventKind};
 use crate::status::OutOfBandEvent;
+use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
 
 /// How many recent changes are kept.
@@ -100,7 +101,7 @@ pub struct OutOfBandLog {
 
 impl OutOfBandLog {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// Says how the loss of `(volume, pod)` that is about to be reported was

@@ -10,6 +10,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::cache::actual_state_of_world::ActualStateOfWorld;
 use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use crate::util::sync::{MutexExt, RwLockExt};
 use crate::volume::{FastSet, PodUid, UniqueVolumeName};
 
 /// What happened to a volume, for event subscribers (logs, the C ABI callback).
@@ -112,27 +113,27 @@ impl Default for World {
 impl World {
     /// Reads the desired state.
     pub fn dsw(&self) -> RwLockReadGuard<'_, DesiredStateOfWorld> {
-        self.dsw.read().unwrap_or_else(|e| e.into_inner())
+        self.dsw.read_locked()
     }
 
     /// Writes the desired state (populator only).
     pub fn dsw_mut(&self) -> RwLockWriteGuard<'_, DesiredStateOfWorld> {
-        self.dsw.write().unwrap_or_else(|e| e.into_inner())
+        self.dsw.write_locked()
     }
 
     /// Reads the actual state.
     pub fn asw(&self) -> RwLockReadGuard<'_, ActualStateOfWorld> {
-        self.asw.read().unwrap_or_else(|e| e.into_inner())
+        self.asw.read_locked()
     }
 
     /// Writes the actual state (operations, resync, reconstruction).
     pub fn asw_mut(&self) -> RwLockWriteGuard<'_, ActualStateOfWorld> {
-        self.asw.write().unwrap_or_else(|e| e.into_inner())
+        self.asw.write_locked()
     }
 
     /// Queues volumes for the reconciler and wakes it.
     pub fn mark_dirty(&self, volumes: impl IntoIterator<Item = UniqueVolumeName>) {
-        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = self.dirty.locked();
         d.volumes.extend(volumes);
         drop(d);
         self.wake_reconciler();
@@ -141,7 +142,7 @@ impl World {
 
     /// Queues a pod whose directory may now be removable.
     pub fn mark_pod_dirty(&self, pod: PodUid) {
-        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        let mut d = self.dirty.locked();
         d.pods.insert(pod);
         drop(d);
         self.wake_reconciler();
@@ -149,7 +150,7 @@ impl World {
 
     /// Asks for a full pass.
     pub fn mark_all_dirty(&self) {
-        self.dirty.lock().unwrap_or_else(|e| e.into_inner()).all = true;
+        self.dirty.locked().all = true;
         self.wake_reconciler();
         self.bump();
     }
@@ -185,7 +186,7 @@ impl World {
         loop {
             let notified = self.wake.notified();
             {
-                let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+                let mut d = self.dirty.locked();
                 if !d.is_empty() {
                     return std::mem::take(&mut *d);
                 }
@@ -248,15 +249,12 @@ impl World {
 
     /// Adds an event listener.
     pub fn add_listener(&self, l: EventListener) {
-        self.listeners
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(l);
+        self.listeners.write_locked().push(l);
     }
 
     /// Delivers an event to every listener.
     pub fn emit(&self, ev: VolumeEvent) {
-        let listeners = self.listeners.read().unwrap_or_else(|e| e.into_inner());
+        let listeners = self.listeners.read_locked();
         for l in listeners.iter() {
             l(&ev);
         }

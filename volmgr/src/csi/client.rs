@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::metrics::CsiMetrics;
 use super::proto::csi;
 use super::registry::DriverRegistry;
+use crate::util::sync::MutexExt;
 
 /// The kubelet's `csiTimeout` for node operations.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -101,7 +102,7 @@ impl CsiClients {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Dialled>> {
-        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+        self.channels.locked()
     }
 
     /// The channel to `driver`, dialled (lazily: connecting happens on the

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::metrics::{escape_label, LatencyHistogram, OPERATION_BUCKETS};
+use crate::util::sync::MutexExt;
 
 /// Key: driver, full method name, status code name.
 type Key = (String, &'static str, &'static str);
@@ -20,7 +21,7 @@ pub struct CsiMetrics {
 impl CsiMetrics {
     /// Records one call.
     pub fn record(&self, driver: &str, method: &'static str, code: &'static str, d: Duration) {
-        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut calls = self.calls.locked();
         calls
             .entry((driver.to_string(), method, code))
             .or_default()
@@ -30,7 +31,7 @@ impl CsiMetrics {
     /// Number of calls of `method` (e.g. `/csi.v1.Node/NodeStageVolume`) to
     /// `driver` that ended with `code`.
     pub fn count(&self, driver: &str, method: &str, code: &str) -> u64 {
-        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let calls = self.calls.locked();
         calls
             .iter()
             .filter(|((d, m, c), _)| d == driver && *m == method && *c == code)
@@ -40,7 +41,7 @@ impl CsiMetrics {
 
     /// Prometheus text.
     pub fn render(&self) -> String {
-        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let calls = self.calls.locked();
         let mut out = String::new();
         out.push_str("# HELP csi_operations_seconds Container Storage Interface operation duration with gRPC error code status total\n");
         out.push_str("# TYPE csi_operations_seconds histogram\n");

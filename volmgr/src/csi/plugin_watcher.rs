@@ -191,11 +191,7 @@ impl PluginWatcher {
             self.start_due(&tx);
             let next = self.next_retry();
             tokio::select! {
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return Ok(());
-                    }
-                }
+                () = crate::util::shutdown::requested(&mut shutdown) => return Ok(()),
                 ready = fd.readable() => {
                     let Ok(mut guard) = ready else { continue };
                     let mut changed = Vec::new();

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::util::sync::MutexExt;
 use tokio::sync::watch;
 
 /// One registered driver.
@@ -69,7 +70,7 @@ impl DriverRegistry {
     fn lock(&self) -> MutexGuard<'_, Drivers> {
         // A panic while holding the lock cannot leave the map inconsistent
         // (every change is a single insert or remove).
-        self.drivers.lock().unwrap_or_else(|p| p.into_inner())
+        self.drivers.locked()
     }
 
     fn bump(&self) {

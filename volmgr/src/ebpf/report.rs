@@ -65,13 +65,7 @@ fn filter(all_namespaces: bool) -> Result<TraceFilter, ReportError> {
 
 /// Wall-clock time minus CLOCK_MONOTONIC (what `bpf_ktime_get_ns` reads), ns.
 fn monotonic_to_wall_offset() -> i128 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    let mono = i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec);
+    let mono = i128::from(crate::util::clock::monotonic_ns());
     let wall = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i128)

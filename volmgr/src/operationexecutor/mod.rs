@@ -14,6 +14,7 @@ use crate::cache::pod_map::PodMap;
 use crate::cache::world::World;
 use crate::metrics::{Metrics, OperationLabels};
 use crate::plugins::VolumeError;
+use crate::util::sync::MutexExt;
 use crate::volume::{FastMap, PodUid, UniqueVolumeName};
 
 /// Backoff policy (the kubelet's `exponentialbackoff` defaults).
@@ -190,7 +191,7 @@ impl OperationExecutor {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<UniqueVolumeName, VolumeOps>> {
-        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+        self.ops.locked()
     }
 
     /// Starts `op` for `(volume, pod)` unless it conflicts or backs off.

@@ -11,6 +11,7 @@ use std::sync::{Arc, RwLock};
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::root_dir::PathError;
 use crate::sys::SyscallError;
+use crate::util::sync::RwLockExt;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};
 
 /// Why a plugin operation failed.
@@ -349,7 +350,7 @@ pub enum PluginLookupError {
 impl VolumePluginMgr {
     /// Registers a plugin; names must be unique.
     pub fn register(&self, plugin: Arc<dyn VolumePlugin>) -> Result<(), PluginLookupError> {
-        let mut plugins = self.plugins.write().unwrap_or_else(|e| e.into_inner());
+        let mut plugins = self.plugins.write_locked();
         if plugins.iter().any(|(n, _)| **n == *plugin.name()) {
             return Err(PluginLookupError::Duplicate(plugin.name().to_string()));
         }
@@ -360,7 +361,7 @@ impl VolumePluginMgr {
     /// The one plugin that supports `source` (the kubelet's `FindPluginBySpec`).
     /// Returns the plugin's shared name with it.
     pub fn find_by_source(&self, source: &VolumeSource) -> Result<NamedPlugin, PluginLookupError> {
-        let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
+        let plugins = self.plugins.read_locked();
         let mut found = plugins.iter().filter(|(_, p)| p.can_support(source));
         let first = found.next().cloned();
         let rest: Vec<_> = found.map(|(n, _)| n.to_string()).collect();
@@ -381,7 +382,7 @@ impl VolumePluginMgr {
 
     /// The plugin named `name`.
     pub fn find_by_name(&self, name: &str) -> Option<Arc<dyn VolumePlugin>> {
-        let plugins = self.plugins.read().unwrap_or_else(|e| e.into_inner());
+        let plugins = self.plugins.read_locked();
         plugins
             .iter()
             .find(|(n, _)| **n == *name)
@@ -390,10 +391,7 @@ impl VolumePluginMgr {
 
     /// All plugins, with their shared names.
     pub fn all(&self) -> Vec<NamedPlugin> {
-        self.plugins
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.plugins.read_locked().clone()
     }
 }
 

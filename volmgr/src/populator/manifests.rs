@@ -373,11 +373,7 @@ impl ManifestsSource {
         let mut watching = true;
         loop {
             tokio::select! {
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        return Ok(());
-                    }
-                }
+                () = crate::util::shutdown::requested(&mut shutdown) => return Ok(()),
                 ready = fd.readable() => {
                     let Ok(mut guard) = ready else { continue };
                     let mut names = BTreeSet::new();

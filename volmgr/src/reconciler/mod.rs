@@ -30,6 +30,7 @@ use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::{MountTableWatch, Mounter};
+use crate::util::sync::MutexExt;
 use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -203,11 +204,7 @@ impl Reconciler {
         loop {
             tokio::select! {
                 biased;
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() {
-                        break;
-                    }
-                }
+                () = crate::util::shutdown::requested(&mut shutdown) => break,
                 dirty = self.world.take_dirty() => self.reconcile(dirty),
                 _ = resync.tick() => self.resync().await,
             }
@@ -505,10 +502,7 @@ impl Reconciler {
         batch: &mut Vec<BoxedOperation>,
     ) {
         {
-            let mut deferred = self
-                .deferred_pod_dirs
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut deferred = self.deferred_pod_dirs.locked();
             if !populated {
                 deferred.extend(candidates);
                 return;
@@ -569,7 +563,7 @@ impl Reconciler {
     fn check_mounted(&self) -> Result<Vec<LostVolume>, VolumeError> {
         let started = std::time::Instant::now();
         // Only a cache of what the last resyncs saw: usable after a panic.
-        let mut state = self.resync_state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.resync_state.locked();
         let generation = self.world.asw().mounted_generation();
         match state.next_check(&*self.mounter, generation) {
             ResyncCheck::Unchanged => {

@@ -19,6 +19,7 @@ use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use crate::sys::{dirents, SyscallError, Target};
+use crate::util::sync::MutexExt;
 
 /// Why a path under the root could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -309,7 +310,7 @@ impl RootDir {
     /// The cached descriptor of the first-level directory `name`, opened
     /// (and created) on first use; `None` if it cannot be.
     fn top_dir(&self, name: &OsStr) -> Option<Arc<OwnedFd>> {
-        let mut cache = self.top_dirs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.top_dirs.locked();
         if let Some((_, fd)) = cache.iter().find(|(n, _)| n == name) {
             return Some(Arc::clone(fd));
         }
@@ -324,10 +325,7 @@ impl RootDir {
     }
 
     fn forget_top_dir(&self, name: &OsStr) {
-        self.top_dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(n, _)| n != name);
+        self.top_dirs.locked().retain(|(n, _)| n != name);
     }
 
     /// Opens `name` (one or more components) under `parent` as a directory,

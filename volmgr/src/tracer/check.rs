@@ -216,10 +216,7 @@ impl Checker {
         loop {
             let first = tokio::select! {
                 biased;
-                r = shutdown.changed() => {
-                    if r.is_err() || *shutdown.borrow() { return; }
-                    continue;
-                }
+                () = crate::util::shutdown::requested(&mut shutdown) => return,
                 r = rx.recv() => match r { Some(r) => r, None => return },
             };
             // Everything queued meanwhile is answered by the same table read.
@@ -596,22 +593,7 @@ fn detection(o: &Origin) -> Detection {
     }
 }
 
-/// `CLOCK_MONOTONIC` now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec)
-        .unwrap_or(0)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
-}
+pub use crate::util::clock::monotonic_ns;
 
 #[cfg(test)]
 mod tests {

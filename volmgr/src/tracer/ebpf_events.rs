@@ -31,6 +31,7 @@ use crate::ebpf::{MountSyscall, SyscallEvent, SyscallStats};
 use super::check::{CheckSender, Origin, Scope};
 use super::TracerCounters;
 use crate::cache::out_of_band::DetectedBy;
+use crate::util::sync::MutexExt;
 
 /// `MS_MOVE` from `linux/mount.h`.
 const MS_MOVE: u64 = 0x2000;
@@ -61,10 +62,7 @@ pub async fn run(
     loop {
         let ev = tokio::select! {
             biased;
-            r = shutdown.changed() => {
-                if r.is_err() || *shutdown.borrow() { return; }
-                continue;
-            }
+            () = crate::util::shutdown::requested(&mut shutdown) => return,
             ev = events.recv() => match ev {
                 Some(ev) => ev,
                 None => {
@@ -87,7 +85,7 @@ fn handle(
     checks: &CheckSender,
     counters: &TracerCounters,
 ) {
-    stats.lock().unwrap_or_else(|e| e.into_inner()).record(ev);
+    stats.locked().record(ev);
     counters.events.fetch_add(1, Ordering::Relaxed);
     let scopes = scopes(ev, own);
     if scopes.is_empty() {

@@ -37,6 +37,7 @@ use crate::ebpf::{self, EbpfError, EbpfTracer, SyscallStats, TraceFilter};
 use crate::status::{SyscallLatency, TracerStats};
 use crate::volumemanager::VolumeManager;
 
+use crate::util::sync::MutexExt;
 use check::{CheckCounters, Checker};
 use mountinfo_poller::{MountinfoPoller, PollerError};
 
@@ -227,7 +228,7 @@ fn start_auto(
     let task = tokio::spawn(async move {
         tokio::select! {
             () = wait_for_quiet(vm.world(), LOAD_QUIET, LOAD_MAX_DELAY) => {}
-            _ = stop.changed() => return,
+            () = crate::util::shutdown::requested(&mut stop) => return,
         }
         let loaded = load_in_background(thread_name).await;
         let mut tasks = Vec::new();
@@ -265,11 +266,7 @@ fn start_auto(
                 vm.set_tracer(name, &reason);
             }
         }
-        while !*stop.borrow_and_update() {
-            if stop.changed().await.is_err() {
-                break;
-            }
-        }
+        crate::util::shutdown::requested(&mut stop).await;
         for t in tasks {
             let _ = t.await;
         }
@@ -435,10 +432,7 @@ fn attach_ebpf(
     {
         let (stats, tracer) = (Arc::clone(&stats), Arc::clone(&tracer));
         vm.add_metrics_source(Arc::new(move || {
-            let mut text = stats
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .prometheus_text(tracer.events_lost());
+            let mut text = stats.locked().prometheus_text(tracer.events_lost());
             // The in-kernel histograms stay exact even if events were lost.
             text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
             text
@@ -446,8 +440,7 @@ fn attach_ebpf(
     }
     vm.set_tracer_status_source(Arc::new(move || {
         let rows = stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .summary()
             .into_iter()
             .map(|r| {

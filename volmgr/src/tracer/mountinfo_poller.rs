@@ -87,11 +87,7 @@ impl MountinfoPoller {
             .spawn(move || self.watch(&checks, &counters))
             .map_err(PollerError::Open)?;
         Ok(tokio::spawn(async move {
-            while !*shutdown.borrow_and_update() {
-                if shutdown.changed().await.is_err() {
-                    break;
-                }
-            }
+            crate::util::shutdown::requested(&mut shutdown).await;
             let _ = stop_tx.write_all(b"x");
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }))

@@ -1,1 +1,8 @@
-//! Small helpers every layer uses: lock recovery, task supervision.
+//! Small helpers every layer uses: lock recovery ([`sync`]), the shutdown
+//! signal of long-running tasks ([`shutdown`]), the monotonic clock
+//! ([`clock`]).
+
+pub mod clock;
+
+pub mod shutdown;
+pub mod sync;

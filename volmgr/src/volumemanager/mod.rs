@@ -29,6 +29,7 @@ use crate::reconciler::Reconciler;
 use crate::status::{PodStatus, SourceError, Status, SyscallLatency, TracerStats, VolumeStatus};
 use crate::sys::root_dir::{PathError, RootDir};
 use crate::sys::Mounter;
+use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 
 /// Deleted pods remembered for status before the list is first pruned.
@@ -236,7 +237,7 @@ impl VolumeManager {
 
     /// Sets what the active tracer adds to status.
     pub fn set_tracer_status_source(&self, f: TracerStatusSource) {
-        *self.tracer_status.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
+        *self.tracer_status.locked() = Some(f);
     }
 
     /// The metrics.
@@ -266,25 +267,17 @@ impl VolumeManager {
 
     /// Records which tracer is active and why (shown in status).
     pub fn set_tracer(&self, name: &str, reason: &str) {
-        *self.tracer.lock().unwrap_or_else(|e| e.into_inner()) = (name.into(), reason.into());
+        *self.tracer.locked() = (name.into(), reason.into());
     }
 
     /// Adds a producer of extra Prometheus text (e.g. the tracer's counters).
     pub fn add_metrics_source(&self, f: Arc<dyn Fn() -> String + Send + Sync>) {
-        self.extra_metrics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(f);
+        self.extra_metrics.locked().push(f);
     }
 
     /// Runs reconstruction and starts the reconciler on the current tokio runtime.
     pub async fn start(self: &Arc<Self>) -> Result<ReconstructionReport, Error> {
-        if self
-            .task
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+        if self.task.locked().is_some() {
             return Err(Error::AlreadyStarted);
         }
         let this = Arc::clone(self);
@@ -312,19 +305,14 @@ impl VolumeManager {
         );
         let _ = self.shutdown.send(false);
         let handle = tokio::spawn(Arc::clone(&self.reconciler).run(self.shutdown.subscribe()));
-        *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        *self.task.locked() = Some(handle);
         Ok(report)
     }
 
     /// Stops the reconciler; mounts stay in place (as the kubelet leaves them).
     /// Operations already running finish on their own.
     pub async fn stop(&self) -> Result<(), Error> {
-        let handle = self
-            .task
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or(Error::NotStarted)?;
+        let handle = self.task.locked().take().ok_or(Error::NotStarted)?;
         let _ = self.shutdown.send(true);
         let _ = handle.await;
         self.world.bump();
@@ -333,10 +321,7 @@ impl VolumeManager {
 
     /// Whether the reconciler runs.
     pub fn is_running(&self) -> bool {
-        self.task
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.task.locked().is_some()
     }
 
     /// Adds or updates a pod (populator). A pod rejected as a whole is
@@ -448,7 +433,7 @@ impl VolumeManager {
     /// Keeps a deleted pod's namespace and name for status while its volumes
     /// are torn down; entries of pods with nothing mounted any more go.
     fn remember_departing(&self, uid: &PodUid, names: PodNames) {
-        let lock = || self.departing.lock().unwrap_or_else(|e| e.into_inner());
+        let lock = || self.departing.locked();
         let mut departing = lock();
         let prune_at = self
             .departing_prune_at
@@ -488,7 +473,7 @@ impl VolumeManager {
         errors: Vec<String>,
         rejected: Vec<PodRejected>,
     ) {
-        let mut s = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.sources.locked();
         if errors.is_empty() && rejected.is_empty() {
             s.remove(source);
         } else {
@@ -720,18 +705,12 @@ impl VolumeManager {
 
     /// The kubelet's `MarkVolumesAsReportedInUse`.
     pub fn mark_volumes_as_reported_in_use(&self, names: Vec<UniqueVolumeName>) {
-        *self
-            .reported_in_use
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = names.into_iter().collect();
+        *self.reported_in_use.locked() = names.into_iter().collect();
     }
 
     /// Whether a volume was reported in use.
     pub fn volume_is_reported_in_use(&self, name: &UniqueVolumeName) -> bool {
-        self.reported_in_use
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(name)
+        self.reported_in_use.locked().contains(name)
     }
 
     /// The kubelet's `VolumeIsAttached`.
@@ -747,11 +726,7 @@ impl VolumeManager {
     /// The status document.
     pub fn status(&self) -> Status {
         // A snapshot, so this lock is never held with a world's lock.
-        let departing = self
-            .departing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let departing = self.departing.locked().clone();
         let dsw = self.world.dsw();
         let asw = self.world.asw();
         let mut pods = Vec::new();
@@ -809,7 +784,7 @@ impl VolumeManager {
         drop(dsw);
         let mut errors = Vec::new();
         {
-            let sources = self.sources.lock().unwrap_or_else(|e| e.into_inner());
+            let sources = self.sources.locked();
             for (source, st) in sources.iter() {
                 for e in &st.errors {
                     errors.push(SourceError {
@@ -829,16 +804,8 @@ impl VolumeManager {
             }
         }
         pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
-        let (tracer, tracer_reason) = self
-            .tracer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let source = self
-            .tracer_status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let (tracer, tracer_reason) = self.tracer.locked().clone();
+        let source = self.tracer_status.locked().clone();
         let (tracer_stats, syscalls) = source.map(|f| f()).unwrap_or_default();
         Status {
             synced: self.world.synced(),
@@ -977,13 +944,7 @@ impl VolumeManager {
                 (p, d, a)
             })
             .collect();
-        let extra: String = self
-            .extra_metrics
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|f| f())
-            .collect();
+        let extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
         self.metrics.render(&counts, &extra)
     }
 }
