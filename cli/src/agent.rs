@@ -137,7 +137,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let api_task = tokio::spawn(api::serve(listener, Arc::clone(&vm), stop_rx.clone()));
     let metrics_task =
         metrics.map(|l| tokio::spawn(serve_metrics(l, Arc::clone(&vm), stop_rx.clone())));
-    let source = ManifestsSource::new(opts.manifests.clone(), Arc::clone(&vm), opts.rescan_period);
+    let source = ManifestsSource::new(opts.manifests.clone(), vm.pod_sink(), opts.rescan_period);
     let mut source_task = tokio::spawn(source.run(stop_rx.clone()));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

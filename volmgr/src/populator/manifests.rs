@@ -36,9 +36,9 @@ use tokio::sync::watch;
 
 use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
 use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::PodSink;
 use crate::sys::inotify::{self, WatchError};
 use crate::volume::{PodUid, VolumeSource};
-use crate::volumemanager::VolumeManager;
 
 /// Files larger than this are refused.
 const MAX_FILE_BYTES: u64 = 8 << 20;
@@ -179,83 +179,92 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
         .unwrap_or("")
         .to_string();
     match kind.as_str() {
-        "Pod" => match serde_json::from_value::<Pod>(v) {
-            Ok(pod) => add_pod(pod, out),
-            Err(e) => {
-                out.errors
-                    .push(format!("document {doc}: not a valid v1.Pod: {e}"));
-                out.complete = false;
-            }
-        },
-        "PersistentVolume" => match serde_json::from_value::<PersistentVolume>(v) {
-            Ok(o) => add_named(KubeObject::PersistentVolume(Arc::new(o)), doc, out),
-            Err(e) => {
-                out.errors.push(format!(
-                    "document {doc}: not a valid v1.PersistentVolume: {e}"
-                ));
-                out.complete = false;
-            }
-        },
-        "PersistentVolumeClaim" => match serde_json::from_value::<PersistentVolumeClaim>(v) {
-            Ok(o) => add_named(KubeObject::PersistentVolumeClaim(Arc::new(o)), doc, out),
-            Err(e) => {
-                out.errors.push(format!(
-                    "document {doc}: not a valid v1.PersistentVolumeClaim: {e}"
-                ));
-                out.complete = false;
-            }
-        },
-        "Secret" => {
-            let name = v
-                .pointer("/metadata/name")
-                .and_then(|n| n.as_str())
-                .unwrap_or("")
-                .to_string();
-            match serde_json::from_value::<Secret>(v) {
-                Ok(o) => add_named(KubeObject::Secret(Arc::new(o)), doc, out),
-                Err(e) => {
-                    // The parser's message may quote a value: say only where.
-                    out.errors.push(format!(
-                        "document {doc}: Secret {name:?} is not a valid v1.Secret (details withheld, they could quote a secret value; near line {}, column {})",
-                        e.line(),
-                        e.column()
-                    ));
-                    out.complete = false;
-                }
+        "Pod" => {
+            if let Some(pod) = decode::<Pod>(v, doc, "Pod", out) {
+                add_pod(pod, out);
             }
         }
+        "PersistentVolume" => {
+            if let Some(o) = decode::<PersistentVolume>(v, doc, "PersistentVolume", out) {
+                add_named(KubeObject::PersistentVolume(Arc::new(o)), doc, out);
+            }
+        }
+        "PersistentVolumeClaim" => {
+            if let Some(o) = decode::<PersistentVolumeClaim>(v, doc, "PersistentVolumeClaim", out) {
+                add_named(KubeObject::PersistentVolumeClaim(Arc::new(o)), doc, out);
+            }
+        }
+        "Secret" => add_secret(v, doc, out),
         "List"
         | "PodList"
         | "PersistentVolumeList"
         | "PersistentVolumeClaimList"
-        | "SecretList" => {
-            // Items of a typed list (as the API server returns them) carry
-            // no kind of their own.
-            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
-            let items = match v {
-                serde_json::Value::Object(mut o) => o.remove("items"),
-                _ => None,
-            };
-            for mut item in items
-                .and_then(|i| match i {
-                    serde_json::Value::Array(a) => Some(a),
-                    _ => None,
-                })
-                .into_iter()
-                .flatten()
-            {
-                if let (Some(k), serde_json::Value::Object(o)) = (item_kind, &mut item) {
-                    o.entry("kind").or_insert_with(|| k.into());
-                    o.entry("apiVersion").or_insert_with(|| "v1".into());
-                }
-                add_object(item, doc, out);
-            }
-        }
+        | "SecretList" => add_list(v, &kind, doc, out),
         "" => {
             out.errors.push(format!("document {doc}: missing \"kind\""));
             out.complete = false;
         }
         other => tracing::debug!(kind = other, "skipping non-pod object in manifests"),
+    }
+}
+
+/// Decodes a document as a `v1.KIND`, or records why it is not one.
+fn decode<T: serde::de::DeserializeOwned>(
+    v: serde_json::Value,
+    doc: usize,
+    kind: &str,
+    out: &mut ParsedFile,
+) -> Option<T> {
+    match serde_json::from_value::<T>(v) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            out.errors
+                .push(format!("document {doc}: not a valid v1.{kind}: {e}"));
+            out.complete = false;
+            None
+        }
+    }
+}
+
+/// A Secret: like [`decode`], but an error never quotes the document (the
+/// parser's message could quote a secret value).
+fn add_secret(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
+    let name = v
+        .pointer("/metadata/name")
+        .and_then(|n| n.as_str())
+        .unwrap_or("")
+        .to_string();
+    match serde_json::from_value::<Secret>(v) {
+        Ok(o) => add_named(KubeObject::Secret(Arc::new(o)), doc, out),
+        Err(e) => {
+            out.errors.push(format!(
+                "document {doc}: Secret {name:?} is not a valid v1.Secret (details withheld, they could quote a secret value; near line {}, column {})",
+                e.line(),
+                e.column()
+            ));
+            out.complete = false;
+        }
+    }
+}
+
+/// The items of a `v1.List` or a typed list. Items of a typed list (as the
+/// API server returns them) carry no kind of their own.
+fn add_list(v: serde_json::Value, kind: &str, doc: usize, out: &mut ParsedFile) {
+    let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+    let items = match v {
+        serde_json::Value::Object(mut o) => o.remove("items"),
+        _ => None,
+    };
+    let items = match items {
+        Some(serde_json::Value::Array(a)) => a,
+        _ => Vec::new(),
+    };
+    for mut item in items {
+        if let (Some(k), serde_json::Value::Object(o)) = (item_kind, &mut item) {
+            o.entry("kind").or_insert_with(|| k.into());
+            o.entry("apiVersion").or_insert_with(|| "v1".into());
+        }
+        add_object(item, doc, out);
     }
 }
 
@@ -298,7 +307,7 @@ fn is_manifest_name(name: &std::ffi::OsStr) -> Option<bool> {
 /// The manifests-directory source.
 pub struct ManifestsSource {
     dir: PathBuf,
-    vm: Arc<VolumeManager>,
+    sink: Arc<dyn PodSink>,
     rescan_period: Duration,
     files: HashMap<OsString, FileState>,
     /// Which file defines each pod (a second definition is rejected).
@@ -320,11 +329,11 @@ pub struct ManifestsSource {
 }
 
 impl ManifestsSource {
-    /// A source reading `dir` into `vm`.
-    pub fn new(dir: PathBuf, vm: Arc<VolumeManager>, rescan_period: Duration) -> Self {
+    /// A source reading `dir` into `sink` (the populator).
+    pub fn new(dir: PathBuf, sink: Arc<dyn PodSink>, rescan_period: Duration) -> Self {
         Self {
             dir,
-            vm,
+            sink,
             rescan_period,
             files: HashMap::new(),
             owners: HashMap::new(),
@@ -366,7 +375,7 @@ impl ManifestsSource {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "initial manifests scan done"
         );
-        self.vm.set_populated();
+        self.sink.set_populated();
         let mut tick = tokio::time::interval(self.rescan_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -426,7 +435,7 @@ impl ManifestsSource {
         .await;
         let names = match listing {
             Ok(Ok(n)) => {
-                self.vm
+                self.sink
                     .set_source_problems(&self.dir.display().to_string(), vec![], vec![]);
                 n
             }
@@ -434,7 +443,7 @@ impl ManifestsSource {
                 // Keep every pod: a directory that vanished for a moment must
                 // not tear volumes down.
                 tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list manifests directory");
-                self.vm.set_source_problems(
+                self.sink.set_source_problems(
                     &self.dir.display().to_string(),
                     vec![format!("cannot list the manifests directory: {e}")],
                     vec![],
@@ -503,7 +512,7 @@ impl ManifestsSource {
         });
         while let Some(batch) = rx.recv().await {
             // The reconciler hears of the batch once, not once per pod.
-            let _hold = self.vm.world().hold_wakes();
+            let _hold = self.sink.hold_wakes();
             for (name, r) in batch {
                 self.apply(name, r);
             }
@@ -517,168 +526,213 @@ impl ManifestsSource {
         let source = self.dir.join(&name).display().to_string();
         match r {
             FileRead::Unchanged => {}
-            FileRead::Gone => {
-                if let Some(old) = self.files.remove(&name) {
-                    for uid in old.pods {
-                        if self.owners.get(&uid) == Some(&name) {
-                            self.owners.remove(&uid);
-                            self.forget_pod(&uid);
-                            self.vm.delete_pod(&uid);
-                            tracing::info!(pod = %uid, file = %source, "pod removed with its manifest");
-                        }
-                    }
-                    let mut changed = BTreeSet::new();
-                    for r in old.objects {
-                        if self.object_owners.get(&r) == Some(&name) {
-                            self.object_owners.remove(&r);
-                            if self.store.remove(&r) {
-                                tracing::info!(object = %r, file = %source, "object removed with its manifest");
-                                changed.insert(r);
-                            }
-                        }
-                    }
-                    self.reresolve(&changed, &BTreeSet::new());
-                }
-                self.vm.set_source_problems(&source, vec![], vec![]);
-            }
+            FileRead::Gone => self.apply_gone(&name, &source),
             FileRead::Failed(key, e) => {
                 tracing::warn!(file = %source, error = %e, "cannot read manifest; keeping the pods it defined");
                 self.files.entry(name).or_default().key = key;
-                self.vm.set_source_problems(&source, vec![e], vec![]);
+                self.sink.set_source_problems(&source, vec![e], vec![]);
             }
-            FileRead::Parsed(key, parsed) => {
-                let mut rejected = parsed.rejected;
-                let mut errors = parsed.errors;
-                // Objects first, so this file's pods resolve against them.
-                let mut changed = BTreeSet::new();
-                let mut now_objects = BTreeSet::new();
-                for obj in parsed.objects {
-                    let r = obj.reference();
-                    if let Some(owner) = self.object_owners.get(&r).filter(|o| **o != name) {
-                        errors.push(format!(
-                            "{r} is already defined in {}",
-                            self.dir.join(owner).display()
-                        ));
-                        continue;
-                    }
-                    if !now_objects.insert(r.clone()) {
-                        errors.push(format!("{r} is defined twice in this file"));
-                        continue;
-                    }
-                    self.object_owners.insert(r.clone(), name.clone());
-                    if self.store.insert(obj) {
-                        tracing::info!(object = %r, file = %source, "object added or changed");
+            FileRead::Parsed(key, parsed) => self.apply_parsed(name, &source, key, parsed),
+        }
+    }
+
+    /// A file that is gone takes its pods and objects with it.
+    fn apply_gone(&mut self, name: &OsString, source: &str) {
+        if let Some(old) = self.files.remove(name) {
+            for uid in old.pods {
+                if self.owners.get(&uid) == Some(name) {
+                    self.owners.remove(&uid);
+                    self.forget_pod(&uid);
+                    self.sink.delete_pod(&uid);
+                    tracing::info!(pod = %uid, file = %source, "pod removed with its manifest");
+                }
+            }
+            let mut changed = BTreeSet::new();
+            for r in old.objects {
+                if self.object_owners.get(&r) == Some(name) {
+                    self.object_owners.remove(&r);
+                    if self.store.remove(&r) {
+                        tracing::info!(object = %r, file = %source, "object removed with its manifest");
                         changed.insert(r);
                     }
                 }
-                let state = self.files.entry(name.clone()).or_default();
-                if parsed.complete {
-                    for r in state.objects.iter().filter(|r| !now_objects.contains(*r)) {
-                        if self.object_owners.get(r) == Some(&name) {
-                            self.object_owners.remove(r);
-                            if self.store.remove(r) {
-                                tracing::info!(object = %r, file = %source, "object removed from its manifest");
-                                changed.insert(r.clone());
-                            }
-                        }
-                    }
-                    state.objects = now_objects.into_iter().collect();
-                } else {
-                    for r in now_objects {
-                        if !state.objects.contains(&r) {
-                            state.objects.push(r);
-                        }
-                    }
-                }
-                let mut pods: Vec<(DesiredPod, Option<Resolvable>)> =
-                    parsed.pods.into_iter().map(|p| (p, None)).collect();
-                for raw in parsed.unresolved {
-                    match self.resolve(&raw) {
-                        Ok((pod, deps)) => pods.push((pod, Some((raw, deps)))),
-                        Err(r) => rejected.push(r),
-                    }
-                }
-                for r in &rejected {
-                    tracing::warn!(file = %source, error = %r, "pod rejected");
-                }
-                for e in &errors {
-                    tracing::warn!(file = %source, error = %e, "manifest problem");
-                }
-                let mut now = BTreeSet::new();
-                for (pod, resolvable) in pods {
-                    match self.owners.get(&pod.uid) {
-                        Some(owner) if owner != &name => {
-                            rejected.push(PodRejected {
-                                namespace: pod.namespace.clone(),
-                                name: pod.name.clone(),
-                                uid: Some(pod.uid.to_string()),
-                                reason: format!(
-                                    "pod UID {} is already defined in {}",
-                                    pod.uid,
-                                    self.dir.join(owner).display()
-                                ),
-                            });
-                            continue;
-                        }
-                        _ => {}
-                    }
-                    if !now.insert(pod.uid.clone()) {
-                        rejected.push(PodRejected {
-                            namespace: pod.namespace.clone(),
-                            name: pod.name.clone(),
-                            uid: Some(pod.uid.to_string()),
-                            reason: format!("pod UID {} is defined twice in this file", pod.uid),
-                        });
-                        continue;
-                    }
-                    self.owners.insert(pod.uid.clone(), name.clone());
-                    let pod = match resolvable {
-                        Some((raw, deps)) => {
-                            // The same pod as before: its volumes may keep
-                            // their last good resolution.
-                            let same = self.resolvable.get(&pod.uid) == Some(&raw);
-                            self.dependents.set(&pod.uid, deps);
-                            self.resolvable.insert(pod.uid.clone(), raw);
-                            self.settle(pod, same)
-                        }
-                        None => {
-                            self.forget_pod(&pod.uid);
-                            pod
-                        }
-                    };
-                    self.vm.set_desired_pod(pod);
-                }
-                let state = self.files.entry(name.clone()).or_default();
-                let mut gone = Vec::new();
-                if parsed.complete {
-                    for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
-                        if self.owners.get(uid) == Some(&name) {
-                            self.owners.remove(uid);
-                            gone.push(uid.clone());
-                            self.vm.delete_pod(uid);
-                            tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
-                        }
-                    }
-                    for uid in &gone {
-                        self.forget_pod(uid);
-                    }
-                    self.reresolve(&changed, &now);
-                    let state = self.files.entry(name.clone()).or_default();
-                    state.pods = now.into_iter().collect();
-                } else {
-                    for uid in &now {
-                        if !state.pods.contains(uid) {
-                            state.pods.push(uid.clone());
-                        }
-                    }
-                    self.reresolve(&changed, &now);
-                }
-                if let Some(state) = self.files.get_mut(&name) {
-                    state.key = Some(key);
-                }
-                self.vm.set_source_problems(&source, errors, rejected);
+            }
+            self.reresolve(&changed, &BTreeSet::new());
+        }
+        self.sink.set_source_problems(source, vec![], vec![]);
+    }
+
+    /// A file that parsed: its objects first (so its pods resolve against
+    /// them), then its pods; what it no longer defines goes, if it parsed
+    /// completely.
+    fn apply_parsed(&mut self, name: OsString, source: &str, key: FileKey, parsed: ParsedFile) {
+        let mut rejected = parsed.rejected;
+        let mut errors = parsed.errors;
+        let changed =
+            self.apply_objects(&name, source, parsed.objects, parsed.complete, &mut errors);
+        let mut pods: Vec<(DesiredPod, Option<Resolvable>)> =
+            parsed.pods.into_iter().map(|p| (p, None)).collect();
+        for raw in parsed.unresolved {
+            match self.resolve(&raw) {
+                Ok((pod, deps)) => pods.push((pod, Some((raw, deps)))),
+                Err(r) => rejected.push(r),
             }
         }
+        for r in &rejected {
+            tracing::warn!(file = %source, error = %r, "pod rejected");
+        }
+        for e in &errors {
+            tracing::warn!(file = %source, error = %e, "manifest problem");
+        }
+        let now = self.admit_pods(&name, pods, &mut rejected);
+        self.retire_pods(&name, source, now, parsed.complete, &changed);
+        if let Some(state) = self.files.get_mut(&name) {
+            state.key = Some(key);
+        }
+        self.sink.set_source_problems(source, errors, rejected);
+    }
+
+    /// Stores the objects of a file (a second definition elsewhere or in the
+    /// same file is an error); with `complete`, objects the file no longer
+    /// defines go. Returns the objects that changed.
+    fn apply_objects(
+        &mut self,
+        name: &OsString,
+        source: &str,
+        objects: Vec<KubeObject>,
+        complete: bool,
+        errors: &mut Vec<String>,
+    ) -> BTreeSet<ObjectRef> {
+        let mut changed = BTreeSet::new();
+        let mut now_objects = BTreeSet::new();
+        for obj in objects {
+            let r = obj.reference();
+            if let Some(owner) = self.object_owners.get(&r).filter(|o| *o != name) {
+                errors.push(format!(
+                    "{r} is already defined in {}",
+                    self.dir.join(owner).display()
+                ));
+                continue;
+            }
+            if !now_objects.insert(r.clone()) {
+                errors.push(format!("{r} is defined twice in this file"));
+                continue;
+            }
+            self.object_owners.insert(r.clone(), name.clone());
+            if self.store.insert(obj) {
+                tracing::info!(object = %r, file = %source, "object added or changed");
+                changed.insert(r);
+            }
+        }
+        let state = self.files.entry(name.clone()).or_default();
+        if !complete {
+            for r in now_objects {
+                if !state.objects.contains(&r) {
+                    state.objects.push(r);
+                }
+            }
+            return changed;
+        }
+        for r in state.objects.iter().filter(|r| !now_objects.contains(*r)) {
+            if self.object_owners.get(r) == Some(name) {
+                self.object_owners.remove(r);
+                if self.store.remove(r) {
+                    tracing::info!(object = %r, file = %source, "object removed from its manifest");
+                    changed.insert(r.clone());
+                }
+            }
+        }
+        state.objects = now_objects.into_iter().collect();
+        changed
+    }
+
+    /// Hands a file's pods to the populator, refusing a UID another file
+    /// (or this one) already defines. Returns the UIDs admitted.
+    fn admit_pods(
+        &mut self,
+        name: &OsString,
+        pods: Vec<(DesiredPod, Option<Resolvable>)>,
+        rejected: &mut Vec<PodRejected>,
+    ) -> BTreeSet<PodUid> {
+        let mut now = BTreeSet::new();
+        for (pod, resolvable) in pods {
+            let duplicate = match self.owners.get(&pod.uid) {
+                Some(owner) if owner != name => Some(format!(
+                    "pod UID {} is already defined in {}",
+                    pod.uid,
+                    self.dir.join(owner).display()
+                )),
+                _ if now.contains(&pod.uid) => {
+                    Some(format!("pod UID {} is defined twice in this file", pod.uid))
+                }
+                _ => None,
+            };
+            if let Some(reason) = duplicate {
+                rejected.push(PodRejected {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: Some(pod.uid.to_string()),
+                    reason,
+                });
+                continue;
+            }
+            now.insert(pod.uid.clone());
+            self.owners.insert(pod.uid.clone(), name.clone());
+            let pod = match resolvable {
+                Some((raw, deps)) => {
+                    // The same pod as before: its volumes may keep their
+                    // last good resolution.
+                    let same = self.resolvable.get(&pod.uid) == Some(&raw);
+                    self.dependents.set(&pod.uid, deps);
+                    self.resolvable.insert(pod.uid.clone(), raw);
+                    self.settle(pod, same)
+                }
+                None => {
+                    self.forget_pod(&pod.uid);
+                    pod
+                }
+            };
+            self.sink.set_pod(pod);
+        }
+        now
+    }
+
+    /// Records the pods a file now defines; with `complete`, the pods it no
+    /// longer defines are deleted. Then re-resolves the pods of other files
+    /// that read a `changed` object.
+    fn retire_pods(
+        &mut self,
+        name: &OsString,
+        source: &str,
+        now: BTreeSet<PodUid>,
+        complete: bool,
+        changed: &BTreeSet<ObjectRef>,
+    ) {
+        let state = self.files.entry(name.clone()).or_default();
+        if !complete {
+            for uid in &now {
+                if !state.pods.contains(uid) {
+                    state.pods.push(uid.clone());
+                }
+            }
+            self.reresolve(changed, &now);
+            return;
+        }
+        let mut gone = Vec::new();
+        for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
+            if self.owners.get(uid) == Some(name) {
+                self.owners.remove(uid);
+                gone.push(uid.clone());
+                self.sink.delete_pod(uid);
+                tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
+            }
+        }
+        for uid in &gone {
+            self.forget_pod(uid);
+        }
+        self.reresolve(changed, &now);
+        let state = self.files.entry(name.clone()).or_default();
+        state.pods = now.into_iter().collect();
     }
 
     /// Converts a pod that reads other objects, recording which.
@@ -694,7 +748,7 @@ impl ManifestsSource {
         self.dependents.remove(uid);
         self.last_good.remove(uid);
         if let Some(key) = self.stale.remove(uid) {
-            self.vm.set_source_problems(&key, vec![], vec![]);
+            self.sink.set_source_problems(&key, vec![], vec![]);
         }
     }
 
@@ -725,10 +779,10 @@ impl ManifestsSource {
         let key = format!("pod {}/{} ({})", pod.namespace, pod.name, pod.uid);
         if problems.is_empty() {
             if let Some(k) = self.stale.remove(&pod.uid) {
-                self.vm.set_source_problems(&k, vec![], vec![]);
+                self.sink.set_source_problems(&k, vec![], vec![]);
             }
         } else {
-            self.vm.set_source_problems(&key, problems, vec![]);
+            self.sink.set_source_problems(&key, problems, vec![]);
             self.stale.insert(pod.uid.clone(), key);
         }
         pod
@@ -752,7 +806,7 @@ impl ManifestsSource {
                     tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
                     self.dependents.set(&uid, deps);
                     let pod = self.settle(pod, true);
-                    self.vm.set_desired_pod(pod);
+                    self.sink.set_pod(pod);
                 }
                 // Rejection depends on the pod alone, which did not change.
                 Err(r) => tracing::warn!(pod = %uid, error = %r, "pod rejected on re-resolution"),
@@ -860,6 +914,7 @@ fn read_sized(file: &mut std::fs::File, len: u64) -> std::io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::volumemanager::VolumeManager;
     use std::path::Path;
 
     const POD: &str = r#"
@@ -1107,7 +1162,7 @@ spec:
         .unwrap();
         let src = ManifestsSource::new(
             dir.path().to_path_buf(),
-            Arc::clone(&vm),
+            vm.pod_sink(),
             Duration::from_secs(3600),
         );
         (root, dir, vm, src)

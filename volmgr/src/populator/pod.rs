@@ -13,9 +13,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, Pod, Secret, SecretReference, Volume,
-};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret, Volume};
 
 use crate::quantity;
 use crate::volume::{
@@ -68,7 +66,30 @@ pub struct PodVolume {
     /// `spec.volumes[].name`.
     pub name: String,
     /// The parsed source, or a per-volume error.
-    pub source: Result<VolumeSource, String>,
+    pub source: Result<VolumeSource, VolumeSpecError>,
+}
+
+/// Why one volume of a pod cannot be used (the pod's other volumes go on).
+/// The message is what status shows; it never quotes a Secret's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeSpecError {
+    /// The volume's spec (or an object it names) is invalid: it stays an
+    /// error until the pod or that object changes.
+    #[error("{0}")]
+    Invalid(String),
+    /// An object the volume needs is missing, unbound or going away: the
+    /// volume waits for it (the source resolves the pod again when it
+    /// changes).
+    #[error("{0}")]
+    Missing(String),
+    /// A kind of volume or object this manager does not handle.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// A [`VolumeSpecError::Invalid`].
+fn invalid(msg: impl Into<String>) -> VolumeSpecError {
+    VolumeSpecError::Invalid(msg.into())
 }
 
 /// The part of a pod the volume manager cares about.
@@ -185,11 +206,11 @@ impl DesiredPod {
 
 /// How the containers use a volume.
 #[derive(Debug, Clone, Copy, Default)]
-struct Usage {
+pub(super) struct Usage {
     /// In some container's `volumeMounts`.
-    mounted: bool,
+    pub(super) mounted: bool,
     /// In some container's `volumeDevices`.
-    device: bool,
+    pub(super) device: bool,
 }
 
 /// The volumes referenced by containers, and how.
@@ -250,14 +271,14 @@ fn parse_source(
     v: &Volume,
     usage: Usage,
     ctx: &ResolveContext<'_>,
-) -> Result<VolumeSource, String> {
-    check_volume_name(&v.name).map_err(|e| e.to_string())?;
+) -> Result<VolumeSource, VolumeSpecError> {
+    check_volume_name(&v.name).map_err(|e| invalid(e.to_string()))?;
     if let Some(csi) = &v.csi {
         return inline_csi(v, csi, usage, ctx).map(VolumeSource::Csi);
     }
     if let Some(pvc) = &v.persistent_volume_claim {
         if let Some(objects) = ctx.objects {
-            return persistent_volume_claim(pvc, usage, ctx.namespace, None, objects)
+            return super::claim::persistent_volume_claim(pvc, usage, ctx.namespace, None, objects)
                 .map(VolumeSource::Csi);
         }
     }
@@ -269,8 +290,14 @@ fn parse_source(
                 claim_name: format!("{}-{}", ctx.name, v.name),
                 read_only: None,
             };
-            return persistent_volume_claim(&src, usage, ctx.namespace, Some(ctx.uid), objects)
-                .map(VolumeSource::Csi);
+            return super::claim::persistent_volume_claim(
+                &src,
+                usage,
+                ctx.namespace,
+                Some(ctx.uid),
+                objects,
+            )
+            .map(VolumeSource::Csi);
         }
     }
     if let Some(ed) = &v.empty_dir {
@@ -278,37 +305,47 @@ fn parse_source(
             "" => StorageMedium::Default,
             "Memory" => StorageMedium::Memory,
             m => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "emptyDir medium {m:?} is not supported (use \"\" or \"Memory\")"
-                ))
+                )))
             }
         };
         let size_limit = ed
             .size_limit
             .as_ref()
-            .map(|q| quantity::parse_bytes(&q.0).map_err(|e| format!("emptyDir sizeLimit: {e}")))
+            .map(|q| {
+                quantity::parse_bytes(&q.0).map_err(|e| invalid(format!("emptyDir sizeLimit: {e}")))
+            })
             .transpose()?;
         return Ok(VolumeSource::EmptyDir { medium, size_limit });
     }
     if let Some(hp) = &v.host_path {
         let path = PathBuf::from(&hp.path);
         if !path.is_absolute() {
-            return Err(format!("hostPath path {:?} must be absolute", hp.path));
+            return Err(invalid(format!(
+                "hostPath path {:?} must be absolute",
+                hp.path
+            )));
         }
         if hp.path.contains('\0') {
-            return Err("hostPath path must not contain NUL".into());
+            return Err(invalid("hostPath path must not contain NUL"));
         }
         if path
             .components()
             .any(|c| c == std::path::Component::ParentDir)
         {
-            return Err(format!("hostPath path {:?} must not contain '..'", hp.path));
+            return Err(invalid(format!(
+                "hostPath path {:?} must not contain '..'",
+                hp.path
+            )));
         }
         let t = hp.type_.as_deref().unwrap_or("");
-        let kind = HostPathType::parse(t).ok_or_else(|| format!("unknown hostPath type {t:?}"))?;
+        let kind = HostPathType::parse(t)
+            .ok_or_else(|| invalid(format!("unknown hostPath type {t:?}")))?;
         return Ok(VolumeSource::HostPath { path, kind });
     }
-    let spec = serde_json::to_value(v).map_err(|e| format!("volume is not serializable: {e}"))?;
+    let spec =
+        serde_json::to_value(v).map_err(|e| invalid(format!("volume is not serializable: {e}")))?;
     let kind = spec
         .as_object()
         .and_then(|o| o.keys().find(|k| *k != "name").cloned())
@@ -357,28 +394,28 @@ fn inline_csi(
     csi: &k8s_openapi::api::core::v1::CSIVolumeSource,
     usage: Usage,
     ctx: &ResolveContext<'_>,
-) -> Result<CsiVolumeSource, String> {
+) -> Result<CsiVolumeSource, VolumeSpecError> {
     if csi.driver.is_empty() {
-        return Err("csi.driver is required".into());
+        return Err(invalid("csi.driver is required"));
     }
     if usage.device {
-        return Err(format!(
+        return Err(invalid(format!(
             "inline CSI volume {:?} is in volumeDevices; inline CSI volumes are filesystem volumes",
             v.name
-        ));
+        )));
     }
     let node_publish_secrets = match &csi.node_publish_secret_ref {
         None => None,
         Some(r) => {
             let what = "csi.nodePublishSecretRef";
             if r.name.is_empty() {
-                return Err(format!("{what}.name is required"));
+                return Err(invalid(format!("{what}.name is required")));
             }
             let objects = ctx.objects.ok_or_else(|| {
-                format!(
+                VolumeSpecError::Unsupported(format!(
                     "{what}: Secret {}/{} cannot be read (this source has no Secret objects)",
                     ctx.namespace, r.name
-                )
+                ))
             })?;
             Some(fetch_secret(objects, ctx.namespace, &r.name, what)?)
         }
@@ -402,222 +439,24 @@ fn inline_csi(
     })
 }
 
-/// `pod.spec.volumes[].persistentVolumeClaim` → the claim (in the pod's
-/// namespace) → its bound PersistentVolume → `spec.csi`. For a generic
-/// ephemeral volume `owner` is the pod, which must control the claim (the
-/// kubelet's `VolumeIsForPod`).
-fn persistent_volume_claim(
-    src: &k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource,
-    usage: Usage,
-    namespace: &str,
-    owner: Option<&PodUid>,
-    objects: &dyn ObjectLookup,
-) -> Result<CsiVolumeSource, String> {
-    let claim = src.claim_name.as_str();
-    if claim.is_empty() {
-        return Err("persistentVolumeClaim.claimName is required".into());
-    }
-    let pvc = objects
-        .persistent_volume_claim(namespace, claim)
-        .ok_or_else(|| format!("PersistentVolumeClaim {namespace}/{claim} not found"))?;
-    if let Some(pod) = owner {
-        let controlled = pvc
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|r| r.controller == Some(true) && r.kind == "Pod" && r.uid == pod.as_str());
-        if !controlled {
-            return Err(format!(
-                "PersistentVolumeClaim {namespace}/{claim} was not created for this pod (the pod is not its controlling owner)"
-            ));
-        }
-    }
-    if pvc.metadata.deletion_timestamp.is_some() {
-        return Err(format!(
-            "PersistentVolumeClaim {namespace}/{claim} is being deleted"
-        ));
-    }
-    let phase = pvc.status.as_ref().and_then(|s| s.phase.as_deref());
-    if phase == Some("Lost") {
-        return Err(format!(
-            "PersistentVolumeClaim {namespace}/{claim} has lost its PersistentVolume (phase Lost)"
-        ));
-    }
-    let volume_name = pvc
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .filter(|n| !n.is_empty());
-    let pv = match volume_name {
-        Some(pv_name) => objects.persistent_volume(pv_name).ok_or_else(|| {
-            format!("PersistentVolume {pv_name} (bound to PersistentVolumeClaim {namespace}/{claim}) not found")
-        })?,
-        None => objects
-            .persistent_volume_for_claim(namespace, claim)
-            .ok_or_else(|| {
-                format!(
-                    "PersistentVolumeClaim {namespace}/{claim} is not bound (no spec.volumeName, and no PersistentVolume has a claimRef to it)"
-                )
-            })?,
-    };
-    let pv_name = pv.metadata.name.clone().unwrap_or_default();
-    let spec = pv
-        .spec
-        .as_ref()
-        .ok_or_else(|| format!("PersistentVolume {pv_name} has no spec"))?;
-    // The PV must be bound to this very claim (the kubelet's claimRef check).
-    if let Some(r) = &spec.claim_ref {
-        let (rns, rname) = (
-            r.namespace.as_deref().unwrap_or(""),
-            r.name.as_deref().unwrap_or(""),
-        );
-        let uid_mismatch = match (&r.uid, &pvc.metadata.uid) {
-            (Some(a), Some(b)) => !a.is_empty() && !b.is_empty() && a != b,
-            _ => false,
-        };
-        if rns != namespace || rname != claim || uid_mismatch {
-            return Err(format!(
-                "PersistentVolume {pv_name} is bound to claim {rns}/{rname}, not to {namespace}/{claim}"
-            ));
-        }
-    }
-    let csi = spec.csi.as_ref().ok_or_else(|| {
-        format!(
-            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI PersistentVolumes are supported",
-            pv_source_kind(&pv)
-        )
-    })?;
-    if csi.driver.is_empty() {
-        return Err(format!(
-            "PersistentVolume {pv_name}: spec.csi.driver is required"
-        ));
-    }
-    if csi.volume_handle.is_empty() {
-        return Err(format!(
-            "PersistentVolume {pv_name}: spec.csi.volumeHandle is required"
-        ));
-    }
-    let volume_mode = match spec.volume_mode.as_deref().unwrap_or("Filesystem") {
-        "Filesystem" | "" => CsiVolumeMode::Filesystem,
-        "Block" => CsiVolumeMode::Block,
-        m => {
-            return Err(format!(
-                "PersistentVolume {pv_name}: unknown volumeMode {m:?}"
-            ))
-        }
-    };
-    // The kubelet's check: a Filesystem volume goes in volumeMounts, a Block
-    // volume in volumeDevices.
-    match volume_mode {
-        CsiVolumeMode::Filesystem if usage.device => {
-            return Err(format!(
-                "PersistentVolume {pv_name} has volumeMode Filesystem, but the volume is in volumeDevices"
-            ))
-        }
-        CsiVolumeMode::Block if usage.mounted => {
-            return Err(format!(
-                "PersistentVolume {pv_name} has volumeMode Block, but the volume is in volumeMounts"
-            ))
-        }
-        _ => {}
-    }
-    // Like the kubelet: the first access mode, ReadWriteOnce by default.
-    let access_mode = match spec
-        .access_modes
-        .as_ref()
-        .and_then(|m| m.first())
-        .map(String::as_str)
-        .unwrap_or("ReadWriteOnce")
-    {
-        "ReadWriteOnce" => CsiAccessMode::SingleNodeWriter,
-        "ReadOnlyMany" => CsiAccessMode::MultiNodeReaderOnly,
-        "ReadWriteMany" => CsiAccessMode::MultiNodeMultiWriter,
-        "ReadWriteOncePod" => CsiAccessMode::SingleNodeSingleWriter,
-        m => {
-            return Err(format!(
-                "PersistentVolume {pv_name}: unknown access mode {m:?}"
-            ))
-        }
-    };
-    let capacity_bytes = spec
-        .capacity
-        .as_ref()
-        .and_then(|c| c.get("storage"))
-        .map(|q| {
-            quantity::parse_bytes(&q.0)
-                .map_err(|e| format!("PersistentVolume {pv_name}: capacity.storage: {e}"))
-        })
-        .transpose()?;
-    let secret = |r: &Option<SecretReference>, field: &str| -> Result<_, String> {
-        let Some(r) = r else { return Ok(None) };
-        let what = format!("PersistentVolume {pv_name} spec.csi.{field}");
-        let name = r.name.as_deref().unwrap_or("");
-        let ns = r.namespace.as_deref().unwrap_or("");
-        if name.is_empty() || ns.is_empty() {
-            return Err(format!("{what}: name and namespace are required"));
-        }
-        fetch_secret(objects, ns, name, &what).map(Some)
-    };
-    Ok(CsiVolumeSource {
-        driver: csi.driver.clone(),
-        volume_handle: csi.volume_handle.clone(),
-        ephemeral: false,
-        read_only: src.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false),
-        fs_type: csi.fs_type.clone().filter(|f| !f.is_empty()),
-        volume_mode,
-        access_mode,
-        volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
-        mount_options: spec.mount_options.clone().unwrap_or_default(),
-        capacity_bytes,
-        node_stage_secrets: secret(&csi.node_stage_secret_ref, "nodeStageSecretRef")?,
-        node_publish_secrets: secret(&csi.node_publish_secret_ref, "nodePublishSecretRef")?,
-        node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
-        pv_name: Some(pv_name),
-    })
-}
-
-/// The volume source field of a PV that is not CSI (for the error message).
-fn pv_source_kind(pv: &PersistentVolume) -> String {
-    const NOT_SOURCES: &[&str] = &[
-        "accessModes",
-        "capacity",
-        "claimRef",
-        "mountOptions",
-        "nodeAffinity",
-        "persistentVolumeReclaimPolicy",
-        "storageClassName",
-        "volumeAttributesClassName",
-        "volumeMode",
-    ];
-    serde_json::to_value(&pv.spec)
-        .ok()
-        .and_then(|v| {
-            v.as_object().and_then(|o| {
-                o.keys()
-                    .find(|k| !NOT_SOURCES.contains(&k.as_str()))
-                    .cloned()
-            })
-        })
-        .unwrap_or_else(|| "none".to_string())
-}
-
 /// Reads Secret `namespace/name` as the kubelet's `getCredentialsFromSecret`
 /// does: every `data` value as a string (plus `stringData`, which an API
 /// server would have merged into `data`). Errors never include values.
-fn fetch_secret(
+pub(super) fn fetch_secret(
     objects: &dyn ObjectLookup,
     namespace: &str,
     name: &str,
     what: &str,
-) -> Result<Arc<CsiSecrets>, String> {
-    let secret = objects
-        .secret(namespace, name)
-        .ok_or_else(|| format!("{what}: Secret {namespace}/{name} not found"))?;
+) -> Result<Arc<CsiSecrets>, VolumeSpecError> {
+    let secret = objects.secret(namespace, name).ok_or_else(|| {
+        VolumeSpecError::Missing(format!("{what}: Secret {namespace}/{name} not found"))
+    })?;
     let mut out = BTreeMap::new();
     for (k, v) in secret.data.iter().flatten() {
         let s = String::from_utf8(v.0.clone()).map_err(|_| {
-            format!("{what}: Secret {namespace}/{name} key {k:?} is not valid UTF-8")
+            invalid(format!(
+                "{what}: Secret {namespace}/{name} key {k:?} is not valid UTF-8"
+            ))
         })?;
         out.insert(k.clone(), s);
     }
@@ -862,7 +701,7 @@ mod tests {
     fn resolve(p: &Pod, o: &Objects) -> Result<VolumeSource, String> {
         let d = DesiredPod::from_pod_with(p, Some(o)).unwrap();
         assert_eq!(d.volumes.len(), 1);
-        d.volumes[0].source.clone()
+        d.volumes[0].source.clone().map_err(|e| e.to_string())
     }
 
     fn csi_of(r: Result<VolumeSource, String>) -> CsiVolumeSource {
@@ -880,7 +719,12 @@ mod tests {
                 "driver": "test.csi.volmgr.io", "readOnly": true, "fsType": "ext4",
                 "volumeAttributes": {"size": "64Mi"}}}]),
         );
-        let c = csi_of(DesiredPod::from_pod(&p).unwrap().volumes[0].source.clone());
+        let c = csi_of(
+            DesiredPod::from_pod(&p).unwrap().volumes[0]
+                .source
+                .clone()
+                .map_err(|e| e.to_string()),
+        );
         assert_eq!(c.volume_handle, HANDLE_UID1_VOL);
         assert!(c.ephemeral && c.read_only);
         assert_eq!(c.pv_name, None);
@@ -899,7 +743,8 @@ mod tests {
         let e = DesiredPod::from_pod(&p).unwrap().volumes[0]
             .source
             .clone()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Secret ns/creds cannot be read"), "{e}");
         let mut o = Objects::default();
         let e = resolve(&p, &o).unwrap_err();
@@ -927,11 +772,13 @@ mod tests {
             .source
             .as_ref()
             .unwrap_err()
+            .to_string()
             .contains("csi.driver is required"));
         assert!(d.volumes[1]
             .source
             .as_ref()
             .unwrap_err()
+            .to_string()
             .contains("name is required"));
         let p = pod(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "uid": "u"},
@@ -942,7 +789,8 @@ mod tests {
         let e = DesiredPod::from_pod(&p).unwrap().volumes[0]
             .source
             .clone()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("volumeDevices"), "{e}");
     }
 

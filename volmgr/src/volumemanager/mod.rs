@@ -4,8 +4,10 @@
 //! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
 
 pub mod csi;
+mod status;
+mod wait;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,30 +17,22 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cache::actual_state_of_world::{MountedVolume, VolumeMountState};
-use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{EventListener, World};
 use crate::metrics::Metrics;
-use crate::operationexecutor::{Backoff, OperationExecutor, OperationKind};
+use crate::operationexecutor::{Backoff, OperationExecutor};
 use crate::plugins::empty_dir::EmptyDirPlugin;
 use crate::plugins::host_path::HostPathPlugin;
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
 use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::{PodSink, Populator};
 use crate::reconciler::reconstruct::{reconstruct, ReconstructionReport};
 use crate::reconciler::Reconciler;
-use crate::status::{PodStatus, SourceError, Status, SyscallLatency, TracerStats, VolumeStatus};
+use crate::status::{SyscallLatency, TracerStats};
 use crate::sys::root_dir::{PathError, RootDir};
 use crate::sys::Mounter;
 use crate::util::sync::MutexExt;
-use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
-
-/// Deleted pods remembered for status before the list is first pruned.
-const DEPARTING_PRUNE_MIN: usize = 1024;
-
-/// Shortest pause between two convergence checks of a waiter.
-const MIN_WAIT_PACE: Duration = Duration::from_micros(200);
-/// Longest pause between two convergence checks of a waiter.
-const MAX_WAIT_PACE: Duration = Duration::from_millis(10);
+use crate::volume::{PodUid, UniqueVolumeName};
 
 /// Settings of a manager.
 #[derive(Debug, Clone)]
@@ -104,17 +98,8 @@ pub enum WaitError {
     Stopped,
 }
 
-/// A pod's namespace and name.
-type PodNames = (Arc<str>, Arc<str>);
-
 /// What the active tracer adds to status: its counters and syscall latencies.
 pub type TracerStatusSource = Arc<dyn Fn() -> (TracerStats, Vec<SyscallLatency>) + Send + Sync>;
-
-#[derive(Default)]
-struct SourceState {
-    errors: Vec<String>,
-    rejected: Vec<PodRejected>,
-}
 
 /// The volume manager.
 pub struct VolumeManager {
@@ -127,7 +112,7 @@ pub struct VolumeManager {
     pool: Arc<BlockingPool>,
     metrics: Arc<Metrics>,
     reconciler: Arc<Reconciler>,
-    sources: Mutex<BTreeMap<String, SourceState>>,
+    populator: Arc<Populator>,
     reported_in_use: Mutex<HashSet<UniqueVolumeName>>,
     tracer: Mutex<(String, String)>,
     shutdown: watch::Sender<bool>,
@@ -135,11 +120,6 @@ pub struct VolumeManager {
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
     /// The CSI drivers shown in status, once set.
     csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
-    /// Namespace and name of deleted pods still being torn down.
-    departing: Mutex<crate::volume::FastMap<PodUid, PodNames>>,
-    /// Size of `departing` at which it is next pruned (doubles with what
-    /// pruning could not remove, so deleting many pods stays linear).
-    departing_prune_at: std::sync::atomic::AtomicUsize,
     /// Out-of-band changes to managed volumes.
     out_of_band: Arc<OutOfBandLog>,
     tracer_status: Mutex<Option<TracerStatusSource>>,
@@ -172,6 +152,11 @@ impl VolumeManager {
             Arc::clone(&pool),
             config.resync_period,
         );
+        let populator = Arc::new(Populator::new(
+            Arc::clone(&world),
+            Arc::clone(&plugins),
+            Arc::clone(&executor),
+        ));
         let out_of_band = Arc::new(OutOfBandLog::default());
         let log = Arc::clone(&out_of_band);
         world.add_listener(Arc::new(move |ev| log.on_volume_event(ev)));
@@ -186,14 +171,12 @@ impl VolumeManager {
             pool,
             metrics,
             reconciler,
-            sources: Mutex::default(),
+            populator,
             reported_in_use: Mutex::default(),
             tracer: Mutex::new(("off".into(), "no tracer configured".into())),
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
             csi_drivers: std::sync::OnceLock::new(),
-            departing: Mutex::default(),
-            departing_prune_at: std::sync::atomic::AtomicUsize::new(DEPARTING_PRUNE_MIN),
             extra_metrics: Mutex::new(vec![Arc::new(move || metrics_log.prometheus_text())]),
             out_of_band,
             tracer_status: Mutex::default(),
@@ -327,143 +310,29 @@ impl VolumeManager {
     /// Adds or updates a pod (populator). A pod rejected as a whole is
     /// returned as an error and changes nothing.
     pub fn upsert_pod(&self, pod: &Pod) -> Result<PodUid, PodRejected> {
-        let desired = DesiredPod::from_pod(pod)?;
-        let uid = desired.uid.clone();
-        self.set_desired_pod(desired);
-        Ok(uid)
+        self.populator.upsert_pod(pod)
     }
 
     /// Adds or updates an already converted pod.
     pub fn set_desired_pod(&self, pod: DesiredPod) {
-        let mut entry = PodEntry {
-            namespace: pod.namespace.as_str().into(),
-            name: pod.name.as_str().into(),
-            volumes: Vec::with_capacity(pod.volumes.len()),
-            supplemental_groups: pod
-                .fs_group
-                .into_iter()
-                .chain(pod.supplemental_groups.iter().copied())
-                .collect(),
-        };
-        let mut mounts = Vec::with_capacity(pod.volumes.len());
-        let selinux: Option<Arc<str>> = pod.selinux_label.as_deref().map(Into::into);
-        for v in pod.volumes {
-            let resolved = v.source.and_then(|source| {
-                let plugin = self
-                    .plugins
-                    .find_by_source(&source)
-                    .map_err(|e| e.to_string())?;
-                Ok((plugin, source))
-            });
-            match resolved {
-                Err(e) => {
-                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume cannot be mounted");
-                    entry.volumes.push(PodVolumeEntry {
-                        outer_name: v.name,
-                        plugin_name: None,
-                        volume: Err(e),
-                    });
-                }
-                Ok(((plugin_name, plugin), source)) => {
-                    let spec = Arc::new(VolumeSpec {
-                        name: v.name.clone(),
-                        source,
-                    });
-                    let name = plugin.unique_volume_name(&pod.uid, &spec);
-                    entry.volumes.push(PodVolumeEntry {
-                        outer_name: v.name.clone(),
-                        plugin_name: Some(Arc::clone(&plugin_name)),
-                        volume: Ok(name.clone()),
-                    });
-                    if !pod.terminated {
-                        mounts.push((
-                            name,
-                            plugin_name,
-                            PodToMount {
-                                outer_volume_spec_name: v.name,
-                                spec,
-                                fs_group: pod.fs_group,
-                                selinux_label: selinux.clone(),
-                            },
-                        ));
-                    }
-                }
-            }
-        }
-        let changed = self.world.dsw_mut().set_pod(PodUpdate {
-            uid: pod.uid,
-            entry,
-            mounts,
-        });
-        if changed.is_empty() {
-            self.world.bump();
-        } else {
-            // A changed spec may fix what failed for good.
-            self.executor.reset_final(&changed);
-            self.world.mark_dirty(changed);
-        }
+        self.populator.set_pod(pod);
     }
 
     /// Retries at once every operation that waits for something to appear
     /// (called when a CSI driver registers).
     pub fn retry_waiting(&self) {
-        let volumes = self.executor.retry_waiting();
-        if !volumes.is_empty() {
-            self.world.mark_dirty(volumes);
-        }
+        self.populator.retry_waiting();
     }
 
     /// Removes a pod (populator). Returns whether it was known.
     pub fn delete_pod(&self, uid: &PodUid) -> bool {
-        let mut dsw = self.world.dsw_mut();
-        let names = dsw
-            .pod(uid)
-            .map(|p| (Arc::clone(&p.namespace), Arc::clone(&p.name)));
-        let known = names.is_some();
-        let changed = dsw.delete_pod(uid);
-        drop(dsw);
-        if let Some(names) = names {
-            self.remember_departing(uid, names);
-        }
-        self.world.mark_dirty(changed);
-        self.world.mark_pod_dirty(uid.clone());
-        known
-    }
-
-    /// Keeps a deleted pod's namespace and name for status while its volumes
-    /// are torn down; entries of pods with nothing mounted any more go.
-    fn remember_departing(&self, uid: &PodUid, names: PodNames) {
-        let lock = || self.departing.locked();
-        let mut departing = lock();
-        let prune_at = self
-            .departing_prune_at
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if departing.len() >= prune_at {
-            // Never hold this lock while taking a world's lock.
-            let uids: Vec<PodUid> = departing.keys().cloned().collect();
-            drop(departing);
-            let done: Vec<PodUid> = {
-                let asw = self.world.asw();
-                uids.into_iter()
-                    .filter(|u| !asw.pod_has_mounts(u))
-                    .collect()
-            };
-            departing = lock();
-            for u in &done {
-                departing.remove(u);
-            }
-            self.departing_prune_at.store(
-                (departing.len() * 2).max(DEPARTING_PRUNE_MIN),
-                std::sync::atomic::Ordering::Relaxed,
-            );
-        }
-        departing.insert(uid.clone(), names);
+        self.populator.delete_pod(uid)
     }
 
     /// Marks the desired state as populated: every source has delivered its
     /// pods once, so volumes of unknown pods may now be torn down.
     pub fn set_populated(&self) {
-        self.world.set_populated();
+        self.populator.set_populated();
     }
 
     /// Replaces what a source (e.g. one manifest file) reported as unusable.
@@ -473,184 +342,18 @@ impl VolumeManager {
         errors: Vec<String>,
         rejected: Vec<PodRejected>,
     ) {
-        let mut s = self.sources.locked();
-        if errors.is_empty() && rejected.is_empty() {
-            s.remove(source);
-        } else {
-            s.insert(source.to_string(), SourceState { errors, rejected });
-        }
-        drop(s);
-        self.world.bump();
+        self.populator.set_source_problems(source, errors, rejected);
     }
 
-    /// The kubelet's `WaitForAttachAndMount`: returns once every volume of the
-    /// pod is mounted.
-    pub async fn wait_for_attach_and_mount(
-        &self,
-        uid: &PodUid,
-        timeout: Duration,
-    ) -> Result<(), WaitError> {
-        self.wait(uid, timeout, |this| this.pending_volumes(uid))
-            .await
+    /// Where a source of pods (the manifests directory) writes.
+    pub fn pod_sink(&self) -> Arc<dyn PodSink> {
+        Arc::clone(&self.populator) as Arc<dyn PodSink>
     }
 
-    /// The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.
-    pub async fn wait_for_unmount(&self, uid: &PodUid, timeout: Duration) -> Result<(), WaitError> {
-        self.wait(uid, timeout, |this| {
-            let left: Vec<String> = this
-                .world
-                .asw()
-                .all_mounts_of_pod(uid)
-                .into_iter()
-                .map(|m| format!("{} (still mounted)", m.outer_volume_spec_name))
-                .collect();
-            if left.is_empty() {
-                None
-            } else {
-                Some(left.join(", "))
-            }
-        })
-        .await
-    }
-
-    /// Waits until the node has converged: states synced, (if given) exactly
-    /// `pods` pods desired, every desired volume mounted and nothing else
-    /// mounted. The check stops at the first difference and runs after each
-    /// change of the state, paced so that it costs at most about a tenth of
-    /// the time it waits (a check of 10,000 volumes near the end takes a few
-    /// hundred microseconds): between 0.2 ms and 10 ms apart.
-    pub async fn wait_converged(
-        &self,
-        pods: Option<usize>,
-        timeout: Duration,
-    ) -> Result<(), WaitError> {
-        let mut rx = self.world.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            rx.borrow_and_update();
-            let checked = std::time::Instant::now();
-            let missing = self.not_converged(pods);
-            let Some(missing) = missing else {
-                return Ok(());
-            };
-            let pace = (checked.elapsed() * 10).clamp(MIN_WAIT_PACE, MAX_WAIT_PACE);
-            let timed_out = |missing: String| WaitError::Timeout {
-                pod: "*".into(),
-                pending: missing,
-            };
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(WaitError::Stopped),
-                Err(_) => return Err(timed_out(missing)),
-            }
-            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pace)).await;
-        }
-    }
-
-    fn not_converged(&self, pods: Option<usize>) -> Option<String> {
-        if !self.world.synced() {
-            return Some("states not synced yet".into());
-        }
-        let dsw = self.world.dsw();
-        if let Some(n) = pods {
-            let have = dsw.pods().count();
-            if have != n {
-                return Some(format!("{have} pods desired, waiting for {n}"));
-            }
-        }
-        // Return at the first difference: while converging that is found
-        // almost at once, so polling this stays cheap.
-        let asw = self.world.asw();
-        for (name, v) in dsw.volumes() {
-            for uid in v.pods.keys() {
-                if asw
-                    .pod_mount(name, uid)
-                    .is_none_or(|m| m.state != VolumeMountState::Mounted)
-                {
-                    return Some(format!("pod {uid} volume {name}: not mounted yet"));
-                }
-            }
-        }
-        for (name, v) in asw.volumes() {
-            for uid in v.pods.keys() {
-                if !dsw.pod_exists_in_volume(name, uid) {
-                    return Some(format!("pod {uid} volume {name}: still mounted"));
-                }
-            }
-        }
-        for (uid, pod) in dsw.pods() {
-            if let Some(v) = pod.volumes.iter().find(|v| v.volume.is_err()) {
-                return Some(format!(
-                    "pod {uid} volume {}: cannot be mounted",
-                    v.outer_name
-                ));
-            }
-        }
-        None
-    }
-
-    async fn wait<F>(&self, uid: &PodUid, timeout: Duration, pending: F) -> Result<(), WaitError>
-    where
-        F: Fn(&Self) -> Option<String>,
-    {
-        let mut rx = self.world.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            rx.borrow_and_update();
-            let Some(missing) = pending(self) else {
-                return Ok(());
-            };
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(WaitError::Stopped),
-                Err(_) => {
-                    return Err(WaitError::Timeout {
-                        pod: uid.to_string(),
-                        pending: missing,
-                    })
-                }
-            }
-        }
-    }
-
-    /// `None` when every volume of the pod is mounted; otherwise what is missing.
-    fn pending_volumes(&self, uid: &PodUid) -> Option<String> {
-        let dsw = self.world.dsw();
-        let Some(pod) = dsw.pod(uid) else {
-            return Some("pod is not known (yet)".into());
-        };
-        let asw = self.world.asw();
-        let missing: Vec<String> = pod
-            .volumes
-            .iter()
-            .filter_map(|v| match &v.volume {
-                Err(e) => Some(format!("{} (error: {e})", v.outer_name)),
-                Ok(name) => match asw.pod_mount(name, uid) {
-                    Some(m) if m.state == VolumeMountState::Mounted => None,
-                    _ => {
-                        let err = self
-                            .executor
-                            .record(name, Some(uid))
-                            .and_then(|r| r.last_error)
-                            .or_else(|| self.device_error(name));
-                        Some(match err {
-                            Some(e) => format!("{} (error: {e})", v.outer_name),
-                            None => format!("{} (pending)", v.outer_name),
-                        })
-                    }
-                },
-            })
-            .collect();
-        if missing.is_empty() {
-            None
-        } else {
-            Some(missing.join(", "))
-        }
-    }
-
-    /// The last error of a volume's device operation, if any.
-    fn device_error(&self, name: &UniqueVolumeName) -> Option<String> {
-        self.executor.record(name, None).and_then(|r| r.last_error)
+    /// Shows the drivers of `registry` in status (`csi_drivers`). The first
+    /// registry set stays.
+    pub fn set_csi_driver_registry(&self, registry: Arc<crate::csi::registry::DriverRegistry>) {
+        let _ = self.csi_drivers.set(registry);
     }
 
     /// The kubelet's `GetMountedVolumesForPod`: volumes certainly mounted.
@@ -721,231 +424,6 @@ impl VolumeManager {
     /// The kubelet's `ReconcilerStatesHasBeenSynced`.
     pub fn reconciler_states_synced(&self) -> bool {
         self.world.synced()
-    }
-
-    /// The status document.
-    pub fn status(&self) -> Status {
-        // A snapshot, so this lock is never held with a world's lock.
-        let departing = self.departing.locked().clone();
-        let dsw = self.world.dsw();
-        let asw = self.world.asw();
-        let mut pods = Vec::new();
-        for (uid, entry) in dsw.pods() {
-            let volumes = entry
-                .volumes
-                .iter()
-                .map(|v| self.volume_status(uid, v, &dsw, &asw))
-                .collect();
-            pods.push(PodStatus {
-                uid: uid.to_string(),
-                namespace: entry.namespace.to_string(),
-                name: entry.name.to_string(),
-                error: None,
-                volumes,
-            });
-        }
-        // Pods that are gone from the desired state but still have mounts
-        // (names unknown only for pods found at start-up).
-        for uid in asw.pods() {
-            if dsw.pod(uid).is_some() {
-                continue;
-            }
-            let volumes = asw
-                .all_mounts_of_pod(uid)
-                .into_iter()
-                .map(|m| {
-                    let rec = self.executor.record(&m.volume_name, Some(uid));
-                    let oob = self.out_of_band.volume(&m.volume_name, uid);
-                    VolumeStatus {
-                        name: m.outer_volume_spec_name,
-                        plugin: m.plugin_name,
-                        state: "unmounting".into(),
-                        path: Some(m.path.display().to_string()),
-                        attempts: rec.as_ref().map_or(0, |r| r.attempts),
-                        error: rec.and_then(|r| r.last_error),
-                        out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
-                        last_out_of_band: oob.map(|o| o.1),
-                    }
-                })
-                .collect();
-            let (namespace, name) = departing
-                .get(uid)
-                .map(|(ns, n)| (ns.to_string(), n.to_string()))
-                .unwrap_or_default();
-            pods.push(PodStatus {
-                uid: uid.to_string(),
-                namespace,
-                name,
-                error: None,
-                volumes,
-            });
-        }
-        drop(asw);
-        drop(dsw);
-        let mut errors = Vec::new();
-        {
-            let sources = self.sources.locked();
-            for (source, st) in sources.iter() {
-                for e in &st.errors {
-                    errors.push(SourceError {
-                        source: source.clone(),
-                        error: e.clone(),
-                    });
-                }
-                for r in &st.rejected {
-                    pods.push(PodStatus {
-                        uid: r.uid.clone().unwrap_or_default(),
-                        namespace: r.namespace.clone(),
-                        name: r.name.clone(),
-                        error: Some(format!("{}: {}", source, r.reason)),
-                        volumes: Vec::new(),
-                    });
-                }
-            }
-        }
-        pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
-        let (tracer, tracer_reason) = self.tracer.locked().clone();
-        let source = self.tracer_status.locked().clone();
-        let (tracer_stats, syscalls) = source.map(|f| f()).unwrap_or_default();
-        Status {
-            synced: self.world.synced(),
-            tracer,
-            tracer_reason,
-            pods,
-            errors,
-            operations: self.metrics.summaries(),
-            csi_drivers: self
-                .csi_drivers
-                .get()
-                .map(|r| {
-                    r.driver_infos()
-                        .into_iter()
-                        .map(|d| crate::status::CsiDriverStatus {
-                            name: d.name,
-                            endpoint: d.endpoint.display().to_string(),
-                            versions: d.versions,
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
-            syscalls,
-            tracer_stats,
-            out_of_band: self.out_of_band.recent(),
-        }
-    }
-
-    /// Shows the drivers of `registry` in status (`csi_drivers`). The first
-    /// registry set stays.
-    pub fn set_csi_driver_registry(&self, registry: Arc<crate::csi::registry::DriverRegistry>) {
-        let _ = self.csi_drivers.set(registry);
-    }
-
-    fn volume_status(
-        &self,
-        uid: &PodUid,
-        v: &PodVolumeEntry,
-        dsw: &crate::cache::desired_state_of_world::DesiredStateOfWorld,
-        asw: &crate::cache::actual_state_of_world::ActualStateOfWorld,
-    ) -> VolumeStatus {
-        let plugin = v.plugin_name.as_deref().unwrap_or("").to_string();
-        let name = match &v.volume {
-            Err(e) => {
-                return VolumeStatus {
-                    name: v.outer_name.clone(),
-                    plugin,
-                    state: "error".into(),
-                    path: None,
-                    attempts: 0,
-                    error: Some(e.clone()),
-                    out_of_band_changes: 0,
-                    last_out_of_band: None,
-                }
-            }
-            Ok(n) => n,
-        };
-        let mount = asw.pod_mount(name, uid);
-        let mut rec = self.executor.record(name, Some(uid));
-        if mount.is_none() {
-            // Not set up yet: the volume's device operation (CSI staging)
-            // may be what holds it back.
-            if let Some(dev) = self
-                .executor
-                .record(name, None)
-                .filter(|d| d.kind == OperationKind::MountDevice && d.attempts > 0)
-            {
-                if rec.as_ref().is_none_or(|r| r.last_error.is_none()) {
-                    rec = Some(dev);
-                }
-            }
-        }
-        // Waiting for a driver to register is pending, not an error.
-        let failed = rec
-            .as_ref()
-            .is_some_and(|r| r.last_error.is_some() && !r.running && !r.waiting);
-        let uncertain_err = rec.as_ref().is_some_and(|r| r.uncertain);
-        let in_dsw = dsw.pod_exists_in_volume(name, uid);
-        let state = match (in_dsw, mount.map(|m| m.state)) {
-            (true, Some(VolumeMountState::Mounted)) => "mounted",
-            (true, Some(VolumeMountState::Uncertain)) if failed && !uncertain_err => "error",
-            (true, Some(VolumeMountState::Uncertain)) => "uncertain",
-            // The device operation (CSI staging) may or may not have happened.
-            (true, None) if failed && uncertain_err => "uncertain",
-            (true, None) if failed => "error",
-            (true, None) => "pending",
-            (false, Some(_)) => "unmounting",
-            (false, None) => "pending",
-        };
-        let attempts = rec.as_ref().map_or(0, |r| {
-            if matches!(
-                r.kind,
-                OperationKind::MountVolume | OperationKind::MountDevice
-            ) || !in_dsw
-            {
-                r.attempts
-            } else {
-                0
-            }
-        });
-        let oob = self.out_of_band.volume(name, uid);
-        VolumeStatus {
-            name: v.outer_name.clone(),
-            plugin,
-            state: state.into(),
-            path: mount.map(|m| m.path.display().to_string()),
-            attempts,
-            // A failed expansion of a mounted volume shows too.
-            error: rec.and_then(|r| r.last_error).or_else(|| {
-                self.executor
-                    .record(name, None)
-                    .filter(|d| d.kind == OperationKind::ExpandVolume)
-                    .and_then(|d| d.last_error)
-            }),
-            out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
-            last_out_of_band: oob.map(|o| o.1),
-        }
-    }
-
-    /// Prometheus text.
-    pub fn metrics_text(&self) -> String {
-        let desired = self.world.dsw().count_by_plugin();
-        let actual = self.world.asw().count_by_plugin();
-        let mut plugins: Vec<String> = self
-            .plugins
-            .all()
-            .iter()
-            .map(|(n, _)| n.to_string())
-            .collect();
-        plugins.sort();
-        let counts: Vec<(String, usize, usize)> = plugins
-            .into_iter()
-            .map(|p| {
-                let d = desired.get(p.as_str()).copied().unwrap_or(0);
-                let a = actual.get(p.as_str()).copied().unwrap_or(0);
-                (p, d, a)
-            })
-            .collect();
-        let extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
-        self.metrics.render(&counts, &extra)
     }
 }
 

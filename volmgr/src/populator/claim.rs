@@ -1,0 +1,292 @@
+//! `persistentVolumeClaim` (and generic ephemeral) volumes: the claim in the
+//! pod's namespace → its bound PersistentVolume → `spec.csi`, with the
+//! kubelet's checks on each step (`desired_state_of_world_populator.go`
+//! `getPVCExtractPV`, `getPVSpec`, `checkVolumeModeMismatch`).
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, SecretReference,
+};
+
+use super::pod::{fetch_secret, ObjectLookup, Usage, VolumeSpecError};
+use crate::quantity;
+use crate::volume::{CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid};
+
+type Result<T, E = VolumeSpecError> = std::result::Result<T, E>;
+
+/// A claim as the pod names it.
+struct ClaimRef<'a> {
+    namespace: &'a str,
+    name: &'a str,
+}
+
+/// `pod.spec.volumes[].persistentVolumeClaim` → the claim (in the pod's
+/// namespace) → its bound PersistentVolume → `spec.csi`. For a generic
+/// ephemeral volume `owner` is the pod, which must control the claim (the
+/// kubelet's `VolumeIsForPod`).
+pub(super) fn persistent_volume_claim(
+    src: &PersistentVolumeClaimVolumeSource,
+    usage: Usage,
+    namespace: &str,
+    owner: Option<&PodUid>,
+    objects: &dyn ObjectLookup,
+) -> Result<CsiVolumeSource> {
+    let claim = ClaimRef {
+        namespace,
+        name: src.claim_name.as_str(),
+    };
+    if claim.name.is_empty() {
+        return Err(invalid("persistentVolumeClaim.claimName is required"));
+    }
+    let pvc = usable_claim(&claim, owner, objects)?;
+    let pv = bound_volume(&claim, &pvc, objects)?;
+    let pv_name = pv.metadata.name.clone().unwrap_or_default();
+    let spec = pv
+        .spec
+        .as_ref()
+        .ok_or_else(|| invalid(format!("PersistentVolume {pv_name} has no spec")))?;
+    check_claim_ref(&claim, &pvc, &pv_name, spec)?;
+    let csi = csi_spec(&pv, &pv_name, spec)?;
+    let volume_mode = volume_mode(&pv_name, spec, usage)?;
+    let secret =
+        |r: &Option<SecretReference>, field: &str| -> Result<Option<std::sync::Arc<CsiSecrets>>> {
+            secret_of(objects, &pv_name, r, field)
+        };
+    Ok(CsiVolumeSource {
+        driver: csi.driver.clone(),
+        volume_handle: csi.volume_handle.clone(),
+        ephemeral: false,
+        read_only: src.read_only.unwrap_or(false) || csi.read_only.unwrap_or(false),
+        fs_type: csi.fs_type.clone().filter(|f| !f.is_empty()),
+        volume_mode,
+        access_mode: access_mode(&pv_name, spec)?,
+        volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
+        mount_options: spec.mount_options.clone().unwrap_or_default(),
+        capacity_bytes: capacity(&pv_name, spec)?,
+        node_stage_secrets: secret(&csi.node_stage_secret_ref, "nodeStageSecretRef")?,
+        node_publish_secrets: secret(&csi.node_publish_secret_ref, "nodePublishSecretRef")?,
+        node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
+        pv_name: Some(pv_name),
+    })
+}
+
+fn invalid(msg: impl Into<String>) -> VolumeSpecError {
+    VolumeSpecError::Invalid(msg.into())
+}
+
+/// The claim, if it exists, belongs to `owner` (when given), and is neither
+/// being deleted nor lost.
+fn usable_claim(
+    claim: &ClaimRef<'_>,
+    owner: Option<&PodUid>,
+    objects: &dyn ObjectLookup,
+) -> Result<std::sync::Arc<PersistentVolumeClaim>> {
+    let (namespace, name) = (claim.namespace, claim.name);
+    let pvc = objects
+        .persistent_volume_claim(namespace, name)
+        .ok_or_else(|| {
+            VolumeSpecError::Missing(format!(
+                "PersistentVolumeClaim {namespace}/{name} not found"
+            ))
+        })?;
+    if let Some(pod) = owner {
+        let controlled = pvc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.kind == "Pod" && r.uid == pod.as_str());
+        if !controlled {
+            return Err(invalid(format!(
+                "PersistentVolumeClaim {namespace}/{name} was not created for this pod (the pod is not its controlling owner)"
+            )));
+        }
+    }
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return Err(VolumeSpecError::Missing(format!(
+            "PersistentVolumeClaim {namespace}/{name} is being deleted"
+        )));
+    }
+    if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost") {
+        return Err(VolumeSpecError::Missing(format!(
+            "PersistentVolumeClaim {namespace}/{name} has lost its PersistentVolume (phase Lost)"
+        )));
+    }
+    Ok(pvc)
+}
+
+/// The PersistentVolume the claim is bound to: `spec.volumeName`, or the PV
+/// whose `claimRef` names the claim.
+fn bound_volume(
+    claim: &ClaimRef<'_>,
+    pvc: &PersistentVolumeClaim,
+    objects: &dyn ObjectLookup,
+) -> Result<std::sync::Arc<PersistentVolume>> {
+    let (namespace, name) = (claim.namespace, claim.name);
+    let volume_name = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty());
+    match volume_name {
+        Some(pv_name) => objects.persistent_volume(pv_name).ok_or_else(|| {
+            VolumeSpecError::Missing(format!(
+                "PersistentVolume {pv_name} (bound to PersistentVolumeClaim {namespace}/{name}) not found"
+            ))
+        }),
+        None => objects.persistent_volume_for_claim(namespace, name).ok_or_else(|| {
+            VolumeSpecError::Missing(format!(
+                "PersistentVolumeClaim {namespace}/{name} is not bound (no spec.volumeName, and no PersistentVolume has a claimRef to it)"
+            ))
+        }),
+    }
+}
+
+/// The PV must be bound to this very claim (the kubelet's claimRef check).
+fn check_claim_ref(
+    claim: &ClaimRef<'_>,
+    pvc: &PersistentVolumeClaim,
+    pv_name: &str,
+    spec: &PersistentVolumeSpec,
+) -> Result<()> {
+    let Some(r) = &spec.claim_ref else {
+        return Ok(());
+    };
+    let (rns, rname) = (
+        r.namespace.as_deref().unwrap_or(""),
+        r.name.as_deref().unwrap_or(""),
+    );
+    let uid_mismatch = match (&r.uid, &pvc.metadata.uid) {
+        (Some(a), Some(b)) => !a.is_empty() && !b.is_empty() && a != b,
+        _ => false,
+    };
+    if rns != claim.namespace || rname != claim.name || uid_mismatch {
+        return Err(VolumeSpecError::Missing(format!(
+            "PersistentVolume {pv_name} is bound to claim {rns}/{rname}, not to {}/{}",
+            claim.namespace, claim.name
+        )));
+    }
+    Ok(())
+}
+
+/// The PV's `spec.csi`, with its required fields.
+fn csi_spec<'a>(
+    pv: &PersistentVolume,
+    pv_name: &str,
+    spec: &'a PersistentVolumeSpec,
+) -> Result<&'a CSIPersistentVolumeSource> {
+    let csi = spec.csi.as_ref().ok_or_else(|| {
+        VolumeSpecError::Unsupported(format!(
+            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI PersistentVolumes are supported",
+            pv_source_kind(pv)
+        ))
+    })?;
+    if csi.driver.is_empty() {
+        return Err(invalid(format!(
+            "PersistentVolume {pv_name}: spec.csi.driver is required"
+        )));
+    }
+    if csi.volume_handle.is_empty() {
+        return Err(invalid(format!(
+            "PersistentVolume {pv_name}: spec.csi.volumeHandle is required"
+        )));
+    }
+    Ok(csi)
+}
+
+/// The PV's volume mode, checked against how the containers use the volume
+/// (the kubelet's `checkVolumeModeMismatch`: Filesystem in volumeMounts,
+/// Block in volumeDevices).
+fn volume_mode(pv_name: &str, spec: &PersistentVolumeSpec, usage: Usage) -> Result<CsiVolumeMode> {
+    let mode = match spec.volume_mode.as_deref().unwrap_or("Filesystem") {
+        "Filesystem" | "" => CsiVolumeMode::Filesystem,
+        "Block" => CsiVolumeMode::Block,
+        m => {
+            return Err(invalid(format!(
+                "PersistentVolume {pv_name}: unknown volumeMode {m:?}"
+            )))
+        }
+    };
+    match mode {
+        CsiVolumeMode::Filesystem if usage.device => Err(invalid(format!(
+            "PersistentVolume {pv_name} has volumeMode Filesystem, but the volume is in volumeDevices"
+        ))),
+        CsiVolumeMode::Block if usage.mounted => Err(invalid(format!(
+            "PersistentVolume {pv_name} has volumeMode Block, but the volume is in volumeMounts"
+        ))),
+        _ => Ok(mode),
+    }
+}
+
+/// Like the kubelet: the first access mode, ReadWriteOnce by default.
+fn access_mode(pv_name: &str, spec: &PersistentVolumeSpec) -> Result<CsiAccessMode> {
+    let first = spec
+        .access_modes
+        .as_ref()
+        .and_then(|m| m.first())
+        .map(String::as_str)
+        .unwrap_or("ReadWriteOnce");
+    match first {
+        "ReadWriteOnce" => Ok(CsiAccessMode::SingleNodeWriter),
+        "ReadOnlyMany" => Ok(CsiAccessMode::MultiNodeReaderOnly),
+        "ReadWriteMany" => Ok(CsiAccessMode::MultiNodeMultiWriter),
+        "ReadWriteOncePod" => Ok(CsiAccessMode::SingleNodeSingleWriter),
+        m => Err(invalid(format!(
+            "PersistentVolume {pv_name}: unknown access mode {m:?}"
+        ))),
+    }
+}
+
+/// `spec.capacity.storage` in bytes, if set.
+fn capacity(pv_name: &str, spec: &PersistentVolumeSpec) -> Result<Option<u64>> {
+    spec.capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .map(|q| {
+            quantity::parse_bytes(&q.0)
+                .map_err(|e| invalid(format!("PersistentVolume {pv_name}: capacity.storage: {e}")))
+        })
+        .transpose()
+}
+
+/// The Secret a `spec.csi.*SecretRef` names, if any.
+fn secret_of(
+    objects: &dyn ObjectLookup,
+    pv_name: &str,
+    r: &Option<SecretReference>,
+    field: &str,
+) -> Result<Option<std::sync::Arc<CsiSecrets>>> {
+    let Some(r) = r else { return Ok(None) };
+    let what = format!("PersistentVolume {pv_name} spec.csi.{field}");
+    let name = r.name.as_deref().unwrap_or("");
+    let ns = r.namespace.as_deref().unwrap_or("");
+    if name.is_empty() || ns.is_empty() {
+        return Err(invalid(format!("{what}: name and namespace are required")));
+    }
+    fetch_secret(objects, ns, name, &what).map(Some)
+}
+
+/// The volume source field of a PV that is not CSI (for the error message).
+fn pv_source_kind(pv: &PersistentVolume) -> String {
+    const NOT_SOURCES: &[&str] = &[
+        "accessModes",
+        "capacity",
+        "claimRef",
+        "mountOptions",
+        "nodeAffinity",
+        "persistentVolumeReclaimPolicy",
+        "storageClassName",
+        "volumeAttributesClassName",
+        "volumeMode",
+    ];
+    serde_json::to_value(&pv.spec)
+        .ok()
+        .and_then(|v| {
+            v.as_object().and_then(|o| {
+                o.keys()
+                    .find(|k| !NOT_SOURCES.contains(&k.as_str()))
+                    .cloned()
+            })
+        })
+        .unwrap_or_else(|| "none".to_string())
+}

@@ -1,0 +1,230 @@
+//! The populator proper: converted pods in, desired-state edits out.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::pod::{DesiredPod, PodRejected};
+use super::PodSink;
+use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
+use crate::cache::world::{WakeHold, World};
+use crate::operationexecutor::OperationExecutor;
+use crate::plugins::VolumePluginMgr;
+use crate::util::sync::MutexExt;
+use crate::volume::{FastMap, PodUid, VolumeSpec};
+
+/// Deleted pods remembered for status before the list is first pruned.
+const DEPARTING_PRUNE_MIN: usize = 1024;
+
+/// A pod's namespace and name.
+type PodNames = (Arc<str>, Arc<str>);
+
+/// What one source reported as unusable.
+#[derive(Debug, Default, Clone)]
+pub struct SourceProblems {
+    /// Inputs that yielded no pod.
+    pub errors: Vec<String>,
+    /// Pods rejected as a whole.
+    pub rejected: Vec<PodRejected>,
+}
+
+/// Turns converted pods into desired-state edits: each volume resolved to
+/// its plugin and unique name, pods that finished giving their volumes up.
+pub struct Populator {
+    world: Arc<World>,
+    plugins: Arc<VolumePluginMgr>,
+    executor: Arc<OperationExecutor>,
+    sources: Mutex<BTreeMap<String, SourceProblems>>,
+    /// Namespace and name of deleted pods still being torn down.
+    departing: Mutex<FastMap<PodUid, PodNames>>,
+    /// Size of `departing` at which it is next pruned (doubles with what
+    /// pruning could not remove, so deleting many pods stays linear).
+    departing_prune_at: AtomicUsize,
+}
+
+impl Populator {
+    /// A populator writing `world`'s desired state, resolving volumes with
+    /// `plugins`; `executor` forgets final failures of changed volumes.
+    pub fn new(
+        world: Arc<World>,
+        plugins: Arc<VolumePluginMgr>,
+        executor: Arc<OperationExecutor>,
+    ) -> Self {
+        Self {
+            world,
+            plugins,
+            executor,
+            sources: Mutex::default(),
+            departing: Mutex::default(),
+            departing_prune_at: AtomicUsize::new(DEPARTING_PRUNE_MIN),
+        }
+    }
+
+    /// Converts and adds or updates a pod that needs no other object (the C
+    /// ABI's entry). A pod rejected as a whole changes nothing.
+    pub fn upsert_pod(&self, pod: &Pod) -> Result<PodUid, PodRejected> {
+        let desired = DesiredPod::from_pod(pod)?;
+        let uid = desired.uid.clone();
+        self.set_pod(desired);
+        Ok(uid)
+    }
+
+    /// Retries at once every operation that waits for something to appear
+    /// (called when a CSI driver registers).
+    pub fn retry_waiting(&self) {
+        let volumes = self.executor.retry_waiting();
+        if !volumes.is_empty() {
+            self.world.mark_dirty(volumes);
+        }
+    }
+
+    /// A snapshot of every source's problems (for status).
+    pub fn source_problems(&self) -> BTreeMap<String, SourceProblems> {
+        self.sources.locked().clone()
+    }
+
+    /// Namespace and name of a deleted pod whose volumes are still torn
+    /// down (for status).
+    pub fn departing_names(&self) -> FastMap<PodUid, PodNames> {
+        self.departing.locked().clone()
+    }
+
+    /// The desired-state entry and the volumes to mount of `pod`.
+    fn resolve(&self, pod: DesiredPod) -> PodUpdate {
+        let mut entry = PodEntry {
+            namespace: pod.namespace.as_str().into(),
+            name: pod.name.as_str().into(),
+            volumes: Vec::with_capacity(pod.volumes.len()),
+            supplemental_groups: pod
+                .fs_group
+                .into_iter()
+                .chain(pod.supplemental_groups.iter().copied())
+                .collect(),
+        };
+        let mut mounts = Vec::with_capacity(pod.volumes.len());
+        let selinux: Option<Arc<str>> = pod.selinux_label.as_deref().map(Into::into);
+        for v in pod.volumes {
+            let resolved = v.source.map_err(|e| e.to_string()).and_then(|source| {
+                let plugin = self
+                    .plugins
+                    .find_by_source(&source)
+                    .map_err(|e| e.to_string())?;
+                Ok((plugin, source))
+            });
+            let ((plugin_name, plugin), source) = match resolved {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume cannot be mounted");
+                    entry.volumes.push(PodVolumeEntry {
+                        outer_name: v.name,
+                        plugin_name: None,
+                        volume: Err(e),
+                    });
+                    continue;
+                }
+            };
+            let spec = Arc::new(VolumeSpec {
+                name: v.name.clone(),
+                source,
+            });
+            let name = plugin.unique_volume_name(&pod.uid, &spec);
+            entry.volumes.push(PodVolumeEntry {
+                outer_name: v.name.clone(),
+                plugin_name: Some(Arc::clone(&plugin_name)),
+                volume: Ok(name.clone()),
+            });
+            if !pod.terminated {
+                let to_mount = PodToMount {
+                    outer_volume_spec_name: v.name,
+                    spec,
+                    fs_group: pod.fs_group,
+                    selinux_label: selinux.clone(),
+                };
+                mounts.push((name, plugin_name, to_mount));
+            }
+        }
+        PodUpdate {
+            uid: pod.uid,
+            entry,
+            mounts,
+        }
+    }
+
+    /// Keeps a deleted pod's namespace and name for status while its volumes
+    /// are torn down; entries of pods with nothing mounted any more go.
+    fn remember_departing(&self, uid: &PodUid, names: PodNames) {
+        let mut departing = self.departing.locked();
+        let prune_at = self.departing_prune_at.load(Ordering::Relaxed);
+        if departing.len() >= prune_at {
+            // Never hold this lock while taking a world's lock.
+            let uids: Vec<PodUid> = departing.keys().cloned().collect();
+            drop(departing);
+            let done: Vec<PodUid> = {
+                let asw = self.world.asw();
+                uids.into_iter()
+                    .filter(|u| !asw.pod_has_mounts(u))
+                    .collect()
+            };
+            departing = self.departing.locked();
+            for u in &done {
+                departing.remove(u);
+            }
+            self.departing_prune_at.store(
+                (departing.len() * 2).max(DEPARTING_PRUNE_MIN),
+                Ordering::Relaxed,
+            );
+        }
+        departing.insert(uid.clone(), names);
+    }
+}
+
+impl PodSink for Populator {
+    fn set_pod(&self, pod: DesiredPod) {
+        let update = self.resolve(pod);
+        let changed = self.world.dsw_mut().set_pod(update);
+        if changed.is_empty() {
+            self.world.bump();
+        } else {
+            // A changed spec may fix what failed for good.
+            self.executor.reset_final(&changed);
+            self.world.mark_dirty(changed);
+        }
+    }
+
+    fn delete_pod(&self, uid: &PodUid) -> bool {
+        let mut dsw = self.world.dsw_mut();
+        let names = dsw
+            .pod(uid)
+            .map(|p| (Arc::clone(&p.namespace), Arc::clone(&p.name)));
+        let known = names.is_some();
+        let changed = dsw.delete_pod(uid);
+        drop(dsw);
+        if let Some(names) = names {
+            self.remember_departing(uid, names);
+        }
+        self.world.mark_dirty(changed);
+        self.world.mark_pod_dirty(uid.clone());
+        known
+    }
+
+    fn set_source_problems(&self, source: &str, errors: Vec<String>, rejected: Vec<PodRejected>) {
+        let mut s = self.sources.locked();
+        if errors.is_empty() && rejected.is_empty() {
+            s.remove(source);
+        } else {
+            s.insert(source.to_string(), SourceProblems { errors, rejected });
+        }
+        drop(s);
+        self.world.bump();
+    }
+
+    fn set_populated(&self) {
+        self.world.set_populated();
+    }
+
+    fn hold_wakes(&self) -> WakeHold {
+        self.world.hold_wakes()
+    }
+}

@@ -1,0 +1,265 @@
+//! The status document and the Prometheus text of a manager.
+
+use super::VolumeManager;
+use crate::cache::actual_state_of_world::{ActualStateOfWorld, VolumeMountState};
+use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodVolumeEntry};
+use crate::operationexecutor::{OperationKind, OperationRecord};
+use crate::status::{CsiDriverStatus, PodStatus, SourceError, Status, VolumeStatus};
+use crate::util::sync::MutexExt;
+use crate::volume::{PodUid, UniqueVolumeName};
+
+impl VolumeManager {
+    /// The status document.
+    pub fn status(&self) -> Status {
+        let mut pods = self.pod_statuses();
+        let errors = self.source_statuses(&mut pods);
+        pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
+        let (tracer, tracer_reason) = self.tracer.locked().clone();
+        let source = self.tracer_status.locked().clone();
+        let (tracer_stats, syscalls) = source.map(|f| f()).unwrap_or_default();
+        Status {
+            synced: self.world.synced(),
+            tracer,
+            tracer_reason,
+            pods,
+            errors,
+            operations: self.metrics.summaries(),
+            csi_drivers: self.csi_driver_statuses(),
+            syscalls,
+            tracer_stats,
+            out_of_band: self.out_of_band.recent(),
+        }
+    }
+
+    /// Every desired pod, then the pods gone from the desired state that
+    /// still have mounts (names unknown only for pods found at start-up).
+    fn pod_statuses(&self) -> Vec<PodStatus> {
+        // A snapshot, so the populator's lock is never held with a world's lock.
+        let departing = self.populator.departing_names();
+        let dsw = self.world.dsw();
+        let asw = self.world.asw();
+        let mut pods = Vec::new();
+        for (uid, entry) in dsw.pods() {
+            let volumes = entry
+                .volumes
+                .iter()
+                .map(|v| self.volume_status(uid, v, &dsw, &asw))
+                .collect();
+            pods.push(PodStatus {
+                uid: uid.to_string(),
+                namespace: entry.namespace.to_string(),
+                name: entry.name.to_string(),
+                error: None,
+                volumes,
+            });
+        }
+        for uid in asw.pods() {
+            if dsw.pod(uid).is_some() {
+                continue;
+            }
+            let (namespace, name) = departing
+                .get(uid)
+                .map(|(ns, n)| (ns.to_string(), n.to_string()))
+                .unwrap_or_default();
+            pods.push(PodStatus {
+                uid: uid.to_string(),
+                namespace,
+                name,
+                error: None,
+                volumes: self.departing_volume_statuses(uid, &asw),
+            });
+        }
+        pods
+    }
+
+    /// The volumes of a pod gone from the desired state: all unmounting.
+    fn departing_volume_statuses(
+        &self,
+        uid: &PodUid,
+        asw: &ActualStateOfWorld,
+    ) -> Vec<VolumeStatus> {
+        asw.all_mounts_of_pod(uid)
+            .into_iter()
+            .map(|m| {
+                let rec = self.executor.record(&m.volume_name, Some(uid));
+                let oob = self.out_of_band.volume(&m.volume_name, uid);
+                VolumeStatus {
+                    name: m.outer_volume_spec_name,
+                    plugin: m.plugin_name,
+                    state: "unmounting".into(),
+                    path: Some(m.path.display().to_string()),
+                    attempts: rec.as_ref().map_or(0, |r| r.attempts),
+                    error: rec.and_then(|r| r.last_error),
+                    out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
+                    last_out_of_band: oob.map(|o| o.1),
+                }
+            })
+            .collect()
+    }
+
+    /// The sources' problems: inputs that yielded no pod go to `errors`
+    /// (returned), pods rejected as a whole are added to `pods`.
+    fn source_statuses(&self, pods: &mut Vec<PodStatus>) -> Vec<SourceError> {
+        let mut errors = Vec::new();
+        for (source, st) in self.populator.source_problems() {
+            for e in &st.errors {
+                errors.push(SourceError {
+                    source: source.clone(),
+                    error: e.clone(),
+                });
+            }
+            for r in &st.rejected {
+                pods.push(PodStatus {
+                    uid: r.uid.clone().unwrap_or_default(),
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                    error: Some(format!("{}: {}", source, r.reason)),
+                    volumes: Vec::new(),
+                });
+            }
+        }
+        errors
+    }
+
+    /// The registered CSI drivers, once a registry is set.
+    fn csi_driver_statuses(&self) -> Vec<CsiDriverStatus> {
+        self.csi_drivers
+            .get()
+            .map(|r| {
+                r.driver_infos()
+                    .into_iter()
+                    .map(|d| CsiDriverStatus {
+                        name: d.name,
+                        endpoint: d.endpoint.display().to_string(),
+                        versions: d.versions,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn volume_status(
+        &self,
+        uid: &PodUid,
+        v: &PodVolumeEntry,
+        dsw: &DesiredStateOfWorld,
+        asw: &ActualStateOfWorld,
+    ) -> VolumeStatus {
+        let plugin = v.plugin_name.as_deref().unwrap_or("").to_string();
+        let name = match &v.volume {
+            Err(e) => {
+                return VolumeStatus {
+                    name: v.outer_name.clone(),
+                    plugin,
+                    state: "error".into(),
+                    path: None,
+                    attempts: 0,
+                    error: Some(e.clone()),
+                    out_of_band_changes: 0,
+                    last_out_of_band: None,
+                }
+            }
+            Ok(n) => n,
+        };
+        let mount = asw.pod_mount(name, uid);
+        let rec = self.blocking_record(name, uid, mount.is_none());
+        let in_dsw = dsw.pod_exists_in_volume(name, uid);
+        let state = volume_state(in_dsw, mount.map(|m| m.state), rec.as_ref());
+        let attempts = rec.as_ref().map_or(0, |r| {
+            if matches!(
+                r.kind,
+                OperationKind::MountVolume | OperationKind::MountDevice
+            ) || !in_dsw
+            {
+                r.attempts
+            } else {
+                0
+            }
+        });
+        let oob = self.out_of_band.volume(name, uid);
+        VolumeStatus {
+            name: v.outer_name.clone(),
+            plugin,
+            state: state.into(),
+            path: mount.map(|m| m.path.display().to_string()),
+            attempts,
+            // A failed expansion of a mounted volume shows too.
+            error: rec.and_then(|r| r.last_error).or_else(|| {
+                self.executor
+                    .record(name, None)
+                    .filter(|d| d.kind == OperationKind::ExpandVolume)
+                    .and_then(|d| d.last_error)
+            }),
+            out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
+            last_out_of_band: oob.map(|o| o.1),
+        }
+    }
+
+    /// Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        let desired = self.world.dsw().count_by_plugin();
+        let actual = self.world.asw().count_by_plugin();
+        let mut plugins: Vec<String> = self
+            .plugins
+            .all()
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        plugins.sort();
+        let counts: Vec<(String, usize, usize)> = plugins
+            .into_iter()
+            .map(|p| {
+                let d = desired.get(p.as_str()).copied().unwrap_or(0);
+                let a = actual.get(p.as_str()).copied().unwrap_or(0);
+                (p, d, a)
+            })
+            .collect();
+        let extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
+        self.metrics.render(&counts, &extra)
+    }
+
+    /// The record of the operation that holds a pod's volume back: its own,
+    /// or, while it is not set up yet, the volume's device operation (CSI
+    /// staging) when that one failed and the volume's own did not.
+    fn blocking_record(
+        &self,
+        name: &UniqueVolumeName,
+        uid: &PodUid,
+        not_set_up: bool,
+    ) -> Option<OperationRecord> {
+        let rec = self.executor.record(name, Some(uid));
+        if !not_set_up {
+            return rec;
+        }
+        let dev = self
+            .executor
+            .record(name, None)
+            .filter(|d| d.kind == OperationKind::MountDevice && d.attempts > 0);
+        match dev {
+            Some(dev) if rec.as_ref().is_none_or(|r| r.last_error.is_none()) => Some(dev),
+            _ => rec,
+        }
+    }
+}
+
+/// The `state` shown for a volume of a pod.
+fn volume_state(
+    in_dsw: bool,
+    mounted: Option<VolumeMountState>,
+    rec: Option<&OperationRecord>,
+) -> &'static str {
+    // Waiting for a driver to register is pending, not an error.
+    let failed = rec.is_some_and(|r| r.last_error.is_some() && !r.running && !r.waiting);
+    let uncertain_err = rec.is_some_and(|r| r.uncertain);
+    match (in_dsw, mounted) {
+        (true, Some(VolumeMountState::Mounted)) => "mounted",
+        (true, Some(VolumeMountState::Uncertain)) if failed && !uncertain_err => "error",
+        (true, Some(VolumeMountState::Uncertain)) => "uncertain",
+        // The device operation (CSI staging) may or may not have happened.
+        (true, None) if failed && uncertain_err => "uncertain",
+        (true, None) if failed => "error",
+        (true, None) => "pending",
+        (false, Some(_)) => "unmounting",
+        (false, None) => "pending",
+    }
+}
