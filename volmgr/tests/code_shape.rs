@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first. A module may use modules of lower layers only,
 /// never another module of its own layer.
 const LAYERS: &[&[&str]] = &[
-    &["util", "failpoint", "quantity", "volume", "ebpf"],
+    &["util"],
+    &["failpoint", "quantity", "volume", "ebpf"],
     &["metrics"],
     &["status"],
     &["sys"],

@@ -301,49 +301,68 @@ fn parse_source(
         }
     }
     if let Some(ed) = &v.empty_dir {
-        let medium = match ed.medium.as_deref().unwrap_or("") {
-            "" => StorageMedium::Default,
-            "Memory" => StorageMedium::Memory,
-            m => {
-                return Err(invalid(format!(
-                    "emptyDir medium {m:?} is not supported (use \"\" or \"Memory\")"
-                )))
-            }
-        };
-        let size_limit = ed
-            .size_limit
-            .as_ref()
-            .map(|q| {
-                quantity::parse_bytes(&q.0).map_err(|e| invalid(format!("emptyDir sizeLimit: {e}")))
-            })
-            .transpose()?;
-        return Ok(VolumeSource::EmptyDir { medium, size_limit });
+        return empty_dir_source(ed);
     }
     if let Some(hp) = &v.host_path {
-        let path = PathBuf::from(&hp.path);
-        if !path.is_absolute() {
-            return Err(invalid(format!(
-                "hostPath path {:?} must be absolute",
-                hp.path
-            )));
-        }
-        if hp.path.contains('\0') {
-            return Err(invalid("hostPath path must not contain NUL"));
-        }
-        if path
-            .components()
-            .any(|c| c == std::path::Component::ParentDir)
-        {
-            return Err(invalid(format!(
-                "hostPath path {:?} must not contain '..'",
-                hp.path
-            )));
-        }
-        let t = hp.type_.as_deref().unwrap_or("");
-        let kind = HostPathType::parse(t)
-            .ok_or_else(|| invalid(format!("unknown hostPath type {t:?}")))?;
-        return Ok(VolumeSource::HostPath { path, kind });
+        return host_path_source(hp);
     }
+    other_source(v)
+}
+
+/// `emptyDir`: the medium ("" or "Memory") and the size limit.
+fn empty_dir_source(
+    ed: &k8s_openapi::api::core::v1::EmptyDirVolumeSource,
+) -> Result<VolumeSource, VolumeSpecError> {
+    let medium = match ed.medium.as_deref().unwrap_or("") {
+        "" => StorageMedium::Default,
+        "Memory" => StorageMedium::Memory,
+        m => {
+            return Err(invalid(format!(
+                "emptyDir medium {m:?} is not supported (use \"\" or \"Memory\")"
+            )))
+        }
+    };
+    let size_limit = ed
+        .size_limit
+        .as_ref()
+        .map(|q| {
+            quantity::parse_bytes(&q.0).map_err(|e| invalid(format!("emptyDir sizeLimit: {e}")))
+        })
+        .transpose()?;
+    Ok(VolumeSource::EmptyDir { medium, size_limit })
+}
+
+/// `hostPath`: an absolute, clean path and a known type.
+fn host_path_source(
+    hp: &k8s_openapi::api::core::v1::HostPathVolumeSource,
+) -> Result<VolumeSource, VolumeSpecError> {
+    let path = PathBuf::from(&hp.path);
+    if !path.is_absolute() {
+        return Err(invalid(format!(
+            "hostPath path {:?} must be absolute",
+            hp.path
+        )));
+    }
+    if hp.path.contains('\0') {
+        return Err(invalid("hostPath path must not contain NUL"));
+    }
+    if path
+        .components()
+        .any(|c| c == std::path::Component::ParentDir)
+    {
+        return Err(invalid(format!(
+            "hostPath path {:?} must not contain '..'",
+            hp.path
+        )));
+    }
+    let t = hp.type_.as_deref().unwrap_or("");
+    let kind =
+        HostPathType::parse(t).ok_or_else(|| invalid(format!("unknown hostPath type {t:?}")))?;
+    Ok(VolumeSource::HostPath { path, kind })
+}
+
+/// Any other volume: kept whole for a host plugin (C ABI) that may claim it.
+fn other_source(v: &Volume) -> Result<VolumeSource, VolumeSpecError> {
     let spec =
         serde_json::to_value(v).map_err(|e| invalid(format!("volume is not serializable: {e}")))?;
     let kind = spec
