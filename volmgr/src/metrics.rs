@@ -207,6 +207,76 @@ pub fn escape_label(v: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Today's exposition for a fixed input, byte for byte: dashboards
+    /// depend on every name, label, bound and number format.
+    #[test]
+    fn render_is_unchanged() {
+        let m = Metrics::default();
+        let mount = OperationLabels {
+            operation_name: "volume_mount",
+            volume_plugin: "kubernetes.io/empty-dir".into(),
+            status: "success",
+        };
+        m.record_operation(mount.clone(), Duration::from_micros(50));
+        m.record_operation(mount.clone(), Duration::from_millis(300));
+        m.record_operation(mount, Duration::from_millis(2500));
+        let odd = OperationLabels {
+            operation_name: "volume_unmount",
+            volume_plugin: "we\"ird\\plug\nin".into(),
+            status: "fail-unknown",
+        };
+        m.record_operation(odd, Duration::from_secs(120));
+        let counts = [
+            ("kubernetes.io/empty-dir".to_string(), 2, 1),
+            ("we\"ird".to_string(), 0, 3),
+        ];
+        let text = m.render(&counts, "# extra\n");
+        let want = concat!(
+            "# HELP storage_operation_duration_seconds Storage operation duration\n",
+            "# TYPE storage_operation_duration_seconds histogram\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.1\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.25\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.5\"} 2\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"1\"} 2\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"2.5\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"5\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"10\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"15\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"25\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"50\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"120\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"300\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"600\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"+Inf\"} 3\n",
+            "storage_operation_duration_seconds_sum{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\"} 2.80005\n",
+            "storage_operation_duration_seconds_count{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"0.1\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"0.25\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"0.5\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"1\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"2.5\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"5\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"10\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"15\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"25\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"50\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"120\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"300\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"600\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"+Inf\"} 1\n",
+            "storage_operation_duration_seconds_sum{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\"} 120\n",
+            "storage_operation_duration_seconds_count{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\"} 1\n",
+            "# HELP volume_manager_total_volumes Number of volumes in Volume Manager\n",
+            "# TYPE volume_manager_total_volumes gauge\n",
+            "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"desired_state_of_world\"} 2\n",
+            "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 1\n",
+            "volume_manager_total_volumes{plugin_name=\"we\\\"ird\",state=\"desired_state_of_world\"} 0\n",
+            "volume_manager_total_volumes{plugin_name=\"we\\\"ird\",state=\"actual_state_of_world\"} 3\n",
+            "# extra\n",
+        );
+        assert_eq!(text, want);
+    }
+
     #[test]
     fn renders_kubelet_names() {
         let m = Metrics::default();
