@@ -212,15 +212,18 @@ impl OutOfBandLog {
 
     /// `volmgr_out_of_band_changes_total{kind,detected_by}` (Prometheus text).
     pub fn prometheus_text(&self) -> String {
-        let mut out = String::from(
-            "# HELP volmgr_out_of_band_changes_total Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).\n# TYPE volmgr_out_of_band_changes_total counter\n",
+        use crate::util::prometheus::{Exposition, MetricType};
+        let mut w = Exposition::new();
+        let name = "volmgr_out_of_band_changes_total";
+        w.family(
+            name,
+            "Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).",
+            MetricType::Counter,
         );
         for ((kind, by), n) in &self.lock().totals {
-            out.push_str(&format!(
-                "volmgr_out_of_band_changes_total{{kind=\"{kind}\",detected_by=\"{by}\"}} {n}\n"
-            ));
+            w.sample(name, &[("kind", kind), ("detected_by", by)], n);
         }
-        out
+        w.finish()
     }
 
     /// The recent changes, oldest first.

@@ -2,11 +2,11 @@
 //! the kubelet's histogram of CSI calls, rendered as Prometheus text.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::metrics::{escape_label, LatencyHistogram, OPERATION_BUCKETS};
+use crate::metrics::LatencyHistogram;
+use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::sync::MutexExt;
 
 /// Key: driver, full method name, status code name.
@@ -42,38 +42,23 @@ impl CsiMetrics {
     /// Prometheus text.
     pub fn render(&self) -> String {
         let calls = self.calls.locked();
-        let mut out = String::new();
-        out.push_str("# HELP csi_operations_seconds Container Storage Interface operation duration with gRPC error code status total\n");
-        out.push_str("# TYPE csi_operations_seconds histogram\n");
+        let mut w = Exposition::new();
+        let name = "csi_operations_seconds";
+        w.family(
+            name,
+            "Container Storage Interface operation duration with gRPC error code status total",
+            MetricType::Histogram,
+        );
         for ((driver, method, code), h) in calls.iter() {
-            let labels = format!(
-                "driver_name=\"{}\",grpc_status_code=\"{code}\",method_name=\"{method}\",migrated=\"false\"",
-                escape_label(driver)
-            );
-            for b in OPERATION_BUCKETS {
-                let _ = writeln!(
-                    out,
-                    "csi_operations_seconds_bucket{{{labels},le=\"{b}\"}} {}",
-                    h.count_at_or_below(b)
-                );
-            }
-            let _ = writeln!(
-                out,
-                "csi_operations_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                h.count()
-            );
-            let _ = writeln!(
-                out,
-                "csi_operations_seconds_sum{{{labels}}} {}",
-                h.sum_seconds()
-            );
-            let _ = writeln!(
-                out,
-                "csi_operations_seconds_count{{{labels}}} {}",
-                h.count()
-            );
+            let labels = [
+                ("driver_name", driver.as_str()),
+                ("grpc_status_code", code),
+                ("method_name", method),
+                ("migrated", "false"),
+            ];
+            h.write_prometheus(&mut w, name, &labels);
         }
-        out
+        w.finish()
     }
 }
 

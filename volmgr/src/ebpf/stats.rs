@@ -2,13 +2,13 @@
 //! their Prometheus text, including the in-kernel histograms.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 use hdrhistogram::Histogram;
 
 use super::loader::KernelHistogram;
 use super::wire;
 use super::{MountSyscall, SyscallEvent};
+use crate::util::prometheus::{Exposition, MetricType};
 
 /// Prometheus bucket bounds (seconds) of `volmgr_mount_syscall_duration_seconds`:
 /// 1 µs to 10 s.
@@ -71,12 +71,6 @@ fn result_label(error: bool) -> &'static str {
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 impl SyscallStats {
     /// Empty statistics.
     pub fn new() -> Self {
@@ -112,40 +106,32 @@ impl SyscallStats {
     /// `volmgr_mount_syscall_duration_seconds{syscall,fstype,result}` histogram
     /// (Prometheus text) plus `volmgr_trace_events_lost_total`.
     pub fn prometheus_text(&self, events_lost: u64) -> String {
-        let mut out = String::new();
+        let mut w = Exposition::new();
         let name = "volmgr_mount_syscall_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Latency of mount-table syscalls, entry to exit, traced with eBPF."
+        w.family(
+            name,
+            "Latency of mount-table syscalls, entry to exit, traced with eBPF.",
+            MetricType::Histogram,
         );
-        let _ = writeln!(out, "# TYPE {name} histogram");
         for (k, e) in &self.by_key {
-            let labels = format!(
-                "syscall=\"{}\",fstype=\"{}\",result=\"{}\"",
-                k.syscall.name(),
-                escape(&k.fstype),
-                result_label(k.error)
-            );
-            for le in SYSCALL_BUCKETS {
-                let le_ns = (le * 1e9) as u64;
-                let n = e.hist.count_between(0, le_ns);
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
-            }
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"+Inf\"}} {}",
-                e.hist.len()
-            );
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", e.sum_ns as f64 / 1e9);
-            let _ = writeln!(out, "{name}_count{{{labels}}} {}", e.hist.len());
+            let labels = [
+                ("syscall", k.syscall.name()),
+                ("fstype", k.fstype.as_str()),
+                ("result", result_label(k.error)),
+            ];
+            let buckets =
+                SYSCALL_BUCKETS.map(|le| (le, e.hist.count_between(0, (le * 1e9) as u64)));
+            let sum = e.sum_ns as f64 / 1e9;
+            w.histogram(name, &labels, buckets, e.hist.len(), sum);
         }
-        let _ = writeln!(
-            out,
-            "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for."
+        let name = "volmgr_trace_events_lost_total";
+        w.family(
+            name,
+            "Trace events the kernel had no ring-buffer room for.",
+            MetricType::Counter,
         );
-        let _ = writeln!(out, "# TYPE volmgr_trace_events_lost_total counter");
-        let _ = writeln!(out, "volmgr_trace_events_lost_total {events_lost}");
-        out
+        w.sample(name, &[], events_lost);
+        w.finish()
     }
 
     /// Summary rows for status/profile: syscall, fstype, result, count,
@@ -255,37 +241,33 @@ fn log_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
 /// `volmgr_mount_syscall_kernel_duration_seconds{syscall,result}` with the
 /// kernel's log-linear bucket bounds (exact counts even when events were lost).
 pub fn kernel_prometheus_text(hists: &[KernelHistogram]) -> String {
-    let mut out = String::new();
+    let mut w = Exposition::new();
     let name = "volmgr_mount_syscall_kernel_duration_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Latency of mount-table syscalls, from the in-kernel per-CPU histograms."
+    w.family(
+        name,
+        "Latency of mount-table syscalls, from the in-kernel per-CPU histograms.",
+        MetricType::Histogram,
     );
-    let _ = writeln!(out, "# TYPE {name} histogram");
     for h in hists {
-        let labels = format!(
-            "syscall=\"{}\",result=\"{}\"",
-            h.syscall.name(),
-            result_label(h.error)
-        );
-        let mut cum = 0u64;
-        for (i, c) in h.buckets.iter().enumerate() {
-            cum += c;
-            let (_, hi) = wire::hist_bucket_bounds_ns(i);
-            if i + 1 == h.buckets.len() {
-                break;
-            }
-            // Only bounds with something at or below them, plus +Inf.
-            if cum > 0 {
-                let le = hi as f64 / 1e9;
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
-            }
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count());
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
+        let labels = [
+            ("syscall", h.syscall.name()),
+            ("result", result_label(h.error)),
+        ];
+        // The overflow bucket (the last) only counts in `+Inf`; only bounds
+        // with something at or below them are written.
+        let bounded = &h.buckets[..h.buckets.len().saturating_sub(1)];
+        let buckets = bounded
+            .iter()
+            .enumerate()
+            .scan(0u64, |cum, (i, c)| {
+                *cum += c;
+                Some((i, *cum))
+            })
+            .filter(|&(_, cum)| cum > 0)
+            .map(|(i, cum)| (wire::hist_bucket_bounds_ns(i).1 as f64 / 1e9, cum));
+        w.histogram(name, &labels, buckets, h.count(), h.sum_ns as f64 / 1e9);
     }
-    out
+    w.finish()
 }
 
 #[cfg(test)]
