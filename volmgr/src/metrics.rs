@@ -2,12 +2,12 @@
 //! text with the kubelet's metric names so existing dashboards keep working.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::sync::MutexExt;
 use crate::volume::FastMap;
 
@@ -75,6 +75,13 @@ impl LatencyHistogram {
         let us = (seconds * 1e6) as u64;
         self.hist.as_ref().map_or(0, |h| h.count_between(0, us))
     }
+
+    /// Writes this histogram as the series of `name` with `labels`, over the
+    /// kubelet's [`OPERATION_BUCKETS`].
+    pub fn write_prometheus(&self, w: &mut Exposition, name: &str, labels: &[(&str, &str)]) {
+        let buckets = OPERATION_BUCKETS.map(|b| (b, self.count_at_or_below(b)));
+        w.histogram(name, labels, buckets, self.count(), self.sum_seconds());
+    }
 }
 
 /// Key of an operation histogram.
@@ -141,71 +148,115 @@ impl Metrics {
     /// Prometheus text exposition of the operation histograms and of the
     /// volume counts given (`(plugin, desired, actual)`).
     pub fn render(&self, volume_counts: &[(String, usize, usize)], extra: &str) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP storage_operation_duration_seconds Storage operation duration\n");
-        out.push_str("# TYPE storage_operation_duration_seconds histogram\n");
+        let mut w = Exposition::new();
+        let name = "storage_operation_duration_seconds";
+        w.family(name, "Storage operation duration", MetricType::Histogram);
         {
             let ops = self.operations.locked();
             let sorted: BTreeMap<_, _> = ops.iter().collect();
             for (k, h) in sorted {
-                let labels = format!(
-                    "operation_name=\"{}\",volume_plugin=\"{}\",status=\"{}\",migrated=\"false\"",
-                    k.operation_name,
-                    escape_label(&k.volume_plugin),
-                    k.status
-                );
-                for b in OPERATION_BUCKETS {
-                    let _ = writeln!(
-                        out,
-                        "storage_operation_duration_seconds_bucket{{{labels},le=\"{b}\"}} {}",
-                        h.count_at_or_below(b)
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "storage_operation_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
-                    h.count()
-                );
-                let _ = writeln!(
-                    out,
-                    "storage_operation_duration_seconds_sum{{{labels}}} {}",
-                    h.sum_seconds()
-                );
-                let _ = writeln!(
-                    out,
-                    "storage_operation_duration_seconds_count{{{labels}}} {}",
-                    h.count()
-                );
+                let labels = [
+                    ("operation_name", k.operation_name),
+                    ("volume_plugin", &k.volume_plugin),
+                    ("status", k.status),
+                    ("migrated", "false"),
+                ];
+                h.write_prometheus(&mut w, name, &labels);
             }
         }
-        out.push_str("# HELP volume_manager_total_volumes Number of volumes in Volume Manager\n");
-        out.push_str("# TYPE volume_manager_total_volumes gauge\n");
+        let name = "volume_manager_total_volumes";
+        w.family(
+            name,
+            "Number of volumes in Volume Manager",
+            MetricType::Gauge,
+        );
         for (plugin, desired, actual) in volume_counts {
-            let p = escape_label(plugin);
-            let _ = writeln!(
-                out,
-                "volume_manager_total_volumes{{plugin_name=\"{p}\",state=\"desired_state_of_world\"}} {desired}"
-            );
-            let _ = writeln!(
-                out,
-                "volume_manager_total_volumes{{plugin_name=\"{p}\",state=\"actual_state_of_world\"}} {actual}"
-            );
+            for (state, n) in [
+                ("desired_state_of_world", desired),
+                ("actual_state_of_world", actual),
+            ] {
+                w.sample(name, &[("plugin_name", plugin), ("state", state)], n);
+            }
         }
+        let mut out = w.finish();
         out.push_str(extra);
         out
     }
 }
 
-/// Escapes a Prometheus label value.
-pub fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Today's exposition for a fixed input, byte for byte: dashboards
+    /// depend on every name, label, bound and number format.
+    #[test]
+    fn render_is_unchanged() {
+        let m = Metrics::default();
+        let mount = OperationLabels {
+            operation_name: "volume_mount",
+            volume_plugin: "kubernetes.io/empty-dir".into(),
+            status: "success",
+        };
+        m.record_operation(mount.clone(), Duration::from_micros(50));
+        m.record_operation(mount.clone(), Duration::from_millis(300));
+        m.record_operation(mount, Duration::from_millis(2500));
+        let odd = OperationLabels {
+            operation_name: "volume_unmount",
+            volume_plugin: "we\"ird\\plug\nin".into(),
+            status: "fail-unknown",
+        };
+        m.record_operation(odd, Duration::from_secs(120));
+        let counts = [
+            ("kubernetes.io/empty-dir".to_string(), 2, 1),
+            ("we\"ird".to_string(), 0, 3),
+        ];
+        let text = m.render(&counts, "# extra\n");
+        let want = concat!(
+            "# HELP storage_operation_duration_seconds Storage operation duration\n",
+            "# TYPE storage_operation_duration_seconds histogram\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.1\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.25\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"0.5\"} 2\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"1\"} 2\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"2.5\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"5\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"10\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"15\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"25\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"50\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"120\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"300\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"600\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\",le=\"+Inf\"} 3\n",
+            "storage_operation_duration_seconds_sum{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\"} 2.80005\n",
+            "storage_operation_duration_seconds_count{operation_name=\"volume_mount\",volume_plugin=\"kubernetes.io/empty-dir\",status=\"success\",migrated=\"false\"} 3\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"0.1\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"0.25\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"0.5\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"1\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"2.5\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"5\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"10\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"15\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"25\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"50\"} 0\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"120\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"300\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"600\"} 1\n",
+            "storage_operation_duration_seconds_bucket{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\",le=\"+Inf\"} 1\n",
+            "storage_operation_duration_seconds_sum{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\"} 120\n",
+            "storage_operation_duration_seconds_count{operation_name=\"volume_unmount\",volume_plugin=\"we\\\"ird\\\\plug\\nin\",status=\"fail-unknown\",migrated=\"false\"} 1\n",
+            "# HELP volume_manager_total_volumes Number of volumes in Volume Manager\n",
+            "# TYPE volume_manager_total_volumes gauge\n",
+            "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"desired_state_of_world\"} 2\n",
+            "volume_manager_total_volumes{plugin_name=\"kubernetes.io/empty-dir\",state=\"actual_state_of_world\"} 1\n",
+            "volume_manager_total_volumes{plugin_name=\"we\\\"ird\",state=\"desired_state_of_world\"} 0\n",
+            "volume_manager_total_volumes{plugin_name=\"we\\\"ird\",state=\"actual_state_of_world\"} 3\n",
+            "# extra\n",
+        );
+        assert_eq!(text, want);
+    }
 
     #[test]
     fn renders_kubelet_names() {

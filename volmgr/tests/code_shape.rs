@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The layers, lowest first. A module may use modules of lower layers only,
-/// never another module of its own layer.
+/// never another module of its own layer. `util` is the lowest: every layer
+/// may use it, and it uses no other module.
 const LAYERS: &[&[&str]] = &[
     &["util"],
     &["failpoint", "quantity", "volume", "ebpf"],

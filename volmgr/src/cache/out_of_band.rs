@@ -212,15 +212,18 @@ impl OutOfBandLog {
 
     /// `volmgr_out_of_band_changes_total{kind,detected_by}` (Prometheus text).
     pub fn prometheus_text(&self) -> String {
-        let mut out = String::from(
-            "# HELP volmgr_out_of_band_changes_total Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).\n# TYPE volmgr_out_of_band_changes_total counter\n",
+        use crate::util::prometheus::{Exposition, MetricType};
+        let mut w = Exposition::new();
+        let name = "volmgr_out_of_band_changes_total";
+        w.family(
+            name,
+            "Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).",
+            MetricType::Counter,
         );
         for ((kind, by), n) in &self.lock().totals {
-            out.push_str(&format!(
-                "volmgr_out_of_band_changes_total{{kind=\"{kind}\",detected_by=\"{by}\"}} {n}\n"
-            ));
+            w.sample(name, &[("kind", kind), ("detected_by", by)], n);
         }
-        out
+        w.finish()
     }
 
     /// The recent changes, oldest first.
@@ -303,6 +306,43 @@ pub fn rfc3339(t: SystemTime) -> String {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Today's `prometheus_text` for a fixed input, byte for byte.
+    #[test]
+    fn prometheus_text_is_unchanged() {
+        let log = OutOfBandLog::default();
+        assert_eq!(
+            log.prometheus_text(),
+            "# HELP volmgr_out_of_band_changes_total Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).\n# TYPE volmgr_out_of_band_changes_total counter\n"
+        );
+        let e = ev(VolumeEventKind::LostOutOfBand);
+        log.on_volume_event(&e);
+        log.on_volume_event(&e);
+        let how = |by| Detection {
+            by,
+            cause: None,
+            detected_after_us: None,
+        };
+        log.expect_loss(&e.volume_name, &e.pod_uid, how(DetectedBy::Ebpf));
+        log.on_volume_event(&e);
+        let path = std::path::Path::new("/r/pods/uid-1/volumes/kubernetes.io~empty-dir/m");
+        log.foreign_mount(
+            &e.volume_name,
+            &e.pod_uid,
+            "m",
+            path,
+            how(DetectedBy::Mountinfo),
+        );
+        let text = log.prometheus_text();
+        let want = concat!(
+            "# HELP volmgr_out_of_band_changes_total Managed volumes found changed behind the manager's back (unmounted, or something mounted on their path).\n",
+            "# TYPE volmgr_out_of_band_changes_total counter\n",
+            "volmgr_out_of_band_changes_total{kind=\"foreign_mount\",detected_by=\"mountinfo\"} 1\n",
+            "volmgr_out_of_band_changes_total{kind=\"lost\",detected_by=\"ebpf\"} 1\n",
+            "volmgr_out_of_band_changes_total{kind=\"lost\",detected_by=\"resync\"} 2\n",
+        );
+        assert_eq!(text, want);
+    }
 
     #[test]
     fn formats_rfc3339() {

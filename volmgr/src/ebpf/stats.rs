@@ -2,13 +2,13 @@
 //! their Prometheus text, including the in-kernel histograms.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 use hdrhistogram::Histogram;
 
 use super::loader::KernelHistogram;
 use super::wire;
 use super::{MountSyscall, SyscallEvent};
+use crate::util::prometheus::{Exposition, MetricType};
 
 /// Prometheus bucket bounds (seconds) of `volmgr_mount_syscall_duration_seconds`:
 /// 1 µs to 10 s.
@@ -71,12 +71,6 @@ fn result_label(error: bool) -> &'static str {
     }
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 impl SyscallStats {
     /// Empty statistics.
     pub fn new() -> Self {
@@ -112,40 +106,32 @@ impl SyscallStats {
     /// `volmgr_mount_syscall_duration_seconds{syscall,fstype,result}` histogram
     /// (Prometheus text) plus `volmgr_trace_events_lost_total`.
     pub fn prometheus_text(&self, events_lost: u64) -> String {
-        let mut out = String::new();
+        let mut w = Exposition::new();
         let name = "volmgr_mount_syscall_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Latency of mount-table syscalls, entry to exit, traced with eBPF."
+        w.family(
+            name,
+            "Latency of mount-table syscalls, entry to exit, traced with eBPF.",
+            MetricType::Histogram,
         );
-        let _ = writeln!(out, "# TYPE {name} histogram");
         for (k, e) in &self.by_key {
-            let labels = format!(
-                "syscall=\"{}\",fstype=\"{}\",result=\"{}\"",
-                k.syscall.name(),
-                escape(&k.fstype),
-                result_label(k.error)
-            );
-            for le in SYSCALL_BUCKETS {
-                let le_ns = (le * 1e9) as u64;
-                let n = e.hist.count_between(0, le_ns);
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {n}");
-            }
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"+Inf\"}} {}",
-                e.hist.len()
-            );
-            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", e.sum_ns as f64 / 1e9);
-            let _ = writeln!(out, "{name}_count{{{labels}}} {}", e.hist.len());
+            let labels = [
+                ("syscall", k.syscall.name()),
+                ("fstype", k.fstype.as_str()),
+                ("result", result_label(k.error)),
+            ];
+            let buckets =
+                SYSCALL_BUCKETS.map(|le| (le, e.hist.count_between(0, (le * 1e9) as u64)));
+            let sum = e.sum_ns as f64 / 1e9;
+            w.histogram(name, &labels, buckets, e.hist.len(), sum);
         }
-        let _ = writeln!(
-            out,
-            "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for."
+        let name = "volmgr_trace_events_lost_total";
+        w.family(
+            name,
+            "Trace events the kernel had no ring-buffer room for.",
+            MetricType::Counter,
         );
-        let _ = writeln!(out, "# TYPE volmgr_trace_events_lost_total counter");
-        let _ = writeln!(out, "volmgr_trace_events_lost_total {events_lost}");
-        out
+        w.sample(name, &[], events_lost);
+        w.finish()
     }
 
     /// Summary rows for status/profile: syscall, fstype, result, count,
@@ -255,42 +241,191 @@ fn log_buckets(h: &Histogram<u64>) -> Vec<(u64, u64)> {
 /// `volmgr_mount_syscall_kernel_duration_seconds{syscall,result}` with the
 /// kernel's log-linear bucket bounds (exact counts even when events were lost).
 pub fn kernel_prometheus_text(hists: &[KernelHistogram]) -> String {
-    let mut out = String::new();
+    let mut w = Exposition::new();
     let name = "volmgr_mount_syscall_kernel_duration_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Latency of mount-table syscalls, from the in-kernel per-CPU histograms."
+    w.family(
+        name,
+        "Latency of mount-table syscalls, from the in-kernel per-CPU histograms.",
+        MetricType::Histogram,
     );
-    let _ = writeln!(out, "# TYPE {name} histogram");
     for h in hists {
-        let labels = format!(
-            "syscall=\"{}\",result=\"{}\"",
-            h.syscall.name(),
-            result_label(h.error)
-        );
-        let mut cum = 0u64;
-        for (i, c) in h.buckets.iter().enumerate() {
-            cum += c;
-            let (_, hi) = wire::hist_bucket_bounds_ns(i);
-            if i + 1 == h.buckets.len() {
-                break;
-            }
-            // Only bounds with something at or below them, plus +Inf.
-            if cum > 0 {
-                let le = hi as f64 / 1e9;
-                let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
-            }
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count());
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_ns as f64 / 1e9);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count());
+        let labels = [
+            ("syscall", h.syscall.name()),
+            ("result", result_label(h.error)),
+        ];
+        // The overflow bucket (the last) only counts in `+Inf`; only bounds
+        // with something at or below them are written.
+        let bounded = &h.buckets[..h.buckets.len().saturating_sub(1)];
+        let buckets = bounded
+            .iter()
+            .enumerate()
+            .scan(0u64, |cum, (i, c)| {
+                *cum += c;
+                Some((i, *cum))
+            })
+            .filter(|&(_, cum)| cum > 0)
+            .map(|(i, cum)| (wire::hist_bucket_bounds_ns(i).1 as f64 / 1e9, cum));
+        w.histogram(name, &labels, buckets, h.count(), h.sum_ns as f64 / 1e9);
     }
-    out
+    w.finish()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Today's `prometheus_text` for a fixed input, byte for byte.
+    #[test]
+    fn prometheus_text_is_unchanged() {
+        let empty = SyscallStats::new().prometheus_text(0);
+        let mut s = SyscallStats::new();
+        for i in 1..=4u64 {
+            s.record(&ev(MountSyscall::Mount, Some("tmpfs"), 0, i * 300_000));
+        }
+        s.record(&ev(MountSyscall::Umount, None, -22, 5000));
+        s.record(&ev(
+            MountSyscall::Fsconfig,
+            Some("od\"d\\fs\n"),
+            0,
+            12_345_678_901,
+        ));
+        let text = s.prometheus_text(3);
+        let want_empty = concat!(
+            "# HELP volmgr_mount_syscall_duration_seconds Latency of mount-table syscalls, entry to exit, traced with eBPF.\n",
+            "# TYPE volmgr_mount_syscall_duration_seconds histogram\n",
+            "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for.\n",
+            "# TYPE volmgr_trace_events_lost_total counter\n",
+            "volmgr_trace_events_lost_total 0\n",
+        );
+        assert_eq!(empty, want_empty);
+        let want = concat!(
+            "# HELP volmgr_mount_syscall_duration_seconds Latency of mount-table syscalls, entry to exit, traced with eBPF.\n",
+            "# TYPE volmgr_mount_syscall_duration_seconds histogram\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.000005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.00001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.00005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.00025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.001\"} 3\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0025\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.005\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.01\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.025\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.05\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.1\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.25\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.5\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"1\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"2.5\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"5\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"10\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"+Inf\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\"} 0.003\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.00001\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.00005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0001\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.00025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.001\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.01\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.05\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.1\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.25\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.5\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"1\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"2.5\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"5\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"10\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"+Inf\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"umount2\",fstype=\"\",result=\"error\"} 0.000005\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"umount2\",fstype=\"\",result=\"error\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.000005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.00001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.00005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.00025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.01\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.05\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.1\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.25\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"1\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"2.5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"10\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"+Inf\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\"} 12.345678901\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\"} 1\n",
+            "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for.\n",
+            "# TYPE volmgr_trace_events_lost_total counter\n",
+            "volmgr_trace_events_lost_total 3\n",
+        );
+        assert_eq!(text, want);
+    }
+
+    /// Today's `kernel_prometheus_text` for a fixed input, byte for byte.
+    #[test]
+    fn kernel_prometheus_text_is_unchanged() {
+        let mut buckets = vec![0; wire::HIST_BUCKETS];
+        // Bounds with nothing at or below them are left out, and so is the
+        // overflow bucket (it only counts in `+Inf`).
+        buckets[wire::hist_bucket(8_000_000_000)] = 1;
+        buckets[wire::hist_bucket(20_000_000_000)] = 2;
+        buckets[wire::HIST_BUCKETS - 1] = 1;
+        let busy = KernelHistogram {
+            syscall: MountSyscall::Mount,
+            error: true,
+            buckets,
+            sum_ns: 99_000_123_456,
+        };
+        let idle = KernelHistogram {
+            syscall: MountSyscall::MoveMount,
+            error: false,
+            buckets: vec![0; wire::HIST_BUCKETS],
+            sum_ns: 0,
+        };
+        let text = kernel_prometheus_text(&[busy, idle]);
+        let want = concat!(
+            "# HELP volmgr_mount_syscall_kernel_duration_seconds Latency of mount-table syscalls, from the in-kernel per-CPU histograms.\n",
+            "# TYPE volmgr_mount_syscall_kernel_duration_seconds histogram\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"8.388608\"} 1\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"10.48576\"} 1\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"12.582912\"} 1\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"14.680064\"} 1\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"16.777216\"} 1\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"20.97152\"} 3\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"25.165824\"} 3\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"29.360128\"} 3\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"33.554432\"} 3\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"mount\",result=\"error\",le=\"+Inf\"} 4\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_sum{syscall=\"mount\",result=\"error\"} 99.000123456\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_count{syscall=\"mount\",result=\"error\"} 4\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_bucket{syscall=\"move_mount\",result=\"ok\",le=\"+Inf\"} 0\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_sum{syscall=\"move_mount\",result=\"ok\"} 0\n",
+            "volmgr_mount_syscall_kernel_duration_seconds_count{syscall=\"move_mount\",result=\"ok\"} 0\n",
+        );
+        assert_eq!(text, want);
+    }
 
     fn ev(syscall: MountSyscall, fstype: Option<&str>, ret: i64, latency_ns: u64) -> SyscallEvent {
         SyscallEvent {
