@@ -73,7 +73,10 @@ pub enum Error {
     Plugin(#[from] PluginLookupError),
     /// Reconstruction failed as a whole.
     #[error("reconstruction: {0}")]
-    Reconstruction(String),
+    Reconstruction(#[source] crate::plugins::VolumeError),
+    /// The reconstruction task itself failed.
+    #[error("reconstruction task: {0}")]
+    ReconstructionTask(#[source] tokio::task::JoinError),
     /// `start` was called twice.
     #[error("the volume manager is already started")]
     AlreadyStarted,
@@ -273,8 +276,8 @@ impl VolumeManager {
             )
         })
         .await
-        .map_err(|e| Error::Reconstruction(e.to_string()))?
-        .map_err(|e| Error::Reconstruction(e.to_string()))?;
+        .map_err(Error::ReconstructionTask)?
+        .map_err(Error::Reconstruction)?;
         for e in &report.errors {
             tracing::warn!(error = %e, "reconstruction");
         }
