@@ -1,8 +1,10 @@
-//! The `volmgr` command's library half: the agent's wiring ([`agent`]) and the
+//! The `volmgr` command's library half: the agent's wiring ([`agent`]), the
 //! local API on `ROOT/volmgr.sock` ([`api`]) that `volmgr status` and
-//! `volmgr wait` call. It sits above the `volmgr` library and is the only
+//! `volmgr wait` call, and the text `volmgr status` prints
+//! ([`status_text`]). It sits above the `volmgr` library and is the only
 //! place, with `main.rs`, that knows about the command line; `libvolmgr` (the
 //! C ABI) links none of it.
 
 pub mod agent;
 pub mod api;
+pub mod status_text;

@@ -1,7 +1,7 @@
 //! The `volmgr` command: the node agent and its client commands.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use volmgr::status::Status;
 use volmgr::tracer::TracerMode;
 use volmgr_cli::agent::{self, AgentOptions};
 use volmgr_cli::api::{self, Request};
+use volmgr_cli::status_text::status_text;
 
 /// volmgr: a node-level Kubernetes volume manager.
 #[derive(Parser, Debug)]
@@ -216,6 +217,7 @@ fn render_error(e: &anyhow::Error) -> String {
     out
 }
 
+/// Runs the command: the agent until it stops, or one client command.
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Agent {
@@ -248,7 +250,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 tracer,
             })
             .await?;
-            Ok(ExitCode::SUCCESS)
         }
         Command::Trace {
             json,
@@ -261,7 +262,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 count,
             })
             .await?;
-            Ok(ExitCode::SUCCESS)
         }
         Command::Profile {
             duration,
@@ -278,20 +278,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 bpf_stats,
             })
             .await?;
-            Ok(ExitCode::SUCCESS)
         }
-        Command::Status { root, json } => {
-            let v = api::call(&root, &Request::Status)
-                .await
-                .context("is the agent running on this root?")?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                let s: Status = serde_json::from_value(v)?;
-                print_status(&s);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Status { root, json } => status(&root, json).await?,
         Command::Wait {
             root,
             pod,
@@ -302,144 +290,74 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let timeout =
                 Duration::try_from_secs_f64(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
-            let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-            let mut req = match pod {
-                _ if all => Request::WaitAll { pods, timeout_ms },
-                Some(pod) if unmounted => Request::WaitUnmount { pod, timeout_ms },
-                Some(pod) => Request::Wait { pod, timeout_ms },
-                None => return Err(anyhow!("--pod or --all is required")),
-            };
-            // The agent may be starting or restarting: keep trying to reach
-            // it until the deadline.
-            let deadline = tokio::time::Instant::now() + timeout;
-            loop {
-                match api::call(&root, &req).await {
-                    Ok(_) => return Ok(ExitCode::SUCCESS),
-                    Err(api::ApiError::Remote(e)) => {
-                        eprintln!("volmgr: {e}");
-                        return Ok(ExitCode::FAILURE);
-                    }
-                    Err(e) if tokio::time::Instant::now() >= deadline => {
-                        eprintln!("volmgr: cannot reach the agent before the timeout: {e}");
-                        return Ok(ExitCode::FAILURE);
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
-                }
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                let left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-                match &mut req {
-                    Request::Wait { timeout_ms, .. } | Request::WaitUnmount { timeout_ms, .. } => {
-                        *timeout_ms = left_ms
-                    }
-                    _ => {}
-                }
+            let req = wait_request(pod, all, pods, millis(timeout), unmounted)?;
+            return Ok(wait(&root, req, timeout).await);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `volmgr status`: the agent's status document, as JSON or as text.
+async fn status(root: &Path, json: bool) -> anyhow::Result<()> {
+    let v = api::call(root, &Request::Status)
+        .await
+        .context("is the agent running on this root?")?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        let s: Status = serde_json::from_value(v)?;
+        print!("{}", status_text(&s));
+    }
+    Ok(())
+}
+
+/// The request of `volmgr wait`: for the whole node (`--all`), or for one
+/// pod's volumes to be mounted or (`--unmounted`) unmounted.
+fn wait_request(
+    pod: Option<String>,
+    all: bool,
+    pods: Option<usize>,
+    timeout_ms: u64,
+    unmounted: bool,
+) -> anyhow::Result<Request> {
+    match pod {
+        _ if all => Ok(Request::WaitAll { pods, timeout_ms }),
+        Some(pod) if unmounted => Ok(Request::WaitUnmount { pod, timeout_ms }),
+        Some(pod) => Ok(Request::Wait { pod, timeout_ms }),
+        None => Err(anyhow!("--pod or --all is required")),
+    }
+}
+
+/// `volmgr wait`: sends `req` to the agent, which answers when the volumes
+/// are there (success) or its own wait timed out (failure). The agent may
+/// be starting or restarting: it keeps trying to reach it until `timeout`,
+/// each new try asking for the time left.
+async fn wait(root: &Path, mut req: Request, timeout: Duration) -> ExitCode {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match api::call(root, &req).await {
+            Ok(_) => return ExitCode::SUCCESS,
+            Err(api::ApiError::Remote(e)) => {
+                eprintln!("volmgr: {e}");
+                return ExitCode::FAILURE;
             }
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                eprintln!("volmgr: cannot reach the agent before the timeout: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+        let left_ms = millis(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        match &mut req {
+            Request::Wait { timeout_ms, .. } | Request::WaitUnmount { timeout_ms, .. } => {
+                *timeout_ms = left_ms
+            }
+            _ => {}
         }
     }
 }
 
-fn print_status(s: &Status) {
-    println!(
-        "synced: {}  tracer: {} ({})",
-        s.synced, s.tracer, s.tracer_reason
-    );
-    for e in &s.errors {
-        println!("error: {}: {}", e.source, e.error);
-    }
-    for d in &s.csi_drivers {
-        println!(
-            "csi driver {} at {} (versions: {})",
-            d.name,
-            d.endpoint,
-            d.versions.join(", ")
-        );
-    }
-    for p in &s.pods {
-        println!("pod {}/{} ({})", p.namespace, p.name, p.uid);
-        if let Some(e) = &p.error {
-            println!("  rejected: {e}");
-        }
-        for v in &p.volumes {
-            let detail = match (&v.error, &v.path) {
-                (Some(e), _) => format!("error: {e}"),
-                (None, Some(p)) => p.clone(),
-                (None, None) => String::new(),
-            };
-            let oob = match &v.last_out_of_band {
-                Some(t) if v.out_of_band_changes > 0 => {
-                    format!(" out-of-band={} (last {t})", v.out_of_band_changes)
-                }
-                _ => String::new(),
-            };
-            println!(
-                "  {:<20} {:<26} {:<10} attempts={:<3} {}{}",
-                v.name, v.plugin, v.state, v.attempts, detail, oob
-            );
-        }
-    }
-    let t = &s.tracer_stats;
-    if s.tracer != "off" {
-        println!(
-            "tracer events: {}  out-of-band: {}  mount-table checks: {}  events lost: {}",
-            t.events, t.out_of_band_events, t.checks, t.events_lost
-        );
-    }
-    if !s.out_of_band.is_empty() {
-        println!("out-of-band changes (oldest first):");
-    }
-    for e in &s.out_of_band {
-        let cause = e
-            .cause
-            .as_deref()
-            .map(|c| format!(" {c}"))
-            .unwrap_or_default();
-        let after = e
-            .detected_after_us
-            .map(|us| format!(" (confirmed {us} µs after the syscall)"))
-            .unwrap_or_default();
-        let repaired = e
-            .repaired_after_ms
-            .map(|ms| format!(" after {ms:.3} ms"))
-            .unwrap_or_default();
-        println!(
-            "  {} {} pod {} volume {} ({}): found by {}{}{}; {}{}",
-            e.time,
-            e.kind,
-            e.pod_uid,
-            e.volume,
-            e.path,
-            e.detected_by,
-            cause,
-            after,
-            e.outcome,
-            repaired
-        );
-    }
-    if !s.syscalls.is_empty() {
-        println!(
-            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "syscall", "fstype", "result", "count", "p50", "p90", "p99", "p99.9", "max"
-        );
-    }
-    for c in &s.syscalls {
-        let us = |sec: f64| format!("{:.1}µs", sec * 1e6);
-        println!(
-            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            c.syscall,
-            c.fstype,
-            c.result,
-            c.count,
-            us(c.p50_seconds),
-            us(c.p90_seconds),
-            us(c.p99_seconds),
-            us(c.p999_seconds),
-            us(c.max_seconds)
-        );
-    }
-    for o in &s.operations {
-        println!(
-            "op {} {} {}: n={} p50={:.6}s p99={:.6}s max={:.6}s",
-            o.operation, o.plugin, o.status, o.count, o.p50_seconds, o.p99_seconds, o.max_seconds
-        );
-    }
+/// `d` in whole milliseconds (saturating).
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

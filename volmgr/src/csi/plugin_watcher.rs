@@ -58,6 +58,75 @@ pub enum WatcherError {
     },
 }
 
+/// Why registering one plugin socket failed. The text is what the status
+/// shows and what a plugin that fails validation is told.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// The socket could not be connected to (the text holds every cause).
+    #[error("cannot connect: {}", error_chain(.0))]
+    Connect(#[source] tonic::transport::Error),
+    /// Connecting took longer than the call deadline.
+    #[error("cannot connect: no answer within {0:?}")]
+    ConnectTimeout(Duration),
+    /// The plugin answered `GetInfo` with an error.
+    #[error("GetInfo failed: {}: {}", .0.code(), .0.message())]
+    GetInfo(#[source] tonic::Status),
+    /// `GetInfo` took longer than the call deadline.
+    #[error("GetInfo: no answer within {0:?}")]
+    GetInfoTimeout(Duration),
+    /// The plugin answered `NotifyRegistrationStatus` with an error.
+    #[error("{}: {}", .0.code(), .0.message())]
+    Notify(#[source] tonic::Status),
+    /// `NotifyRegistrationStatus` took longer than the call deadline.
+    #[error("no answer within {0:?}")]
+    NotifyTimeout(Duration),
+    /// The plugin is not a CSI plugin.
+    #[error("no handler registered for plugin type {plugin_type:?} at socket {} (only {CSI_PLUGIN_TYPE:?} is handled)", .socket.display())]
+    UnknownType {
+        /// The type it announced.
+        plugin_type: String,
+        /// Its registration socket.
+        socket: PathBuf,
+    },
+    /// The plugin announced no name.
+    #[error("plugin at socket {} has an empty name", .socket.display())]
+    EmptyName {
+        /// Its registration socket.
+        socket: PathBuf,
+    },
+    /// None of the announced versions is 1.x.
+    #[error(
+        "CSI driver {name:?}: none of the versions {versions:?} is supported (volmgr supports 1.x)"
+    )]
+    UnsupportedVersions {
+        /// The driver.
+        name: String,
+        /// The versions it announced.
+        versions: Vec<String>,
+    },
+    /// The announced endpoint is a relative path.
+    #[error("CSI driver {name:?}: endpoint {endpoint:?} is not an absolute path")]
+    RelativeEndpoint {
+        /// The driver.
+        name: String,
+        /// The endpoint it announced.
+        endpoint: String,
+    },
+    /// Another registration of the same driver supports a higher version.
+    #[error("CSI driver {name:?}: another registration of it at {} supports a higher version {}.{}.{}", .existing.display(), .version.0, .version.1, .version.2)]
+    HigherVersionElsewhere {
+        /// The driver.
+        name: String,
+        /// The other registration's endpoint.
+        existing: PathBuf,
+        /// The other registration's highest supported version.
+        version: (u64, u64, u64),
+    },
+}
+
+/// The result of a registration step.
+pub type Result<T, E = RegistrationError> = std::result::Result<T, E>;
+
 /// Called with a socket and its registration problem (`None`: resolved).
 pub type ProblemSink = Arc<dyn Fn(&Path, Option<String>) + Send + Sync>;
 
@@ -112,7 +181,7 @@ struct SocketState {
 struct Attempt {
     socket: PathBuf,
     key: SocketKey,
-    result: Result<Validated, String>,
+    result: Result<Validated>,
 }
 
 /// A plugin that answered `GetInfo` and passed validation: registered by
@@ -192,40 +261,9 @@ impl PluginWatcher {
             let next = self.next_retry();
             tokio::select! {
                 () = crate::util::shutdown::requested(&mut shutdown) => return Ok(()),
-                ready = fd.readable() => {
-                    let Ok(mut guard) = ready else { continue };
-                    let mut changed = Vec::new();
-                    let mut full = false;
-                    loop {
-                        match guard.get_inner().0.read_events() {
-                            Ok(events) => for e in events {
-                                if e.mask.intersects(AddWatchFlags::IN_Q_OVERFLOW) {
-                                    full = true;
-                                }
-                                if e.mask.intersects(AddWatchFlags::IN_IGNORED | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF) {
-                                    self.watches.remove(&e.wd);
-                                    full = true;
-                                }
-                                if let (Some(dir), Some(name)) = (self.watches.get(&e.wd), e.name) {
-                                    changed.push(dir.join(name));
-                                }
-                            },
-                            Err(nix::errno::Errno::EAGAIN) => { guard.clear_ready(); break; }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "plugin watcher: inotify read");
-                                guard.clear_ready();
-                                full = true;
-                                break;
-                            }
-                        }
-                    }
-                    if full {
-                        self.rescan(fd.get_ref());
-                    } else {
-                        for p in changed {
-                            self.look_at(&p, fd.get_ref());
-                        }
-                    }
+                batch = inotify::next_batch(&fd) => {
+                    let Ok(batch) = batch else { continue };
+                    self.apply_batch(batch, fd.get_ref());
                 }
                 Some(a) = rx.recv() => self.finish(a),
                 _ = sleep_until(next) => {}
@@ -237,6 +275,36 @@ impl PluginWatcher {
                     }
                     self.rescan(fd.get_ref());
                 }
+            }
+        }
+    }
+
+    /// Follows one batch of inotify events: the changed paths are looked at,
+    /// or the whole tree is walked again when events may have been lost or a
+    /// watched directory went away.
+    fn apply_batch(&mut self, batch: inotify::Batch, inotify: &InotifyFd) {
+        let mut full = batch.lost_events();
+        if let Some(e) = batch.error {
+            tracing::warn!(error = %e, "plugin watcher: inotify read");
+        }
+        let mut changed = Vec::new();
+        for e in batch.events {
+            let gone = AddWatchFlags::IN_IGNORED
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF;
+            if e.mask.intersects(gone) {
+                self.watches.remove(&e.wd);
+                full = true;
+            }
+            if let (Some(dir), Some(name)) = (self.watches.get(&e.wd), e.name) {
+                changed.push(dir.join(name));
+            }
+        }
+        if full {
+            self.rescan(inotify);
+        } else {
+            for p in changed {
+                self.look_at(&p, inotify);
             }
         }
     }
@@ -445,7 +513,7 @@ impl PluginWatcher {
                     failures: failures.saturating_add(1),
                 };
                 if let Some(sink) = &self.problems {
-                    sink(&a.socket, Some(e));
+                    sink(&a.socket, Some(e.to_string()));
                 }
             }
         }
@@ -471,7 +539,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Connects to the Unix socket `path` within `timeout`.
-async fn connect(path: &Path, timeout: Duration) -> Result<Channel, String> {
+async fn connect(path: &Path, timeout: Duration) -> Result<Channel> {
     let path = path.to_path_buf();
     let endpoint = Endpoint::from_static("http://[::1]:50051").connect_timeout(timeout);
     let connecting =
@@ -484,8 +552,8 @@ async fn connect(path: &Path, timeout: Duration) -> Result<Channel, String> {
         }));
     match tokio::time::timeout(timeout, connecting).await {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(format!("cannot connect: {}", error_chain(&e))),
-        Err(_) => Err(format!("cannot connect: no answer within {timeout:?}")),
+        Ok(Err(e)) => Err(RegistrationError::Connect(e)),
+        Err(_) => Err(RegistrationError::ConnectTimeout(timeout)),
     }
 }
 
@@ -510,15 +578,15 @@ pub async fn get_and_validate(
     socket: &Path,
     registry: &DriverRegistry,
     timeout: Duration,
-) -> Result<Validated, String> {
+) -> Result<Validated> {
     let channel = connect(socket, timeout).await?;
     let mut client = RegistrationClient::new(channel);
     let mut req = tonic::Request::new(InfoRequest {});
     req.set_timeout(timeout);
     let info = match tokio::time::timeout(timeout, client.get_info(req)).await {
         Ok(Ok(r)) => r.into_inner(),
-        Ok(Err(s)) => return Err(format!("GetInfo failed: {}: {}", s.code(), s.message())),
-        Err(_) => return Err(format!("GetInfo: no answer within {timeout:?}")),
+        Ok(Err(s)) => return Err(RegistrationError::GetInfo(s)),
+        Err(_) => return Err(RegistrationError::GetInfoTimeout(timeout)),
     };
     match validate(&info, socket, registry) {
         Ok((name, endpoint, versions)) => Ok(Validated {
@@ -529,7 +597,7 @@ pub async fn get_and_validate(
         }),
         Err(e) => {
             // Tell the plugin why (node-driver-registrar logs it and exits).
-            let _ = notify(&mut client, false, &e, timeout).await;
+            let _ = notify(&mut client, false, &e.to_string(), timeout).await;
             Err(e)
         }
     }
@@ -540,7 +608,7 @@ async fn notify(
     registered: bool,
     error: &str,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<()> {
     let mut req = tonic::Request::new(RegistrationStatus {
         plugin_registered: registered,
         error: error.to_string(),
@@ -548,8 +616,8 @@ async fn notify(
     req.set_timeout(timeout);
     match tokio::time::timeout(timeout, client.notify_registration_status(req)).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(s)) => Err(format!("{}: {}", s.code(), s.message())),
-        Err(_) => Err(format!("no answer within {timeout:?}")),
+        Ok(Err(s)) => Err(RegistrationError::Notify(s)),
+        Err(_) => Err(RegistrationError::NotifyTimeout(timeout)),
     }
 }
 
@@ -562,25 +630,23 @@ pub fn validate(
     info: &PluginInfo,
     socket: &Path,
     registry: &DriverRegistry,
-) -> Result<(String, PathBuf, Vec<String>), String> {
+) -> Result<(String, PathBuf, Vec<String>)> {
     if info.r#type != CSI_PLUGIN_TYPE {
-        return Err(format!(
-            "no handler registered for plugin type {:?} at socket {} (only {CSI_PLUGIN_TYPE:?} is handled)",
-            info.r#type,
-            socket.display()
-        ));
+        return Err(RegistrationError::UnknownType {
+            plugin_type: info.r#type.clone(),
+            socket: socket.to_path_buf(),
+        });
     }
     if info.name.is_empty() {
-        return Err(format!(
-            "plugin at socket {} has an empty name",
-            socket.display()
-        ));
+        return Err(RegistrationError::EmptyName {
+            socket: socket.to_path_buf(),
+        });
     }
     let highest = highest_supported_version(&info.supported_versions).ok_or_else(|| {
-        format!(
-            "CSI driver {:?}: none of the versions {:?} is supported (volmgr supports 1.x)",
-            info.name, info.supported_versions
-        )
+        RegistrationError::UnsupportedVersions {
+            name: info.name.clone(),
+            versions: info.supported_versions.clone(),
+        }
     })?;
     let endpoint = if info.endpoint.is_empty() {
         socket.to_path_buf()
@@ -588,10 +654,10 @@ pub fn validate(
         PathBuf::from(&info.endpoint)
     };
     if !endpoint.is_absolute() {
-        return Err(format!(
-            "CSI driver {:?}: endpoint {:?} is not an absolute path",
-            info.name, info.endpoint
-        ));
+        return Err(RegistrationError::RelativeEndpoint {
+            name: info.name.clone(),
+            endpoint: info.endpoint.clone(),
+        });
     }
     if let Some(existing) = registry
         .driver_infos()
@@ -600,14 +666,11 @@ pub fn validate(
     {
         if let Some(old) = highest_supported_version(&existing.versions) {
             if old > highest {
-                return Err(format!(
-                    "CSI driver {:?}: another registration of it at {} supports a higher version {}.{}.{}",
-                    info.name,
-                    existing.endpoint.display(),
-                    old.0,
-                    old.1,
-                    old.2
-                ));
+                return Err(RegistrationError::HigherVersionElsewhere {
+                    name: info.name.clone(),
+                    existing: existing.endpoint,
+                    version: old,
+                });
             }
         }
     }
@@ -697,12 +760,14 @@ mod tests {
                 "not an absolute path",
             ),
         ] {
-            let e = validate(&i, sock, &r).unwrap_err();
+            let e = validate(&i, sock, &r).unwrap_err().to_string();
             assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
         // Another registration of the driver with a higher version wins.
         r.register("d", "/other/csi.sock".into(), vec!["1.5.0".into()]);
-        let e = validate(&info("CSIPlugin", "d", "/p/csi.sock", &["1.0.0"]), sock, &r).unwrap_err();
+        let e = validate(&info("CSIPlugin", "d", "/p/csi.sock", &["1.0.0"]), sock, &r)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("higher version 1.5.0"), "{e}");
         assert!(validate(&info("CSIPlugin", "d", "/p/csi.sock", &["1.6.0"]), sock, &r).is_ok());
         // The same endpoint re-registering is fine.

@@ -413,110 +413,168 @@ fn text_histogram(buckets: &[(u64, u64)]) -> String {
     out
 }
 
+/// The canvas of [`svg`], px.
+const SVG_W: f64 = 900.0;
+const SVG_H: f64 = 520.0;
+/// The margins around [`svg`]'s plot area (the legend is on the right), px.
+const SVG_LEFT: f64 = 70.0;
+const SVG_RIGHT: f64 = 230.0;
+const SVG_TOP: f64 = 40.0;
+const SVG_BOTTOM: f64 = 60.0;
+/// The curves' colours, in turn.
+const SVG_COLORS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
 /// An SVG plot of the latency distributions: one cumulative curve per
 /// (syscall, fstype) on a logarithmic time axis.
 pub fn svg(rows: &[ProfileRow]) -> String {
-    const W: f64 = 900.0;
-    const H: f64 = 520.0;
-    const LEFT: f64 = 70.0;
-    const RIGHT: f64 = 230.0;
-    const TOP: f64 = 40.0;
-    const BOTTOM: f64 = 60.0;
-    const COLORS: [&str; 10] = [
-        "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-        "#bcbd22", "#17becf",
-    ];
-    let lo = rows
-        .iter()
-        .filter_map(|r| r.buckets.first().map(|b| b.0))
-        .min()
-        .unwrap_or(1000);
-    let hi = rows
-        .iter()
-        .filter_map(|r| r.buckets.last().map(|b| b.0))
-        .max()
-        .unwrap_or(1_000_000);
-    // Whole decades around the data.
-    let d0 = ((lo.max(1) as f64).log10().floor() - 1.0).max(1.0);
-    let d1 = (hi.max(10) as f64).log10().ceil().max(d0 + 1.0);
-    let pw = W - LEFT - RIGHT;
-    let ph = H - TOP - BOTTOM;
-    let x = |ns: f64| LEFT + (ns.max(1.0).log10() - d0) / (d1 - d0) * pw;
-    let y = |frac: f64| TOP + (1.0 - frac) * ph;
+    let plot = Plot::around(rows);
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{LEFT}" y="24" font-size="15">Mount syscall latency (cumulative share of calls)</text>"#
-    );
-    // Axes and grid.
-    let mut d = d0;
-    while d <= d1 + 1e-9 {
-        let px = x(10f64.powf(d));
-        let _ = writeln!(
-            s,
-            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-            TOP + ph,
-            TOP + ph + 18.0,
-            duration_text(10f64.powf(d) as u64)
-        );
-        d += 1.0;
-    }
-    for q in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
-        let py = y(q);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{:.0}%</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            py + 4.0,
-            q * 100.0
-        );
-    }
-    let _ = writeln!(
-        s,
-        r#"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">latency (log scale)</text>"#,
-        LEFT + pw / 2.0,
-        H - 16.0
-    );
+    plot.header(&mut s);
+    plot.grid(&mut s);
     for (i, r) in rows.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
+        let color = SVG_COLORS[i % SVG_COLORS.len()];
         let total: u64 = r.buckets.iter().map(|b| b.1).sum();
         if total == 0 {
             continue;
         }
-        // A step curve: flat until a bucket's upper bound, then up by its share.
+        plot.curve(&mut s, r, total, color);
+        plot.legend(&mut s, i, r, color);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The plot area of [`svg`]: latency on a logarithmic axis over whole
+/// decades `d0..=d1` (log10 of ns), the cumulative share of calls upwards.
+struct Plot {
+    /// The first decade.
+    d0: f64,
+    /// The last decade.
+    d1: f64,
+    /// Width of the plot area, px.
+    pw: f64,
+    /// Height of the plot area, px.
+    ph: f64,
+}
+
+impl Plot {
+    /// Whole decades around the data of `rows`.
+    fn around(rows: &[ProfileRow]) -> Self {
+        let lo = rows
+            .iter()
+            .filter_map(|r| r.buckets.first().map(|b| b.0))
+            .min()
+            .unwrap_or(1000);
+        let hi = rows
+            .iter()
+            .filter_map(|r| r.buckets.last().map(|b| b.0))
+            .max()
+            .unwrap_or(1_000_000);
+        let d0 = ((lo.max(1) as f64).log10().floor() - 1.0).max(1.0);
+        let d1 = (hi.max(10) as f64).log10().ceil().max(d0 + 1.0);
+        Self {
+            d0,
+            d1,
+            pw: SVG_W - SVG_LEFT - SVG_RIGHT,
+            ph: SVG_H - SVG_TOP - SVG_BOTTOM,
+        }
+    }
+
+    /// The x coordinate of a latency in ns.
+    fn x(&self, ns: f64) -> f64 {
+        SVG_LEFT + (ns.max(1.0).log10() - self.d0) / (self.d1 - self.d0) * self.pw
+    }
+
+    /// The y coordinate of a share of calls (0 to 1).
+    fn y(&self, frac: f64) -> f64 {
+        SVG_TOP + (1.0 - frac) * self.ph
+    }
+
+    /// The opening tag, the background and the title.
+    fn header(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_W}" height="{SVG_H}" viewBox="0 0 {SVG_W} {SVG_H}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(
+            s,
+            r#"<rect width="{SVG_W}" height="{SVG_H}" fill="white"/>"#
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{SVG_LEFT}" y="24" font-size="15">Mount syscall latency (cumulative share of calls)</text>"#
+        );
+    }
+
+    /// The grid lines with their labels (a decade apart across, at chosen
+    /// shares up), the frame and the axis label.
+    fn grid(&self, s: &mut String) {
+        let (pw, ph) = (self.pw, self.ph);
+        let mut d = self.d0;
+        while d <= self.d1 + 1e-9 {
+            let px = self.x(10f64.powf(d));
+            let _ = writeln!(
+                s,
+                r##"<line x1="{px:.1}" y1="{SVG_TOP}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                SVG_TOP + ph,
+                SVG_TOP + ph + 18.0,
+                duration_text(10f64.powf(d) as u64)
+            );
+            d += 1.0;
+        }
+        for q in [0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
+            let py = self.y(q);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{SVG_LEFT}" y1="{py:.1}" x2="{:.1}" y2="{py:.1}" stroke="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="end">{:.0}%</text>"##,
+                SVG_LEFT + pw,
+                SVG_LEFT - 6.0,
+                py + 4.0,
+                q * 100.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<rect x="{SVG_LEFT}" y="{SVG_TOP}" width="{pw}" height="{ph}" fill="none" stroke="black"/>"#
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">latency (log scale)</text>"#,
+            SVG_LEFT + pw / 2.0,
+            SVG_H - 16.0
+        );
+    }
+
+    /// The cumulative curve of `r` (`total` calls): a step curve, flat until
+    /// a bucket's upper bound, then up by its share.
+    fn curve(&self, s: &mut String, r: &ProfileRow, total: u64, color: &str) {
+        let point = |ns: f64, cum: u64| {
+            format!("{:.1},{:.1}", self.x(ns), self.y(cum as f64 / total as f64))
+        };
         let mut pts = Vec::new();
         let mut cum = 0u64;
         let first_lo = r.buckets.first().map_or(1.0, |b| b.0 as f64 / 1.25);
-        pts.push(format!("{:.1},{:.1}", x(first_lo), y(0.0)));
+        pts.push(format!("{:.1},{:.1}", self.x(first_lo), self.y(0.0)));
         for &(b_hi, c) in &r.buckets {
-            pts.push(format!(
-                "{:.1},{:.1}",
-                x(b_hi as f64),
-                y(cum as f64 / total as f64)
-            ));
+            pts.push(point(b_hi as f64, cum));
             cum += c;
-            pts.push(format!(
-                "{:.1},{:.1}",
-                x(b_hi as f64),
-                y(cum as f64 / total as f64)
-            ));
+            pts.push(point(b_hi as f64, cum));
         }
         let _ = writeln!(
             s,
             r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
             pts.join(" ")
         );
-        let ly = TOP + 16.0 + 18.0 * i as f64;
+    }
+
+    /// The legend entry of `r`, the `i`th row: a stroke of its colour and
+    /// its counts.
+    fn legend(&self, s: &mut String, i: usize, r: &ProfileRow, color: &str) {
+        let pw = self.pw;
+        let ly = SVG_TOP + 16.0 + 18.0 * i as f64;
         let label = format!(
             "{} {} (n={}, p99={})",
             r.syscall,
@@ -527,15 +585,13 @@ pub fn svg(rows: &[ProfileRow]) -> String {
         let _ = writeln!(
             s,
             r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            LEFT + pw + 12.0,
-            LEFT + pw + 32.0,
-            LEFT + pw + 38.0,
+            SVG_LEFT + pw + 12.0,
+            SVG_LEFT + pw + 32.0,
+            SVG_LEFT + pw + 38.0,
             ly + 4.0,
             xml_escape(&label)
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 fn xml_escape(s: &str) -> String {

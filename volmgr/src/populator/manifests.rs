@@ -383,24 +383,17 @@ impl ManifestsSource {
         loop {
             tokio::select! {
                 () = crate::util::shutdown::requested(&mut shutdown) => return Ok(()),
-                ready = fd.readable() => {
-                    let Ok(mut guard) = ready else { continue };
+                batch = inotify::next_batch(&fd) => {
+                    let Ok(batch) = batch else { continue };
                     let mut names = BTreeSet::new();
-                    let mut full = false;
-                    loop {
-                        match guard.get_inner().0.read_events() {
-                            Ok(events) => for e in events {
-                                if e.mask.intersects(AddWatchFlags::IN_Q_OVERFLOW | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED) {
-                                    full = true;
-                                    if e.mask.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED) {
-                                        watching = false;
-                                    }
-                                }
-                                if let Some(n) = e.name { names.insert(n); }
-                            },
-                            Err(nix::errno::Errno::EAGAIN) => { guard.clear_ready(); break; }
-                            Err(e) => { tracing::warn!(error = %e, "inotify read"); guard.clear_ready(); full = true; break; }
+                    let mut full = batch.lost_events();
+                    if let Some(e) = batch.error { tracing::warn!(error = %e, "inotify read"); }
+                    for e in batch.events {
+                        if e.mask.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED) {
+                            full = true;
+                            watching = false;
                         }
+                        if let Some(n) = e.name { names.insert(n); }
                     }
                     if full {
                         self.rescan().await;

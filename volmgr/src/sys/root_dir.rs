@@ -544,6 +544,51 @@ fn try_rmdir(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<Rmdir, 
     }
 }
 
+/// A directory [`remove_tree`] is emptying.
+struct Frame {
+    /// Its name in the directory below it on the stack (or the tree's parent).
+    name: OsString,
+    /// Its absolute path (for errors).
+    abs: PathBuf,
+    /// The open directory.
+    fd: OwnedFd,
+    /// Listed entries not yet removed.
+    pending: Vec<dirents::DirEntry>,
+    /// The last listing reached the end of the directory.
+    listed_all: bool,
+    /// How many times it was listed again after an `ENOTEMPTY`.
+    relists: usize,
+}
+
+impl Frame {
+    /// The open directory `fd`, with its first batch of entries listed.
+    fn open(name: OsString, abs: PathBuf, fd: OwnedFd) -> Result<Self, PathError> {
+        let first = list_batch(&fd, &abs)?;
+        Ok(Self {
+            name,
+            abs,
+            fd,
+            pending: first.entries,
+            listed_all: first.at_end,
+            relists: 0,
+        })
+    }
+
+    /// Lists the next batch of entries.
+    fn list_more(&mut self) -> Result<(), PathError> {
+        let more = list_batch(&self.fd, &self.abs)?;
+        self.listed_all = more.at_end || more.entries.is_empty();
+        self.pending = more.entries;
+        Ok(())
+    }
+}
+
+/// The next batch of entries of the open directory `fd` at `abs`.
+fn list_batch(fd: &OwnedFd, abs: &Path) -> Result<dirents::Batch, PathError> {
+    dirents::read_batch(fd.as_fd())
+        .map_err(|e| PathError::from(SyscallError::new("getdents64", abs, e)))
+}
+
 /// Iterative post-order deletion of `parent/name`, so a deep tree cannot
 /// exhaust the stack. Directories are read with `getdents64`, whose entry
 /// types spare a `stat` per entry; each directory is opened once, with
@@ -556,20 +601,6 @@ fn remove_tree(
     abs: &Path,
     likely_empty: bool,
 ) -> Result<(), PathError> {
-    struct Frame {
-        name: OsString,
-        abs: PathBuf,
-        fd: OwnedFd,
-        pending: Vec<dirents::DirEntry>,
-        /// The last listing reached the end of the directory.
-        listed_all: bool,
-        relists: usize,
-    }
-
-    let list = |fd: &OwnedFd, abs: &Path| {
-        dirents::read_batch(fd.as_fd())
-            .map_err(|e| PathError::from(SyscallError::new("getdents64", abs, e)))
-    };
     if likely_empty {
         match try_rmdir(parent, &name, abs)? {
             Rmdir::Gone => return Ok(()),
@@ -583,45 +614,11 @@ fn remove_tree(
         Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, abs),
         Err(Err(e)) => return Err(e),
     };
-    let first = list(&fd, abs)?;
-    let mut stack = vec![Frame {
-        name,
-        abs: abs.to_path_buf(),
-        fd,
-        pending: first.entries,
-        listed_all: first.at_end,
-        relists: 0,
-    }];
+    let mut stack = vec![Frame::open(name, abs.to_path_buf(), fd)?];
     while let Some(top) = stack.last_mut() {
         if let Some(child) = top.pending.pop() {
-            let child_abs = top.abs.join(&child.name);
-            if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
-                unlink_file(top.fd.as_fd(), &child.name, &child_abs)?;
-                continue;
-            }
-            match try_rmdir(top.fd.as_fd(), &child.name, &child_abs)? {
-                Rmdir::Gone => continue,
-                Rmdir::NotADir => {
-                    unlink_file(top.fd.as_fd(), &child.name, &child_abs)?;
-                    continue;
-                }
-                Rmdir::NotEmpty => {}
-            }
-            match open_subdir(top.fd.as_fd(), &child.name, &child_abs) {
-                Ok(Some(child_fd)) => {
-                    let first = list(&child_fd, &child_abs)?;
-                    stack.push(Frame {
-                        name: child.name,
-                        abs: child_abs,
-                        fd: child_fd,
-                        pending: first.entries,
-                        listed_all: first.at_end,
-                        relists: 0,
-                    });
-                }
-                Ok(None) => {}
-                Err(Ok(_not_a_dir)) => unlink_file(top.fd.as_fd(), &child.name, &child_abs)?,
-                Err(Err(e)) => return Err(e),
+            if let Some(dir) = remove_entry(top, child)? {
+                stack.push(dir);
             }
             continue;
         }
@@ -629,36 +626,62 @@ fn remove_tree(
         // time; entries may also have appeared meanwhile (rmdir then says
         // ENOTEMPTY): list again, a bounded number of times.
         if !top.listed_all {
-            let more = list(&top.fd, &top.abs)?;
-            top.listed_all = more.at_end || more.entries.is_empty();
-            top.pending = more.entries;
+            top.list_more()?;
             continue;
         }
-        let rc = match stack.split_last() {
-            Some((top, below)) => {
-                let dir_parent = below.last().map_or(parent, |f| f.fd.as_fd());
-                unlinkat(dir_parent, top.name.as_os_str(), UnlinkatFlags::RemoveDir)
-            }
-            None => break,
-        };
-        let Some(top) = stack.last_mut() else { break };
-        match rc {
-            Ok(()) | Err(Errno::ENOENT) => {}
-            Err(Errno::ENOTEMPTY | Errno::EEXIST) if top.relists < MAX_RELISTS => {
-                top.relists += 1;
-                top.listed_all = false;
-                continue;
-            }
-            Err(Errno::EBUSY) => {
-                return Err(PathError::MountInside {
-                    path: top.abs.clone(),
-                })
-            }
-            Err(e) => return Err(SyscallError::new("unlinkat", &top.abs, e).into()),
+        if rmdir_emptied(&mut stack, parent)? {
+            stack.pop();
         }
-        stack.pop();
     }
     Ok(())
+}
+
+/// Removes the listed entry `child` of `dir`: a file is unlinked, an empty
+/// directory removed; a directory with entries is opened and returned, to
+/// be emptied first.
+fn remove_entry(dir: &Frame, child: dirents::DirEntry) -> Result<Option<Frame>, PathError> {
+    let child_abs = dir.abs.join(&child.name);
+    let fd = dir.fd.as_fd();
+    if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
+        unlink_file(fd, &child.name, &child_abs)?;
+        return Ok(None);
+    }
+    match try_rmdir(fd, &child.name, &child_abs)? {
+        Rmdir::Gone => return Ok(None),
+        Rmdir::NotADir => {
+            unlink_file(fd, &child.name, &child_abs)?;
+            return Ok(None);
+        }
+        Rmdir::NotEmpty => {}
+    }
+    match open_subdir(fd, &child.name, &child_abs) {
+        Ok(Some(child_fd)) => Frame::open(child.name, child_abs, child_fd).map(Some),
+        Ok(None) => Ok(None),
+        Err(Ok(_not_a_dir)) => unlink_file(fd, &child.name, &child_abs).map(|()| None),
+        Err(Err(e)) => Err(e),
+    }
+}
+
+/// Removes the emptied directory on top of `stack` (its parent is the frame
+/// below it, or `parent`): `Ok(true)` when it is gone, `Ok(false)` when
+/// entries appeared meanwhile and it is to be listed again.
+fn rmdir_emptied(stack: &mut [Frame], parent: BorrowedFd<'_>) -> Result<bool, PathError> {
+    let Some((top, below)) = stack.split_last_mut() else {
+        return Ok(true);
+    };
+    let dir_parent = below.last().map_or(parent, |f| f.fd.as_fd());
+    match unlinkat(dir_parent, top.name.as_os_str(), UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(true),
+        Err(Errno::ENOTEMPTY | Errno::EEXIST) if top.relists < MAX_RELISTS => {
+            top.relists += 1;
+            top.listed_all = false;
+            Ok(false)
+        }
+        Err(Errno::EBUSY) => Err(PathError::MountInside {
+            path: top.abs.clone(),
+        }),
+        Err(e) => Err(SyscallError::new("unlinkat", &top.abs, e).into()),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,165 @@
+//! The text `volmgr status` prints: the status document a line per fact,
+//! section by section.
+
+use std::fmt::Write as _;
+
+use volmgr::status::{OutOfBandEvent, PodStatus, Status, VolumeStatus};
+
+/// The status document as `volmgr status` prints it (without `--json`).
+pub fn status_text(s: &Status) -> String {
+    let mut out = String::new();
+    agent_lines(&mut out, s);
+    for p in &s.pods {
+        pod_lines(&mut out, p);
+    }
+    tracer_lines(&mut out, s);
+    syscall_lines(&mut out, s);
+    for o in &s.operations {
+        let _ = writeln!(
+            out,
+            "op {} {} {}: n={} p50={:.6}s p99={:.6}s max={:.6}s",
+            o.operation, o.plugin, o.status, o.count, o.p50_seconds, o.p99_seconds, o.max_seconds
+        );
+    }
+    out
+}
+
+/// Whether the agent is synced, its tracer, the sources' errors and the
+/// registered CSI drivers.
+fn agent_lines(out: &mut String, s: &Status) {
+    let _ = writeln!(
+        out,
+        "synced: {}  tracer: {} ({})",
+        s.synced, s.tracer, s.tracer_reason
+    );
+    for e in &s.errors {
+        let _ = writeln!(out, "error: {}: {}", e.source, e.error);
+    }
+    for d in &s.csi_drivers {
+        let _ = writeln!(
+            out,
+            "csi driver {} at {} (versions: {})",
+            d.name,
+            d.endpoint,
+            d.versions.join(", ")
+        );
+    }
+}
+
+/// A pod, why it was rejected, and a line per volume.
+fn pod_lines(out: &mut String, p: &PodStatus) {
+    let _ = writeln!(out, "pod {}/{} ({})", p.namespace, p.name, p.uid);
+    if let Some(e) = &p.error {
+        let _ = writeln!(out, "  rejected: {e}");
+    }
+    for v in &p.volumes {
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<26} {:<10} attempts={:<3} {}{}",
+            v.name,
+            v.plugin,
+            v.state,
+            v.attempts,
+            volume_detail(v),
+            volume_out_of_band(v)
+        );
+    }
+}
+
+/// A volume's error, else its path.
+fn volume_detail(v: &VolumeStatus) -> String {
+    match (&v.error, &v.path) {
+        (Some(e), _) => format!("error: {e}"),
+        (None, Some(p)) => p.clone(),
+        (None, None) => String::new(),
+    }
+}
+
+/// How often a volume was changed behind the agent's back, and when last.
+fn volume_out_of_band(v: &VolumeStatus) -> String {
+    match &v.last_out_of_band {
+        Some(t) if v.out_of_band_changes > 0 => {
+            format!(" out-of-band={} (last {t})", v.out_of_band_changes)
+        }
+        _ => String::new(),
+    }
+}
+
+/// The tracer's counters (when it runs) and the out-of-band changes it or
+/// a resync found.
+fn tracer_lines(out: &mut String, s: &Status) {
+    let t = &s.tracer_stats;
+    if s.tracer != "off" {
+        let _ = writeln!(
+            out,
+            "tracer events: {}  out-of-band: {}  mount-table checks: {}  events lost: {}",
+            t.events, t.out_of_band_events, t.checks, t.events_lost
+        );
+    }
+    if !s.out_of_band.is_empty() {
+        let _ = writeln!(out, "out-of-band changes (oldest first):");
+    }
+    for e in &s.out_of_band {
+        out_of_band_line(out, e);
+    }
+}
+
+/// One out-of-band change: what, where, how it was found and what became
+/// of it.
+fn out_of_band_line(out: &mut String, e: &OutOfBandEvent) {
+    let cause = e
+        .cause
+        .as_deref()
+        .map(|c| format!(" {c}"))
+        .unwrap_or_default();
+    let after = e
+        .detected_after_us
+        .map(|us| format!(" (confirmed {us} µs after the syscall)"))
+        .unwrap_or_default();
+    let repaired = e
+        .repaired_after_ms
+        .map(|ms| format!(" after {ms:.3} ms"))
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  {} {} pod {} volume {} ({}): found by {}{}{}; {}{}",
+        e.time,
+        e.kind,
+        e.pod_uid,
+        e.volume,
+        e.path,
+        e.detected_by,
+        cause,
+        after,
+        e.outcome,
+        repaired
+    );
+}
+
+/// The table of mount-table syscall latencies, per syscall, filesystem
+/// type and result.
+fn syscall_lines(out: &mut String, s: &Status) {
+    if !s.syscalls.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "syscall", "fstype", "result", "count", "p50", "p90", "p99", "p99.9", "max"
+        );
+    }
+    for c in &s.syscalls {
+        let us = |sec: f64| format!("{:.1}µs", sec * 1e6);
+        let _ = writeln!(
+            out,
+            "{:<14} {:<10} {:<6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            c.syscall,
+            c.fstype,
+            c.result,
+            c.count,
+            us(c.p50_seconds),
+            us(c.p90_seconds),
+            us(c.p99_seconds),
+            us(c.p999_seconds),
+            us(c.max_seconds)
+        );
+    }
+}

@@ -1,0 +1,210 @@
+//! NodeStageVolume and NodeUnstageVolume (the kubelet's `csi_attacher.go`):
+//! the per-volume half of a CSI mount, and the stage directories found at
+//! start-up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use super::errors::{classify, CsiOp};
+use super::layout::{handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
+use super::vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
+use super::{
+    capability, context, path_string, secrets, source, spec_vol_id, CsiPlugin, PLUGIN_NAME,
+    STAGED_FILE, VOL_DATA_FILE,
+};
+use crate::csi::proto::csi;
+use crate::plugins::{
+    DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, ReconstructedDevice,
+    VolumeError,
+};
+use crate::sys::mount_table::MountTable;
+use crate::sys::root_dir::RelPath;
+use crate::volume::{CsiVolumeMode, CsiVolumeSource, UniqueVolumeName, VolumeSource, VolumeSpec};
+
+#[async_trait::async_trait]
+impl DeviceMountableVolumePlugin for CsiPlugin {
+    /// Inline (ephemeral) volumes are published without staging, as the
+    /// kubelet does.
+    fn can_device_mount(&self, spec: &VolumeSpec) -> bool {
+        source(spec).is_ok_and(|s| !s.ephemeral)
+    }
+
+    fn device_mount_path(&self, spec: &VolumeSpec) -> Result<PathBuf, VolumeError> {
+        let src = source(spec)?;
+        Ok(self.abs(&stage_layout(spec, src)?.target))
+    }
+
+    /// NodeStageVolume (the kubelet's `csiAttacher.MountDevice`): writes
+    /// `vol_data.json`, calls the driver when it stages, then records the
+    /// completed stage.
+    async fn mount_device(&self, req: DeviceMountRequest) -> Result<PathBuf, VolumeError> {
+        let src = source(&req.spec)?;
+        let layout = stage_layout(&req.spec, src)?;
+        let staged = layout.data_dir.join(STAGED_FILE)?;
+        let mut data = BTreeMap::new();
+        data.insert(key::DRIVER_NAME, src.driver.clone());
+        data.insert(key::VOLUME_HANDLE, src.volume_handle.clone());
+        data.insert(key::SPEC_VOL_ID, spec_vol_id(&req.spec, src).to_string());
+        if src.volume_mode == CsiVolumeMode::Block {
+            data.insert(key::VOLUME_MODE, "Block".into());
+        }
+        let stages = self.stages(&src.driver).await?;
+        self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
+        self.root.mkdir_all(&layout.target, 0o750)?;
+        let target = self.abs(&layout.target);
+        if stages {
+            let call = csi::NodeStageVolumeRequest {
+                volume_id: src.volume_handle.clone(),
+                publish_context: HashMap::new(),
+                staging_target_path: path_string(target.clone())?,
+                volume_capability: Some(capability(src)),
+                secrets: secrets(&src.node_stage_secrets),
+                volume_context: context(src),
+            };
+            if let Err(e) = self.clients.node_stage_volume(&src.driver, call).await {
+                classify(CsiOp::Stage, e)?;
+            }
+        }
+        let record = serde_json::to_vec(&StagedRecord {
+            capacity_bytes: src.capacity_bytes,
+        })
+        // TODO(merge): use VolumeError::MountTable / TaskFailed (note: this
+        // error is a serde_json::Error, which neither variant takes).
+        .map_err(|e| VolumeError::Internal(e.to_string()))?;
+        self.root
+            .write_file(&staged, &record)
+            .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
+        Ok(target)
+    }
+
+    /// NodeUnstageVolume (the kubelet's `csiAttacher.UnmountDevice`): drops
+    /// the staged record first, so a crash mid-call leaves it uncertain.
+    async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError> {
+        let src = source(&req.spec)?;
+        let layout = stage_layout(&req.spec, src)?;
+        let stages = self.stages(&src.driver).await?;
+        self.remove_file(&layout.data_dir.join(STAGED_FILE)?)?;
+        if stages {
+            let call = csi::NodeUnstageVolumeRequest {
+                volume_id: src.volume_handle.clone(),
+                staging_target_path: path_string(self.abs(&layout.target))?,
+            };
+            if let Err(e) = self.clients.node_unstage_volume(&src.driver, call).await {
+                classify(CsiOp::Unstage, e)?;
+            }
+        }
+        // Never crosses a mount the driver left behind: that fails instead.
+        self.root.remove_all(&layout.target)?;
+        self.root.remove_all(&layout.data_dir)?;
+        if src.volume_mode == CsiVolumeMode::Block {
+            if let Some((pv_dir, _)) = layout.data_dir.split_last() {
+                self.root.remove_empty_dir(&pv_dir)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every stage directory with a `vol_data.json`; complete when the
+    /// staged record is there.
+    fn reconstruct_devices(
+        &self,
+        _table: &MountTable,
+    ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
+        let mut out = Vec::new();
+        for dir in self.stage_data_dirs()? {
+            if let Some(device) = self.reconstruct_device(&dir)? {
+                out.push(device);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl CsiPlugin {
+    /// The directories that may hold a stage's `vol_data.json`: one per
+    /// volume handle under each driver's directory, and each block PV's
+    /// `data/`.
+    fn stage_data_dirs(&self) -> Result<Vec<RelPath>, VolumeError> {
+        let csi_dir = RelPath::new(CSI_DIR)?;
+        let drivers = match self.root.read_dir(&csi_dir) {
+            Ok(d) => d,
+            Err(e) if e.is_not_found() => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut data_dirs = Vec::new();
+        for d in drivers {
+            if d == VOLUME_DEVICES {
+                let devices = csi_dir.join(VOLUME_DEVICES)?;
+                for pv in self.root.read_dir(&devices)? {
+                    if pv == "staging" || pv == "publish" {
+                        continue;
+                    }
+                    data_dirs.push(devices.join(&pv)?.join("data")?);
+                }
+                continue;
+            }
+            let dir = csi_dir.join(&d)?;
+            for h in self.root.read_dir(&dir)? {
+                data_dirs.push(dir.join(&h)?);
+            }
+        }
+        Ok(data_dirs)
+    }
+
+    /// The stage recorded in `dir`; `None` (with a warning when it cannot
+    /// be read) when its `vol_data.json` does not name a driver and handle.
+    fn reconstruct_device(
+        &self,
+        dir: &RelPath,
+    ) -> Result<Option<ReconstructedDevice>, VolumeError> {
+        let data = match read_vol_data(&self.root, &dir.join(VOL_DATA_FILE)?) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(dir = %self.abs(dir).display(), error = %e, "ignoring a CSI stage directory");
+                return Ok(None);
+            }
+        };
+        let (Some(driver), Some(handle)) =
+            (data.get(key::DRIVER_NAME), data.get(key::VOLUME_HANDLE))
+        else {
+            return Ok(None);
+        };
+        let staged = match self.root.read_file(&dir.join(STAGED_FILE)?) {
+            Ok(b) => serde_json::from_slice::<StagedRecord>(&b).ok(),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        let spec = staged_spec(&data, driver, handle);
+        let src = source(&spec)?;
+        let target = self.abs(&stage_layout(&spec, src)?.target);
+        Ok(Some(ReconstructedDevice {
+            volume_name: UniqueVolumeName::new(format!("{PLUGIN_NAME}/{driver}^{handle}")),
+            device_mount_path: target,
+            complete: staged.is_some(),
+            size_bytes: staged.and_then(|s| s.capacity_bytes),
+            spec,
+        }))
+    }
+}
+
+/// The spec of a staged volume, from its `vol_data.json` (`data`, which
+/// names `driver` and `handle`): named after the PV.
+fn staged_spec(data: &BTreeMap<String, String>, driver: &str, handle: &str) -> VolumeSpec {
+    let block = data.get(key::VOLUME_MODE).map(String::as_str) == Some("Block");
+    let spec_vol_id = data
+        .get(key::SPEC_VOL_ID)
+        .cloned()
+        .unwrap_or_else(|| handle_hash(handle));
+    let volume_mode = if block {
+        CsiVolumeMode::Block
+    } else {
+        CsiVolumeMode::Filesystem
+    };
+    VolumeSpec {
+        name: spec_vol_id.clone(),
+        source: VolumeSource::Csi(CsiVolumeSource {
+            pv_name: Some(spec_vol_id),
+            ..reconstructed_source(driver.to_string(), handle.to_string(), volume_mode)
+        }),
+    }
+}
