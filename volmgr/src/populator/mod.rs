@@ -12,9 +12,9 @@ mod claim;
 pub mod manifests;
 pub mod objects;
 pub mod pod;
-mod populator;
+mod desired_state_of_world_populator;
 
-pub use populator::{Populator, SourceProblems};
+pub use desired_state_of_world_populator::{Populator, SourceProblems};
 
 use crate::cache::world::WakeHold;
 use crate::volume::PodUid;
