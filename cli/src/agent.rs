@@ -113,9 +113,11 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     // Before the manager starts: nothing done to the mount table after
     // reconstruction read it goes unseen.
     let tracer =
-        tracer::start(opts.tracer, &vm, stop_rx.clone()).map_err(|source| AgentError::Tracer {
-            mode: opts.tracer,
-            source,
+        tracer::start(opts.tracer, vm.tracer_context(), stop_rx.clone()).map_err(|source| {
+            AgentError::Tracer {
+                mode: opts.tracer,
+                source,
+            }
         })?;
     let listener = api::bind(&root).map_err(io("binding the status socket"))?;
     let metrics = match opts.metrics_addr {

@@ -148,7 +148,7 @@ pub unsafe extern "C" fn volmgr_new(
         let (tracer_stop, stop_rx) = tokio::sync::watch::channel(false);
         try_ffi!({
             let _enter = rt.enter();
-            tracer::start_in_host(mode, &vm, stop_rx, THREAD_NAME)
+            tracer::start_in_host(mode, vm.tracer_context(), stop_rx, THREAD_NAME)
                 .map_err(|e| fail(VOLMGR_ERR_UNSUPPORTED, format!("tracer {mode}: {e}")))
         });
         let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();

@@ -1,7 +1,9 @@
 //! The kubelet's `ActualStateOfWorld`: which volumes are attached and mounted,
 //! per volume and per pod, including *uncertain* mounts (an operation that may
-//! or may not have happened). Written only by operation results, resync and
-//! reconstruction.
+//! or may not have happened), and the foreign mounts found stacked on pods'
+//! volume paths that the reconciler must remove. Written by operation results,
+//! resync and reconstruction; the tracer only marks volumes lost (uncertain)
+//! or as carrying foreign mounts.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -47,6 +49,15 @@ pub struct MountedPod {
     pub mount_id: Option<u64>,
 }
 
+/// Mounts found on a pod's volume path that its plugin did not make (the
+/// tracer's finding), waiting for the reconciler to remove them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignMounts {
+    /// The out-of-band log's sequence number of the finding, for reporting
+    /// the outcome of their removal.
+    pub log_seq: u64,
+}
+
 /// A volume known to the node.
 #[derive(Debug, Clone)]
 pub struct AttachedVolume {
@@ -64,6 +75,8 @@ pub struct AttachedVolume {
     pub size_bytes: Option<u64>,
     /// The pods it is mounted for.
     pub pods: PodMap<MountedPod>,
+    /// The pods whose mount of it carries foreign mounts to remove.
+    pub foreign_mounts: PodMap<ForeignMounts>,
 }
 
 /// A row of [`ActualStateOfWorld::mounted_volumes_for_pod`].
@@ -104,6 +117,7 @@ impl ActualStateOfWorld {
                 device_spec: None,
                 size_bytes: None,
                 pods: PodMap::default(),
+                foreign_mounts: PodMap::default(),
             });
     }
 
@@ -143,12 +157,13 @@ impl ActualStateOfWorld {
         self.mounted_generation
     }
 
-    /// Removes a pod's mount of a volume. Returns whether it was recorded.
+    /// Removes a pod's mount of a volume (and any foreign mounts found on
+    /// it). Returns whether it was recorded.
     pub fn mark_volume_as_unmounted(&mut self, volume: &UniqueVolumeName, pod: &PodUid) -> bool {
-        let removed = self
-            .volumes
-            .get_mut(volume)
-            .is_some_and(|v| v.pods.remove(pod).is_some());
+        let removed = self.volumes.get_mut(volume).is_some_and(|v| {
+            v.foreign_mounts.remove(pod);
+            v.pods.remove(pod).is_some()
+        });
         if let Some(set) = self.by_pod.get_mut(pod) {
             set.retain(|v| v != volume);
             if set.is_empty() {
@@ -156,6 +171,46 @@ impl ActualStateOfWorld {
             }
         }
         removed
+    }
+
+    /// Records foreign mounts found on `pod`'s mount of `volume`, for the
+    /// reconciler to remove. Returns whether that mount is recorded (the mark
+    /// is kept only then).
+    pub fn mark_foreign_mounts(
+        &mut self,
+        volume: &UniqueVolumeName,
+        pod: &PodUid,
+        found: ForeignMounts,
+    ) -> bool {
+        match self.volumes.get_mut(volume) {
+            Some(v) if v.pods.contains_key(pod) => {
+                v.foreign_mounts.insert(pod.clone(), found);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The foreign mounts waiting for removal on `pod`'s mount of `volume`.
+    pub fn foreign_mounts(&self, volume: &UniqueVolumeName, pod: &PodUid) -> Option<ForeignMounts> {
+        self.volumes
+            .get(volume)
+            .and_then(|v| v.foreign_mounts.get(pod).copied())
+    }
+
+    /// Clears the foreign-mounts mark of `pod`'s mount of `volume` once they
+    /// are handled, unless a newer finding replaced `handled`.
+    pub fn clear_foreign_mounts(
+        &mut self,
+        volume: &UniqueVolumeName,
+        pod: &PodUid,
+        handled: ForeignMounts,
+    ) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            if v.foreign_mounts.get(pod) == Some(&handled) {
+                v.foreign_mounts.remove(pod);
+            }
+        }
     }
 
     /// Whether `pod` has any volume mounted (or uncertain).

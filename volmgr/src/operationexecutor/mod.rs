@@ -5,11 +5,13 @@
 //! after an exponential backoff. Attempts and the last error are kept for status.
 
 pub mod generator;
+pub mod unstack;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cache::operations::{OperationStamp, OperationsView};
 use crate::cache::pod_map::PodMap;
 use crate::cache::world::World;
 use crate::metrics::{Metrics, OperationLabels};
@@ -69,7 +71,8 @@ pub enum OperationKind {
     UnmountDevice,
     /// Grow a mounted volume's file system on the node (CSI: NodeExpandVolume).
     ExpandVolume,
-    /// Unmount what someone else mounted on a volume's path (tracer).
+    /// Unmount what someone else mounted on a volume's path (found by the
+    /// tracer, started by the reconciler).
     RemoveForeignMounts,
 }
 
@@ -438,6 +441,17 @@ impl OperationExecutor {
         if vol.device.is_none() && vol.pods.is_empty() {
             ops.remove(volume);
         }
+    }
+}
+
+impl OperationsView for OperationExecutor {
+    fn stamp(&self, volume: &UniqueVolumeName, pod: &PodUid) -> Option<OperationStamp> {
+        self.record(volume, Some(pod)).map(|r| OperationStamp {
+            kind: r.kind.metric_name(),
+            attempts: r.attempts,
+            failures: r.failures,
+            running: r.running,
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod csi;
 pub mod empty_dir;
+pub mod foreign;
 pub mod host_path;
 
 use std::path::{Path, PathBuf};
@@ -53,6 +54,13 @@ pub enum VolumeError {
     /// operation is not retried until the volume's spec changes.
     #[error("{0}")]
     Final(String),
+    /// The mount table could not be read or parsed.
+    #[error("reading the mount table: {0}")]
+    MountTable(#[from] crate::sys::mountinfo::MountInfoError),
+    /// The task running an operation's blocking work failed (panicked or
+    /// was cancelled).
+    #[error("operation task failed: {0}")]
+    TaskFailed(#[from] tokio::task::JoinError),
 }
 
 impl VolumeError {

@@ -9,10 +9,10 @@
 //! reconciler, the executor or the manager.
 
 mod claim;
+mod desired_state_of_world_populator;
 pub mod manifests;
 pub mod objects;
 pub mod pod;
-mod desired_state_of_world_populator;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 

@@ -1,17 +1,28 @@
 //! The kubelet's reconciler: compares the desired and actual states and starts
-//! operations until they agree, in kubelet order — unmount what pods no
-//! longer want, then mount what is desired (for plugins with a device phase,
-//! such as CSI: mount the device once per volume first, then set it up for
-//! each pod), grow volumes whose desired size grew, then unmount the devices
-//! of volumes no pod uses any more and forget them — and finally removes the
-//! directories of pods that are gone.
+//! operations until they agree. A pass over the volumes that changed runs the
+//! kubelet's phases in order:
 //!
-//! It is woken by changes (a desired-state edit, an operation finishing, a
-//! backoff expiring, the tracer) and looks only at the volumes that changed;
-//! a slow periodic resync re-reads the mount table as a safety net and makes
-//! a full pass.
+//! 1. remove foreign mounts (volmgr's own): a pod's volume the tracer found
+//!    with something else mounted over it gets a `RemoveForeignMounts`
+//!    operation, which unmounts the extra mounts from the top;
+//! 2. `unmount_volumes`: tear down what pods no longer want;
+//! 3. `mount_or_attach_volumes`: set up what is desired (for plugins with a
+//!    device phase, such as CSI: mount the device once per volume first, then
+//!    set it up for each pod), and grow volumes whose desired size grew;
+//! 4. `unmount_detach_devices`: unmount the devices of volumes no pod uses
+//!    any more and forget them;
+//! 5. `clean_orphaned_pods`: remove the directories of pods that are gone.
+//!
+//! Every mount and unmount the manager makes is started here, through the
+//! [`OperationExecutor`]. The reconciler is woken by changes (a desired-state
+//! edit, an operation finishing, a backoff expiring, and the tracer, which
+//! only observes: it marks volumes lost — uncertain — or carrying foreign
+//! mounts in the actual state, then marks them dirty); it looks only at the
+//! volumes that changed. A slow periodic [`resync`] re-reads the mount table
+//! as a safety net and makes a full pass.
 
 pub mod reconstruct;
+pub mod resync;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -22,16 +33,20 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
-use crate::cache::world::{Dirty, VolumeEvent, VolumeEventKind, World};
-use crate::operationexecutor::generator;
+use crate::cache::actual_state_of_world::{
+    ActualStateOfWorld, DeviceMountState, ForeignMounts, MountedPod, VolumeMountState,
+};
+use crate::cache::desired_state_of_world::{DesiredStateOfWorld, VolumeToMount};
+use crate::cache::out_of_band::OutOfBandLog;
+use crate::cache::world::{Dirty, World};
+use crate::operationexecutor::generator::{self, ForeignMountRemoval};
 use crate::operationexecutor::{NotStarted, OperationExecutor, OperationKind};
-use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePluginMgr};
-use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePlugin, VolumePluginMgr};
 use crate::sys::root_dir::{RelPath, RootDir};
-use crate::sys::{MountTableWatch, Mounter};
+use crate::sys::Mounter;
 use crate::util::sync::MutexExt;
 use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
+use resync::ResyncState;
 
 /// Prefix of the operation keys of pod-directory clean-ups
 /// (`volmgr/pod-dir/<uid>`): one key per pod, so each has its own backoff.
@@ -65,6 +80,8 @@ pub struct Reconciler {
     root: Arc<RootDir>,
     mounter: Arc<dyn Mounter>,
     pool: Arc<BlockingPool>,
+    /// Where foreign-mount removals report their outcome.
+    out_of_band: Arc<OutOfBandLog>,
     resync_period: Duration,
     /// Orphan candidates seen before the sources were populated.
     deferred_pod_dirs: Mutex<HashSet<PodUid>>,
@@ -72,74 +89,14 @@ pub struct Reconciler {
     resync_state: Mutex<ResyncState>,
 }
 
-/// A resync reads the mount table at least this often, even when a cheaper
-/// check would do: what those checks cannot see (a mount stacked over a
-/// volume or moved away, a directory above a mount renamed, which moves the
-/// mount's path without a mount event) is then still found, ten periods
-/// later at most.
-const READ_TABLE_EVERY: u32 = 10;
-
-/// What lets a resync skip reading the mount table: at 10,000 volumes,
-/// having the kernel format `/proc/self/mountinfo` and parsing it is most of
-/// a resync's cost (50-70 ms), and what it would tell is usually known.
-#[derive(Default)]
-struct ResyncState {
-    /// The watch on the mount table, opened by the first resync.
-    watch: Option<Box<dyn MountTableWatch>>,
-    /// The actual state's mounted generation at the last resync that
-    /// checked every volume recorded as mounted.
-    checked: Option<u64>,
-    /// Resyncs since the last one that read the table (or since start-up,
-    /// whose reconstruction read it).
-    since_read: u32,
-}
-
-/// How a resync checks the volumes recorded as mounted.
-enum ResyncCheck {
-    /// Neither the mount table nor the set of mounted volumes changed since
-    /// the last check: only the checks that read no table run.
-    Unchanged,
-    /// The table changed: if every volume set up by a mount has its
-    /// mount's id still listed (`listmount(2)`, 2 ms), nothing was
-    /// unmounted; otherwise the table is read.
-    MountIds,
-    /// Read the table and check everything against it.
-    ReadTable,
-}
-
-impl ResyncState {
-    /// Which check this resync makes. Call it before reading the table, so
-    /// that a change made meanwhile is seen next time.
-    fn next_check(&mut self, mounter: &dyn Mounter, generation: u64) -> ResyncCheck {
-        if self.watch.is_none() {
-            match mounter.watch_mount_table() {
-                Ok(w) => self.watch = Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, "resync: cannot watch the mount table");
-                }
-            }
-        }
-        // Always asked, so that the watch's flag is cleared.
-        let table_changed = self.watch.as_mut().is_none_or(|w| w.changed());
-        // Reconstruction read the table at start-up: the first resync
-        // counts from there.
-        if self.since_read + 1 >= READ_TABLE_EVERY {
-            ResyncCheck::ReadTable
-        } else if !table_changed && self.checked == Some(generation) {
-            ResyncCheck::Unchanged
-        } else {
-            ResyncCheck::MountIds
-        }
-    }
-
-    /// Records a completed check at `generation`.
-    fn checked(&mut self, generation: u64, read_table: bool) {
-        self.checked = Some(generation);
-        self.since_read = if read_table { 0 } else { self.since_read + 1 };
-    }
-}
-
 enum Action {
+    RemoveForeignMounts {
+        volume: UniqueVolumeName,
+        pod: PodUid,
+        plugin: Arc<str>,
+        mounted: MountedPod,
+        found: ForeignMounts,
+    },
     Unmount {
         volume: UniqueVolumeName,
         pod: PodUid,
@@ -170,6 +127,88 @@ enum Action {
     },
 }
 
+impl Action {
+    /// What the executor keys it by: the volume, the pod (none for the
+    /// volume's device), its plugin and the operation.
+    fn key(&self) -> (&UniqueVolumeName, Option<&PodUid>, &Arc<str>, OperationKind) {
+        match self {
+            Self::RemoveForeignMounts {
+                volume,
+                pod,
+                plugin,
+                ..
+            } => (
+                volume,
+                Some(pod),
+                plugin,
+                OperationKind::RemoveForeignMounts,
+            ),
+            Self::Mount {
+                volume,
+                pod,
+                plugin,
+                ..
+            } => (volume, Some(pod), plugin, OperationKind::MountVolume),
+            Self::Unmount {
+                volume,
+                pod,
+                plugin,
+                ..
+            } => (volume, Some(pod), plugin, OperationKind::UnmountVolume),
+            Self::MountDevice { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::MountDevice)
+            }
+            Self::UnmountDevice { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::UnmountDevice)
+            }
+            Self::Expand { volume, plugin, .. } => {
+                (volume, None, plugin, OperationKind::ExpandVolume)
+            }
+        }
+    }
+
+    /// The spec that names the operation in metrics.
+    fn spec(&self) -> Option<&VolumeSpec> {
+        match self {
+            Self::RemoveForeignMounts { mounted, .. } | Self::Unmount { mounted, .. } => {
+                Some(&mounted.spec)
+            }
+            Self::Mount { req, .. } => Some(&req.spec),
+            Self::MountDevice { spec, .. } | Self::Expand { spec, .. } => Some(spec),
+            Self::UnmountDevice { spec, .. } => spec.as_deref(),
+        }
+    }
+}
+
+/// What one reconcile pass decided, phase by phase.
+#[derive(Default)]
+struct Pass {
+    /// Operations to start, in phase order.
+    actions: Vec<Action>,
+    /// Volumes no pod uses any more: forgotten if still unused.
+    detach: Vec<UniqueVolumeName>,
+    /// Volumes neither world has: their operation records go.
+    forget: Vec<UniqueVolumeName>,
+    /// Pods whose directory may be removable.
+    pod_dirs: FastSet<PodUid>,
+}
+
+/// The volumes a pass looks at: the dirty ones, or every volume of either
+/// world.
+fn scope_of(
+    dirty: Dirty,
+    dsw: &DesiredStateOfWorld,
+    asw: &ActualStateOfWorld,
+) -> Vec<UniqueVolumeName> {
+    if dirty.all {
+        let mut all: FastSet<UniqueVolumeName> = dsw.volumes().map(|(n, _)| n.clone()).collect();
+        all.extend(asw.volumes().map(|(n, _)| n.clone()));
+        all.into_iter().collect()
+    } else {
+        dirty.volumes.into_iter().collect()
+    }
+}
+
 impl Reconciler {
     /// A reconciler over `world`.
     #[allow(clippy::too_many_arguments)]
@@ -180,6 +219,7 @@ impl Reconciler {
         root: Arc<RootDir>,
         mounter: Arc<dyn Mounter>,
         pool: Arc<BlockingPool>,
+        out_of_band: Arc<OutOfBandLog>,
         resync_period: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -189,6 +229,7 @@ impl Reconciler {
             root,
             mounter,
             pool,
+            out_of_band,
             resync_period,
             deferred_pod_dirs: Mutex::default(),
             resync_state: Mutex::default(),
@@ -213,141 +254,222 @@ impl Reconciler {
     }
 
     /// One pass over the volumes in `dirty`.
-    pub fn reconcile(self: &Arc<Self>, dirty: Dirty) {
+    pub fn reconcile(self: &Arc<Self>, mut dirty: Dirty) {
         let populated = self.world.populated();
-        let mut actions = Vec::new();
-        let mut forget = Vec::new();
-        let mut detach = Vec::new();
-        let mut pod_dirs = dirty.pods;
+        let full = dirty.all;
+        let mut pass = Pass {
+            pod_dirs: std::mem::take(&mut dirty.pods),
+            ..Pass::default()
+        };
         {
             // Read locks only: operations finishing meanwhile wait for the
             // analysis, never for the operations this pass starts.
             let dsw = self.world.dsw();
             let asw = self.world.asw();
-            let scope: Vec<UniqueVolumeName> = if dirty.all {
-                let mut all: FastSet<UniqueVolumeName> =
-                    dsw.volumes().map(|(n, _)| n.clone()).collect();
-                all.extend(asw.volumes().map(|(n, _)| n.clone()));
-                all.into_iter().collect()
-            } else {
-                dirty.volumes.into_iter().collect()
-            };
-            // 1. Unmount volumes no longer desired. Before the sources have
-            // delivered every pod, an unknown pod may just not be read yet.
+            let scope = scope_of(dirty, &dsw, &asw);
+            Self::remove_foreign_mounts(&asw, &scope, &mut pass);
+            // Before the sources have delivered every pod, an unknown pod
+            // may just not be read yet: nothing is torn down.
             if populated {
-                for v in &scope {
-                    let Some(av) = asw.volume(v) else { continue };
-                    for (pod, m) in &av.pods {
-                        if !dsw.pod_exists_in_volume(v, pod) {
-                            actions.push(Action::Unmount {
-                                volume: v.clone(),
-                                pod: pod.clone(),
-                                plugin: Arc::clone(&av.plugin_name),
-                                mounted: m.clone(),
-                            });
-                        }
-                    }
-                }
+                Self::unmount_volumes(&dsw, &asw, &scope, &mut pass);
             }
-            // 2. Mount what is desired and not (certainly) mounted.
-            for v in &scope {
-                if let Some(uid) = v.as_str().strip_prefix(POD_DIR_PREFIX) {
-                    // A clean-up finished or its backoff expired.
-                    pod_dirs.extend(PodUid::new(uid).ok());
-                    continue;
-                }
-                let Some(dv) = dsw.volume(v) else { continue };
-                if let Some(first) = dv.pods.values().next() {
-                    // Plugins with a device phase: the device first, once.
-                    if let Some(plugin) = self.plugins.find_by_name(&dv.plugin_name) {
-                        let device_mountable = plugin
-                            .device_mountable()
-                            .is_some_and(|d| d.can_device_mount(&first.spec));
-                        if device_mountable
-                            && asw.device_mount_state(v) != DeviceMountState::Mounted
-                        {
-                            actions.push(Action::MountDevice {
-                                volume: v.clone(),
-                                plugin: Arc::clone(&dv.plugin_name),
-                                spec: Arc::clone(&first.spec),
-                            });
-                            continue;
-                        }
-                        // A desired size beyond the recorded one: expand.
-                        if let (Some(ex), Some(av)) = (plugin.node_expandable(), asw.volume(v)) {
-                            if let (Some(want), Some(have)) =
-                                (ex.requested_size(&first.spec), av.size_bytes)
-                            {
-                                let mounted = av
-                                    .pods
-                                    .values()
-                                    .any(|m| m.state == VolumeMountState::Mounted);
-                                if want > have && mounted {
-                                    actions.push(Action::Expand {
-                                        volume: v.clone(),
-                                        plugin: Arc::clone(&dv.plugin_name),
-                                        spec: Arc::clone(&first.spec),
-                                        new_size: want,
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
-                for (pod, p) in &dv.pods {
-                    let needs = match asw.pod_mount(v, pod) {
-                        Some(m) => {
-                            m.state != VolumeMountState::Mounted
-                                || m.spec.source.kind() != p.spec.source.kind()
-                        }
-                        None => true,
-                    };
-                    if needs {
-                        actions.push(Action::Mount {
-                            volume: v.clone(),
-                            pod: pod.clone(),
-                            plugin: Arc::clone(&dv.plugin_name),
-                            req: MountRequest {
-                                pod_uid: pod.clone(),
-                                volume_name: v.clone(),
-                                spec: Arc::clone(&p.spec),
-                                fs_group: p.fs_group,
-                                selinux_label: p.selinux_label.clone(),
-                            },
-                        });
-                    }
-                }
-            }
-            // 3. Unmount the devices of volumes no pod uses (only after the
-            // last pod's tear-down), then forget them (nothing to detach for
-            // these plugins), and operation records of volumes neither world has.
+            self.mount_or_attach_volumes(&dsw, &asw, &scope, &mut pass);
             if populated {
-                for v in &scope {
-                    if dsw.volume_exists(v) || v.as_str().starts_with(POD_DIR_PREFIX) {
-                        continue;
-                    }
-                    match asw.volume(v) {
-                        Some(av)
-                            if av.pods.is_empty()
-                                && av.device_mount_state != DeviceMountState::NotMounted =>
-                        {
-                            actions.push(Action::UnmountDevice {
-                                volume: v.clone(),
-                                plugin: Arc::clone(&av.plugin_name),
-                                spec: av.device_spec.clone(),
-                            });
-                        }
-                        Some(av) if av.pods.is_empty() => detach.push(v.clone()),
-                        Some(_) => {}
-                        None => forget.push(v.clone()),
-                    }
+                Self::unmount_detach_devices(&dsw, &asw, &scope, &mut pass);
+            }
+        }
+        self.detach_and_forget(pass.detach, pass.forget);
+        let mut tear_downs = Vec::new();
+        for a in pass.actions {
+            self.start(a, &mut tear_downs);
+        }
+        self.clean_orphaned_pods(pass.pod_dirs, populated, &mut tear_downs);
+        run_batch(tear_downs, &self.world);
+        if full && populated && self.world.reconstructed() {
+            self.world.set_synced();
+        }
+    }
+
+    /// Phase 1: pods' volumes the tracer found with foreign mounts stacked
+    /// on them get those removed (first, so no other operation on the mount
+    /// runs meanwhile: the executor refuses it, and it is retried when the
+    /// removal finishes).
+    fn remove_foreign_mounts(
+        asw: &ActualStateOfWorld,
+        scope: &[UniqueVolumeName],
+        pass: &mut Pass,
+    ) {
+        for v in scope {
+            let Some(av) = asw.volume(v) else { continue };
+            for (pod, found) in av.foreign_mounts.iter() {
+                let Some(m) = av.pods.get(pod) else { continue };
+                pass.actions.push(Action::RemoveForeignMounts {
+                    volume: v.clone(),
+                    pod: pod.clone(),
+                    plugin: Arc::clone(&av.plugin_name),
+                    mounted: m.clone(),
+                    found: *found,
+                });
+            }
+        }
+    }
+
+    /// Phase 2 (the kubelet's `unmountVolumes`): tear down pods' volumes
+    /// that are no longer desired.
+    fn unmount_volumes(
+        dsw: &DesiredStateOfWorld,
+        asw: &ActualStateOfWorld,
+        scope: &[UniqueVolumeName],
+        pass: &mut Pass,
+    ) {
+        for v in scope {
+            let Some(av) = asw.volume(v) else { continue };
+            for (pod, m) in &av.pods {
+                if !dsw.pod_exists_in_volume(v, pod) {
+                    pass.actions.push(Action::Unmount {
+                        volume: v.clone(),
+                        pod: pod.clone(),
+                        plugin: Arc::clone(&av.plugin_name),
+                        mounted: m.clone(),
+                    });
                 }
             }
         }
+    }
+
+    /// Phase 3 (the kubelet's `mountOrAttachVolumes`): set up what is
+    /// desired and not (certainly) set up, after the device where the
+    /// plugin has a device phase; grow volumes whose desired size grew.
+    fn mount_or_attach_volumes(
+        &self,
+        dsw: &DesiredStateOfWorld,
+        asw: &ActualStateOfWorld,
+        scope: &[UniqueVolumeName],
+        pass: &mut Pass,
+    ) {
+        for v in scope {
+            if let Some(uid) = v.as_str().strip_prefix(POD_DIR_PREFIX) {
+                // A clean-up finished or its backoff expired.
+                pass.pod_dirs.extend(PodUid::new(uid).ok());
+                continue;
+            }
+            let Some(dv) = dsw.volume(v) else { continue };
+            if self.mount_device_or_expand(v, dv, asw, pass) {
+                continue;
+            }
+            for (pod, p) in &dv.pods {
+                let needs = match asw.pod_mount(v, pod) {
+                    Some(m) => {
+                        m.state != VolumeMountState::Mounted
+                            || m.spec.source.kind() != p.spec.source.kind()
+                    }
+                    None => true,
+                };
+                if needs {
+                    pass.actions.push(Action::Mount {
+                        volume: v.clone(),
+                        pod: pod.clone(),
+                        plugin: Arc::clone(&dv.plugin_name),
+                        req: MountRequest {
+                            pod_uid: pod.clone(),
+                            volume_name: v.clone(),
+                            spec: Arc::clone(&p.spec),
+                            fs_group: p.fs_group,
+                            selinux_label: p.selinux_label.clone(),
+                        },
+                    });
+                }
+            }
+        }
+    }
+
+    /// The volume-wide part of phase 3: mounts the device first, once, for
+    /// plugins with a device phase (returns `true`: no pod is set up before
+    /// it is mounted), and grows a mounted volume whose desired size is
+    /// beyond the recorded one.
+    fn mount_device_or_expand(
+        &self,
+        v: &UniqueVolumeName,
+        dv: &VolumeToMount,
+        asw: &ActualStateOfWorld,
+        pass: &mut Pass,
+    ) -> bool {
+        let Some(first) = dv.pods.values().next() else {
+            return false;
+        };
+        let Some(plugin) = self.plugins.find_by_name(&dv.plugin_name) else {
+            return false;
+        };
+        let device_mountable = plugin
+            .device_mountable()
+            .is_some_and(|d| d.can_device_mount(&first.spec));
+        if device_mountable && asw.device_mount_state(v) != DeviceMountState::Mounted {
+            pass.actions.push(Action::MountDevice {
+                volume: v.clone(),
+                plugin: Arc::clone(&dv.plugin_name),
+                spec: Arc::clone(&first.spec),
+            });
+            return true;
+        }
+        let (Some(ex), Some(av)) = (plugin.node_expandable(), asw.volume(v)) else {
+            return false;
+        };
+        if let (Some(want), Some(have)) = (ex.requested_size(&first.spec), av.size_bytes) {
+            let mounted = av
+                .pods
+                .values()
+                .any(|m| m.state == VolumeMountState::Mounted);
+            if want > have && mounted {
+                pass.actions.push(Action::Expand {
+                    volume: v.clone(),
+                    plugin: Arc::clone(&dv.plugin_name),
+                    spec: Arc::clone(&first.spec),
+                    new_size: want,
+                });
+            }
+        }
+        false
+    }
+
+    /// Phase 4 (the kubelet's `unmountDetachDevices`): unmount the devices
+    /// of volumes no pod uses (only after the last pod's tear-down), then
+    /// forget them (nothing to detach for these plugins), and the operation
+    /// records of volumes neither world has.
+    fn unmount_detach_devices(
+        dsw: &DesiredStateOfWorld,
+        asw: &ActualStateOfWorld,
+        scope: &[UniqueVolumeName],
+        pass: &mut Pass,
+    ) {
+        for v in scope {
+            if dsw.volume_exists(v) || v.as_str().starts_with(POD_DIR_PREFIX) {
+                continue;
+            }
+            match asw.volume(v) {
+                Some(av)
+                    if av.pods.is_empty()
+                        && av.device_mount_state != DeviceMountState::NotMounted =>
+                {
+                    pass.actions.push(Action::UnmountDevice {
+                        volume: v.clone(),
+                        plugin: Arc::clone(&av.plugin_name),
+                        spec: av.device_spec.clone(),
+                    });
+                }
+                Some(av) if av.pods.is_empty() => pass.detach.push(v.clone()),
+                Some(_) => {}
+                None => pass.forget.push(v.clone()),
+            }
+        }
+    }
+
+    /// Forgets the volumes phase 4 found unused (if still unused: an
+    /// operation may have finished since) and the operation records of those
+    /// neither world has.
+    fn detach_and_forget(&self, detach: Vec<UniqueVolumeName>, mut forget: Vec<UniqueVolumeName>) {
         if !detach.is_empty() {
             let mut asw = self.world.asw_mut();
             for v in &detach {
-                // Still unused? An operation may have finished since.
                 if asw.mark_volume_as_detached(v) {
                     forget.push(v.clone());
                 }
@@ -356,122 +478,92 @@ impl Reconciler {
         for v in forget {
             self.executor.forget_volume(&v);
         }
-        let mut tear_downs = Vec::new();
-        for a in actions {
-            self.start(a, &mut tear_downs);
-        }
-        self.cleanup_pod_dirs(pod_dirs, populated, &mut tear_downs);
-        run_batch(tear_downs, &self.world);
-        if dirty.all && populated && self.world.reconstructed() {
-            self.world.set_synced();
-        }
     }
 
     /// Starts `action`: spawned as its own task, or, for the tear-down of a
     /// volume whose plugin runs it inline, added to `tear_downs` (see
     /// [`run_batch`]).
     fn start(self: &Arc<Self>, action: Action, tear_downs: &mut Vec<BoxedOperation>) {
-        let (volume, pod, plugin_name, kind) = match &action {
-            Action::Mount {
-                volume,
-                pod,
-                plugin,
-                ..
-            } => (volume, Some(pod), plugin, OperationKind::MountVolume),
-            Action::Unmount {
-                volume,
-                pod,
-                plugin,
-                ..
-            } => (volume, Some(pod), plugin, OperationKind::UnmountVolume),
-            Action::MountDevice { volume, plugin, .. } => {
-                (volume, None, plugin, OperationKind::MountDevice)
-            }
-            Action::UnmountDevice { volume, plugin, .. } => {
-                (volume, None, plugin, OperationKind::UnmountDevice)
-            }
-            Action::Expand { volume, plugin, .. } => {
-                (volume, None, plugin, OperationKind::ExpandVolume)
-            }
-        };
+        let (volume, pod, plugin_name, _) = action.key();
         let (volume, pod, plugin_name) = (volume.clone(), pod.cloned(), Arc::clone(plugin_name));
         let Some(plugin) = self.plugins.find_by_name(&plugin_name) else {
             tracing::warn!(%volume, plugin = %plugin_name, "volume plugin is not registered");
             return;
         };
         // The metrics label: the plugin name, or a finer one (CSI driver).
-        let label_of = |spec: Option<&VolumeSpec>| {
-            spec.and_then(|s| plugin.metric_label(s))
-                .unwrap_or_else(|| Arc::clone(&plugin_name))
-        };
+        let label = action
+            .spec()
+            .and_then(|s| plugin.metric_label(s))
+            .unwrap_or_else(|| Arc::clone(&plugin_name));
         let batched = matches!(
             &action,
             Action::Unmount { mounted, .. } if plugin.runs_inline(&mounted.spec)
         );
-        let world = Arc::clone(&self.world);
-        let prepared: Result<BoxedOperation, NotStarted> = match action {
-            Action::Mount { req, .. } => self.prepare(
-                &volume,
-                pod.as_ref(),
-                kind,
-                label_of(Some(&req.spec)),
-                generator::mount_volume(world, Arc::clone(&plugin), Arc::clone(&plugin_name), req),
-            ),
-            Action::Unmount {
-                mounted, pod: upod, ..
-            } => self.prepare(
-                &volume,
-                pod.as_ref(),
-                kind,
-                label_of(Some(&mounted.spec)),
-                generator::unmount_volume(
-                    world,
-                    Arc::clone(&plugin),
-                    volume.clone(),
-                    upod,
-                    mounted,
-                ),
-            ),
-            Action::MountDevice { spec, .. } => self.prepare(
-                &volume,
-                None,
-                kind,
-                label_of(Some(&spec)),
-                generator::mount_device(
-                    world,
-                    Arc::clone(&plugin),
-                    Arc::clone(&plugin_name),
-                    volume.clone(),
-                    spec,
-                ),
-            ),
-            Action::UnmountDevice { spec, .. } => self.prepare(
-                &volume,
-                None,
-                kind,
-                label_of(spec.as_deref()),
-                generator::unmount_device(world, Arc::clone(&plugin), volume.clone()),
-            ),
-            Action::Expand { spec, new_size, .. } => self.prepare(
-                &volume,
-                None,
-                kind,
-                label_of(Some(&spec)),
-                generator::expand_volume(
-                    world,
-                    Arc::clone(&plugin),
-                    volume.clone(),
-                    spec,
-                    new_size,
-                ),
-            ),
-        };
+        let prepared = self.prepare_action(action, plugin, plugin_name, label);
         match prepared {
             Ok(op) if batched => tear_downs.push(op),
             Ok(op) => {
                 tokio::spawn(op);
             }
             Err(why) => tracing::debug!(%volume, pod = ?pod, ?why, "operation not started"),
+        }
+    }
+
+    /// Hands `action`'s operation body (from the generator) to the executor.
+    fn prepare_action(
+        &self,
+        action: Action,
+        plugin: Arc<dyn VolumePlugin>,
+        plugin_name: Arc<str>,
+        label: Arc<str>,
+    ) -> Result<BoxedOperation, NotStarted> {
+        let (volume, pod, _, kind) = action.key();
+        let (volume, pod) = (volume.clone(), pod.cloned());
+        let (pod, world) = (pod.as_ref(), Arc::clone(&self.world));
+        match action {
+            Action::RemoveForeignMounts {
+                pod: upod,
+                mounted,
+                found,
+                ..
+            } => {
+                let op = ForeignMountRemoval {
+                    world,
+                    log: Arc::clone(&self.out_of_band),
+                    root: Arc::clone(&self.root),
+                    mounter: Arc::clone(&self.mounter),
+                    plugin,
+                    volume: volume.clone(),
+                    pod: upod,
+                    mounted,
+                    found,
+                };
+                let body = generator::remove_foreign_mounts(op);
+                self.prepare(&volume, pod, kind, label, body)
+            }
+            Action::Mount { req, .. } => {
+                let body = generator::mount_volume(world, plugin, plugin_name, req);
+                self.prepare(&volume, pod, kind, label, body)
+            }
+            Action::Unmount {
+                mounted, pod: upod, ..
+            } => {
+                let body = generator::unmount_volume(world, plugin, volume.clone(), upod, mounted);
+                self.prepare(&volume, pod, kind, label, body)
+            }
+            Action::MountDevice { spec, .. } => {
+                let body =
+                    generator::mount_device(world, plugin, plugin_name, volume.clone(), spec);
+                self.prepare(&volume, None, kind, label, body)
+            }
+            Action::UnmountDevice { .. } => {
+                let body = generator::unmount_device(world, plugin, volume.clone());
+                self.prepare(&volume, None, kind, label, body)
+            }
+            Action::Expand { spec, new_size, .. } => {
+                let body = generator::expand_volume(world, plugin, volume.clone(), spec, new_size);
+                self.prepare(&volume, None, kind, label, body)
+            }
         }
     }
 
@@ -492,10 +584,11 @@ impl Reconciler {
             .map(boxed)
     }
 
-    /// Removes `ROOT/pods/<uid>` of pods that are neither desired nor have
-    /// anything mounted (the kubelet's `cleanupOrphanedPodDirs`). The removal
+    /// Phase 5 (the kubelet's `cleanupOrphanedPodDirs`): removes
+    /// `ROOT/pods/<uid>` of pods that are neither desired nor have anything
+    /// mounted. The removal
     /// never crosses a mount, so a volume unknown to the manager is left intact.
-    fn cleanup_pod_dirs(
+    fn clean_orphaned_pods(
         self: &Arc<Self>,
         mut candidates: FastSet<PodUid>,
         populated: bool,
@@ -540,146 +633,6 @@ impl Reconciler {
             ) {
                 batch.push(boxed(op));
             }
-        }
-    }
-
-    /// The periodic safety net: re-reads the mount table, marks volumes that
-    /// were torn down behind the manager's back as unmounted, and makes a
-    /// full pass (which mounts them again).
-    pub async fn resync(self: &Arc<Self>) {
-        // Reading the table and checking every volume makes syscalls: do it
-        // on a blocking thread, not on the runtime.
-        let this = Arc::clone(self);
-        let lost = self.pool.run(move || this.check_mounted()).await;
-        match lost {
-            Ok(lost) => self.forget_lost(lost),
-            Err(e) => tracing::warn!(error = %e, "resync: cannot check the mounted volumes"),
-        }
-        self.world.mark_all_dirty();
-    }
-
-    /// The resync's check of every volume recorded as mounted (see
-    /// [`ResyncCheck`]). Blocking.
-    fn check_mounted(&self) -> Result<Vec<LostVolume>, VolumeError> {
-        let started = std::time::Instant::now();
-        // Only a cache of what the last resyncs saw: usable after a panic.
-        let mut state = self.resync_state.locked();
-        let generation = self.world.asw().mounted_generation();
-        match state.next_check(&*self.mounter, generation) {
-            ResyncCheck::Unchanged => {
-                let lost = self.find_lost(MountTableView::NotRead);
-                state.checked(generation, false);
-                tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table unchanged");
-                return Ok(lost);
-            }
-            ResyncCheck::MountIds if self.mount_ids_all_listed() => {
-                let lost = self.find_lost(MountTableView::NotRead);
-                state.checked(generation, false);
-                tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: every mount id listed");
-                return Ok(lost);
-            }
-            ResyncCheck::MountIds | ResyncCheck::ReadTable => {}
-        }
-        state.checked = None;
-        let table = self
-            .mounter
-            .mount_table()
-            .map_err(|e| VolumeError::Internal(format!("cannot read the mount table: {e}")))?;
-        let table = MountTable::new(table);
-        let lost = self.find_lost(MountTableView::Read(&table));
-        state.checked(generation, true);
-        drop(table);
-        // The parsed table (megabytes at 10,000 mounts) is freed by now:
-        // hand its pages back instead of keeping them resident.
-        crate::sys::memory::release_free_heap();
-        tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table read");
-        Ok(lost)
-    }
-
-    /// Whether every volume recorded as mounted whose check reads the mount
-    /// table has a known mount id, still listed by the kernel: then none of
-    /// them was unmounted (ids are never reused).
-    fn mount_ids_all_listed(&self) -> bool {
-        let ids = match self.mounter.mount_ids() {
-            Ok(Some(ids)) => ids,
-            Ok(None) => return false,
-            Err(e) => {
-                tracing::warn!(error = %e, "resync: cannot list the mount ids");
-                return false;
-            }
-        };
-        let asw = self.world.asw();
-        for (_, av) in asw.volumes() {
-            let Some(p) = self.plugins.find_by_name(&av.plugin_name) else {
-                continue;
-            };
-            for (_, m) in &av.pods {
-                if m.state == VolumeMountState::Mounted
-                    && p.verify_reads_mount_table(&m.spec)
-                    && !m.mount_id.is_some_and(|id| ids.contains(&id))
-                {
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
-    /// Volumes recorded as mounted that no longer are.
-    pub fn find_lost(&self, table: MountTableView<'_>) -> Vec<LostVolume> {
-        let asw = self.world.asw();
-        let mut lost = Vec::new();
-        for (v, av) in asw.volumes() {
-            let Some(p) = self.plugins.find_by_name(&av.plugin_name) else {
-                continue;
-            };
-            for (pod, m) in &av.pods {
-                if m.state == VolumeMountState::Mounted && !p.verify(&m.spec, &m.path, table) {
-                    lost.push((
-                        v.clone(),
-                        pod.clone(),
-                        m.outer_volume_spec_name.clone(),
-                        m.path.clone(),
-                    ));
-                }
-            }
-        }
-        lost
-    }
-
-    /// Marks lost volumes as unmounted (so they are mounted again if desired).
-    pub fn forget_lost(&self, lost: Vec<LostVolume>) {
-        if lost.is_empty() {
-            return;
-        }
-        let mut asw = self.world.asw_mut();
-        for (v, pod, outer, path) in &lost {
-            tracing::warn!(pod = %pod, volume = %outer, path = %path.display(),
-                "volume was unmounted behind the manager's back; setting it up again");
-            // Uncertain, not gone: set-up runs again if desired; tear-down
-            // (idempotent) runs if not.
-            if let Some(m) = asw.pod_mount(v, pod).cloned() {
-                asw.mark_volume_as_mounted(
-                    v,
-                    pod,
-                    MountedPod {
-                        state: VolumeMountState::Uncertain,
-                        ..m
-                    },
-                );
-            }
-        }
-        drop(asw);
-        for (v, pod, outer, path) in lost {
-            self.world.emit(VolumeEvent {
-                kind: VolumeEventKind::LostOutOfBand,
-                pod_uid: pod,
-                volume: outer,
-                volume_name: v.clone(),
-                path: Some(path),
-                error: None,
-            });
-            self.world.mark_dirty([v]);
         }
     }
 }

@@ -8,7 +8,8 @@
 //!   the reconciler finishes it if the pod is still desired and tears it down
 //!   otherwise.
 //! - Mounts stacked on one volume path (a crash between a mount and its
-//!   bookkeeping, repeated) are unmounted down to one.
+//!   bookkeeping, repeated) are unmounted down to one, by the same
+//!   [`unstack`] that removes foreign mounts the tracer finds.
 //! - Device mounts (CSI staging) are rebuilt from the plugins' global
 //!   directories: a completed one is recorded as mounted (never mounted
 //!   again, and unmounted only after the last pod using it — counted from
@@ -18,10 +19,13 @@
 //!   it once the sources are populated if its pod is not desired and nothing
 //!   is mounted in it.
 
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
 use crate::cache::world::World;
+use crate::operationexecutor::unstack::unstack;
 use crate::plugins::{VolumeError, VolumePluginMgr};
 use crate::sys::mount_table::MountTable;
 use crate::sys::root_dir::{RelPath, RootDir};
@@ -54,18 +58,10 @@ pub fn reconstruct(
 ) -> Result<ReconstructionReport, VolumeError> {
     let mut report = ReconstructionReport::default();
     let pods_rel = RelPath::new(["pods"])?;
-    let mut table = MountTable::new(
-        mounter
-            .mount_table()
-            .map_err(|e| VolumeError::Internal(e.to_string()))?,
-    );
-    report.unstacked = unstack(root, mounter, &table, &mut report.errors);
+    let mut table = MountTable::new(mounter.mount_table()?);
+    report.unstacked = unstack_crash_leftovers(root, mounter, &mut table, &mut report.errors);
     if report.unstacked > 0 {
-        table = MountTable::new(
-            mounter
-                .mount_table()
-                .map_err(|e| VolumeError::Internal(e.to_string()))?,
-        );
+        table = MountTable::new(mounter.mount_table()?);
     }
     let all_plugins = plugins.all();
     let plugin_dirs: Vec<_> = plugins
@@ -218,43 +214,28 @@ fn reconstruct_devices(
 }
 
 /// Unmounts all but the bottom mount on every stacked mount point under
-/// `ROOT/pods`. Returns how many were removed.
-fn unstack(
+/// `ROOT/pods` (with the one [`unstack`] implementation). Returns how many
+/// were removed.
+fn unstack_crash_leftovers(
     root: &RootDir,
     mounter: &dyn Mounter,
-    table: &MountTable,
+    table: &mut MountTable,
     errors: &mut Vec<String>,
 ) -> usize {
     let pods = root.path().join("pods");
+    let stacked: BTreeSet<PathBuf> = table
+        .below(&pods)
+        .filter(|m| table.count(&m.mount_point) > 1)
+        .map(|m| m.mount_point.clone())
+        .collect();
     let mut removed = 0;
-    let mut seen = std::collections::HashSet::new();
-    for m in table.below(&pods) {
-        if table.count(&m.mount_point) < 2 || !seen.insert(m.mount_point.clone()) {
-            continue;
+    for path in stacked {
+        let u = unstack(root, mounter, &path, table, |t| t.count(&path) > 1);
+        removed += u.removed;
+        if let Err(e) = u.result {
+            errors.push(format!("unstacking {}: {e}", path.display()));
         }
-        let Ok(rel) = m.mount_point.strip_prefix(root.path()) else {
-            continue;
-        };
-        let Ok(rel) = RelPath::new(rel.iter()) else {
-            continue;
-        };
-        for _ in 1..table.count(&m.mount_point) {
-            let result = rel
-                .split_last()
-                .ok_or_else(|| VolumeError::Internal("empty path".into()))
-                .and_then(|(parent, name)| {
-                    let parent = root.open_dir(&parent)?;
-                    Ok(mounter.unmount(&parent, name)?)
-                });
-            match result {
-                Ok(()) => removed += 1,
-                Err(e) => {
-                    errors.push(format!("unstacking {}: {e}", m.mount_point.display()));
-                    break;
-                }
-            }
-        }
-        tracing::warn!(path = %m.mount_point.display(), "removed stacked mounts left by a crash");
+        tracing::warn!(path = %path.display(), "removed stacked mounts left by a crash");
     }
     removed
 }

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::mountinfo::{MountInfo, MountInfoError};
-use super::{MountTableWatch, Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
+use super::{
+    MountTableReader, MountTableWatch, Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC,
+};
 use crate::volume::FastSet;
 
 /// One recorded call.
@@ -111,6 +113,30 @@ impl FakeMounter {
     }
 }
 
+impl MountTableReader for FakeMounter {
+    fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
+        let mut s = self.state.lock().unwrap();
+        s.table_reads += 1;
+        Ok(s.mounts
+            .iter()
+            .enumerate()
+            .map(|(i, (p, fstype, _))| MountInfo {
+                mount_id: 100 + i as u32,
+                parent_id: 1,
+                major: 0,
+                minor: 100 + i as u32,
+                root: PathBuf::from("/"),
+                mount_point: p.clone(),
+                mount_options: "rw".into(),
+                optional_fields: vec![],
+                fstype: fstype.clone(),
+                source: fstype.clone(),
+                super_options: "rw".into(),
+            })
+            .collect())
+    }
+}
+
 impl Mounter for FakeMounter {
     fn mount(
         &self,
@@ -182,28 +208,6 @@ impl Mounter for FakeMounter {
                 _ => 0xEF53,
             },
         )
-    }
-
-    fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
-        let mut s = self.state.lock().unwrap();
-        s.table_reads += 1;
-        Ok(s.mounts
-            .iter()
-            .enumerate()
-            .map(|(i, (p, fstype, _))| MountInfo {
-                mount_id: 100 + i as u32,
-                parent_id: 1,
-                major: 0,
-                minor: 100 + i as u32,
-                root: PathBuf::from("/"),
-                mount_point: p.clone(),
-                mount_options: "rw".into(),
-                optional_fields: vec![],
-                fstype: fstype.clone(),
-                source: fstype.clone(),
-                super_options: "rw".into(),
-            })
-            .collect())
     }
 
     fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError> {

@@ -8,12 +8,18 @@ use std::os::unix::ffi::OsStrExt;
 use nix::mount::MntFlags;
 
 use super::mountinfo::{self, MountInfo, MountInfoError};
-use super::{MountTableWatch, Mounter, MsFlags, SyscallError, Target};
+use super::{MountTableReader, MountTableWatch, Mounter, MsFlags, SyscallError, Target};
 use crate::volume::FastSet;
 
 /// Mounts for real, in the mount namespace of the calling process.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LinuxMounter;
+
+impl MountTableReader for LinuxMounter {
+    fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
+        mountinfo::read_self()
+    }
+}
 
 impl Mounter for LinuxMounter {
     fn mount(
@@ -79,10 +85,6 @@ impl Mounter for LinuxMounter {
         let st = nix::sys::statfs::fstatfs(target)
             .map_err(|e| SyscallError::new("fstatfs", target.path(), e))?;
         Ok(st.filesystem_type().0 as i64)
-    }
-
-    fn mount_table(&self) -> Result<Vec<MountInfo>, MountInfoError> {
-        mountinfo::read_self()
     }
 
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError> {

@@ -1,6 +1,7 @@
 //! Every kernel call that changes or reads the mount table goes through the
-//! [`Mounter`] trait (the kubelet's `mount-utils` `Interface`), so the logic above
-//! it can be tested with the recording [`fake::FakeMounter`] while the real
+//! [`Mounter`] trait (the kubelet's `mount-utils` `Interface`; its read-only
+//! part, [`MountTableReader`], is all an observer such as the tracer gets), so
+//! the logic above it can be tested with the recording [`fake::FakeMounter`] while the real
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
 pub mod dirents;
@@ -99,9 +100,16 @@ impl fmt::Debug for Target {
     }
 }
 
+/// Reads the kernel's mount table, and nothing more: what an observer (the
+/// tracer) may do. Every [`Mounter`] is one.
+pub trait MountTableReader: Send + Sync + 'static {
+    /// The whole mount table of this process's mount namespace.
+    fn mount_table(&self) -> Result<Vec<mountinfo::MountInfo>, mountinfo::MountInfoError>;
+}
+
 /// What the manager needs from the kernel's mount table. One implementation
 /// does real syscalls; the fake records calls and can inject failures.
-pub trait Mounter: Send + Sync + 'static {
+pub trait Mounter: MountTableReader {
     /// `mount(2)` of `source` with `fstype` on `target`.
     fn mount(
         &self,
@@ -128,9 +136,6 @@ pub trait Mounter: Send + Sync + 'static {
     /// The file system type of the mount `target` is on (`tmpfs`, `ext4`, ...),
     /// when the implementation can tell cheaply.
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError>;
-
-    /// The whole mount table of this process's mount namespace.
-    fn mount_table(&self) -> Result<Vec<mountinfo::MountInfo>, mountinfo::MountInfoError>;
 
     /// A watch on that mount table, telling whether it changed.
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError>;

@@ -1,4 +1,5 @@
-//! An indexed snapshot of the mount table, for reconstruction and resync.
+//! An indexed snapshot of the mount table, for reconstruction, resync and
+//! the tracer's checks.
 
 use std::path::{Path, PathBuf};
 
@@ -70,6 +71,16 @@ impl MountTable {
         self.entries
             .iter()
             .filter(move |m| m.mount_point != dir && m.mount_point.starts_with(dir))
+    }
+
+    /// Forgets the top-most mount on `path` (just unmounted), so the
+    /// snapshot stays true without reading the table again.
+    pub fn remove_top(&mut self, path: &Path) -> Option<MountInfo> {
+        let i = *self.by_point.get(path)?.last()?;
+        let mut entries = std::mem::take(&mut self.entries);
+        let removed = entries.remove(i);
+        *self = Self::new(entries);
+        Some(removed)
     }
 
     /// All entries.

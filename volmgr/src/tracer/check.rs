@@ -2,54 +2,60 @@
 //! actual state from what it was told: it asks for a check of the paths a
 //! change may have touched, and this module compares the actual state with
 //! `/proc/self/mountinfo` (the source of truth) for the managed volumes under
-//! those paths only.
+//! those paths only. A check only observes: it records its findings in the
+//! actual state and the out-of-band log, and marks the volumes dirty, which
+//! wakes the reconciler at once. It never mounts, unmounts or starts an
+//! operation.
 //!
-//! Two findings lead to action:
+//! Two findings are recorded:
 //!
 //! - **Lost**: a volume recorded as mounted that the mount table no longer
-//!   shows (someone ran `umount` on it). It is marked *uncertain* — the
-//!   pattern of [`Reconciler::forget_lost`](crate::reconciler::Reconciler::forget_lost):
-//!   set up again if still desired, torn down (idempotently) if not — and
-//!   the reconciler is woken at once.
+//!   shows (someone ran `umount` on it). It is marked *uncertain* — as the
+//!   resync marks what it finds lost — so the reconciler sets it up again if
+//!   still desired, and tears it down (idempotently) if not.
 //! - **Foreign mount**: more mounts on a volume's path than its plugin puts
 //!   there (something mounted over a tmpfs emptyDir, or on a disk emptyDir's
 //!   directory), or as many but not the volume (its tmpfs unmounted and
-//!   something else mounted in its place). The pod's containers would see that file system instead of
-//!   their volume, and a tear-down would have to cross it. The kubelet never
-//!   looks; volmgr does what its start-up reconstruction does with stacked
-//!   mounts: it unmounts the extra mounts from the top down to what the
-//!   plugin set up (an operation on that volume, so never concurrent with
-//!   the manager's own operations on it), then checks the volume once more.
-//!   Mounts *below* a volume's path (inside the volume) are the pod's
-//!   business and are left alone.
+//!   something else mounted in its place). The pod's containers would see
+//!   that file system instead of their volume, and a tear-down would have to
+//!   cross it. The kubelet never looks. The check logs the finding and marks
+//!   the pod's mount in the actual state ([`ForeignMounts`], holding the log
+//!   entry's number); the reconciler then starts the `RemoveForeignMounts`
+//!   operation, which unmounts the extra mounts from the top down to what the
+//!   plugin set up (the same unstacking start-up reconstruction does),
+//!   reports the outcome to the log, and marks the volume uncertain if what
+//!   is left is not the volume. Mounts *below* a volume's path (inside the
+//!   volume) are the pod's business and are left alone.
 //!
 //! Races with the manager's own operations: a volume with an operation in
 //! flight is not judged (its own mounts and unmounts are in progress); it is
-//! checked again shortly after. A volume is marked lost only if, under the
-//! actual state's write lock, it is still mounted at the same path and no
-//! operation on it started or finished since the snapshot taken before the
-//! mount table was read — so the table read is newer than anything the
-//! manager itself did to that volume.
+//! checked again shortly after. A finding is recorded only if, under the
+//! actual state's write lock, the volume is still mounted at the same path
+//! and no operation on it started or finished since the snapshot taken
+//! before the mount table was read (its [`OperationStamp`] is unchanged) —
+//! so the table read is newer than anything the manager itself did to that
+//! volume.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
-use crate::cache::world::{VolumeEvent, VolumeEventKind, World};
-use crate::operationexecutor::{OperationExecutor, OperationKind, OperationRecord};
-use crate::plugins::{VolumeError, VolumePlugin};
-use crate::sys::mount_table::{MountTable, MountTableView};
-use crate::sys::root_dir::{RelPath, RootDir};
-use crate::sys::Mounter;
-use crate::volume::{PodUid, StorageMedium, UniqueVolumeName, VolumeSource, VolumeSpec};
-use crate::volumemanager::VolumeManager;
-
+use super::TracerContext;
+use crate::cache::actual_state_of_world::{ForeignMounts, MountedPod, VolumeMountState};
+use crate::cache::operations::{OperationStamp, OperationsView};
 use crate::cache::out_of_band::{DetectedBy, Detection, OutOfBandLog};
+use crate::cache::world::{VolumeEvent, VolumeEventKind, World};
+use crate::plugins::foreign::is_foreign;
+use crate::plugins::{VolumeError, VolumePluginMgr};
+use crate::sys::mount_table::{MountTable, MountTableView};
+use crate::sys::MountTableReader;
+use crate::volume::{PodUid, UniqueVolumeName};
+
+pub use crate::plugins::foreign::expected_mounts;
 
 /// Which managed paths a change may have touched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +115,7 @@ pub struct CheckCounters {
 pub struct CheckOutcome {
     /// Volumes marked lost.
     pub lost: usize,
-    /// Volumes whose foreign mounts are being removed.
+    /// Volumes marked for the removal of foreign mounts.
     pub foreign: usize,
     /// Requests put off because an operation on the volume is in flight.
     pub deferred: Vec<CheckRequest>,
@@ -117,13 +123,13 @@ pub struct CheckOutcome {
     pub took: Duration,
 }
 
-/// The checker: owns the manager's pieces a check needs.
+/// The checker: holds what a check reads and where it records findings.
 pub struct Checker {
     world: Arc<World>,
-    executor: Arc<OperationExecutor>,
-    vm: Arc<VolumeManager>,
-    root: Arc<RootDir>,
-    mounter: Arc<dyn Mounter>,
+    operations: Arc<dyn OperationsView>,
+    plugins: Arc<VolumePluginMgr>,
+    root: PathBuf,
+    mount_table: Arc<dyn MountTableReader>,
     log: Arc<OutOfBandLog>,
     counters: Arc<CheckCounters>,
 }
@@ -135,40 +141,63 @@ struct Candidate {
     plugin_name: Arc<str>,
     mounted: MountedPod,
     origin: Origin,
-    record: Option<Fingerprint>,
+    stamp: Option<OperationStamp>,
 }
 
-/// What identifies the last operation on a (volume, pod): any operation
-/// starting or finishing changes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    kind: OperationKind,
-    attempts: u32,
-    failures: u32,
-    running: bool,
+/// What a check found about a candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finding {
+    /// No longer mounted.
+    Lost,
+    /// Something else mounted on its path.
+    Foreign,
 }
 
-impl From<&OperationRecord> for Fingerprint {
-    fn from(r: &OperationRecord) -> Self {
+/// A batch of requests by path: which request covers a managed path.
+struct Coverage<'a> {
+    all: Option<&'a CheckRequest>,
+    below: HashMap<&'a Path, &'a CheckRequest>,
+}
+
+impl<'a> Coverage<'a> {
+    fn new(batch: &'a [CheckRequest]) -> Self {
         Self {
-            kind: r.kind,
-            attempts: r.attempts,
-            failures: r.failures,
-            running: r.running,
+            all: batch.iter().find(|r| r.scope == Scope::All),
+            below: batch
+                .iter()
+                .filter_map(|r| match &r.scope {
+                    Scope::Below(p) => Some((p.as_path(), r)),
+                    Scope::All => None,
+                })
+                .collect(),
         }
+    }
+
+    /// The request covering `path`: one for everything, or the nearest
+    /// requested ancestor (a lookup per path component, not per request: a
+    /// burst brings thousands).
+    fn covering(&self, path: &Path) -> Option<&'a CheckRequest> {
+        self.all
+            .or_else(|| path.ancestors().find_map(|a| self.below.get(a).copied()))
     }
 }
 
+/// A batch of requests for the check thread, and where its answer goes.
+type Job = (
+    Vec<CheckRequest>,
+    oneshot::Sender<Result<CheckOutcome, VolumeError>>,
+);
+
 impl Checker {
-    /// A checker for `vm`.
-    pub fn new(vm: &Arc<VolumeManager>, counters: Arc<CheckCounters>) -> Arc<Self> {
+    /// A checker working with `ctx`.
+    pub fn new(ctx: &TracerContext, counters: Arc<CheckCounters>) -> Arc<Self> {
         Arc::new(Self {
-            world: Arc::clone(vm.world()),
-            executor: Arc::clone(vm.executor()),
-            vm: Arc::clone(vm),
-            root: Arc::clone(vm.root()),
-            mounter: Arc::clone(vm.mounter()),
-            log: Arc::clone(vm.out_of_band()),
+            world: Arc::clone(&ctx.world),
+            operations: Arc::clone(&ctx.operations),
+            plugins: Arc::clone(&ctx.plugins),
+            root: ctx.root_path().to_path_buf(),
+            mount_table: Arc::clone(&ctx.mount_table),
+            log: Arc::clone(&ctx.out_of_band),
             counters,
         })
     }
@@ -189,30 +218,7 @@ impl Checker {
         tx: mpsc::UnboundedSender<CheckRequest>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        // Checks run on one thread of their own rather than the blocking
-        // pool: each reads and parses the whole mount table, and spread over
-        // many pool threads those allocations can stay in as many malloc
-        // arenas; one thread also keeps checks in order.
-        type Job = (
-            Vec<CheckRequest>,
-            tokio::sync::oneshot::Sender<Result<CheckOutcome, VolumeError>>,
-        );
-        let (jobs, job_rx) = std::sync::mpsc::channel::<Job>();
-        let this = Arc::clone(&self);
-        // A check starts operations (foreign-mount removal) on the runtime.
-        let runtime = tokio::runtime::Handle::current();
-        let worker = std::thread::Builder::new()
-            .name("volmgr-check".into())
-            .spawn(move || {
-                let _runtime = runtime.enter();
-                while let Ok((batch, reply)) = job_rx.recv() {
-                    let _ = reply.send(this.check(batch));
-                }
-            });
-        if let Err(e) = &worker {
-            tracing::warn!(error = %e, "tracer: no check thread; using the blocking pool");
-        }
-        let jobs = worker.is_ok().then_some(jobs);
+        let jobs = self.start_thread();
         loop {
             let first = tokio::select! {
                 biased;
@@ -224,58 +230,11 @@ impl Checker {
             while let Ok(r) = rx.try_recv() {
                 batch.push(r);
             }
-            let started = std::time::Instant::now();
-            let outcome = match &jobs {
-                Some(jobs) => {
-                    let (reply, answer) = tokio::sync::oneshot::channel();
-                    let _ = jobs.send((batch, reply));
-                    answer.await.map_err(|e| e.to_string())
-                }
-                None => {
-                    let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || this.check(batch))
-                        .await
-                        .map_err(|e| e.to_string())
-                }
-            }
-            .map(|r| {
-                r.map(|mut o| {
-                    o.took = started.elapsed();
-                    o
-                })
-            });
-            let outcome = match outcome {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "tracer: cannot check the mount table");
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "tracer: the check task failed");
-                    continue;
-                }
+            let Some(outcome) = self.run_check(jobs.as_ref(), batch).await else {
+                continue;
             };
             if !outcome.deferred.is_empty() {
-                // The manager is working on these volumes: look again soon
-                // (2 ms, doubling per deferral, at most 1 s apart), all at once.
-                let most = outcome
-                    .deferred
-                    .iter()
-                    .map(|r| r.deferrals)
-                    .min()
-                    .unwrap_or(0);
-                let delay = Duration::from_millis(2)
-                    .saturating_mul(1 << most.saturating_add(1).min(9))
-                    .min(Duration::from_secs(1));
-                let tx = tx.clone();
-                let again = outcome.deferred;
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    for mut r in again {
-                        r.deferrals = r.deferrals.saturating_add(1);
-                        let _ = tx.send(r);
-                    }
-                });
+                check_again_soon(&tx, outcome.deferred);
             }
             // A check reads the whole mount table: with tens of thousands of
             // mounts and a burst of changes (the manager's own mount storm
@@ -287,36 +246,104 @@ impl Checker {
         }
     }
 
+    /// Checks run on one thread of their own rather than the blocking pool:
+    /// each reads and parses the whole mount table, and spread over many
+    /// pool threads those allocations can stay in as many malloc arenas; one
+    /// thread also keeps checks in order. `None` if the thread cannot start
+    /// (the blocking pool is used then).
+    fn start_thread(self: &Arc<Self>) -> Option<std::sync::mpsc::Sender<Job>> {
+        let (jobs, job_rx) = std::sync::mpsc::channel::<Job>();
+        let this = Arc::clone(self);
+        let worker = std::thread::Builder::new()
+            .name("volmgr-check".into())
+            .spawn(move || {
+                while let Ok((batch, reply)) = job_rx.recv() {
+                    let _ = reply.send(this.check(batch));
+                }
+            });
+        match worker {
+            Ok(_) => Some(jobs),
+            Err(e) => {
+                tracing::warn!(error = %e, "tracer: no check thread; using the blocking pool");
+                None
+            }
+        }
+    }
+
+    /// Runs one check of `batch` off the runtime; `None` (logged) if it
+    /// failed.
+    async fn run_check(
+        self: &Arc<Self>,
+        jobs: Option<&std::sync::mpsc::Sender<Job>>,
+        batch: Vec<CheckRequest>,
+    ) -> Option<CheckOutcome> {
+        let started = Instant::now();
+        let outcome = match jobs {
+            Some(jobs) => {
+                let (reply, answer) = oneshot::channel();
+                let _ = jobs.send((batch, reply));
+                answer.await.map_err(|e| e.to_string())
+            }
+            None => {
+                let this = Arc::clone(self);
+                tokio::task::spawn_blocking(move || this.check(batch))
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        match outcome {
+            Ok(Ok(mut o)) => {
+                o.took = started.elapsed();
+                Some(o)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "tracer: cannot check the mount table");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "tracer: the check task failed");
+                None
+            }
+        }
+    }
+
     /// One check of the managed volumes the requests cover, against a fresh
     /// read of the mount table. Runs on a blocking thread.
     pub fn check(&self, batch: Vec<CheckRequest>) -> Result<CheckOutcome, VolumeError> {
-        let mut out = CheckOutcome::default();
-        let root = self.root.path();
         // 1. Snapshot of the candidates (actual state, then operations: the
         // executor's lock is never taken under the actual state's here).
-        // The request covering a path: one for everything, or the nearest
-        // requested ancestor (a lookup per path component, not per request:
-        // a burst brings thousands).
-        let all = batch.iter().find(|r| r.scope == Scope::All);
-        let below: HashMap<&Path, &CheckRequest> = batch
-            .iter()
-            .filter_map(|r| match &r.scope {
-                Scope::Below(p) => Some((p.as_path(), r)),
-                Scope::All => None,
-            })
-            .collect();
-        let covering = |path: &Path| -> Option<&CheckRequest> {
-            all.or_else(|| path.ancestors().find_map(|a| below.get(a).copied()))
+        let (candidates, deferred) = self.candidates(&batch);
+        let mut out = CheckOutcome {
+            deferred,
+            ..CheckOutcome::default()
         };
+        if candidates.is_empty() {
+            return Ok(out);
+        }
+        // 2. The source of truth, read after the snapshot.
+        let table = self.read_table()?;
+        let findings = self.judge(candidates, &table);
+        // 3. Record what the manager did not cause.
+        let recorded = self.record(findings, &mut out.deferred);
+        out.lost = recorded.iter().filter(|(_, f)| *f == Finding::Lost).count();
+        out.foreign = recorded.len() - out.lost;
+        self.announce(recorded);
+        Ok(out)
+    }
+
+    /// The volumes recorded as mounted under the requested paths, and the
+    /// requests put off for volumes with an operation in flight.
+    fn candidates(&self, batch: &[CheckRequest]) -> (Vec<Candidate>, Vec<CheckRequest>) {
+        let coverage = Coverage::new(batch);
         let mut candidates: Vec<Candidate> = Vec::new();
         {
             let asw = self.world.asw();
             for (v, av) in asw.volumes() {
                 for (pod, m) in &av.pods {
-                    if !m.path.starts_with(root) {
+                    if !m.path.starts_with(&self.root) {
                         continue;
                     }
-                    let Some(req) = covering(&m.path) else {
+                    let Some(req) = coverage.covering(&m.path) else {
                         continue;
                     };
                     candidates.push(Candidate {
@@ -325,18 +352,16 @@ impl Checker {
                         plugin_name: Arc::clone(&av.plugin_name),
                         mounted: m.clone(),
                         origin: req.origin.clone(),
-                        record: None,
+                        stamp: None,
                     });
                 }
             }
         }
         let mut deferred: HashMap<PathBuf, CheckRequest> = HashMap::new();
         candidates.retain_mut(|c| {
-            let rec = self.executor.record(&c.volume, Some(&c.pod));
-            c.record = rec.as_ref().map(Fingerprint::from);
-            if rec.is_some_and(|r| r.running) {
-                let req = covering(&c.mounted.path).cloned();
-                if let Some(mut req) = req {
+            c.stamp = self.operations.stamp(&c.volume, &c.pod);
+            if c.stamp.is_some_and(|s| s.running) {
+                if let Some(mut req) = coverage.covering(&c.mounted.path).cloned() {
                     req.scope = Scope::Below(c.mounted.path.clone());
                     deferred.entry(c.mounted.path.clone()).or_insert(req);
                 }
@@ -345,241 +370,146 @@ impl Checker {
             // Uncertain: the reconciler sets it up again anyway.
             c.mounted.state == VolumeMountState::Mounted
         });
-        out.deferred = deferred.into_values().collect();
-        if candidates.is_empty() {
-            return Ok(out);
-        }
-        // 2. The source of truth, read after the snapshot.
+        (candidates, deferred.into_values().collect())
+    }
+
+    /// The mount table below ROOT (only mounts there can be managed
+    /// volumes': the index stays small however many mounts the node has
+    /// elsewhere).
+    fn read_table(&self) -> Result<MountTable, VolumeError> {
         self.counters.checks.fetch_add(1, Ordering::Relaxed);
-        // Only mounts under ROOT can be managed volumes' (the index stays
-        // small however many mounts the node has elsewhere).
-        let table = MountTable::new(
-            self.mounter
-                .mount_table()
-                .map_err(|e| VolumeError::Internal(e.to_string()))?
+        Ok(MountTable::new(
+            self.mount_table
+                .mount_table()?
                 .into_iter()
-                .filter(|m| m.mount_point.starts_with(root))
+                .filter(|m| m.mount_point.starts_with(&self.root))
                 .collect(),
-        );
-        let mut lost = Vec::new();
+        ))
+    }
+
+    /// What `table` says about each candidate; those in place are dropped.
+    fn judge(&self, candidates: Vec<Candidate>, table: &MountTable) -> Vec<(Candidate, Finding)> {
+        let mut findings = Vec::new();
         for c in candidates {
-            let Some(plugin) = self.vm.plugins().find_by_name(&c.plugin_name) else {
+            let Some(plugin) = self.plugins.find_by_name(&c.plugin_name) else {
                 continue;
             };
-            let path = &c.mounted.path;
-            if is_foreign(plugin.as_ref(), &c.mounted.spec, path, &table) {
-                let retry = CheckRequest {
-                    scope: Scope::Below(path.clone()),
-                    origin: c.origin.clone(),
-                    deferrals: 0,
-                };
-                if self.remove_foreign_mounts(c, plugin) {
-                    out.foreign += 1;
-                } else {
-                    out.deferred.push(retry);
-                }
-            } else if !plugin.verify(&c.mounted.spec, path, MountTableView::Read(&table)) {
-                lost.push(c);
+            let (spec, path) = (&c.mounted.spec, &c.mounted.path);
+            if is_foreign(plugin.as_ref(), spec, path, table) {
+                findings.push((c, Finding::Foreign));
+            } else if !plugin.verify(spec, path, MountTableView::Read(table)) {
+                findings.push((c, Finding::Lost));
             }
         }
-        // 3. Commit the losses the manager did not cause.
-        let mut confirmed = Vec::new();
-        {
-            let mut asw = self.world.asw_mut();
-            for c in lost {
-                let same = asw.pod_mount(&c.volume, &c.pod).is_some_and(|m| {
-                    m.state == VolumeMountState::Mounted && m.path == c.mounted.path
-                });
-                let now = self
-                    .executor
-                    .record(&c.volume, Some(&c.pod))
-                    .as_ref()
-                    .map(Fingerprint::from);
-                if !same || now != c.record {
-                    // The manager changed it meanwhile: its own doing.
-                    continue;
-                }
-                asw.mark_volume_as_mounted(
-                    &c.volume,
-                    &c.pod,
-                    MountedPod {
-                        state: VolumeMountState::Uncertain,
-                        ..c.mounted.clone()
-                    },
-                );
-                self.log
-                    .expect_loss(&c.volume, &c.pod, detection(&c.origin));
-                confirmed.push(c);
+        findings
+    }
+
+    /// Records the findings the manager did not cause, under the actual
+    /// state's write lock: a lost volume becomes uncertain, foreign mounts
+    /// are logged and marked for removal. A foreign mount found while an
+    /// operation started or finished is checked again (`retry`); a loss then
+    /// is the manager's own doing.
+    fn record(
+        &self,
+        findings: Vec<(Candidate, Finding)>,
+        retry: &mut Vec<CheckRequest>,
+    ) -> Vec<(Candidate, Finding)> {
+        let mut recorded = Vec::new();
+        let mut asw = self.world.asw_mut();
+        for (c, finding) in findings {
+            let same = asw
+                .pod_mount(&c.volume, &c.pod)
+                .is_some_and(|m| m.state == VolumeMountState::Mounted && m.path == c.mounted.path);
+            if !same {
+                continue;
             }
+            if self.operations.stamp(&c.volume, &c.pod) != c.stamp {
+                if finding == Finding::Foreign {
+                    retry.push(CheckRequest {
+                        scope: Scope::Below(c.mounted.path.clone()),
+                        origin: c.origin.clone(),
+                        deferrals: 0,
+                    });
+                }
+                continue;
+            }
+            let how = detection(&c.origin);
+            match finding {
+                Finding::Lost => {
+                    asw.mark_volume_as_mounted(
+                        &c.volume,
+                        &c.pod,
+                        MountedPod {
+                            state: VolumeMountState::Uncertain,
+                            ..c.mounted.clone()
+                        },
+                    );
+                    self.log.expect_loss(&c.volume, &c.pod, how);
+                }
+                Finding::Foreign => {
+                    let m = &c.mounted;
+                    let log_seq = self.log.foreign_mount(
+                        &c.volume,
+                        &c.pod,
+                        &m.outer_volume_spec_name,
+                        &m.path,
+                        how,
+                    );
+                    asw.mark_foreign_mounts(&c.volume, &c.pod, ForeignMounts { log_seq });
+                }
+            }
+            recorded.push((c, finding));
         }
-        out.lost = confirmed.len();
-        for c in confirmed {
-            tracing::warn!(pod = %c.pod, volume = %c.mounted.outer_volume_spec_name,
-                path = %c.mounted.path.display(), detected_by = c.origin.by.as_str(),
-                cause = c.origin.cause.as_deref().unwrap_or("-"),
-                "volume was unmounted behind the manager's back; setting it up again");
-            self.world.emit(VolumeEvent {
-                kind: VolumeEventKind::LostOutOfBand,
-                pod_uid: c.pod,
-                volume: c.mounted.outer_volume_spec_name,
-                volume_name: c.volume.clone(),
-                path: Some(c.mounted.path),
-                error: None,
-            });
+        recorded
+    }
+
+    /// Logs the recorded findings, tells event listeners of the losses, and
+    /// wakes the reconciler for every volume concerned.
+    fn announce(&self, recorded: Vec<(Candidate, Finding)>) {
+        for (c, finding) in recorded {
+            let m = c.mounted;
+            let cause = c.origin.cause.as_deref().unwrap_or("-");
+            match finding {
+                Finding::Lost => {
+                    tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name,
+                        path = %m.path.display(), detected_by = c.origin.by.as_str(), cause,
+                        "volume was unmounted behind the manager's back; setting it up again");
+                    self.world.emit(VolumeEvent {
+                        kind: VolumeEventKind::LostOutOfBand,
+                        pod_uid: c.pod,
+                        volume: m.outer_volume_spec_name,
+                        volume_name: c.volume.clone(),
+                        path: Some(m.path),
+                        error: None,
+                    });
+                }
+                Finding::Foreign => {
+                    tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name,
+                        path = %m.path.display(), detected_by = c.origin.by.as_str(), cause,
+                        "something else was mounted on a volume's path; unmounting it");
+                }
+            }
             self.world.mark_dirty([c.volume]);
         }
-        Ok(out)
-    }
-
-    /// Starts the operation that unmounts what was mounted over a volume;
-    /// `false` if another operation on it runs or it backs off.
-    fn remove_foreign_mounts(&self, c: Candidate, plugin: Arc<dyn VolumePlugin>) -> bool {
-        let world = Arc::clone(&self.world);
-        let root = Arc::clone(&self.root);
-        let mounter = Arc::clone(&self.mounter);
-        let log = Arc::clone(&self.log);
-        let (volume, pod, plugin_name) =
-            (c.volume.clone(), c.pod.clone(), Arc::clone(&c.plugin_name));
-        let (outer, path, origin) = (
-            c.mounted.outer_volume_spec_name.clone(),
-            c.mounted.path.clone(),
-            c.origin.clone(),
-        );
-        // Logged first (an open entry of the volume is reused), so the
-        // operation can report its outcome however fast it ends.
-        let seq = self
-            .log
-            .foreign_mount(&volume, &pod, &outer, &path, detection(&origin));
-        let op = async move {
-            let r = tokio::task::spawn_blocking(move || {
-                unstack_volume(&world, &root, mounter.as_ref(), plugin.as_ref(), &c)
-            })
-            .await
-            .map_err(|e| VolumeError::Internal(e.to_string()))
-            .and_then(|r| r);
-            log.foreign_mount_handled(seq, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-            r
-        };
-        match self.executor.start(
-            &volume,
-            Some(&pod),
-            OperationKind::RemoveForeignMounts,
-            plugin_name,
-            op,
-        ) {
-            Ok(()) => {
-                tracing::warn!(%pod, volume = %outer, path = %path.display(),
-                    detected_by = origin.by.as_str(),
-                    cause = origin.cause.as_deref().unwrap_or("-"),
-                    "something else was mounted on a volume's path; unmounting it");
-                true
-            }
-            Err(why) => {
-                tracing::debug!(%volume, %pod, ?why, "removing foreign mounts put off");
-                false
-            }
-        }
     }
 }
 
-/// Whether a volume's path carries mounts its plugin did not make: more than
-/// the plugin's own, or as many but not the volume (its tmpfs was unmounted
-/// and something else mounted in its place).
-fn is_foreign(
-    plugin: &dyn VolumePlugin,
-    spec: &VolumeSpec,
-    path: &Path,
-    table: &MountTable,
-) -> bool {
-    let (count, expected) = (table.count(path), expected_mounts(spec));
-    count > expected || (count > 0 && !plugin.verify(spec, path, MountTableView::Read(table)))
-}
-
-/// How many mounts the plugin itself puts on a volume's path: none for a
-/// disk-backed emptyDir (a plain directory), one otherwise.
-pub fn expected_mounts(spec: &VolumeSpec) -> usize {
-    match spec.source {
-        VolumeSource::EmptyDir {
-            medium: StorageMedium::Default,
-            ..
-        } => 0,
-        _ => 1,
-    }
-}
-
-/// The body of the foreign-mount removal: runs while no other operation on
-/// the volume can. Unmounts from the top while more than the plugin's own
-/// mounts are stacked, then marks the volume uncertain (set up again) if
-/// what is left is not the volume.
-fn unstack_volume(
-    world: &World,
-    root: &RootDir,
-    mounter: &dyn Mounter,
-    plugin: &dyn VolumePlugin,
-    c: &Candidate,
-) -> Result<(), VolumeError> {
-    let still_ours = world
-        .asw()
-        .pod_mount(&c.volume, &c.pod)
-        .is_some_and(|m| m.state == VolumeMountState::Mounted && m.path == c.mounted.path);
-    if !still_ours {
-        return Ok(());
-    }
-    let path = &c.mounted.path;
-    let rel = path
-        .strip_prefix(root.path())
-        .map_err(|_| VolumeError::Internal(format!("{} is not under ROOT", path.display())))?;
-    let rel = RelPath::new(rel.iter())?;
-    let (parent, name) = rel
-        .split_last()
-        .ok_or_else(|| VolumeError::Internal("empty volume path".into()))?;
-    let read = || -> Result<MountTable, VolumeError> {
-        Ok(MountTable::new(
-            mounter
-                .mount_table()
-                .map_err(|e| VolumeError::Internal(e.to_string()))?,
-        ))
-    };
-    let mut table = read()?;
-    let mut removed = 0;
-    while is_foreign(plugin, &c.mounted.spec, path, &table) {
-        if removed >= 64 {
-            return Err(VolumeError::Internal(format!(
-                "{} still has foreign mounts after 64 unmounts",
-                path.display()
-            )));
+/// Sends `deferred` again after a short wait: the manager is working on
+/// these volumes (2 ms, doubling per deferral, at most 1 s apart), all at
+/// once.
+fn check_again_soon(tx: &mpsc::UnboundedSender<CheckRequest>, deferred: Vec<CheckRequest>) {
+    let most = deferred.iter().map(|r| r.deferrals).min().unwrap_or(0);
+    let delay = Duration::from_millis(2)
+        .saturating_mul(1 << most.saturating_add(1).min(9))
+        .min(Duration::from_secs(1));
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        for mut r in deferred {
+            r.deferrals = r.deferrals.saturating_add(1);
+            let _ = tx.send(r);
         }
-        let parent_dir = root.open_dir(&parent)?;
-        mounter.unmount(&parent_dir, name)?;
-        removed += 1;
-        table = read()?;
-    }
-    tracing::info!(pod = %c.pod, volume = %c.mounted.outer_volume_spec_name, removed,
-        "removed foreign mounts from a volume's path");
-    if !plugin.verify(&c.mounted.spec, path, MountTableView::Read(&table)) {
-        // What is left is not the volume (e.g. it was unmounted too): set it
-        // up again.
-        {
-            let mut asw = world.asw_mut();
-            asw.mark_volume_as_mounted(
-                &c.volume,
-                &c.pod,
-                MountedPod {
-                    state: VolumeMountState::Uncertain,
-                    ..c.mounted.clone()
-                },
-            );
-        }
-        world.emit(VolumeEvent {
-            kind: VolumeEventKind::LostOutOfBand,
-            pod_uid: c.pod.clone(),
-            volume: c.mounted.outer_volume_spec_name.clone(),
-            volume_name: c.volume.clone(),
-            path: Some(path.clone()),
-            error: None,
-        });
-    }
-    Ok(())
+    });
 }
 
 fn detection(o: &Origin) -> Detection {
@@ -598,8 +528,12 @@ pub use crate::util::clock::monotonic_ns;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::operationexecutor::OperationKind;
     use crate::sys::fake::FakeMounter;
-    use crate::volumemanager::Config;
+    use crate::sys::root_dir::RelPath;
+    use crate::sys::Mounter;
+    use crate::volume::UniqueVolumeName;
+    use crate::volumemanager::{Config, VolumeManager};
 
     const T: Duration = Duration::from_secs(20);
 
@@ -630,7 +564,7 @@ mod tests {
         vm.set_populated();
         vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
         let m = vm.mounted_volumes_for_pod(&uid).remove(0);
-        let checker = Checker::new(&vm, Arc::default());
+        let checker = Checker::new(&vm.tracer_context(), Arc::default());
         Setup {
             _dir: dir,
             fake,
@@ -674,6 +608,25 @@ mod tests {
                 None,
             )
             .unwrap();
+    }
+
+    /// Waits until the reconciler has removed the foreign mounts the check
+    /// marked.
+    async fn wait_foreign_handled(s: &Setup) {
+        let marked = || {
+            s.vm.world()
+                .asw()
+                .foreign_mounts(&s.volume, &s.uid)
+                .is_some()
+        };
+        let deadline = std::time::Instant::now() + T;
+        while marked() || s.vm.executor().is_running(&s.volume) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "foreign mounts not removed"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,9 +690,8 @@ mod tests {
         mount_foreign(&s, "ext4");
         mount_foreign(&s, "tmpfs");
         assert_eq!(check(&s).await.foreign, 1);
-        while s.fake.mounted().len() != 1 || s.vm.executor().is_running(&s.volume) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        wait_foreign_handled(&s).await;
+        assert_eq!(s.fake.mounted().len(), 1);
         let log = s.vm.out_of_band().recent();
         assert_eq!(log.len(), 1, "{log:?}");
         assert_eq!(log[0].kind, "foreign_mount");
@@ -757,15 +709,46 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_check_only_records_foreign_mounts_for_the_reconciler() {
+        let s = setup().await;
+        // No reconciler: whatever happens is the check's doing.
+        s.vm.stop().await.unwrap();
+        mount_foreign(&s, "ext4");
+        let unmounts = || {
+            s.fake
+                .calls()
+                .iter()
+                .filter(|c| matches!(c, crate::sys::fake::Call::Unmount(_)))
+                .count()
+        };
+        let before = unmounts();
+        assert_eq!(check(&s).await.foreign, 1);
+        assert_eq!(unmounts(), before);
+        assert_eq!(s.fake.mounted().len(), 2);
+        assert!(!s.vm.executor().is_running(&s.volume));
+        assert!(s
+            .vm
+            .world()
+            .asw()
+            .foreign_mounts(&s.volume, &s.uid)
+            .is_some());
+        let log = s.vm.out_of_band().recent();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert_eq!(log[0].kind, "foreign_mount");
+        assert!(log[0].repaired_after_ms.is_none());
+        // Found again before it is handled: the same change.
+        assert_eq!(check(&s).await.foreign, 1);
+        assert_eq!(s.vm.out_of_band().recent().len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_volume_replaced_by_another_mount_is_set_up_again() {
         let s = setup().await;
         s.fake.remove_out_of_band(&s.path);
         mount_foreign(&s, "ext4");
         assert_eq!(check(&s).await.foreign, 1);
-        s.vm.wait_for_attach_and_mount(&s.uid, T).await.unwrap();
-        while s.vm.executor().is_running(&s.volume) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        // The check only marked it; the reconciler removes the mount.
+        wait_foreign_handled(&s).await;
         s.vm.wait_for_attach_and_mount(&s.uid, T).await.unwrap();
         let table = MountTable::new(s.fake.mount_table().unwrap());
         assert_eq!(table.count(&s.path), 1);

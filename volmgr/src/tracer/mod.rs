@@ -1,7 +1,16 @@
 //! Tracers keep the actual state of world true between resyncs: when someone
 //! else unmounts a managed volume, or mounts something on its path, the
-//! manager learns it at once, checks the kernel's mount table
-//! ([`check`]), and repairs the volume.
+//! manager learns it at once and checks the kernel's mount table
+//! ([`check`]). A tracer only observes: it records what it found in the
+//! actual state (a lost volume becomes uncertain; foreign mounts on a
+//! volume's path are marked for removal), logs it in the out-of-band log and
+//! marks the volume dirty, which wakes the reconciler at once. The
+//! reconciler makes every repair, through the operation executor, as for
+//! any other operation.
+//!
+//! A tracer is started with a [`TracerContext`] (the shared state, a reader
+//! of the mount table, a read-only view of the operations in flight) and
+//! reports itself in a [`TracerStatus`] the volume manager shows.
 //!
 //! `--tracer auto|ebpf|mountinfo|off` picks one:
 //!
@@ -21,6 +30,7 @@
 //! What was found is kept in the [`out_of_band`] log for status.
 
 pub mod check;
+pub mod context;
 pub mod ebpf_events;
 pub mod mountinfo_poller;
 
@@ -35,10 +45,10 @@ use tokio::task::JoinHandle;
 
 use crate::ebpf::{self, EbpfError, EbpfTracer, SyscallStats, TraceFilter};
 use crate::status::{SyscallLatency, TracerStats};
-use crate::volumemanager::VolumeManager;
 
 use crate::util::sync::MutexExt;
 use check::{CheckCounters, Checker};
+pub use context::{MetricsSource, StatsSource, TracerContext, TracerStatus};
 use mountinfo_poller::{MountinfoPoller, PollerError};
 
 /// The `--tracer` choice.
@@ -148,15 +158,15 @@ impl ActiveTracer {
 
 /// Starts the tracer `mode` asks for on the current runtime (before the
 /// manager starts, so nothing between reconstruction and the first event is
-/// missed), records it in `vm`'s status and logs the choice. Runs until
+/// missed), records it in `ctx.status` and logs the choice. Runs until
 /// `shutdown` turns true. Every mount call of this process is the manager's
 /// own (the agent).
 pub fn start(
     mode: TracerMode,
-    vm: &Arc<VolumeManager>,
+    ctx: TracerContext,
     shutdown: watch::Receiver<bool>,
 ) -> Result<ActiveTracer, TracerError> {
-    start_inner(mode, vm, shutdown, None)
+    start_inner(mode, ctx, shutdown, None)
 }
 
 /// [`start`] for a manager linked into a host process (the C ABI): only
@@ -165,16 +175,16 @@ pub fn start(
 /// are "another process" (eBPF tracer).
 pub fn start_in_host(
     mode: TracerMode,
-    vm: &Arc<VolumeManager>,
+    ctx: TracerContext,
     shutdown: watch::Receiver<bool>,
     thread_name: &str,
 ) -> Result<ActiveTracer, TracerError> {
-    start_inner(mode, vm, shutdown, Some(thread_name))
+    start_inner(mode, ctx, shutdown, Some(thread_name))
 }
 
 fn start_inner(
     mode: TracerMode,
-    vm: &Arc<VolumeManager>,
+    ctx: TracerContext,
     shutdown: watch::Receiver<bool>,
     thread_name: Option<&str>,
 ) -> Result<ActiveTracer, TracerError> {
@@ -183,23 +193,23 @@ fn start_inner(
             name: "off",
             reason: format!(
                 "--tracer off: out-of-band changes are found by the resync (every {:?})",
-                vm.config().resync_period
+                ctx.resync_period
             ),
             tasks: Vec::new(),
         },
         TracerMode::Mountinfo => start_mountinfo(
-            vm,
+            &ctx,
             shutdown,
             "--tracer mountinfo: poll(POLLPRI) on /proc/self/mountinfo".into(),
         )?,
         TracerMode::Ebpf => {
             let loaded = load_ebpf(thread_name)?;
-            attach_ebpf(vm, loaded, shutdown, "")?
+            attach_ebpf(&ctx, loaded, shutdown, "")?
         }
-        TracerMode::Auto => return Ok(start_auto(vm, shutdown, thread_name)),
+        TracerMode::Auto => return Ok(start_auto(ctx, shutdown, thread_name)),
     };
     tracing::info!(tracer = active.name, reason = %active.reason, "tracer selected");
-    vm.set_tracer(active.name, &active.reason);
+    ctx.status.set(active.name, &active.reason);
     Ok(active)
 }
 
@@ -214,28 +224,27 @@ fn start_inner(
 /// volumes it would re-read a growing mount table for each of the manager's
 /// own mounts.
 fn start_auto(
-    vm: &Arc<VolumeManager>,
+    ctx: TracerContext,
     shutdown: watch::Receiver<bool>,
     thread_name: Option<&str>,
 ) -> ActiveTracer {
     let name = "off";
     let reason = "auto: the eBPF tracer is loading".to_string();
-    vm.set_tracer(name, &reason);
+    ctx.status.set(name, &reason);
     tracing::info!(tracer = name, reason = %reason, "loading the eBPF tracer");
-    let vm = Arc::clone(vm);
     let thread_name = thread_name.map(str::to_string);
     let mut stop = shutdown.clone();
     let task = tokio::spawn(async move {
         tokio::select! {
-            () = wait_for_quiet(vm.world(), LOAD_QUIET, LOAD_MAX_DELAY) => {}
+            () = wait_for_quiet(&ctx.world, LOAD_QUIET, LOAD_MAX_DELAY) => {}
             () = crate::util::shutdown::requested(&mut stop) => return,
         }
         let loaded = load_in_background(thread_name).await;
         let mut tasks = Vec::new();
-        match loaded.and_then(|l| attach_ebpf(&vm, l, shutdown.clone(), "auto: ")) {
+        match loaded.and_then(|l| attach_ebpf(&ctx, l, shutdown.clone(), "auto: ")) {
             Ok(t) => {
                 tracing::info!(tracer = t.name, reason = %t.reason, "tracer selected");
-                vm.set_tracer(t.name, &t.reason);
+                ctx.status.set(t.name, &t.reason);
                 tasks = t.tasks;
             }
             Err(e) => {
@@ -244,7 +253,7 @@ fn start_auto(
                     e => e.to_string(),
                 };
                 let fallback = start_mountinfo(
-                    &vm,
+                    &ctx,
                     shutdown.clone(),
                     format!(
                         "auto: eBPF unavailable ({why}); poll(POLLPRI) on /proc/self/mountinfo"
@@ -263,7 +272,7 @@ fn start_auto(
                     ),
                 };
                 tracing::warn!(tracer = name, reason = %reason, "eBPF tracer unavailable; falling back");
-                vm.set_tracer(name, &reason);
+                ctx.status.set(name, &reason);
             }
         }
         crate::util::shutdown::requested(&mut stop).await;
@@ -279,15 +288,15 @@ fn start_auto(
 }
 
 fn start_mountinfo(
-    vm: &Arc<VolumeManager>,
+    ctx: &TracerContext,
     shutdown: watch::Receiver<bool>,
     reason: String,
 ) -> Result<ActiveTracer, TracerError> {
-    let poller = MountinfoPoller::open(vm.root().path())?;
+    let poller = MountinfoPoller::open(ctx.root_path())?;
     let counters = Arc::new(TracerCounters::default());
     let check_counters = Arc::new(CheckCounters::default());
     let (checks, check_task) =
-        Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
+        Checker::new(ctx, Arc::clone(&check_counters)).spawn(shutdown.clone());
     // The poller sees changes from now on; one check of everything covers
     // what happened before it started (e.g. while `auto` tried eBPF).
     checks.check(
@@ -299,7 +308,7 @@ fn start_mountinfo(
         },
     );
     let poll_task = poller.spawn(checks, Arc::clone(&counters), shutdown)?;
-    vm.set_tracer_status_source(Arc::new(move || {
+    ctx.status.set_stats_source(Arc::new(move || {
         (stats_of(&counters, &check_counters, 0), Vec::new())
     }));
     Ok(ActiveTracer {
@@ -386,8 +395,10 @@ fn load_ebpf(thread_name: Option<&str>) -> Result<LoadedEbpf, TracerError> {
     })
 }
 
+/// Attaches the loaded program: a checker, the task reading its events,
+/// and its latencies in status and metrics.
 fn attach_ebpf(
-    vm: &Arc<VolumeManager>,
+    ctx: &TracerContext,
     loaded: LoadedEbpf,
     shutdown: watch::Receiver<bool>,
     reason_prefix: &str,
@@ -403,13 +414,13 @@ fn attach_ebpf(
     let check_counters = Arc::new(CheckCounters::default());
     let stats = Arc::new(Mutex::new(SyscallStats::new()));
     let (checks, check_task) =
-        Checker::new(vm, Arc::clone(&check_counters)).spawn(shutdown.clone());
+        Checker::new(ctx, Arc::clone(&check_counters)).spawn(shutdown.clone());
     let own = ebpf_events::Own {
         pid: std::process::id(),
         // The kernel keeps 15 bytes of a thread's name.
         comm: thread_name.map(|n| n.chars().take(15).collect()),
         mnt_ns,
-        root: vm.root().path().to_path_buf(),
+        root: ctx.root_path().to_path_buf(),
     };
     // Whatever changed before the program was attached (while it loaded)
     // is found by one check of everything now.
@@ -429,16 +440,38 @@ fn attach_ebpf(
         Arc::clone(&counters),
         shutdown,
     ));
-    {
-        let (stats, tracer) = (Arc::clone(&stats), Arc::clone(&tracer));
-        vm.add_metrics_source(Arc::new(move || {
-            let mut text = stats.locked().prometheus_text(tracer.events_lost());
-            // The in-kernel histograms stay exact even if events were lost.
-            text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
-            text
-        }));
-    }
-    vm.set_tracer_status_source(Arc::new(move || {
+    ctx.status
+        .set_metrics_source(ebpf_metrics(Arc::clone(&stats), Arc::clone(&tracer)));
+    ctx.status
+        .set_stats_source(ebpf_stats(stats, tracer, counters, check_counters));
+    Ok(ActiveTracer {
+        name: "ebpf",
+        reason: format!(
+            "{reason_prefix}eBPF program attached to the mount syscalls of mount namespace {mnt_ns}"
+        ),
+        tasks: vec![check_task, feed],
+    })
+}
+
+/// The eBPF tracer's Prometheus text: the latency histograms of the events
+/// read, and the in-kernel ones (exact even if events were lost).
+fn ebpf_metrics(stats: Arc<Mutex<SyscallStats>>, tracer: Arc<EbpfTracer>) -> MetricsSource {
+    Arc::new(move || {
+        let mut text = stats.locked().prometheus_text(tracer.events_lost());
+        text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
+        text
+    })
+}
+
+/// The eBPF tracer's status: its counters and a latency row per syscall,
+/// file system type and result.
+fn ebpf_stats(
+    stats: Arc<Mutex<SyscallStats>>,
+    tracer: Arc<EbpfTracer>,
+    counters: Arc<TracerCounters>,
+    check_counters: Arc<CheckCounters>,
+) -> StatsSource {
+    Arc::new(move || {
         let rows = stats
             .locked()
             .summary()
@@ -462,13 +495,6 @@ fn attach_ebpf(
             stats_of(&counters, &check_counters, tracer.events_lost()),
             rows,
         )
-    }));
-    Ok(ActiveTracer {
-        name: "ebpf",
-        reason: format!(
-            "{reason_prefix}eBPF program attached to the mount syscalls of mount namespace {mnt_ns}"
-        ),
-        tasks: vec![check_task, feed],
     })
 }
 

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::cache::actual_state_of_world::{MountedVolume, VolumeMountState};
+use crate::cache::operations::OperationsView;
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{EventListener, World};
 use crate::metrics::Metrics;
@@ -28,9 +29,9 @@ use crate::populator::pod::{DesiredPod, PodRejected};
 use crate::populator::{PodSink, Populator};
 use crate::reconciler::reconstruct::{reconstruct, ReconstructionReport};
 use crate::reconciler::Reconciler;
-use crate::status::{SyscallLatency, TracerStats};
 use crate::sys::root_dir::{PathError, RootDir};
-use crate::sys::Mounter;
+use crate::sys::{MountTableReader, Mounter};
+use crate::tracer::{TracerContext, TracerStatus};
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
 
@@ -101,9 +102,6 @@ pub enum WaitError {
     Stopped,
 }
 
-/// What the active tracer adds to status: its counters and syscall latencies.
-pub type TracerStatusSource = Arc<dyn Fn() -> (TracerStats, Vec<SyscallLatency>) + Send + Sync>;
-
 /// The volume manager.
 pub struct VolumeManager {
     config: Config,
@@ -117,7 +115,8 @@ pub struct VolumeManager {
     reconciler: Arc<Reconciler>,
     populator: Arc<Populator>,
     reported_in_use: Mutex<HashSet<UniqueVolumeName>>,
-    tracer: Mutex<(String, String)>,
+    /// Which tracer is active, and what it adds to status and metrics.
+    tracer: Arc<TracerStatus>,
     shutdown: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
@@ -125,7 +124,6 @@ pub struct VolumeManager {
     csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
     /// Out-of-band changes to managed volumes.
     out_of_band: Arc<OutOfBandLog>,
-    tracer_status: Mutex<Option<TracerStatusSource>>,
 }
 
 impl VolumeManager {
@@ -146,6 +144,7 @@ impl VolumeManager {
         plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(&pool))))?;
         let executor =
             OperationExecutor::new(config.backoff, Arc::clone(&metrics), Arc::clone(&world));
+        let out_of_band = Arc::new(OutOfBandLog::default());
         let reconciler = Reconciler::new(
             Arc::clone(&world),
             Arc::clone(&executor),
@@ -153,6 +152,7 @@ impl VolumeManager {
             Arc::clone(&root),
             Arc::clone(&mounter),
             Arc::clone(&pool),
+            Arc::clone(&out_of_band),
             config.resync_period,
         );
         let populator = Arc::new(Populator::new(
@@ -160,10 +160,11 @@ impl VolumeManager {
             Arc::clone(&plugins),
             Arc::clone(&executor),
         ));
-        let out_of_band = Arc::new(OutOfBandLog::default());
         let log = Arc::clone(&out_of_band);
         world.add_listener(Arc::new(move |ev| log.on_volume_event(ev)));
         let metrics_log = Arc::clone(&out_of_band);
+        let tracer = Arc::new(TracerStatus::default());
+        let tracer_metrics = Arc::clone(&tracer);
         Ok(Arc::new(Self {
             config,
             world,
@@ -176,13 +177,15 @@ impl VolumeManager {
             reconciler,
             populator,
             reported_in_use: Mutex::default(),
-            tracer: Mutex::new(("off".into(), "no tracer configured".into())),
+            tracer,
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
             csi_drivers: std::sync::OnceLock::new(),
-            extra_metrics: Mutex::new(vec![Arc::new(move || metrics_log.prometheus_text())]),
+            extra_metrics: Mutex::new(vec![
+                Arc::new(move || metrics_log.prometheus_text()),
+                Arc::new(move || tracer_metrics.prometheus_text()),
+            ]),
             out_of_band,
-            tracer_status: Mutex::default(),
         }))
     }
 
@@ -221,9 +224,20 @@ impl VolumeManager {
         &self.out_of_band
     }
 
-    /// Sets what the active tracer adds to status.
-    pub fn set_tracer_status_source(&self, f: TracerStatusSource) {
-        *self.tracer_status.locked() = Some(f);
+    /// What a tracer works with: the shared state, a reader of the mount
+    /// table, a read-only view of the operations, and where it reports
+    /// itself for status (see [`crate::tracer`]).
+    pub fn tracer_context(&self) -> TracerContext {
+        TracerContext {
+            world: Arc::clone(&self.world),
+            root: Arc::clone(&self.root),
+            plugins: Arc::clone(&self.plugins),
+            mount_table: Arc::clone(&self.mounter) as Arc<dyn MountTableReader>,
+            out_of_band: Arc::clone(&self.out_of_band),
+            operations: Arc::clone(&self.executor) as Arc<dyn OperationsView>,
+            resync_period: self.config.resync_period,
+            status: Arc::clone(&self.tracer),
+        }
     }
 
     /// The metrics.
@@ -249,11 +263,6 @@ impl VolumeManager {
     /// Subscribes to volume events.
     pub fn add_event_listener(&self, l: EventListener) {
         self.world.add_listener(l);
-    }
-
-    /// Records which tracer is active and why (shown in status).
-    pub fn set_tracer(&self, name: &str, reason: &str) {
-        *self.tracer.locked() = (name.into(), reason.into());
     }
 
     /// Adds a producer of extra Prometheus text (e.g. the tracer's counters).

@@ -14,9 +14,8 @@ impl VolumeManager {
         let mut pods = self.pod_statuses();
         let errors = self.source_statuses(&mut pods);
         pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
-        let (tracer, tracer_reason) = self.tracer.locked().clone();
-        let source = self.tracer_status.locked().clone();
-        let (tracer_stats, syscalls) = source.map(|f| f()).unwrap_or_default();
+        let (tracer, tracer_reason) = self.tracer.name_and_reason();
+        let (tracer_stats, syscalls) = self.tracer.stats();
         Status {
             synced: self.world.synced(),
             tracer,
