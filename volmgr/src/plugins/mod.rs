@@ -61,6 +61,9 @@ pub enum VolumeError {
     /// was cancelled).
     #[error("operation task failed: {0}")]
     TaskFailed(#[from] tokio::task::JoinError),
+    /// A record the manager keeps beside a volume could not be encoded.
+    #[error("encoding a volume record: {0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 impl VolumeError {

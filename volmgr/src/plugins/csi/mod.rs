@@ -457,9 +457,7 @@ impl NodeExpandableVolumePlugin for CsiPlugin {
             let record = serde_json::to_vec(&StagedRecord {
                 capacity_bytes: Some(req.new_size),
             })
-            // TODO(merge): use VolumeError::MountTable / TaskFailed (note: this
-            // error is a serde_json::Error, which neither variant takes).
-            .map_err(|e| VolumeError::Internal(e.to_string()))?;
+            .map_err(VolumeError::Encode)?;
             self.root.write_file(&staged, &record)?;
         }
         Ok(())

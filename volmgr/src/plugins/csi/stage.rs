@@ -68,9 +68,7 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         let record = serde_json::to_vec(&StagedRecord {
             capacity_bytes: src.capacity_bytes,
         })
-        // TODO(merge): use VolumeError::MountTable / TaskFailed (note: this
-        // error is a serde_json::Error, which neither variant takes).
-        .map_err(|e| VolumeError::Internal(e.to_string()))?;
+        .map_err(VolumeError::Encode)?;
         self.root
             .write_file(&staged, &record)
             .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
