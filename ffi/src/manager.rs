@@ -363,7 +363,7 @@ pub unsafe extern "C" fn volmgr_wait_for_attach_and_mount(
         let h = try_ffi!(unsafe { handle(vm) });
         // SAFETY: per this function's contract.
         let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
-        if h.vm.world().dsw().pod(&uid).is_none() {
+        if !h.vm.pod_is_known(&uid) {
             return fail(VOLMGR_ERR_NOT_FOUND, format!("pod {uid} is not known"));
         }
         wait_status(
@@ -436,7 +436,7 @@ impl volmgr {
     /// The pod's volume list, from the cache while nothing changed.
     fn volume_list(&self, uid: &str, uncertain: bool) -> Result<std::ffi::CString, volmgr_status> {
         // Read the generation first: a list built after it is at least as new.
-        let generation = self.vm.world().generation();
+        let generation = self.vm.state_generation();
         let mut cache = self.volume_lists.locked();
         // Forget everything when the pods asked about outnumber any node's.
         if cache.len() > 4096 {

@@ -21,10 +21,10 @@ pub fn install(
     let mut changes = registry.subscribe();
     let clients = CsiClients::new(Arc::clone(&registry), timeout);
     vm.register_plugin(Arc::new(CsiPlugin::new(
-        Arc::clone(vm.root()),
+        Arc::clone(&vm.root),
         Arc::clone(&clients),
-        vm.config().node_name.clone(),
-        Arc::clone(vm.mounter()),
+        vm.config.node_name.clone(),
+        Arc::clone(&vm.mounter),
     )))?;
     vm.set_csi_driver_registry(registry);
     let metrics = Arc::clone(clients.metrics());

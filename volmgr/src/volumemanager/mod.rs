@@ -199,28 +199,39 @@ impl VolumeManager {
         &self.root
     }
 
-    /// The shared state (for tracers and tests).
-    pub fn world(&self) -> &Arc<World> {
+    /// Whether a pod is in the desired state.
+    pub fn pod_is_known(&self, uid: &PodUid) -> bool {
+        self.world.dsw().pod(uid).is_some()
+    }
+
+    /// A number that grows whenever either state of world changes: what
+    /// was built from the states at one generation is current until it
+    /// moves (the C ABI caches answers by it).
+    pub fn state_generation(&self) -> u64 {
+        self.world.generation()
+    }
+
+    /// The shared state (tests).
+    #[cfg(test)]
+    pub(crate) fn world(&self) -> &Arc<World> {
         &self.world
     }
 
-    /// The reconciler (for tracers that report out-of-band changes).
-    pub fn reconciler(&self) -> &Arc<Reconciler> {
+    /// The reconciler (tests).
+    #[cfg(test)]
+    pub(crate) fn reconciler(&self) -> &Arc<Reconciler> {
         &self.reconciler
     }
 
-    /// The operation executor (tracers check for operations in flight).
-    pub fn executor(&self) -> &Arc<OperationExecutor> {
+    /// The operation executor (tests).
+    #[cfg(test)]
+    pub(crate) fn executor(&self) -> &Arc<OperationExecutor> {
         &self.executor
     }
 
-    /// The plugins.
-    pub fn plugins(&self) -> &Arc<VolumePluginMgr> {
-        &self.plugins
-    }
-
-    /// The record of out-of-band changes (shown in status).
-    pub fn out_of_band(&self) -> &Arc<OutOfBandLog> {
+    /// The record of out-of-band changes (tests).
+    #[cfg(test)]
+    pub(crate) fn out_of_band(&self) -> &Arc<OutOfBandLog> {
         &self.out_of_band
     }
 
@@ -240,19 +251,10 @@ impl VolumeManager {
         }
     }
 
-    /// The metrics.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    /// The blocking pool.
+    /// The pool that runs blocking syscalls, for plugins registered from
+    /// outside (the C ABI's host plugins) to share its bound.
     pub fn pool(&self) -> &Arc<BlockingPool> {
         &self.pool
-    }
-
-    /// The mounter.
-    pub fn mounter(&self) -> &Arc<dyn Mounter> {
-        &self.mounter
     }
 
     /// Registers another plugin (before pods that need it arrive).
