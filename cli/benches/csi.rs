@@ -16,7 +16,7 @@
 //!
 //! ```text
 //! cargo build --release -p volmgr-csi-driver
-//! cargo bench -p volmgr --bench csi -- [--n 200] [--rounds 3]
+//! cargo bench -p volmgr-cli --bench csi -- [--n 200] [--rounds 3]
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]

@@ -12,7 +12,7 @@
 //! back-to-back rounds on disk differ by 2x).
 //!
 //! ```text
-//! cargo bench -p volmgr --bench mounts -- [--n 1000,10000] [--rounds 3] [--idle-secs 10]
+//! cargo bench -p volmgr-cli --bench mounts -- [--n 1000,10000] [--rounds 3] [--idle-secs 10]
 //!     [--tracers off,auto] [--settle-ms 1000] [--baseline PATH]...
 //! ```
 //!

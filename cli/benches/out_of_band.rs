@@ -15,7 +15,7 @@
 //! agent is still finishing the previous repair.
 //!
 //! ```text
-//! cargo bench -p volmgr --bench out_of_band -- [--trials 1000]
+//! cargo bench -p volmgr-cli --bench out_of_band -- [--trials 1000]
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]

@@ -11,7 +11,7 @@
 //! threads at once, each unmounting half. Needs root.
 //!
 //! ```text
-//! cargo bench -p volmgr --bench umount_cost -- [--n 1000] [--rounds 5]
+//! cargo bench -p volmgr-cli --bench umount_cost -- [--n 1000] [--rounds 5]
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]

@@ -1,7 +1,7 @@
 //! volmgr: a node-level Kubernetes volume manager.
 //!
 //! The model and the names follow the kubelet's volumemanager; the layers
-//! only point down (`docs/ARCHITECTURE.md`, checked by `tests/layers.rs`):
+//! only point down (`docs/ARCHITECTURE.md`, checked by `volmgr/tests/code_shape.rs`):
 //!
 //! ```text
 //! volumemanager      the kubelet's VolumeManager methods: a thin facade

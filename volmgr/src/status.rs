@@ -1,5 +1,5 @@
 //! The status document (`volmgr status --json`): its schema is a user
-//! interface (DESIGN.md): fields may be added, never renamed.
+//! interface (docs/USAGE.md, "Status"): fields may be added, never renamed.
 
 use serde::{Deserialize, Serialize};
 
