@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, SecretReference,
 };
 
-use super::pod::{fetch_secret, ObjectLookup, Usage, VolumeSpecError};
+use super::resolve::{fetch_secret, ObjectLookup, Usage, VolumeSpecError};
 use crate::quantity;
 use crate::volume::{CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid};
 

@@ -3,7 +3,7 @@
 //! the [`Populator`], which resolves each volume to its plugin and unique
 //! name and writes the desired state of world. [`pod`] turns a `v1.Pod` into
 //! the volumes it needs, including PVC → PV → CSI through an
-//! [`pod::ObjectLookup`]; [`objects`] keeps the objects a source knows.
+//! [`resolve::ObjectLookup`]; [`objects`] keeps the objects a source knows.
 //!
 //! Sources only see the narrow [`PodSink`] trait: they never reach the
 //! reconciler, the executor or the manager.
@@ -13,6 +13,7 @@ mod desired_state_of_world_populator;
 pub mod manifests;
 pub mod objects;
 pub mod pod;
+pub mod resolve;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
 
-use crate::populator::pod::ObjectLookup;
+use crate::populator::resolve::ObjectLookup;
 use crate::volume::PodUid;
 
 /// The kinds of objects pods' volumes refer to.

@@ -9,41 +9,19 @@
 //! missing or unbound object is an error of that one volume, which goes away
 //! when the source re-resolves the pod after the object appears.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret, Volume};
+use k8s_openapi::api::core::v1::{Pod, Volume};
 
+use super::resolve::{fetch_secret, invalid, Usage};
+pub use super::resolve::{ObjectLookup, VolumeSpecError};
 use crate::quantity;
 use crate::volume::{
-    check_volume_name, CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, HostPathType,
-    PodUid, StorageMedium, VolumeSource,
+    check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, HostPathType, PodUid,
+    StorageMedium, VolumeSource,
 };
-
-/// The Kubernetes objects a pod's volumes refer to: what the kubelet reads
-/// from the API server while populating the desired state. Implemented by
-/// the manifests source (objects found in the manifests directory) and by an
-/// API server cache.
-pub trait ObjectLookup {
-    /// PersistentVolumeClaim `namespace/name`.
-    fn persistent_volume_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Option<Arc<PersistentVolumeClaim>>;
-    /// PersistentVolume `name`.
-    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>>;
-    /// The PersistentVolume whose `spec.claimRef` names claim
-    /// `namespace/name` (for a claim without `spec.volumeName`).
-    fn persistent_volume_for_claim(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Option<Arc<PersistentVolume>>;
-    /// Secret `namespace/name`.
-    fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
-}
 
 /// A pod rejected as a whole (it never gets any volume).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,29 +45,6 @@ pub struct PodVolume {
     pub name: String,
     /// The parsed source, or a per-volume error.
     pub source: Result<VolumeSource, VolumeSpecError>,
-}
-
-/// Why one volume of a pod cannot be used (the pod's other volumes go on).
-/// The message is what status shows; it never quotes a Secret's value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum VolumeSpecError {
-    /// The volume's spec (or an object it names) is invalid: it stays an
-    /// error until the pod or that object changes.
-    #[error("{0}")]
-    Invalid(String),
-    /// An object the volume needs is missing, unbound or going away: the
-    /// volume waits for it (the source resolves the pod again when it
-    /// changes).
-    #[error("{0}")]
-    Missing(String),
-    /// A kind of volume or object this manager does not handle.
-    #[error("{0}")]
-    Unsupported(String),
-}
-
-/// A [`VolumeSpecError::Invalid`].
-fn invalid(msg: impl Into<String>) -> VolumeSpecError {
-    VolumeSpecError::Invalid(msg.into())
 }
 
 /// The part of a pod the volume manager cares about.
@@ -202,15 +157,6 @@ impl DesiredPod {
             terminated,
         })
     }
-}
-
-/// How the containers use a volume.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Usage {
-    /// In some container's `volumeMounts`.
-    pub(super) mounted: bool,
-    /// In some container's `volumeDevices`.
-    pub(super) device: bool,
 }
 
 /// The volumes referenced by containers, and how.
@@ -458,36 +404,10 @@ fn inline_csi(
     })
 }
 
-/// Reads Secret `namespace/name` as the kubelet's `getCredentialsFromSecret`
-/// does: every `data` value as a string (plus `stringData`, which an API
-/// server would have merged into `data`). Errors never include values.
-pub(super) fn fetch_secret(
-    objects: &dyn ObjectLookup,
-    namespace: &str,
-    name: &str,
-    what: &str,
-) -> Result<Arc<CsiSecrets>, VolumeSpecError> {
-    let secret = objects.secret(namespace, name).ok_or_else(|| {
-        VolumeSpecError::Missing(format!("{what}: Secret {namespace}/{name} not found"))
-    })?;
-    let mut out = BTreeMap::new();
-    for (k, v) in secret.data.iter().flatten() {
-        let s = String::from_utf8(v.0.clone()).map_err(|_| {
-            invalid(format!(
-                "{what}: Secret {namespace}/{name} key {k:?} is not valid UTF-8"
-            ))
-        })?;
-        out.insert(k.clone(), s);
-    }
-    for (k, v) in secret.string_data.iter().flatten() {
-        out.insert(k.clone(), v.clone());
-    }
-    Ok(Arc::new(CsiSecrets(out)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
 
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).unwrap()

@@ -1,0 +1,95 @@
+//! What resolving a pod's volumes works with: the Kubernetes objects it
+//! reads ([`ObjectLookup`], and Secrets as the kubelet reads them), how the
+//! containers use a volume ([`Usage`]), and why a volume cannot be used
+//! ([`VolumeSpecError`]). Shared by the pod conversion (`pod.rs`) and the
+//! claim resolution (`claim.rs`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+
+use crate::volume::CsiSecrets;
+
+/// The Kubernetes objects a pod's volumes refer to: what the kubelet reads
+/// from the API server while populating the desired state. Implemented by
+/// the manifests source (objects found in the manifests directory) and by an
+/// API server cache.
+pub trait ObjectLookup {
+    /// PersistentVolumeClaim `namespace/name`.
+    fn persistent_volume_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolumeClaim>>;
+    /// PersistentVolume `name`.
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>>;
+    /// The PersistentVolume whose `spec.claimRef` names claim
+    /// `namespace/name` (for a claim without `spec.volumeName`).
+    fn persistent_volume_for_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<PersistentVolume>>;
+    /// Secret `namespace/name`.
+    fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
+}
+
+/// Why one volume of a pod cannot be used (the pod's other volumes go on).
+/// The message is what status shows; it never quotes a Secret's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeSpecError {
+    /// The volume's spec (or an object it names) is invalid: it stays an
+    /// error until the pod or that object changes.
+    #[error("{0}")]
+    Invalid(String),
+    /// An object the volume needs is missing, unbound or going away: the
+    /// volume waits for it (the source resolves the pod again when it
+    /// changes).
+    #[error("{0}")]
+    Missing(String),
+    /// A kind of volume or object this manager does not handle.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// A [`VolumeSpecError::Invalid`].
+pub(crate) fn invalid(msg: impl Into<String>) -> VolumeSpecError {
+    VolumeSpecError::Invalid(msg.into())
+}
+
+/// How the containers use a volume.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Usage {
+    /// In some container's `volumeMounts`.
+    pub(crate) mounted: bool,
+    /// In some container's `volumeDevices`.
+    pub(crate) device: bool,
+}
+
+/// Reads Secret `namespace/name` as the kubelet's `getCredentialsFromSecret`
+/// does: every `data` value as a string (plus `stringData`, which an API
+/// server would have merged into `data`). Errors never include values.
+pub(crate) fn fetch_secret(
+    objects: &dyn ObjectLookup,
+    namespace: &str,
+    name: &str,
+    what: &str,
+) -> Result<Arc<CsiSecrets>, VolumeSpecError> {
+    let secret = objects.secret(namespace, name).ok_or_else(|| {
+        VolumeSpecError::Missing(format!("{what}: Secret {namespace}/{name} not found"))
+    })?;
+    let mut out = BTreeMap::new();
+    for (k, v) in secret.data.iter().flatten() {
+        let s = String::from_utf8(v.0.clone()).map_err(|_| {
+            invalid(format!(
+                "{what}: Secret {namespace}/{name} key {k:?} is not valid UTF-8"
+            ))
+        })?;
+        out.insert(k.clone(), s);
+    }
+    for (k, v) in secret.string_data.iter().flatten() {
+        out.insert(k.clone(), v.clone());
+    }
+    Ok(Arc::new(CsiSecrets(out)))
+}
