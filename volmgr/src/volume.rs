@@ -336,6 +336,11 @@ pub struct CsiVolumeSource {
     pub node_publish_secrets: Option<Arc<CsiSecrets>>,
     /// From `spec.csi.nodeExpandSecretRef`.
     pub node_expand_secrets: Option<Arc<CsiSecrets>>,
+    /// The PersistentVolume's `pv.beta.kubernetes.io/gid` annotation parsed
+    /// as an integer (None without it, for an invalid value, and for inline
+    /// volumes): a group the pod's containers get (the kubelet's
+    /// `VolumeGIDValue`, see `GetExtraSupplementalGroupsForPod`).
+    pub supplemental_gid: Option<i64>,
 }
 
 /// A volume of a pod: its name in the pod (the "outer volume spec name") and source.
@@ -345,6 +350,38 @@ pub struct VolumeSpec {
     pub name: String,
     /// What to mount.
     pub source: VolumeSource,
+}
+
+impl VolumeSpec {
+    /// The kubelet's `VolumeSpec.ReadOnly`: set for a read-only CSI volume
+    /// (claim, PV or inline `readOnly`); false for every other source (the
+    /// containers' `volumeMounts[].readOnly` is per mount, not per volume).
+    pub fn read_only(&self) -> bool {
+        matches!(&self.source, VolumeSource::Csi(c) if c.read_only)
+    }
+
+    /// Whether the container runtime may relabel the volume for SELinux
+    /// (the kubelet's `Attributes.SELinuxRelabel`): known only for emptyDir
+    /// (yes); false for everything else (hostPath: no; CSI: it depends on
+    /// the driver, which volmgr does not know).
+    pub fn supports_selinux_relabel(&self) -> bool {
+        matches!(self.source, VolumeSource::EmptyDir { .. })
+    }
+
+    /// Whether the volume is a raw block device (`volumeDevices`), whose
+    /// path is a device file rather than a directory.
+    pub fn is_block(&self) -> bool {
+        matches!(&self.source, VolumeSource::Csi(c) if c.volume_mode == CsiVolumeMode::Block)
+    }
+
+    /// The PersistentVolume's GID annotation, if any (see
+    /// [`CsiVolumeSource::supplemental_gid`]).
+    pub fn supplemental_gid(&self) -> Option<i64> {
+        match &self.source {
+            VolumeSource::Csi(c) => c.supplemental_gid,
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -376,6 +413,7 @@ mod tests {
             node_stage_secrets: Some(Arc::new(s)),
             node_publish_secrets: None,
             node_expand_secrets: None,
+            supplemental_gid: None,
         };
         assert!(!format!("{:?}", VolumeSource::Csi(src)).contains("hunter2"));
     }

@@ -1,11 +1,12 @@
 //! The kubelet's `DesiredStateOfWorld`: which volumes each pod on the node
-//! needs. Written only by the populator.
+//! needs. Written by the populator, except the volumes' *reported in use*
+//! flags, which the facade sets (the kubelet's `MarkVolumesReportedInUse`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{FastMap, PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{FastMap, FastSet, PodUid, UniqueVolumeName, VolumeSpec};
 
 /// A pod that needs a volume, with what the mount needs to know.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +21,12 @@ pub struct PodToMount {
     pub selinux_label: Option<Arc<str>>,
 }
 
+/// Why an attachable volume waits, when the manager sets such volumes up
+/// only once reported in use (the kubelet's `VerifyControllerAttachedVolume`
+/// error).
+pub const NOT_REPORTED_IN_USE: &str =
+    "Volume has not been added to the list of VolumesInUse in the node's volume status";
+
 /// A volume some pods need.
 #[derive(Debug, Clone)]
 pub struct VolumeToMount {
@@ -27,6 +34,9 @@ pub struct VolumeToMount {
     pub plugin_name: Arc<str>,
     /// The pods that need it.
     pub pods: PodMap<PodToMount>,
+    /// Listed as in use in the node's status at the last report (the
+    /// kubelet's `reportedInUse`): false for a volume added since.
+    pub reported_in_use: bool,
 }
 
 /// One volume of a desired pod, as status reports it.
@@ -83,6 +93,7 @@ impl DesiredStateOfWorld {
                 .or_insert_with(|| VolumeToMount {
                     plugin_name: plugin,
                     pods: PodMap::default(),
+                    reported_in_use: false,
                 });
             if v.pods.get(&update.uid) != Some(&pod) {
                 v.pods.insert(update.uid.clone(), pod);
@@ -122,6 +133,24 @@ impl DesiredStateOfWorld {
             }
         }
         removed
+    }
+
+    /// The kubelet's `MarkVolumesReportedInUse`: each desired volume is
+    /// reported in use exactly when `reported` lists it (names not desired
+    /// are ignored). Returns the volumes that became reported.
+    pub fn mark_volumes_reported_in_use(
+        &mut self,
+        reported: &FastSet<UniqueVolumeName>,
+    ) -> Vec<UniqueVolumeName> {
+        let mut newly = Vec::new();
+        for (name, v) in self.volumes.iter_mut() {
+            let now = reported.contains(name);
+            if now && !v.reported_in_use {
+                newly.push(name.clone());
+            }
+            v.reported_in_use = now;
+        }
+        newly
     }
 
     /// Whether `pod` needs `volume` (the kubelet's `PodExistsInVolume`).
@@ -223,5 +252,31 @@ mod tests {
         assert_eq!(d.delete_pod(&a).len(), 2);
         assert_eq!(d.volumes().count(), 0);
         assert_eq!(d.pods().count(), 0);
+    }
+
+    #[test]
+    fn reported_in_use_follows_the_last_report_and_starts_false() {
+        let mut d = DesiredStateOfWorld::default();
+        d.set_pod(update("a", &["x", "y"]));
+        let a = PodUid::new("a").unwrap();
+        let (x, y) = (
+            UniqueVolumeName::per_pod("p", &a, "x"),
+            UniqueVolumeName::per_pod("p", &a, "y"),
+        );
+        let unknown = UniqueVolumeName::new("not/desired");
+        let report: FastSet<_> = [x.clone(), unknown].into_iter().collect();
+        assert_eq!(d.mark_volumes_reported_in_use(&report), vec![x.clone()]);
+        assert!(d.volume(&x).unwrap().reported_in_use);
+        assert!(!d.volume(&y).unwrap().reported_in_use);
+        // The same report again: nothing new.
+        assert!(d.mark_volumes_reported_in_use(&report).is_empty());
+        // A volume gone and desired again starts unreported.
+        d.set_pod(update("a", &["y"]));
+        d.set_pod(update("a", &["x", "y"]));
+        assert!(!d.volume(&x).unwrap().reported_in_use);
+        // A report without it clears it.
+        d.mark_volumes_reported_in_use(&report);
+        d.mark_volumes_reported_in_use(&FastSet::default());
+        assert!(!d.volume(&x).unwrap().reported_in_use);
     }
 }

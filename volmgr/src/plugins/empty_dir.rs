@@ -20,8 +20,8 @@ use crate::sys::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
 use crate::volume::{PodUid, StorageMedium, VolumeSource, VolumeSpec};
 
 use super::{
-    escape_plugin_name, BlockingPool, MountRequest, ReconstructedVolume, UnmountRequest,
-    VolumeError, VolumePlugin,
+    escape_plugin_name, BlockingPool, MountRequest, ReconstructedVolume,
+    ResizableEphemeralVolumePlugin, UnmountRequest, VolumeError, VolumePlugin,
 };
 
 /// The plugin's name.
@@ -216,6 +216,65 @@ pub(crate) fn tear_down_dir(
     Ok(())
 }
 
+/// Resizes the tmpfs of a `medium: Memory` emptyDir in place: a remount
+/// with the new `size=` (what the kubelet does for `ResizeEphemeralVolume`).
+/// The files stay; a size below what the tmpfs holds is refused before the
+/// kernel is asked ([`VolumeError::BelowUsage`]). A disk-backed emptyDir has
+/// no size to change and is refused ([`VolumeError::InvalidSpec`]).
+fn resize_sync(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    pod: &PodUid,
+    spec: &VolumeSpec,
+    new_size: u64,
+) -> Result<(), VolumeError> {
+    if !is_memory(spec) {
+        return Err(VolumeError::InvalidSpec(format!(
+            "emptyDir {} is on the node's disk (medium \"\"): only a medium: Memory emptyDir (a tmpfs) can be resized",
+            spec.name
+        )));
+    }
+    if new_size == 0 {
+        // size=0 would make the tmpfs unlimited.
+        return Err(VolumeError::InvalidSpec(format!(
+            "emptyDir {}: the new size must be more than 0 bytes",
+            spec.name
+        )));
+    }
+    let target = root.open_dir(&volume_dir(pod, &spec.name)?)?;
+    if !mounter.is_mount_point(&target)? || mounter.fs_magic(&target)? != TMPFS_MAGIC {
+        return Err(VolumeError::InvalidSpec(format!(
+            "{} is not a tmpfs mount (not set up?)",
+            target.path().display()
+        )));
+    }
+    let usage = mounter.fs_usage(&target)?;
+    if new_size < usage.used_bytes {
+        return Err(VolumeError::BelowUsage {
+            path: target.path().to_path_buf(),
+            requested: new_size,
+            used: usage.used_bytes,
+        });
+    }
+    let data = format!("size={new_size}");
+    mounter.mount("tmpfs", &target, "tmpfs", MsFlags::MS_REMOUNT, Some(&data))?;
+    Ok(())
+}
+
+#[async_trait::async_trait]
+impl ResizableEphemeralVolumePlugin for EmptyDirPlugin {
+    async fn resize_ephemeral_volume(
+        &self,
+        pod: &PodUid,
+        spec: &VolumeSpec,
+        _path: &Path,
+        new_size: u64,
+    ) -> Result<(), VolumeError> {
+        // A few syscalls, like a tmpfs's set-up: on the calling thread.
+        resize_sync(&self.root, self.mounter.as_ref(), pod, spec, new_size)
+    }
+}
+
 #[async_trait::async_trait]
 impl VolumePlugin for EmptyDirPlugin {
     fn name(&self) -> &str {
@@ -244,6 +303,10 @@ impl VolumePlugin for EmptyDirPlugin {
 
     fn runs_inline(&self, spec: &VolumeSpec) -> bool {
         is_memory(spec)
+    }
+
+    fn ephemeral_resizable(&self) -> Option<&dyn ResizableEphemeralVolumePlugin> {
+        Some(self)
     }
 
     fn verify(&self, spec: &VolumeSpec, path: &Path, table: MountTableView<'_>) -> bool {
@@ -471,6 +534,108 @@ mod tests {
             }
         );
         drop(t);
+    }
+
+    #[tokio::test]
+    async fn resize_remounts_and_refuses_less_than_the_use() {
+        let (_t, fake, p) = setup();
+        let r = req(StorageMedium::Memory, Some(1 << 20));
+        let path = p.set_up(r.clone()).await.unwrap();
+        fake.set_usage(crate::sys::FsUsage {
+            size_bytes: 1 << 20,
+            used_bytes: 600 << 10,
+        });
+        p.resize_ephemeral_volume(&r.pod_uid, &r.spec, &path, 4 << 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            fake.calls().last(),
+            Some(&Call::Mount {
+                source: "tmpfs".into(),
+                target: path.clone(),
+                fstype: "tmpfs".into(),
+                data: Some("size=4194304".into())
+            })
+        );
+        assert_eq!(fake.mounted(), vec![path.clone()], "remounted, not stacked");
+        let calls = fake.calls().len();
+        let err = p
+            .resize_ephemeral_volume(&r.pod_uid, &r.spec, &path, 512 << 10)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, VolumeError::BelowUsage { requested, used, .. } if requested == 512 << 10 && used == 600 << 10),
+            "{err}"
+        );
+        assert_eq!(fake.calls().len(), calls, "the kernel is not asked");
+        let disk = req(StorageMedium::Default, None);
+        let disk_path = p.set_up(disk.clone()).await.unwrap();
+        let err = p
+            .resize_ephemeral_volume(&disk.pod_uid, &disk.spec, &disk_path, 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("only a medium: Memory"), "{err}");
+    }
+
+    /// A real tmpfs, in a private mount namespace of a thread of its own:
+    /// grown in place with its files kept, and not shrunk below its use.
+    #[test]
+    fn resizes_a_real_tmpfs_in_place() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root for a private mount namespace");
+            return;
+        }
+        std::thread::spawn(|| {
+            // Only this thread's mount namespace; nothing reaches the host.
+            crate::sys::namespace::enter_private_mount_namespace().unwrap();
+            let t = tempfile::tempdir().unwrap();
+            let root = Arc::new(RootDir::open(t.path()).unwrap());
+            let mounter = Arc::new(crate::sys::linux::LinuxMounter);
+            let p = EmptyDirPlugin::new(root, mounter, Arc::new(BlockingPool::new(1)));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(real_tmpfs_resize(&p));
+        })
+        .join()
+        .unwrap();
+    }
+
+    async fn real_tmpfs_resize(p: &EmptyDirPlugin) {
+        let size = |path: &Path| {
+            let st = nix::sys::statfs::statfs(path).unwrap();
+            st.blocks() * st.block_size() as u64
+        };
+        let r = req(StorageMedium::Memory, Some(1 << 20));
+        let path = p.set_up(r.clone()).await.unwrap();
+        assert_eq!(size(&path), 1 << 20);
+        std::fs::write(path.join("a"), vec![7u8; 768 << 10]).unwrap();
+        assert!(
+            std::fs::write(path.join("b"), vec![7u8; 1 << 20]).is_err(),
+            "full"
+        );
+        std::fs::remove_file(path.join("b")).ok();
+        p.resize_ephemeral_volume(&r.pod_uid, &r.spec, &path, 4 << 20)
+            .await
+            .unwrap();
+        assert_eq!(size(&path), 4 << 20);
+        std::fs::write(path.join("b"), vec![7u8; 2 << 20]).unwrap();
+        assert_eq!(std::fs::read(path.join("a")).unwrap().len(), 768 << 10);
+        let err = p
+            .resize_ephemeral_volume(&r.pod_uid, &r.spec, &path, 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, VolumeError::BelowUsage { .. }), "{err}");
+        assert_eq!(size(&path), 4 << 20, "unchanged");
+        p.tear_down(UnmountRequest {
+            pod_uid: r.pod_uid.clone(),
+            volume_name: r.volume_name.clone(),
+            spec: Arc::clone(&r.spec),
+            path: path.clone(),
+        })
+        .await
+        .unwrap();
+        assert!(!path.exists());
     }
 
     #[test]

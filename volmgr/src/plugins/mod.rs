@@ -64,6 +64,16 @@ pub enum VolumeError {
     /// A record the manager keeps beside a volume could not be encoded.
     #[error("encoding a volume record: {0}")]
     Encode(#[source] serde_json::Error),
+    /// A resize would make the volume smaller than what it holds.
+    #[error("cannot resize {} to {requested} bytes: {used} bytes are in use", path.display())]
+    BelowUsage {
+        /// The volume's path.
+        path: PathBuf,
+        /// The size asked for, in bytes.
+        requested: u64,
+        /// What the volume holds now, in bytes.
+        used: u64,
+    },
 }
 
 impl VolumeError {
@@ -209,6 +219,24 @@ pub trait NodeExpandableVolumePlugin: Send + Sync {
     async fn node_expand(&self, req: NodeExpandRequest) -> Result<(), VolumeError>;
 }
 
+/// The kubelet's `ResizableEphemeralVolumePlugin`: resizes a pod's
+/// ephemeral volume in place, at once, when the kubelet asks
+/// (`ResizeEphemeralVolume`), rather than through the reconciler.
+#[async_trait::async_trait]
+pub trait ResizableEphemeralVolumePlugin: Send + Sync {
+    /// Resizes the volume `spec` of `pod`, set up at `path`, to `new_size`
+    /// bytes. Refuses ([`VolumeError::BelowUsage`]) a size below what the
+    /// volume holds; a volume the plugin cannot resize is
+    /// [`VolumeError::InvalidSpec`].
+    async fn resize_ephemeral_volume(
+        &self,
+        pod: &PodUid,
+        spec: &VolumeSpec,
+        path: &Path,
+        new_size: u64,
+    ) -> Result<(), VolumeError>;
+}
+
 /// A volume plugin. Operations are async so plugins that talk to a driver
 /// (CSI) do not hold a thread; plugins that make syscalls run them on the
 /// [`BlockingPool`].
@@ -285,6 +313,20 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// Node expansion, for plugins that support it.
     fn node_expandable(&self) -> Option<&dyn NodeExpandableVolumePlugin> {
         None
+    }
+
+    /// Direct resizing of ephemeral volumes, for plugins that support it.
+    fn ephemeral_resizable(&self) -> Option<&dyn ResizableEphemeralVolumePlugin> {
+        None
+    }
+
+    /// Whether this plugin's volumes are attachable (the kubelet's
+    /// `AttachableVolumePlugin`, `PluginIsAttachable`): such volumes are
+    /// listed by `GetVolumesInUse` and, when the manager is configured to,
+    /// are set up only once reported in use in the node status. Default:
+    /// no (emptyDir, hostPath, configMap, ... are not attachable).
+    fn is_attachable(&self) -> bool {
+        false
     }
 
     /// At start-up: rebuilds the raw block volumes this plugin set up for a

@@ -66,9 +66,26 @@ pub(super) fn persistent_volume_claim(
         node_stage_secrets: secret(&csi.node_stage_secret_ref, "nodeStageSecretRef")?,
         node_publish_secrets: secret(&csi.node_publish_secret_ref, "nodePublishSecretRef")?,
         node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
+        supplemental_gid: supplemental_gid(&pv),
         pv_name: Some(pv_name),
     })
 }
+
+/// The PersistentVolume's `pv.beta.kubernetes.io/gid` annotation as an
+/// integer; absent or invalid is `None` (the kubelet's
+/// `getExtraSupplementalGID` ignores a value that does not parse).
+fn supplemental_gid(pv: &PersistentVolume) -> Option<i64> {
+    pv.metadata
+        .annotations
+        .as_ref()?
+        .get(VOLUME_GID_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
+/// The annotation of a PersistentVolume naming a group that pods using it
+/// get as a supplemental group (the kubelet's `VolumeGidAnnotationKey`).
+pub const VOLUME_GID_ANNOTATION: &str = "pv.beta.kubernetes.io/gid";
 
 fn invalid(msg: impl Into<String>) -> VolumeSpecError {
     VolumeSpecError::Invalid(msg.into())

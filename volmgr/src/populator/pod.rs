@@ -401,6 +401,7 @@ fn inline_csi(
         node_stage_secrets: None,
         node_publish_secrets,
         node_expand_secrets: None,
+        supplemental_gid: None,
     })
 }
 
@@ -812,6 +813,30 @@ mod tests {
             e.contains("volumeMode Block, but the volume is in volumeMounts"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_pv_gid_annotation_is_carried_when_it_parses() {
+        let with_gid = |gid: Option<&str>| {
+            let mut o = Objects::default();
+            o.pvcs.push(pvc("claim", Some("pv-g")));
+            let mut v = pv("pv-g", Some("claim"), serde_json::json!({}));
+            if let Some(g) = gid {
+                v.metadata.annotations = Some(
+                    [(
+                        super::super::claim::VOLUME_GID_ANNOTATION.to_string(),
+                        g.to_string(),
+                    )]
+                    .into_iter()
+                    .collect(),
+                );
+            }
+            o.pvs.push(v);
+            csi_of(resolve(&pvc_pod("claim", false), &o)).supplemental_gid
+        };
+        assert_eq!(with_gid(Some("1234")), Some(1234));
+        assert_eq!(with_gid(Some("not-a-number")), None);
+        assert_eq!(with_gid(None), None);
     }
 
     #[test]

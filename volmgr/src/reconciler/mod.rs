@@ -8,7 +8,9 @@
 //! 2. `unmount_volumes`: tear down what pods no longer want;
 //! 3. `mount_or_attach_volumes`: set up what is desired (for plugins with a
 //!    device phase, such as CSI: mount the device once per volume first, then
-//!    set it up for each pod), and grow volumes whose desired size grew;
+//!    set it up for each pod), and grow volumes whose desired size grew; an
+//!    attachable volume waits until reported in use when so configured
+//!    ([`Reconciler::awaits_in_use_report`]);
 //! 4. `unmount_detach_devices`: unmount the devices of volumes no pod uses
 //!    any more and forget them;
 //! 5. `clean_orphaned_pods`: remove the directories of pods that are gone.
@@ -36,6 +38,7 @@ use tokio::sync::watch;
 use crate::cache::actual_state_of_world::{
     ActualStateOfWorld, DeviceMountState, ForeignMounts, MountedPod, VolumeMountState,
 };
+pub use crate::cache::desired_state_of_world::NOT_REPORTED_IN_USE;
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, VolumeToMount};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
@@ -87,6 +90,9 @@ pub struct Reconciler {
     deferred_pod_dirs: Mutex<HashSet<PodUid>>,
     /// What the previous resyncs learnt.
     resync_state: Mutex<ResyncState>,
+    /// Set up an attachable volume only once it was reported in use in the
+    /// node status (see [`Reconciler::awaits_in_use_report`]).
+    wait_for_reported_in_use: bool,
 }
 
 enum Action {
@@ -221,6 +227,7 @@ impl Reconciler {
         pool: Arc<BlockingPool>,
         out_of_band: Arc<OutOfBandLog>,
         resync_period: Duration,
+        wait_for_reported_in_use: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
             world,
@@ -233,7 +240,30 @@ impl Reconciler {
             resync_period,
             deferred_pod_dirs: Mutex::default(),
             resync_state: Mutex::default(),
+            wait_for_reported_in_use,
         })
+    }
+
+    /// The kubelet's `VerifyControllerAttachedVolume` gate: with
+    /// `wait_for_reported_in_use`, an attachable volume (see
+    /// [`VolumePlugin::is_attachable`]) not attached yet (not in the actual
+    /// state) is not set up until the node status has listed it in use
+    /// (`MarkVolumesAsReportedInUse`, kept in the desired state); until
+    /// then it stays pending with [`NOT_REPORTED_IN_USE`]. Marking it wakes
+    /// the reconciler for it.
+    pub fn awaits_in_use_report(
+        &self,
+        v: &UniqueVolumeName,
+        dv: &VolumeToMount,
+        asw: &ActualStateOfWorld,
+    ) -> bool {
+        self.wait_for_reported_in_use
+            && !dv.reported_in_use
+            && asw.volume(v).is_none()
+            && self
+                .plugins
+                .find_by_name(&dv.plugin_name)
+                .is_some_and(|p| p.is_attachable())
     }
 
     /// Runs until `shutdown` turns true. Reconstruction must have run first.
@@ -354,6 +384,9 @@ impl Reconciler {
                 continue;
             }
             let Some(dv) = dsw.volume(v) else { continue };
+            if self.awaits_in_use_report(v, dv, asw) {
+                continue;
+            }
             if self.mount_device_or_expand(v, dv, asw, pass) {
                 continue;
             }
@@ -469,10 +502,17 @@ impl Reconciler {
     fn detach_and_forget(&self, detach: Vec<UniqueVolumeName>, mut forget: Vec<UniqueVolumeName>) {
         if !detach.is_empty() {
             let mut asw = self.world.asw_mut();
+            let before = forget.len();
             for v in &detach {
                 if asw.mark_volume_as_detached(v) {
                     forget.push(v.clone());
                 }
+            }
+            drop(asw);
+            // A change of the actual state: waiters and cached answers
+            // (`GetVolumesInUse`, `VolumeIsAttached`) see it.
+            if forget.len() > before {
+                self.world.bump();
             }
         }
         for v in forget {

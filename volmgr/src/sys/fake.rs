@@ -44,6 +44,8 @@ struct State {
     id_lists: usize,
     /// Moves on with every change of `mounts` (the kernel's mount event).
     events: Arc<AtomicU64>,
+    /// What `fs_usage` answers.
+    usage: super::FsUsage,
 }
 
 impl State {
@@ -82,6 +84,11 @@ impl FakeMounter {
     pub fn fail_unmounts(&self, n: usize, errno: nix::errno::Errno) {
         let mut s = self.state.lock().unwrap();
         s.unmount_failures.extend(std::iter::repeat_n(errno, n));
+    }
+
+    /// Sets what `fs_usage` answers for every path.
+    pub fn set_usage(&self, usage: super::FsUsage) {
+        self.state.lock().unwrap().usage = usage;
     }
 
     /// Every call so far.
@@ -143,7 +150,7 @@ impl Mounter for FakeMounter {
         source: &str,
         target: &Target,
         fstype: &str,
-        _flags: MsFlags,
+        flags: MsFlags,
         data: Option<&str>,
     ) -> Result<(), SyscallError> {
         let mut s = self.state.lock().unwrap();
@@ -155,6 +162,18 @@ impl Mounter for FakeMounter {
         });
         if let Some(errno) = s.mount_failures.pop_front() {
             return Err(SyscallError::new("mount", target.path(), errno));
+        }
+        if flags.contains(MsFlags::MS_REMOUNT) {
+            // A remount changes options of a mount that must be there.
+            if !s.mounts.iter().any(|(p, _, _)| p == target.path()) {
+                return Err(SyscallError::new(
+                    "mount",
+                    target.path(),
+                    nix::errno::Errno::EINVAL,
+                ));
+            }
+            s.changed();
+            return Ok(());
         }
         s.changed();
         // The event count is never reused: a unique mount id.
@@ -208,6 +227,10 @@ impl Mounter for FakeMounter {
                 _ => 0xEF53,
             },
         )
+    }
+
+    fn fs_usage(&self, _target: &Target) -> Result<super::FsUsage, SyscallError> {
+        Ok(self.state.lock().unwrap().usage)
     }
 
     fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError> {

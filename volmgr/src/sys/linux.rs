@@ -87,6 +87,19 @@ impl Mounter for LinuxMounter {
         Ok(st.filesystem_type().0 as i64)
     }
 
+    fn fs_usage(&self, target: &Target) -> Result<super::FsUsage, SyscallError> {
+        let st = nix::sys::statfs::fstatfs(target)
+            .map_err(|e| SyscallError::new("fstatfs", target.path(), e))?;
+        let block = st.block_size() as u64;
+        Ok(super::FsUsage {
+            size_bytes: st.blocks().saturating_mul(block),
+            used_bytes: st
+                .blocks()
+                .saturating_sub(st.blocks_free())
+                .saturating_mul(block),
+        })
+    }
+
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError> {
         Ok(Box::new(ProcMountinfoWatch::open()?))
     }

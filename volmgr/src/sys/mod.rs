@@ -137,6 +137,9 @@ pub trait Mounter: MountTableReader {
     /// when the implementation can tell cheaply.
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError>;
 
+    /// Size and use of the file system `target` is on (`fstatfs`).
+    fn fs_usage(&self, target: &Target) -> Result<FsUsage, SyscallError>;
+
     /// A watch on that mount table, telling whether it changed.
     fn watch_mount_table(&self) -> Result<Box<dyn MountTableWatch>, SyscallError>;
 
@@ -151,6 +154,15 @@ pub trait Mounter: MountTableReader {
     /// `/proc/self/mountinfo` takes 30-40. `None` when the kernel cannot
     /// list them.
     fn mount_ids(&self) -> Result<Option<crate::volume::FastSet<u64>>, SyscallError>;
+}
+
+/// Size and use of a file system, in bytes (from `statfs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FsUsage {
+    /// Its size.
+    pub size_bytes: u64,
+    /// What is in use (size minus free blocks).
+    pub used_bytes: u64,
 }
 
 /// Tells whether the mount table of this process's mount namespace may have

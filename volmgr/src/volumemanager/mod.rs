@@ -48,6 +48,12 @@ pub struct Config {
     pub backoff: Backoff,
     /// Most blocking syscall jobs at once.
     pub max_blocking_ops: usize,
+    /// Set up an attachable volume (CSI) only once the node status has
+    /// reported it in use ([`VolumeManager::mark_volumes_as_reported_in_use`]),
+    /// as the kubelet's reconciler does: until then the volume stays pending
+    /// and status says why. Off by default (the standalone agent has no
+    /// node status); a kubelet fork that reports `volumesInUse` turns it on.
+    pub wait_for_reported_in_use: bool,
 }
 
 impl Config {
@@ -59,6 +65,7 @@ impl Config {
             resync_period: Duration::from_secs(60),
             backoff: Backoff::default(),
             max_blocking_ops: 16,
+            wait_for_reported_in_use: false,
         }
     }
 }
@@ -102,6 +109,37 @@ pub enum WaitError {
     Stopped,
 }
 
+/// Why `resize_ephemeral_volume` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    /// The pod is not in the desired state.
+    #[error("pod {0} is not known")]
+    PodNotFound(String),
+    /// The pod has no volume of that name (or does not use it).
+    #[error("volume {volume} not found in pod {pod}")]
+    VolumeNotFound {
+        /// The pod.
+        pod: String,
+        /// The volume's name in the pod.
+        volume: String,
+    },
+    /// The volume's plugin cannot resize it in place (only emptyDir can).
+    #[error("volume {0} does not support direct resizing")]
+    NotSupported(String),
+    /// The volume is not (certainly) set up.
+    #[error("volume {volume} of pod {pod} is not mounted")]
+    NotMounted {
+        /// The pod.
+        pod: String,
+        /// The volume's name in the pod.
+        volume: String,
+    },
+    /// The plugin refused or failed (a size below what the volume holds is
+    /// [`VolumeError::BelowUsage`](crate::plugins::VolumeError::BelowUsage)).
+    #[error(transparent)]
+    Volume(#[from] crate::plugins::VolumeError),
+}
+
 /// The volume manager.
 pub struct VolumeManager {
     config: Config,
@@ -114,7 +152,6 @@ pub struct VolumeManager {
     metrics: Arc<Metrics>,
     reconciler: Arc<Reconciler>,
     populator: Arc<Populator>,
-    reported_in_use: Mutex<HashSet<UniqueVolumeName>>,
     /// Which tracer is active, and what it adds to status and metrics.
     tracer: Arc<TracerStatus>,
     shutdown: watch::Sender<bool>,
@@ -154,6 +191,7 @@ impl VolumeManager {
             Arc::clone(&pool),
             Arc::clone(&out_of_band),
             config.resync_period,
+            config.wait_for_reported_in_use,
         );
         let populator = Arc::new(Populator::new(
             Arc::clone(&world),
@@ -176,7 +214,6 @@ impl VolumeManager {
             metrics,
             reconciler,
             populator,
-            reported_in_use: Mutex::default(),
             tracer,
             shutdown: watch::Sender::new(false),
             task: Mutex::default(),
@@ -397,37 +434,152 @@ impl VolumeManager {
         f(&self.world.asw())
     }
 
-    /// The kubelet's `GetExtraSupplementalGroupsForPod`: the pod's fsGroup and
-    /// supplemental groups (deduplicated), if the pod is known.
+    /// The kubelet's `HasPossiblyMountedVolumesForPod`: whether any volume
+    /// of the pod is mounted or uncertain (a plugin may be mounting it).
+    pub fn has_possibly_mounted_volumes_for_pod(&self, uid: &PodUid) -> bool {
+        self.world.asw().pod_has_mounts(uid)
+    }
+
+    /// The kubelet's `GetExtraSupplementalGroupsForPod`: the GIDs in the
+    /// `pv.beta.kubernetes.io/gid` annotations of the PersistentVolumes
+    /// mounted for the pod (invalid values ignored) that the pod does not
+    /// already ask for: not among its `supplementalGroups` (the kubelet's
+    /// `getExtraSupplementalGID`) nor its `fsGroup` (which the runtime adds
+    /// anyway). Sorted, without duplicates; empty for an unknown pod.
     pub fn extra_supplemental_groups_for_pod(&self, uid: &PodUid) -> Vec<i64> {
-        let dsw = self.world.dsw();
-        let mut g: Vec<i64> = dsw
+        let own: Vec<i64> = self
+            .world
+            .dsw()
             .pod(uid)
             .map(|p| p.supplemental_groups.clone())
             .unwrap_or_default();
+        let mut g: Vec<i64> = self.with_actual_state(|asw| {
+            asw.mounts_of_pod(uid.as_str())
+                .filter(|(_, _, m)| m.state == VolumeMountState::Mounted)
+                .filter_map(|(_, _, m)| m.spec.supplemental_gid())
+                .filter(|gid| !own.contains(gid))
+                .collect()
+        });
         g.sort_unstable();
         g.dedup();
         g
     }
 
-    /// The kubelet's `GetVolumesInUse`: every volume desired or still mounted.
+    /// The kubelet's `GetVolumesInUse`: the attachable volumes (see
+    /// [`VolumePlugin::is_attachable`]: CSI volumes; emptyDir, hostPath and
+    /// the like are not) that are desired or still in the actual state, so
+    /// a volume is in use from the moment it is wanted until it is safely
+    /// unmounted. Sorted.
     pub fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
-        let mut set: HashSet<UniqueVolumeName> =
-            self.world.dsw().volumes().map(|(n, _)| n.clone()).collect();
-        set.extend(self.world.asw().volumes().map(|(n, _)| n.clone()));
+        let attachable = |plugin: &str| {
+            self.plugins
+                .find_by_name(plugin)
+                .is_some_and(|p| p.is_attachable())
+        };
+        let mut set: HashSet<UniqueVolumeName> = self
+            .world
+            .dsw()
+            .volumes()
+            .filter(|(_, v)| attachable(&v.plugin_name))
+            .map(|(n, _)| n.clone())
+            .collect();
+        set.extend(
+            self.world
+                .asw()
+                .volumes()
+                .filter(|(_, v)| attachable(&v.plugin_name))
+                .map(|(n, _)| n.clone()),
+        );
         let mut v: Vec<_> = set.into_iter().collect();
         v.sort();
         v
     }
 
-    /// The kubelet's `MarkVolumesAsReportedInUse`.
+    /// The kubelet's `MarkVolumesAsReportedInUse`: `names` are the volumes
+    /// the node status lists in use now; every desired volume is marked
+    /// reported exactly when listed (kept in the desired state). With
+    /// [`Config::wait_for_reported_in_use`], newly reported volumes are set
+    /// up at once.
     pub fn mark_volumes_as_reported_in_use(&self, names: Vec<UniqueVolumeName>) {
-        *self.reported_in_use.locked() = names.into_iter().collect();
+        let names: crate::volume::FastSet<UniqueVolumeName> = names.into_iter().collect();
+        let newly = self.world.dsw_mut().mark_volumes_reported_in_use(&names);
+        // Wakes the reconciler for them, and bumps the generation (status).
+        self.world.mark_dirty(newly);
     }
 
-    /// Whether a volume was reported in use.
+    /// Whether a desired volume was reported in use at the last report.
     pub fn volume_is_reported_in_use(&self, name: &UniqueVolumeName) -> bool {
-        self.reported_in_use.locked().contains(name)
+        self.world
+            .dsw()
+            .volume(name)
+            .is_some_and(|v| v.reported_in_use)
+    }
+
+    /// The kubelet's `ResizeEphemeralVolume`: resizes the pod's volume
+    /// `volume` (its name in the pod) to `new_size` bytes at once, in place.
+    /// Only a `medium: Memory` emptyDir can be resized (its tmpfs is
+    /// remounted with the new `size=`, files kept); a size below what it
+    /// holds is refused. The desired spec keeps its `sizeLimit`: a volume
+    /// set up again (after an out-of-band unmount) gets the spec's size
+    /// until the pod is upserted with the new one.
+    pub async fn resize_ephemeral_volume(
+        &self,
+        uid: &PodUid,
+        volume: &str,
+        new_size: u64,
+    ) -> Result<(), ResizeError> {
+        let (plugin, spec, path) = self.resizable_volume(uid, volume)?;
+        let Some(r) = plugin.ephemeral_resizable() else {
+            return Err(ResizeError::NotSupported(volume.to_string()));
+        };
+        r.resize_ephemeral_volume(uid, &spec, &path, new_size)
+            .await?;
+        tracing::info!(pod = %uid, volume, new_size, "resized ephemeral volume");
+        Ok(())
+    }
+
+    /// The plugin, mounted spec and path of a pod's volume to resize.
+    fn resizable_volume(
+        &self,
+        uid: &PodUid,
+        volume: &str,
+    ) -> Result<
+        (
+            Arc<dyn VolumePlugin>,
+            Arc<crate::volume::VolumeSpec>,
+            PathBuf,
+        ),
+        ResizeError,
+    > {
+        let not_found = || ResizeError::VolumeNotFound {
+            pod: uid.to_string(),
+            volume: volume.to_string(),
+        };
+        let dsw = self.world.dsw();
+        let pod = dsw
+            .pod(uid)
+            .ok_or_else(|| ResizeError::PodNotFound(uid.to_string()))?;
+        let entry = pod
+            .volumes
+            .iter()
+            .find(|v| v.outer_name == volume)
+            .ok_or_else(not_found)?;
+        let (Ok(name), Some(plugin)) = (&entry.volume, &entry.plugin_name) else {
+            return Err(ResizeError::NotSupported(volume.to_string()));
+        };
+        let plugin = self
+            .plugins
+            .find_by_name(plugin)
+            .ok_or_else(|| ResizeError::NotSupported(volume.to_string()))?;
+        let asw = self.world.asw();
+        let m = asw
+            .pod_mount(name, uid)
+            .filter(|m| m.state == VolumeMountState::Mounted)
+            .ok_or_else(|| ResizeError::NotMounted {
+                pod: uid.to_string(),
+                volume: volume.to_string(),
+            })?;
+        Ok((plugin, Arc::clone(&m.spec), m.path.clone()))
     }
 
     /// The kubelet's `VolumeIsAttached`.
@@ -703,12 +855,304 @@ mod tests {
                 .contains("cm (error: no volume plugin supports configMap"),
             "{err}"
         );
-        assert_eq!(vm.extra_supplemental_groups_for_pod(&uid), vec![7, 9]);
+        // No PersistentVolume, no extra group; nothing attachable in use.
+        assert!(vm.extra_supplemental_groups_for_pod(&uid).is_empty());
+        assert!(vm.volumes_in_use().is_empty());
+        let m = vm.possibly_mounted_volumes_for_pod(&uid)[0]
+            .volume_name
+            .clone();
+        assert!(vm.volume_is_attached(&m));
+        assert!(vm.has_possibly_mounted_volumes_for_pod(&uid));
+        assert_eq!(vm.possibly_mounted_volumes_for_pod(&uid).len(), 1);
+    }
+
+    /// An attachable plugin standing in for CSI (a CSI source, no driver):
+    /// set-up only records the path.
+    struct FakeAttachable;
+
+    #[async_trait::async_trait]
+    impl VolumePlugin for FakeAttachable {
+        fn name(&self) -> &str {
+            "test/attachable"
+        }
+        fn can_support(&self, s: &crate::volume::VolumeSource) -> bool {
+            matches!(s, crate::volume::VolumeSource::Csi(_))
+        }
+        async fn set_up(
+            &self,
+            req: crate::plugins::MountRequest,
+        ) -> Result<PathBuf, crate::plugins::VolumeError> {
+            Ok(PathBuf::from(format!(
+                "/fake/{}/{}",
+                req.pod_uid, req.spec.name
+            )))
+        }
+        async fn tear_down(
+            &self,
+            _: crate::plugins::UnmountRequest,
+        ) -> Result<(), crate::plugins::VolumeError> {
+            Ok(())
+        }
+        fn verify(
+            &self,
+            _: &crate::volume::VolumeSpec,
+            _: &std::path::Path,
+            _: crate::sys::mount_table::MountTableView<'_>,
+        ) -> bool {
+            true
+        }
+        fn is_attachable(&self) -> bool {
+            true
+        }
+    }
+
+    fn csi(gid: Option<i64>) -> crate::volume::VolumeSource {
+        use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource};
+        crate::volume::VolumeSource::Csi(CsiVolumeSource {
+            driver: "d".into(),
+            volume_handle: format!("h-{gid:?}"),
+            ephemeral: false,
+            pv_name: Some("pv".into()),
+            read_only: false,
+            fs_type: None,
+            volume_mode: CsiVolumeMode::Filesystem,
+            access_mode: CsiAccessMode::SingleNodeWriter,
+            volume_attributes: Default::default(),
+            mount_options: vec![],
+            capacity_bytes: None,
+            node_stage_secrets: None,
+            node_publish_secrets: None,
+            node_expand_secrets: None,
+            supplemental_gid: gid,
+        })
+    }
+
+    /// A desired pod with `fsGroup` 7, `supplementalGroups` [9] and `vols`.
+    fn desired(uid: &str, vols: Vec<(&str, crate::volume::VolumeSource)>) -> DesiredPod {
+        DesiredPod {
+            uid: PodUid::new(uid).unwrap(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            fs_group: Some(7),
+            supplemental_groups: vec![9],
+            selinux_label: None,
+            volumes: vols
+                .into_iter()
+                .map(|(n, s)| crate::populator::pod::PodVolume {
+                    name: n.into(),
+                    source: Ok(s),
+                })
+                .collect(),
+            terminated: false,
+        }
+    }
+
+    fn memory_source() -> crate::volume::VolumeSource {
+        crate::volume::VolumeSource::EmptyDir {
+            medium: crate::volume::StorageMedium::Memory,
+            size_limit: Some(1 << 20),
+        }
+    }
+
+    async fn manager_with(
+        wait_for_reported_in_use: bool,
+    ) -> (tempfile::TempDir, Arc<FakeMounter>, Arc<VolumeManager>) {
+        let t = tempfile::tempdir().unwrap();
+        let fake = Arc::new(FakeMounter::default());
+        let mut cfg = Config::new(t.path());
+        cfg.wait_for_reported_in_use = wait_for_reported_in_use;
+        let vm = VolumeManager::new(cfg, fake.clone()).unwrap();
+        vm.register_plugin(Arc::new(FakeAttachable)).unwrap();
+        vm.start().await.unwrap();
+        vm.set_populated();
+        (t, fake, vm)
+    }
+
+    /// Waits (bounded by T, only to catch a hang) until `f` holds.
+    async fn until(vm: &VolumeManager, f: impl Fn(&VolumeManager) -> bool) {
+        let mut rx = vm.world().subscribe();
+        tokio::time::timeout(T, async {
+            while !f(vm) {
+                rx.changed().await.unwrap();
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn extra_groups_come_from_mounted_pv_gid_annotations() {
+        let (_t, _fake, vm) = manager_with(false).await;
+        let uid = PodUid::new("g").unwrap();
+        assert!(vm.extra_supplemental_groups_for_pod(&uid).is_empty());
+        vm.set_desired_pod(desired(
+            "g",
+            vec![
+                ("a", csi(Some(1234))),
+                ("b", csi(Some(9))), // already a supplemental group
+                ("c", csi(Some(7))), // the fsGroup
+                ("d", csi(Some(55))),
+                ("e", csi(None)), // no (or an invalid) annotation
+                ("m", memory_source()),
+            ],
+        ));
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        assert_eq!(vm.extra_supplemental_groups_for_pod(&uid), vec![55, 1234]);
+        // Only the attachable (CSI) volumes are in use, not the emptyDir.
+        let in_use = vm.volumes_in_use();
+        assert_eq!(in_use.len(), 5, "{in_use:?}");
+        assert!(in_use
+            .iter()
+            .all(|n| n.as_str().starts_with("test/attachable/")));
+        vm.delete_pod(&uid);
+        vm.wait_for_unmount(&uid, T).await.unwrap();
+        assert!(vm.extra_supplemental_groups_for_pod(&uid).is_empty());
+        until(&vm, |vm| vm.volumes_in_use().is_empty()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attachable_volume_waits_until_reported_in_use() {
+        let (_t, fake, vm) = manager_with(true).await;
+        let uid = PodUid::new("r").unwrap();
+        vm.set_desired_pod(desired(
+            "r",
+            vec![("c", csi(Some(1))), ("m", memory_source())],
+        ));
+        // The emptyDir is not attachable: it is set up at once.
+        until(&vm, |vm| vm.mounted_volumes_for_pod(&uid).len() == 1).await;
+        assert_eq!(fake.mounted().len(), 1);
+        let status = vm.status();
+        let c = status.pods[0]
+            .volumes
+            .iter()
+            .find(|v| v.name == "c")
+            .unwrap();
+        assert_eq!(
+            c.error.as_deref(),
+            Some(crate::reconciler::NOT_REPORTED_IN_USE)
+        );
+        let err = vm
+            .wait_for_attach_and_mount(&uid, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("c (pending: Volume has not been added"),
+            "{err}"
+        );
+        // Reported in use: mounted at once (the reconciler is woken).
         let in_use = vm.volumes_in_use();
         assert_eq!(in_use.len(), 1);
-        assert!(vm.volume_is_attached(&in_use[0]));
+        assert!(!vm.volume_is_reported_in_use(&in_use[0]));
         vm.mark_volumes_as_reported_in_use(in_use.clone());
         assert!(vm.volume_is_reported_in_use(&in_use[0]));
-        assert_eq!(vm.possibly_mounted_volumes_for_pod(&uid).len(), 1);
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        // Once attached, a report that leaves it out does not unmount it.
+        vm.mark_volumes_as_reported_in_use(vec![]);
+        vm.wait_converged(Some(1), T).await.unwrap();
+        assert_eq!(vm.mounted_volumes_for_pod(&uid).len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_flag_attachable_volumes_mount_at_once() {
+        let (_t, _fake, vm) = manager_with(false).await;
+        let uid = PodUid::new("n").unwrap();
+        vm.set_desired_pod(desired("n", vec![("c", csi(None))]));
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waits_for_all_pods_to_unmount_in_one_timeout() {
+        let (_t, _fake, vm) = manager_with(false).await;
+        let uids: Vec<PodUid> = ["w1", "w2", "w3"]
+            .iter()
+            .map(|u| {
+                vm.set_desired_pod(desired(u, vec![("m", memory_source())]));
+                PodUid::new(*u).unwrap()
+            })
+            .collect();
+        for u in &uids {
+            vm.wait_for_attach_and_mount(u, T).await.unwrap();
+            assert!(vm.has_possibly_mounted_volumes_for_pod(u));
+        }
+        vm.delete_pod(&uids[0]);
+        vm.delete_pod(&uids[1]);
+        vm.wait_for_all_pods_unmount(&uids[..2], T).await.unwrap();
+        assert!(!vm.has_possibly_mounted_volumes_for_pod(&uids[0]));
+        // w3 stays: the error names what is left.
+        let err = vm
+            .wait_for_all_pods_unmount(&uids, Duration::from_millis(50))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            WaitError::Timeout {
+                pod: "w1,w2,w3".into(),
+                pending: "w3/m (still mounted)".into()
+            }
+        );
+        vm.wait_for_all_pods_unmount(&[], T).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resizes_a_memory_empty_dir_in_place() {
+        let (_t, fake, vm) = manager_with(false).await;
+        let disk = crate::volume::VolumeSource::EmptyDir {
+            medium: crate::volume::StorageMedium::Default,
+            size_limit: None,
+        };
+        let uid = PodUid::new("z").unwrap();
+        vm.set_desired_pod(desired(
+            "z",
+            vec![("m", memory_source()), ("d", disk), ("c", csi(None))],
+        ));
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        vm.resize_ephemeral_volume(&uid, "m", 8 << 20)
+            .await
+            .unwrap();
+        assert!(matches!(
+            fake.calls().last(),
+            Some(Call::Mount { data: Some(d), .. }) if d == "size=8388608"
+        ));
+        fake.set_usage(crate::sys::FsUsage {
+            size_bytes: 8 << 20,
+            used_bytes: 3 << 20,
+        });
+        let err = vm
+            .resize_ephemeral_volume(&uid, "m", 2 << 20)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ResizeError::Volume(crate::plugins::VolumeError::BelowUsage { .. })
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("3145728 bytes are in use"),
+            "{err}"
+        );
+        let err = vm
+            .resize_ephemeral_volume(&uid, "d", 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("only a medium: Memory"), "{err}");
+        let err = vm
+            .resize_ephemeral_volume(&uid, "c", 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ResizeError::NotSupported(_)), "{err}");
+        let err = vm
+            .resize_ephemeral_volume(&uid, "x", 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ResizeError::VolumeNotFound { .. }), "{err}");
+        let nobody = PodUid::new("nobody").unwrap();
+        let err = vm
+            .resize_ephemeral_volume(&nobody, "m", 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ResizeError::PodNotFound(_)), "{err}");
     }
 }

@@ -188,6 +188,12 @@ impl VolumeManager {
                     .record(name, None)
                     .filter(|d| d.kind == OperationKind::ExpandVolume)
                     .and_then(|d| d.last_error)
+                    // An attachable volume waiting to be reported in use.
+                    .or_else(|| {
+                        dsw.volume(name)
+                            .filter(|dv| self.reconciler.awaits_in_use_report(name, dv, asw))
+                            .map(|_| crate::reconciler::NOT_REPORTED_IN_USE.to_string())
+                    })
             }),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),

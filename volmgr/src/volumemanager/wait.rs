@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::{VolumeManager, WaitError};
 use crate::cache::actual_state_of_world::VolumeMountState;
+use crate::reconciler::NOT_REPORTED_IN_USE;
 use crate::volume::{PodUid, UniqueVolumeName};
 
 /// Shortest pause between two convergence checks of a waiter.
@@ -20,27 +21,54 @@ impl VolumeManager {
         uid: &PodUid,
         timeout: Duration,
     ) -> Result<(), WaitError> {
-        self.wait(uid, timeout, |this| this.pending_volumes(uid))
+        self.wait(uid.as_str(), timeout, |this| this.pending_volumes(uid))
             .await
     }
 
     /// The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.
     pub async fn wait_for_unmount(&self, uid: &PodUid, timeout: Duration) -> Result<(), WaitError> {
-        self.wait(uid, timeout, |this| {
-            let left: Vec<String> = this
-                .world
-                .asw()
-                .all_mounts_of_pod(uid)
-                .into_iter()
-                .map(|m| format!("{} (still mounted)", m.outer_volume_spec_name))
-                .collect();
-            if left.is_empty() {
-                None
-            } else {
-                Some(left.join(", "))
-            }
+        self.wait(uid.as_str(), timeout, |this| {
+            this.still_mounted(std::slice::from_ref(uid), false)
         })
         .await
+    }
+
+    /// The kubelet's `WaitForAllPodsUnmount`: returns once nothing of any of
+    /// `uids` is mounted (or uncertain), all within one `timeout`; on
+    /// timeout the error lists `pod/volume` for what is left.
+    pub async fn wait_for_all_pods_unmount(
+        &self,
+        uids: &[PodUid],
+        timeout: Duration,
+    ) -> Result<(), WaitError> {
+        let label: Vec<&str> = uids.iter().map(PodUid::as_str).collect();
+        self.wait(&label.join(","), timeout, |this| {
+            this.still_mounted(uids, true)
+        })
+        .await
+    }
+
+    /// `None` when nothing of `uids` is mounted; otherwise what is, as
+    /// `volume (still mounted)` (`pod/volume` with `with_pod`).
+    fn still_mounted(&self, uids: &[PodUid], with_pod: bool) -> Option<String> {
+        let asw = self.world.asw();
+        let left: Vec<String> = uids
+            .iter()
+            .flat_map(|uid| {
+                asw.all_mounts_of_pod(uid).into_iter().map(move |m| {
+                    if with_pod {
+                        format!("{uid}/{} (still mounted)", m.outer_volume_spec_name)
+                    } else {
+                        format!("{} (still mounted)", m.outer_volume_spec_name)
+                    }
+                })
+            })
+            .collect();
+        if left.is_empty() {
+            None
+        } else {
+            Some(left.join(", "))
+        }
     }
 
     /// Waits until the node has converged: states synced, (if given) exactly
@@ -119,7 +147,7 @@ impl VolumeManager {
         None
     }
 
-    async fn wait<F>(&self, uid: &PodUid, timeout: Duration, pending: F) -> Result<(), WaitError>
+    async fn wait<F>(&self, pods: &str, timeout: Duration, pending: F) -> Result<(), WaitError>
     where
         F: Fn(&Self) -> Option<String>,
     {
@@ -135,7 +163,7 @@ impl VolumeManager {
                 Ok(Err(_)) => return Err(WaitError::Stopped),
                 Err(_) => {
                     return Err(WaitError::Timeout {
-                        pod: uid.to_string(),
+                        pod: pods.to_string(),
                         pending: missing,
                     })
                 }
@@ -165,6 +193,12 @@ impl VolumeManager {
                             .or_else(|| self.device_error(name));
                         Some(match err {
                             Some(e) => format!("{} (error: {e})", v.outer_name),
+                            None if dsw.volume(name).is_some_and(|dv| {
+                                self.reconciler.awaits_in_use_report(name, dv, &asw)
+                            }) =>
+                            {
+                                format!("{} (pending: {NOT_REPORTED_IN_USE})", v.outer_name)
+                            }
                             None => format!("{} (pending)", v.outer_name),
                         })
                     }

@@ -134,6 +134,7 @@ mod tests {
                 node_stage_secrets: None,
                 node_publish_secrets: None,
                 node_expand_secrets: None,
+                supplemental_gid: None,
             }),
         }
     }

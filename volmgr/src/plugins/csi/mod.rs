@@ -224,6 +224,14 @@ impl VolumePlugin for CsiPlugin {
         Some(self)
     }
 
+    /// CSI volumes are attachable. The kubelet treats a CSI volume as
+    /// attachable unless the driver's CSIDriver object says
+    /// `attachRequired: false`; volmgr does not read CSIDriver objects
+    /// (yet), so every CSI volume is.
+    fn is_attachable(&self) -> bool {
+        true
+    }
+
     fn node_expandable(&self) -> Option<&dyn NodeExpandableVolumePlugin> {
         Some(self)
     }

@@ -60,5 +60,6 @@ pub(super) fn reconstructed_source(
         node_stage_secrets: None,
         node_publish_secrets: None,
         node_expand_secrets: None,
+        supplemental_gid: None,
     }
 }
