@@ -135,10 +135,15 @@ const char *volmgr_last_error(void);
  * Creates a manager from `config_json`:
  * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
- *   "wait_for_sources_ready": false}` (only `root_dir` is required).
+ *   "wait_for_sources_ready": false, "wait_for_reported_in_use": false}`
+ * (only `root_dir` is required).
  * With `wait_for_sources_ready`, nothing is torn down until
  * `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
- * pods first). `tracer` picks what finds volumes changed behind the
+ * pods first). With `wait_for_reported_in_use`, an attachable volume (CSI)
+ * is set up only once `volmgr_mark_volumes_as_reported_in_use` has listed
+ * it (the kubelet's reconciler: a volume must be in the node status'
+ * `volumesInUse` first); until then it is pending, and the waits and
+ * status say why. `tracer` picks what finds volumes changed behind the
  * manager's back between resyncs (see `volmgr agent --tracer`): `ebpf` that
  * cannot be loaded, or `mountinfo` that cannot watch the mount table, is
  * `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` (the default) falls back
@@ -238,9 +243,56 @@ volmgr_status volmgr_wait_for_attach_and_mount(volmgr *vm,
 volmgr_status volmgr_wait_for_unmount(volmgr *vm, const char *pod_uid, uint64_t timeout_ms);
 
 /**
+ * The kubelet's `WaitForAllPodsUnmount`: returns `VOLMGR_OK` once nothing of
+ * any pod in `uids_json` (a JSON array of pod UIDs) is mounted or
+ * uncertain, or `VOLMGR_ERR_TIMEOUT` listing `pod/volume` for what is left
+ * after `timeout_ms` (one timeout for all). An empty array is `VOLMGR_OK`.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `uids_json` is NULL or a NUL-terminated string.
+ */
+volmgr_status volmgr_wait_for_all_pods_unmount(volmgr *vm,
+                                               const char *uids_json,
+                                               uint64_t timeout_ms);
+
+/**
+ * The kubelet's `HasPossiblyMountedVolumesForPod`: `*out` is whether any
+ * volume of the pod is mounted or uncertain (false for an unknown pod).
+ *
+ * # Safety
+ * `vm` live or NULL; `pod_uid` a string or NULL; `out` writable or NULL.
+ */
+volmgr_status volmgr_has_possibly_mounted_volumes_for_pod(volmgr *vm,
+                                                          const char *pod_uid,
+                                                          bool *out);
+
+/**
+ * The kubelet's `ResizeEphemeralVolume`: resizes the pod's volume `volume`
+ * (its name in the pod spec) to `new_size_bytes` at once, in place. Only a
+ * `medium: Memory` emptyDir can be resized: its tmpfs is remounted with the
+ * new `size=` and keeps its files. `VOLMGR_ERR_NOT_FOUND` for an unknown pod
+ * or volume, `VOLMGR_ERR_UNSUPPORTED` for another kind of volume,
+ * `VOLMGR_ERR_BUSY` if it is not mounted, `VOLMGR_ERR_INVALID_ARGUMENT` for
+ * a size below what the volume holds (nothing changes). The remount runs
+ * on a volmgr thread; the call blocks until it is done.
+ *
+ * # Safety
+ * `vm` live or NULL; `pod_uid` and `volume` strings or NULL.
+ */
+volmgr_status volmgr_resize_ephemeral_volume(volmgr *vm,
+                                             const char *pod_uid,
+                                             const char *volume,
+                                             uint64_t new_size_bytes);
+
+/**
  * The kubelet's `GetMountedVolumesForPod`: a JSON array of
- * `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state"}` for
- * the volumes certainly mounted (empty for an unknown pod). `*out_json` is
+ * `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state",
+ * "read_only", "selinux_relabel", "block_device_path"}` for the volumes
+ * certainly mounted (empty for an unknown pod). `read_only` is the volume's
+ * own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
+ * may relabel it (true for emptyDir, false when unknown), and
+ * `block_device_path` the device file of a raw block volume
+ * (`volumeDevices`), null otherwise. `*out_json` is
  * owned by the caller (`volmgr_string_free`).
  *
  * # Safety
@@ -260,7 +312,10 @@ volmgr_status volmgr_get_possibly_mounted_volumes_for_pod(volmgr *vm,
                                                           char **out_json);
 
 /**
- * The kubelet's `GetExtraSupplementalGroupsForPod`: a JSON array of GIDs.
+ * The kubelet's `GetExtraSupplementalGroupsForPod`: a JSON array of GIDs
+ * from the `pv.beta.kubernetes.io/gid` annotations of the pod's mounted
+ * PersistentVolumes that the pod does not already list in its
+ * `supplementalGroups` or `fsGroup` (invalid values ignored; sorted).
  *
  * # Safety
  * As for `volmgr_get_mounted_volumes_for_pod`.
@@ -270,7 +325,11 @@ volmgr_status volmgr_get_extra_supplemental_groups_for_pod(volmgr *vm,
                                                            char **out_json);
 
 /**
- * The kubelet's `GetVolumesInUse`: a JSON array of unique volume names.
+ * The kubelet's `GetVolumesInUse`: a JSON array of the unique names of the
+ * attachable volumes (CSI: the kubelet treats CSI as attachable unless a
+ * CSIDriver says `attachRequired: false`, which volmgr does not read yet;
+ * emptyDir, hostPath and host plugins' volumes are not attachable) that
+ * are desired or still known to the actual state. Sorted.
  *
  * # Safety
  * `vm` live or NULL; `out_json` writable or NULL.
@@ -279,7 +338,10 @@ volmgr_status volmgr_get_volumes_in_use(volmgr *vm, char **out_json);
 
 /**
  * The kubelet's `MarkVolumesAsReportedInUse`: `names_json` is a JSON array
- * of unique volume names.
+ * of the unique volume names the node status now lists in `volumesInUse`;
+ * each desired volume is reported exactly when listed. With
+ * `"wait_for_reported_in_use": true` this lets the attachable volumes
+ * listed be set up (the reconciler is woken for them).
  *
  * # Safety
  * `vm` live or NULL; `names_json` a string or NULL.

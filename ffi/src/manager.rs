@@ -8,10 +8,11 @@ use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::cache::world::VolumeEvent;
 use volmgr_core::operationexecutor::Backoff;
+use volmgr_core::plugins::VolumeError;
 use volmgr_core::sys::linux::LinuxMounter;
 use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
-use volmgr_core::volumemanager::{Config, VolumeManager, WaitError};
+use volmgr_core::volumemanager::{Config, ResizeError, VolumeManager, WaitError};
 
 use crate::boundary::{guard, guard_value, out_arg, str_arg, to_c_string, try_ffi};
 use crate::error::*;
@@ -68,10 +69,31 @@ struct NewConfig {
     backoff_max_ms: Option<u64>,
     #[serde(default)]
     wait_for_sources_ready: bool,
+    #[serde(default)]
+    wait_for_reported_in_use: bool,
 }
 
 fn default_tracer() -> String {
     "auto".into()
+}
+
+/// The manager's settings from `volmgr_new`'s JSON.
+fn build_config(cfg: &NewConfig) -> Config {
+    let mut config = Config::new(&cfg.root_dir);
+    config.node_name = cfg.node_name.clone();
+    if let Some(ms) = cfg.resync_period_ms {
+        config.resync_period = Duration::from_millis(ms.max(1));
+    }
+    let d = Backoff::default();
+    config.backoff = Backoff {
+        initial: cfg
+            .backoff_initial_ms
+            .map_or(d.initial, Duration::from_millis),
+        factor: d.factor,
+        max: cfg.backoff_max_ms.map_or(d.max, Duration::from_millis),
+    };
+    config.wait_for_reported_in_use = cfg.wait_for_reported_in_use;
+    config
 }
 
 /// Borrows the handle.
@@ -93,10 +115,15 @@ fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 /// Creates a manager from `config_json`:
 /// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
-///   "wait_for_sources_ready": false}` (only `root_dir` is required).
+///   "wait_for_sources_ready": false, "wait_for_reported_in_use": false}`
+/// (only `root_dir` is required).
 /// With `wait_for_sources_ready`, nothing is torn down until
 /// `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
-/// pods first). `tracer` picks what finds volumes changed behind the
+/// pods first). With `wait_for_reported_in_use`, an attachable volume (CSI)
+/// is set up only once `volmgr_mark_volumes_as_reported_in_use` has listed
+/// it (the kubelet's reconciler: a volume must be in the node status'
+/// `volumesInUse` first); until then it is pending, and the waits and
+/// status say why. `tracer` picks what finds volumes changed behind the
 /// manager's back between resyncs (see `volmgr agent --tracer`): `ebpf` that
 /// cannot be loaded, or `mountinfo` that cannot watch the mount table, is
 /// `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` (the default) falls back
@@ -121,19 +148,7 @@ pub unsafe extern "C" fn volmgr_new(
             .tracer
             .parse()
             .map_err(|e: String| fail(VOLMGR_ERR_INVALID_ARGUMENT, e)));
-        let mut config = Config::new(&cfg.root_dir);
-        config.node_name = cfg.node_name;
-        if let Some(ms) = cfg.resync_period_ms {
-            config.resync_period = Duration::from_millis(ms.max(1));
-        }
-        let d = Backoff::default();
-        config.backoff = Backoff {
-            initial: cfg
-                .backoff_initial_ms
-                .map_or(d.initial, Duration::from_millis),
-            factor: d.factor,
-            max: cfg.backoff_max_ms.map_or(d.max, Duration::from_millis),
-        };
+        let config = build_config(&cfg);
         let rt = try_ffi!(tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(THREAD_NAME)
@@ -391,7 +406,113 @@ pub unsafe extern "C" fn volmgr_wait_for_unmount(
     })
 }
 
-/// One entry of the volume lists, serialized straight from the actual state.
+/// The kubelet's `WaitForAllPodsUnmount`: returns `VOLMGR_OK` once nothing of
+/// any pod in `uids_json` (a JSON array of pod UIDs) is mounted or
+/// uncertain, or `VOLMGR_ERR_TIMEOUT` listing `pod/volume` for what is left
+/// after `timeout_ms` (one timeout for all). An empty array is `VOLMGR_OK`.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `uids_json` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_wait_for_all_pods_unmount(
+    vm: *mut volmgr,
+    uids_json: *const c_char,
+    timeout_ms: u64,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let text = try_ffi!(unsafe { str_arg(uids_json, "uids_json") });
+        let raw: Vec<String> = try_ffi!(serde_json::from_str(text)
+            .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("uids_json: {e}"))));
+        let uids: Vec<PodUid> = try_ffi!(raw.iter().map(|u| uid_arg(u)).collect());
+        let timeout = Duration::from_millis(timeout_ms);
+        wait_status(h.rt.block_on(h.vm.wait_for_all_pods_unmount(&uids, timeout)))
+    })
+}
+
+/// The kubelet's `HasPossiblyMountedVolumesForPod`: `*out` is whether any
+/// volume of the pod is mounted or uncertain (false for an unknown pod).
+///
+/// # Safety
+/// `vm` live or NULL; `pod_uid` a string or NULL; `out` writable or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_has_possibly_mounted_volumes_for_pod(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    out: *mut bool,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let out = try_ffi!(out_arg(out, "out"));
+        // SAFETY: checked non-NULL.
+        unsafe { *out = h.vm.has_possibly_mounted_volumes_for_pod(&uid) };
+        VOLMGR_OK
+    })
+}
+
+fn resize_status(r: Result<(), ResizeError>) -> volmgr_status {
+    match r {
+        Ok(()) => VOLMGR_OK,
+        Err(e @ (ResizeError::PodNotFound(_) | ResizeError::VolumeNotFound { .. })) => {
+            fail(VOLMGR_ERR_NOT_FOUND, e.to_string())
+        }
+        Err(e @ ResizeError::NotMounted { .. }) => fail(VOLMGR_ERR_BUSY, e.to_string()),
+        Err(e @ ResizeError::Volume(VolumeError::BelowUsage { .. })) => {
+            fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string())
+        }
+        Err(
+            e @ (ResizeError::NotSupported(_) | ResizeError::Volume(VolumeError::InvalidSpec(_))),
+        ) => fail(VOLMGR_ERR_UNSUPPORTED, e.to_string()),
+        Err(e) => fail(VOLMGR_ERR_INTERNAL, e.to_string()),
+    }
+}
+
+/// The kubelet's `ResizeEphemeralVolume`: resizes the pod's volume `volume`
+/// (its name in the pod spec) to `new_size_bytes` at once, in place. Only a
+/// `medium: Memory` emptyDir can be resized: its tmpfs is remounted with the
+/// new `size=` and keeps its files. `VOLMGR_ERR_NOT_FOUND` for an unknown pod
+/// or volume, `VOLMGR_ERR_UNSUPPORTED` for another kind of volume,
+/// `VOLMGR_ERR_BUSY` if it is not mounted, `VOLMGR_ERR_INVALID_ARGUMENT` for
+/// a size below what the volume holds (nothing changes). The remount runs
+/// on a volmgr thread; the call blocks until it is done.
+///
+/// # Safety
+/// `vm` live or NULL; `pod_uid` and `volume` strings or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_resize_ephemeral_volume(
+    vm: *mut volmgr,
+    pod_uid: *const c_char,
+    volume: *const c_char,
+    new_size_bytes: u64,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        // SAFETY: per this function's contract.
+        let volume = try_ffi!(unsafe { str_arg(volume, "volume") }).to_string();
+        let vm = Arc::clone(&h.vm);
+        // On a volmgr thread: the tracer counts mounts made by the host's
+        // own threads as out-of-band changes.
+        let task = h.rt.spawn(async move {
+            vm.resize_ephemeral_volume(&uid, &volume, new_size_bytes)
+                .await
+        });
+        match h.rt.block_on(task) {
+            Ok(r) => resize_status(r),
+            Err(e) => fail(VOLMGR_ERR_INTERNAL, format!("resize task: {e}")),
+        }
+    })
+}
+
+/// One entry of the volume lists, serialized straight from the actual state:
+/// what the kubelet's `container.VolumeMap` needs. Fields are only ever added.
 #[derive(serde::Serialize)]
 struct VolumeJson<'a> {
     outer_volume_spec_name: &'a str,
@@ -399,6 +520,13 @@ struct VolumeJson<'a> {
     plugin: &'a str,
     path: std::borrow::Cow<'a, str>,
     state: &'static str,
+    /// The kubelet's `VolumeSpec.ReadOnly` (a read-only CSI volume).
+    read_only: bool,
+    /// Whether the runtime may relabel it for SELinux (false unless known).
+    selinux_relabel: bool,
+    /// For a raw block volume (`volumeDevices`): the device file to hand to
+    /// the runtime (the kubelet's `BlockVolumeMapper` path); else null.
+    block_device_path: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// The pod's volumes as a JSON array, sorted by name, built under the actual
@@ -421,6 +549,9 @@ fn volumes_json(
                     VolumeMountState::Mounted => "mounted",
                     VolumeMountState::Uncertain => "uncertain",
                 },
+                read_only: m.spec.read_only(),
+                selinux_relabel: m.spec.supports_selinux_relabel(),
+                block_device_path: m.spec.is_block().then(|| m.path.to_string_lossy()),
             })
             .collect();
         rows.sort_unstable_by(|a, b| a.outer_volume_spec_name.cmp(b.outer_volume_spec_name));
@@ -504,8 +635,13 @@ unsafe fn pod_query(
 }
 
 /// The kubelet's `GetMountedVolumesForPod`: a JSON array of
-/// `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state"}` for
-/// the volumes certainly mounted (empty for an unknown pod). `*out_json` is
+/// `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state",
+/// "read_only", "selinux_relabel", "block_device_path"}` for the volumes
+/// certainly mounted (empty for an unknown pod). `read_only` is the volume's
+/// own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
+/// may relabel it (true for emptyDir, false when unknown), and
+/// `block_device_path` the device file of a raw block volume
+/// (`volumeDevices`), null otherwise. `*out_json` is
 /// owned by the caller (`volmgr_string_free`).
 ///
 /// # Safety
@@ -535,7 +671,10 @@ pub unsafe extern "C" fn volmgr_get_possibly_mounted_volumes_for_pod(
     unsafe { volumes_query(vm, pod_uid, out_json, true) }
 }
 
-/// The kubelet's `GetExtraSupplementalGroupsForPod`: a JSON array of GIDs.
+/// The kubelet's `GetExtraSupplementalGroupsForPod`: a JSON array of GIDs
+/// from the `pv.beta.kubernetes.io/gid` annotations of the pod's mounted
+/// PersistentVolumes that the pod does not already list in its
+/// `supplementalGroups` or `fsGroup` (invalid values ignored; sorted).
 ///
 /// # Safety
 /// As for `volmgr_get_mounted_volumes_for_pod`.
@@ -553,7 +692,11 @@ pub unsafe extern "C" fn volmgr_get_extra_supplemental_groups_for_pod(
     }
 }
 
-/// The kubelet's `GetVolumesInUse`: a JSON array of unique volume names.
+/// The kubelet's `GetVolumesInUse`: a JSON array of the unique names of the
+/// attachable volumes (CSI: the kubelet treats CSI as attachable unless a
+/// CSIDriver says `attachRequired: false`, which volmgr does not read yet;
+/// emptyDir, hostPath and host plugins' volumes are not attachable) that
+/// are desired or still known to the actual state. Sorted.
 ///
 /// # Safety
 /// `vm` live or NULL; `out_json` writable or NULL.
@@ -578,7 +721,10 @@ pub unsafe extern "C" fn volmgr_get_volumes_in_use(
 }
 
 /// The kubelet's `MarkVolumesAsReportedInUse`: `names_json` is a JSON array
-/// of unique volume names.
+/// of the unique volume names the node status now lists in `volumesInUse`;
+/// each desired volume is reported exactly when listed. With
+/// `"wait_for_reported_in_use": true` this lets the attachable volumes
+/// listed be set up (the reconciler is woken for them).
 ///
 /// # Safety
 /// `vm` live or NULL; `names_json` a string or NULL.

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 
 #include "volmgr.h"
@@ -278,6 +279,60 @@ static void thread_safety(const char *root, const char *host) {
   volmgr_free(vm);
 }
 
+/* HasPossiblyMountedVolumesForPod, and its misuse. */
+static void has_possibly_mounted(volmgr *vm) {
+  bool has = false;
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, "pod-1", &has), VOLMGR_OK);
+  CHECK(has, "pod-1 has mounted volumes");
+  has = true;
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, "nobody", &has), VOLMGR_OK);
+  CHECK(!has, "an unknown pod has none");
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, "pod-1", NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, NULL, &has), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(NULL, "pod-1", &has), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, "a/b", &has), VOLMGR_ERR_INVALID_ARGUMENT);
+}
+
+static unsigned long long fs_size(const char *path) {
+  struct statfs st;
+  if (statfs(path, &st) != 0) {
+    return 0;
+  }
+  return (unsigned long long)st.f_blocks * (unsigned long long)st.f_bsize;
+}
+
+/* ResizeEphemeralVolume on the real 8Mi tmpfs at CACHE: grown in place
+ * with its files kept, never below what it holds, other volumes refused. */
+static void resize(volmgr *vm, const char *cache) {
+  char file[2100];
+  CHECK(fs_size(cache) == 8ull << 20, "8Mi tmpfs: %llu", fs_size(cache));
+  snprintf(file, sizeof file, "%s/data", cache);
+  FILE *f = fopen(file, "w");
+  CHECK(f != NULL, "create %s", file);
+  if (f != NULL) {
+    static char block[1 << 20];
+    memset(block, 7, sizeof block);
+    for (int i = 0; i < 3; i++) {
+      CHECK(fwrite(block, 1, sizeof block, f) == sizeof block, "write");
+    }
+    fclose(f);
+  }
+  EXPECT(volmgr_resize_ephemeral_volume(vm, "pod-1", "cache", 16ull << 20), VOLMGR_OK);
+  CHECK(fs_size(cache) == 16ull << 20, "grown to 16Mi: %llu", fs_size(cache));
+  struct stat st;
+  CHECK(stat(file, &st) == 0 && st.st_size == 3 << 20, "files kept");
+  EXPECT(volmgr_resize_ephemeral_volume(vm, "pod-1", "cache", 1ull << 20), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(volmgr_last_error(), "in use") != NULL, "below use says why: %s", volmgr_last_error());
+  CHECK(fs_size(cache) == 16ull << 20, "unchanged: %llu", fs_size(cache));
+  EXPECT(volmgr_resize_ephemeral_volume(vm, "pod-1", "host", 1ull << 20), VOLMGR_ERR_UNSUPPORTED);
+  EXPECT(volmgr_resize_ephemeral_volume(vm, "pod-1", "nope", 1ull << 20), VOLMGR_ERR_NOT_FOUND);
+  EXPECT(volmgr_resize_ephemeral_volume(vm, "nobody", "cache", 1ull << 20), VOLMGR_ERR_NOT_FOUND);
+  EXPECT(volmgr_resize_ephemeral_volume(vm, "pod-1", NULL, 1ull << 20), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_resize_ephemeral_volume(vm, NULL, "cache", 1ull << 20), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_resize_ephemeral_volume(NULL, "pod-1", "cache", 1ull << 20), VOLMGR_ERR_INVALID_ARGUMENT);
+  remove(file);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s ROOT_DIR HOST_DIR\n", argv[0]);
@@ -330,14 +385,25 @@ int main(int argc, char **argv) {
   CHECK(out != NULL && strstr(out, "kubernetes.io/empty-dir") != NULL, "possibly mounted: %s", out ? out : "(null)");
   volmgr_string_free(out);
   out = NULL;
+  /* No PersistentVolume with a GID annotation: no extra group (the pod's
+   * own fsGroup and supplementalGroups are not "extra"). */
   EXPECT(volmgr_get_extra_supplemental_groups_for_pod(vm, "pod-1", &out), VOLMGR_OK);
-  CHECK(out != NULL && strcmp(out, "[5,6,1234]") == 0, "groups: %s", out ? out : "(null)");
+  CHECK(out != NULL && strcmp(out, "[]") == 0, "groups: %s", out ? out : "(null)");
   volmgr_string_free(out);
   out = NULL;
+  /* emptyDir and hostPath are not attachable: not in use. */
   EXPECT(volmgr_get_volumes_in_use(vm, &out), VOLMGR_OK);
-  CHECK(out != NULL && strstr(out, "kubernetes.io/empty-dir/pod-1-cache") != NULL, "in use: %s", out ? out : "(null)");
+  CHECK(out != NULL && strcmp(out, "[]") == 0, "in use: %s", out ? out : "(null)");
   volmgr_string_free(out);
   out = NULL;
+  EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "pod-1", &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, "\"selinux_relabel\":true") != NULL && strstr(out, "\"read_only\":false") != NULL &&
+            strstr(out, "\"block_device_path\":null") != NULL,
+        "volume map fields: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  has_possibly_mounted(vm);
+  resize(vm, path);
   EXPECT(volmgr_mark_volumes_as_reported_in_use(vm, "[\"kubernetes.io/empty-dir/pod-1-cache\"]"), VOLMGR_OK);
   EXPECT(volmgr_mark_volumes_as_reported_in_use(vm, "{\"not\":\"a list\"}"), VOLMGR_ERR_INVALID_ARGUMENT);
   EXPECT(volmgr_volume_is_attached(vm, "kubernetes.io/empty-dir/pod-1-cache", &attached), VOLMGR_OK);
@@ -373,10 +439,19 @@ int main(int argc, char **argv) {
 
   host_plugin(vm, root);
 
-  /* Tear down. */
+  /* Tear down: both pods within one timeout. */
   EXPECT(volmgr_pod_delete(vm, "pod-1"), VOLMGR_OK);
   EXPECT(volmgr_pod_delete(vm, "pod-2"), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_all_pods_unmount(vm, NULL, 10), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_wait_for_all_pods_unmount(vm, "[\"pod-1\"", 10), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_wait_for_all_pods_unmount(vm, "[\"../x\"]", 10), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_wait_for_all_pods_unmount(NULL, "[]", 10), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_wait_for_all_pods_unmount(vm, "[]", 10), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_all_pods_unmount(vm, "[\"pod-1\",\"pod-2\"]", 20000), VOLMGR_OK);
   EXPECT(volmgr_wait_for_unmount(vm, "pod-1", 20000), VOLMGR_OK);
+  attached = true;
+  EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, "pod-1", &attached), VOLMGR_OK);
+  CHECK(!attached, "nothing possibly mounted after unmount");
   CHECK(mounted(path) == 0, "%s is unmounted", path);
   EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "pod-1", &out), VOLMGR_OK);
   CHECK(out != NULL && strcmp(out, "[]") == 0, "no volumes left: %s", out ? out : "(null)");
@@ -386,6 +461,13 @@ int main(int argc, char **argv) {
   EXPECT(volmgr_set_event_callback(vm, NULL, NULL), VOLMGR_OK);
   EXPECT(volmgr_stop(vm), VOLMGR_OK);
   EXPECT(volmgr_stop(vm), VOLMGR_ERR_BUSY);
+  volmgr_free(vm);
+
+  /* The reported-in-use gate is a config key (CSI volumes, tested in Rust). */
+  snprintf(config, sizeof config, "{\"root_dir\":\"%s\",\"tracer\":\"off\",\"wait_for_reported_in_use\":true}", root);
+  vm = NULL;
+  EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
+  EXPECT(volmgr_start(vm), VOLMGR_OK);
   volmgr_free(vm);
 
   thread_safety(root, host);
