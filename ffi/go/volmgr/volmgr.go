@@ -19,6 +19,36 @@ package volmgr
 // A call that does nothing, to measure the bare cgo overhead next to
 // volmgr's calls.
 static inline int volmgr_go_noop(int x) { return x; }
+
+// The Go functions exported in callbacks.go, and C shims with the exact
+// types of volmgr.h (the Go side takes char*, not const char*).
+extern void volmgrGoEvent(void *userdata, char *event_json);
+extern int volmgrGoCanSupport(void *userdata, char *spec_json);
+extern volmgr_status volmgrGoSetUp(void *userdata, char *spec_json, char *target_dir, char *err, uintptr_t err_len);
+extern volmgr_status volmgrGoTearDown(void *userdata, char *target_dir, char *err, uintptr_t err_len);
+
+static void volmgr_go_event(void *u, const char *ev) { volmgrGoEvent(u, (char *)ev); }
+static bool volmgr_go_can_support(void *u, const char *spec) { return volmgrGoCanSupport(u, (char *)spec) != 0; }
+static volmgr_status volmgr_go_set_up(void *u, const char *spec, const char *dir, char *err, uintptr_t n) {
+	return volmgrGoSetUp(u, (char *)spec, (char *)dir, err, n);
+}
+static volmgr_status volmgr_go_tear_down(void *u, const char *dir, char *err, uintptr_t n) {
+	return volmgrGoTearDown(u, (char *)dir, err, n);
+}
+
+// The handle travels as an integer, so Go never turns a uintptr into a pointer.
+static volmgr_status volmgr_go_set_events(volmgr *vm, uintptr_t handle) {
+	return volmgr_set_event_callback(vm, volmgr_go_event, (void *)handle);
+}
+
+static volmgr_status volmgr_go_register_plugin(volmgr *vm, const char *name, uintptr_t handle) {
+	volmgr_plugin vt;
+	vt.name = name;
+	vt.can_support = volmgr_go_can_support;
+	vt.set_up = volmgr_go_set_up;
+	vt.tear_down = volmgr_go_tear_down;
+	return volmgr_register_plugin(vm, &vt, (void *)handle);
+}
 */
 import "C"
 
@@ -29,7 +59,9 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/cgo"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -93,15 +125,33 @@ type Config struct {
 	BackoffInitialMs    uint64 `json:"backoff_initial_ms,omitempty"`
 	BackoffMaxMs        uint64 `json:"backoff_max_ms,omitempty"`
 	WaitForSourcesReady bool   `json:"wait_for_sources_ready,omitempty"`
+	// WaitForReportedInUse sets attachable volumes (CSI) up only once
+	// MarkVolumesAsReportedInUse has listed them, as the kubelet does
+	// (the node status must list a volume in volumesInUse first).
+	WaitForReportedInUse bool `json:"wait_for_reported_in_use,omitempty"`
 }
 
-// MountedVolume is one entry of GetMountedVolumesForPod.
+// MountedVolume is one entry of GetMountedVolumesForPod: what the kubelet's
+// container.VolumeInfo needs.
 type MountedVolume struct {
+	// OuterVolumeSpecName is the volume's name in the pod spec (the key of
+	// the kubelet's container.VolumeMap).
 	OuterVolumeSpecName string `json:"outer_volume_spec_name"`
 	VolumeName          string `json:"volume_name"`
 	Plugin              string `json:"plugin"`
-	Path                string `json:"path"`
-	State               string `json:"state"`
+	// Path is where the volume is (a directory, or for a raw block volume
+	// the device file).
+	Path string `json:"path"`
+	// State is "mounted" or "uncertain".
+	State string `json:"state"`
+	// ReadOnly is the volume's own read-only flag (a read-only CSI volume).
+	ReadOnly bool `json:"read_only"`
+	// SELinuxRelabel tells whether the runtime may relabel the volume
+	// (true for emptyDir; false when unknown).
+	SELinuxRelabel bool `json:"selinux_relabel"`
+	// BlockDevicePath is, for a volume in volumeDevices, the device file to
+	// hand to the runtime; empty otherwise.
+	BlockDevicePath string `json:"block_device_path"`
 }
 
 // Manager is a volmgr handle. Its methods are safe for concurrent use;
@@ -114,6 +164,14 @@ type Manager struct {
 	// than the call, and between changes volmgr returns the same bytes.
 	listsMu sync.Mutex
 	lists   map[listKey]cachedList
+
+	// Callbacks: the cgo handles given to volmgr (deleted once the handle
+	// is freed, when no callback can run any more), the event sinks, and
+	// the events dropped because a channel was full.
+	cbMu    sync.Mutex
+	handles []cgo.Handle
+	sinks   []*eventSink
+	dropped atomic.Uint64
 }
 
 type listKey struct {
@@ -197,7 +255,69 @@ func (m *Manager) Close() error {
 	if m.h != nil {
 		C.volmgr_free(m.h)
 		m.h = nil
+		m.cbMu.Lock()
+		for _, s := range m.sinks {
+			s.close()
+		}
+		for _, h := range m.handles {
+			h.Delete()
+		}
+		m.sinks, m.handles = nil, nil
+		m.cbMu.Unlock()
 	}
+	return nil
+}
+
+// Events delivers volume events on a new channel with room for buffer
+// events, replacing (and closing) the channel of an earlier call; Close
+// closes it too. volmgr calls back on one of its own threads, which must
+// never block: when the channel is full the event is dropped and counted
+// (DroppedEvents), so size buffer for the bursts you expect and keep
+// receiving.
+func (m *Manager) Events(buffer int) (<-chan Event, error) {
+	if buffer < 0 {
+		buffer = 0
+	}
+	sink := &eventSink{ch: make(chan Event, buffer), dropped: &m.dropped}
+	h := cgo.NewHandle(sink)
+	err := m.with(func(vm *C.volmgr) error {
+		return call(func() C.volmgr_status { return C.volmgr_go_set_events(vm, C.uintptr_t(h)) })
+	})
+	if err != nil {
+		h.Delete()
+		return nil, err
+	}
+	m.cbMu.Lock()
+	for _, s := range m.sinks {
+		s.close()
+	}
+	// An event already under way may still use an old handle: all are
+	// kept until Close.
+	m.sinks = []*eventSink{sink}
+	m.handles = append(m.handles, h)
+	m.cbMu.Unlock()
+	return sink.ch, nil
+}
+
+// DroppedEvents counts the events dropped because the Events channel was full.
+func (m *Manager) DroppedEvents() uint64 { return m.dropped.Load() }
+
+// RegisterPlugin registers a host plugin (before pods that need it are
+// upserted). Its methods are called on volmgr's threads until Close.
+func (m *Manager) RegisterPlugin(p HostPlugin) error {
+	h := cgo.NewHandle(p)
+	err := m.with(func(vm *C.volmgr) error {
+		return withString(p.Name(), func(name *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_go_register_plugin(vm, name, C.uintptr_t(h)) })
+		})
+	})
+	if err != nil {
+		h.Delete()
+		return err
+	}
+	m.cbMu.Lock()
+	m.handles = append(m.handles, h)
+	m.cbMu.Unlock()
 	return nil
 }
 
@@ -228,51 +348,106 @@ func (m *Manager) DeletePod(uid string) error {
 // waitSlice bounds one blocking C wait, so a cancelled context is noticed.
 const waitSlice = 100 * time.Millisecond
 
-func (m *Manager) wait(ctx context.Context, uid string, unmount bool) error {
-	return withString(uid, func(cs *C.char) error {
-		for {
-			slice := waitSlice
-			if dl, ok := ctx.Deadline(); ok {
-				left := time.Until(dl)
-				if left <= 0 {
-					left = 0
-				}
-				if left < slice {
-					slice = left
-				}
+// wait repeats one blocking C wait in slices of at most waitSlice until it
+// succeeds, fails otherwise, or ctx ends.
+func (m *Manager) wait(ctx context.Context, f func(h *C.volmgr, ms C.uint64_t) C.volmgr_status) error {
+	for {
+		slice := waitSlice
+		if dl, ok := ctx.Deadline(); ok {
+			left := time.Until(dl)
+			if left <= 0 {
+				left = 0
 			}
-			err := m.with(func(h *C.volmgr) error {
-				return call(func() C.volmgr_status {
-					if unmount {
-						return C.volmgr_wait_for_unmount(h, cs, C.uint64_t(slice.Milliseconds()))
-					}
-					return C.volmgr_wait_for_attach_and_mount(h, cs, C.uint64_t(slice.Milliseconds()))
-				})
-			})
-			if !errors.Is(err, ErrTimeout) {
-				return err
-			}
-			select {
-			case <-ctx.Done():
-				return err
-			default:
-			}
-			if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
-				return err
+			if left < slice {
+				slice = left
 			}
 		}
+		err := m.with(func(h *C.volmgr) error {
+			return call(func() C.volmgr_status { return f(h, C.uint64_t(slice.Milliseconds())) })
+		})
+		if !errors.Is(err, ErrTimeout) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		default:
+		}
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			return err
+		}
+	}
+}
+
+func (m *Manager) waitPod(ctx context.Context, uid string, unmount bool) error {
+	return withString(uid, func(cs *C.char) error {
+		return m.wait(ctx, func(h *C.volmgr, ms C.uint64_t) C.volmgr_status {
+			if unmount {
+				return C.volmgr_wait_for_unmount(h, cs, ms)
+			}
+			return C.volmgr_wait_for_attach_and_mount(h, cs, ms)
+		})
 	})
 }
 
 // WaitForAttachAndMount returns once every volume of the pod is mounted, or
 // an error (errors.Is(err, ErrTimeout) when ctx ends first).
 func (m *Manager) WaitForAttachAndMount(ctx context.Context, uid string) error {
-	return m.wait(ctx, uid, false)
+	return m.waitPod(ctx, uid, false)
 }
 
 // WaitForUnmount returns once nothing of the pod is mounted.
 func (m *Manager) WaitForUnmount(ctx context.Context, uid string) error {
-	return m.wait(ctx, uid, true)
+	return m.waitPod(ctx, uid, true)
+}
+
+// WaitForAllPodsUnmount returns once nothing of any of the pods is mounted
+// (or uncertain), within ctx's one deadline; the error lists pod/volume for
+// what is left.
+func (m *Manager) WaitForAllPodsUnmount(ctx context.Context, uids []string) error {
+	if uids == nil {
+		uids = []string{}
+	}
+	b, err := json.Marshal(uids)
+	if err != nil {
+		return err
+	}
+	return withString(string(b), func(cs *C.char) error {
+		return m.wait(ctx, func(h *C.volmgr, ms C.uint64_t) C.volmgr_status {
+			return C.volmgr_wait_for_all_pods_unmount(h, cs, ms)
+		})
+	})
+}
+
+// HasPossiblyMountedVolumesForPod tells whether any volume of the pod is
+// mounted or uncertain. When volmgr cannot answer (a closed manager, an
+// invalid UID) it says true: the kubelet must then not remove the pod's
+// directories.
+func (m *Manager) HasPossiblyMountedVolumesForPod(uid string) bool {
+	out := C.bool(true)
+	err := m.with(func(h *C.volmgr) error {
+		return withString(uid, func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_has_possibly_mounted_volumes_for_pod(h, cs, &out) })
+		})
+	})
+	return err != nil || bool(out)
+}
+
+// ResizeEphemeralVolume resizes the pod's volume (its name in the pod spec)
+// to newSizeBytes at once, in place: only a medium: Memory emptyDir can be
+// (its tmpfs is remounted, files kept). ErrUnsupported for other volumes,
+// ErrNotFound for an unknown pod or volume, ErrBusy if it is not mounted,
+// ErrInvalidArgument for a size below what the volume holds.
+func (m *Manager) ResizeEphemeralVolume(uid, volume string, newSizeBytes uint64) error {
+	return m.with(func(h *C.volmgr) error {
+		return withString(uid, func(u *C.char) error {
+			return withString(volume, func(v *C.char) error {
+				return call(func() C.volmgr_status {
+					return C.volmgr_resize_ephemeral_volume(h, u, v, C.uint64_t(newSizeBytes))
+				})
+			})
+		})
+	})
 }
 
 // rawCall runs a call that returns a string and hands back its bytes.
@@ -353,7 +528,9 @@ func (m *Manager) GetPossiblyMountedVolumesForPod(uid string) ([]MountedVolume, 
 	return m.volumeList(uid, true)
 }
 
-// GetExtraSupplementalGroupsForPod returns the pod's fsGroup and supplemental groups.
+// GetExtraSupplementalGroupsForPod returns the GIDs of the
+// pv.beta.kubernetes.io/gid annotations of the pod's mounted
+// PersistentVolumes that the pod does not already ask for.
 func (m *Manager) GetExtraSupplementalGroupsForPod(uid string) ([]int64, error) {
 	var v []int64
 	err := m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
@@ -362,7 +539,9 @@ func (m *Manager) GetExtraSupplementalGroupsForPod(uid string) ([]int64, error) 
 	return v, err
 }
 
-// GetVolumesInUse lists every volume desired or still mounted.
+// GetVolumesInUse lists the attachable volumes (CSI) desired or still
+// known to be attached; emptyDir, hostPath and host plugins' volumes are
+// not attachable.
 func (m *Manager) GetVolumesInUse() ([]string, error) {
 	var v []string
 	err := m.jsonCall(&v, func(h *C.volmgr, r **C.char) C.volmgr_status {
@@ -371,7 +550,8 @@ func (m *Manager) GetVolumesInUse() ([]string, error) {
 	return v, err
 }
 
-// MarkVolumesAsReportedInUse records the volumes reported in the node status.
+// MarkVolumesAsReportedInUse records the volumes the node status lists in
+// volumesInUse now (with Config.WaitForReportedInUse, this lets them be set up).
 func (m *Manager) MarkVolumesAsReportedInUse(names []string) error {
 	if names == nil {
 		names = []string{}
@@ -398,8 +578,14 @@ func (m *Manager) VolumeIsAttached(name string) (bool, error) {
 	return bool(out), err
 }
 
-// ReconcilerStatesSynced is the kubelet's ReconcilerStatesHasBeenSynced.
-func (m *Manager) ReconcilerStatesSynced() bool {
+// ReconcilerStatesSynced is ReconcilerStatesHasBeenSynced.
+//
+// Deprecated: use ReconcilerStatesHasBeenSynced, the kubelet's name.
+func (m *Manager) ReconcilerStatesSynced() bool { return m.ReconcilerStatesHasBeenSynced() }
+
+// ReconcilerStatesHasBeenSynced tells whether the actual state was rebuilt
+// and one full reconcile pass has run since the sources were ready.
+func (m *Manager) ReconcilerStatesHasBeenSynced() bool {
 	synced := false
 	_ = m.with(func(h *C.volmgr) error {
 		synced = bool(C.volmgr_reconciler_states_synced(h))

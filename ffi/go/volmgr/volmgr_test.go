@@ -135,11 +135,15 @@ func TestFullFlow(t *testing.T) {
 	if n := mountCount(t, path); n != 1 {
 		t.Fatalf("%s mounted %d times", path, n)
 	}
-	if !m.ReconcilerStatesSynced() {
+	if !m.ReconcilerStatesHasBeenSynced() || !m.ReconcilerStatesSynced() {
 		t.Fatal("not synced")
 	}
+	if !vols[1].SELinuxRelabel || vols[1].ReadOnly || vols[1].BlockDevicePath != "" || vols[0].SELinuxRelabel {
+		t.Fatalf("volume info %+v", vols)
+	}
+	// emptyDir and hostPath are not attachable: none in use.
 	inUse, err := m.GetVolumesInUse()
-	if err != nil || len(inUse) != 3 {
+	if err != nil || len(inUse) != 0 {
 		t.Fatalf("in use %v, %v", inUse, err)
 	}
 	if err := m.MarkVolumesAsReportedInUse(inUse); err != nil {
