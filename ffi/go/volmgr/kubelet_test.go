@@ -266,3 +266,7 @@ func (p *uncertainPlugin) SetUp(spec []byte, dir string) error {
 	}
 	return nil
 }
+
+func unmount(p string) error { return syscall.Unmount(p, 0) }
+
+func mkdir(p string) error { return os.MkdirAll(p, 0o755) }

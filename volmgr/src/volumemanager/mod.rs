@@ -109,6 +109,13 @@ pub enum WaitError {
     Stopped,
 }
 
+/// A volume to resize: its plugin, the spec it was set up with, its path.
+type ResizeTarget = (
+    Arc<dyn VolumePlugin>,
+    Arc<crate::volume::VolumeSpec>,
+    PathBuf,
+);
+
 /// Why `resize_ephemeral_volume` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ResizeError {
@@ -539,18 +546,7 @@ impl VolumeManager {
     }
 
     /// The plugin, mounted spec and path of a pod's volume to resize.
-    fn resizable_volume(
-        &self,
-        uid: &PodUid,
-        volume: &str,
-    ) -> Result<
-        (
-            Arc<dyn VolumePlugin>,
-            Arc<crate::volume::VolumeSpec>,
-            PathBuf,
-        ),
-        ResizeError,
-    > {
+    fn resizable_volume(&self, uid: &PodUid, volume: &str) -> Result<ResizeTarget, ResizeError> {
         let not_found = || ResizeError::VolumeNotFound {
             pod: uid.to_string(),
             volume: volume.to_string(),
@@ -1068,7 +1064,7 @@ mod tests {
             .iter()
             .map(|u| {
                 vm.set_desired_pod(desired(u, vec![("m", memory_source())]));
-                PodUid::new(*u).unwrap()
+                PodUid::new(u).unwrap()
             })
             .collect();
         for u in &uids {
