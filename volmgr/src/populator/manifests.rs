@@ -35,7 +35,7 @@ use nix::sys::stat::{FileStat, Mode};
 use tokio::sync::watch;
 
 use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
-use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::pod::{DesiredPod, PodRejected, VolumeSpecError};
 use crate::populator::PodSink;
 use crate::sys::inotify::{self, WatchError};
 use crate::volume::{PodUid, VolumeSource};
@@ -326,6 +326,11 @@ pub struct ManifestsSource {
     last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
     /// Pods currently running on a last good resolution (shown in status).
     stale: HashMap<PodUid, String>,
+    /// New pods of the files being synced whose volumes need objects not
+    /// read yet (a PVC in a file that sorts later): resolved once every
+    /// file of the sync is applied, so they never show a passing "not
+    /// found". Their UIDs are reserved for their files meanwhile.
+    waiting: Vec<(OsString, Arc<Pod>)>,
 }
 
 impl ManifestsSource {
@@ -343,6 +348,7 @@ impl ManifestsSource {
             dependents: Dependents::default(),
             last_good: HashMap::new(),
             stale: HashMap::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -513,6 +519,50 @@ impl ManifestsSource {
         if let Err(e) = reader.await {
             tracing::warn!(error = %e, "manifests reader failed");
         }
+        self.admit_waiting();
+    }
+
+    /// Whether `pod`, new, needs an object that is missing: it waits for
+    /// the end of the sync (the object may be in a file not applied yet).
+    fn waits_for_objects(&self, pod: &DesiredPod) -> bool {
+        !self.owners.contains_key(&pod.uid)
+            && pod
+                .volumes
+                .iter()
+                .any(|v| matches!(v.source, Err(VolumeSpecError::Missing(_))))
+    }
+
+    /// At the end of a sync: resolves and admits the pods that waited for
+    /// its objects (those still missing are volume errors now).
+    fn admit_waiting(&mut self) {
+        let waiting = std::mem::take(&mut self.waiting);
+        if waiting.is_empty() {
+            return;
+        }
+        let _hold = self.sink.hold_wakes();
+        for (name, raw) in waiting {
+            let resolved = self.resolve(&raw);
+            let Ok((pod, deps)) = resolved else {
+                continue; // Rejection depends on the pod alone: not deferred.
+            };
+            // The reservation made when it was deferred.
+            if self.owners.get(&pod.uid) != Some(&name) {
+                continue;
+            }
+            self.owners.remove(&pod.uid);
+            let mut rejected = Vec::new();
+            let now = self.admit_pods(&name, vec![(pod, Some((raw, deps)))], &mut rejected);
+            if let Some(state) = self.files.get_mut(&name) {
+                for uid in now {
+                    if !state.pods.contains(&uid) {
+                        state.pods.push(uid);
+                    }
+                }
+            }
+            for r in rejected {
+                tracing::warn!(file = %self.dir.join(&name).display(), error = %r, "pod rejected");
+            }
+        }
     }
 
     fn apply(&mut self, name: OsString, r: FileRead) {
@@ -567,6 +617,10 @@ impl ManifestsSource {
             parsed.pods.into_iter().map(|p| (p, None)).collect();
         for raw in parsed.unresolved {
             match self.resolve(&raw) {
+                Ok((pod, _)) if self.waits_for_objects(&pod) => {
+                    self.owners.insert(pod.uid, name.clone());
+                    self.waiting.push((name.clone(), raw));
+                }
                 Ok((pod, deps)) => pods.push((pod, Some((raw, deps)))),
                 Err(r) => rejected.push(r),
             }
@@ -1201,6 +1255,96 @@ spec:
         assert_eq!(uids, vec!["uid-f".to_string()]);
         // A second pass (the FIFO now has no known key either) too.
         rescan_or_fail(&mut src, &fifo).await;
+    }
+
+    /// The manager's sink, recording each pod it is given and whether one
+    /// of its volumes was an error then.
+    struct Recording(Arc<dyn PodSink>, std::sync::Mutex<Vec<(String, bool)>>);
+
+    impl PodSink for Recording {
+        fn set_pod(&self, pod: DesiredPod) {
+            let failed = pod.volumes.iter().any(|v| v.source.is_err());
+            self.1.lock().unwrap().push((pod.uid.to_string(), failed));
+            self.0.set_pod(pod)
+        }
+        fn delete_pod(&self, uid: &PodUid) -> bool {
+            self.0.delete_pod(uid)
+        }
+        fn set_source_problems(&self, source: &str, e: Vec<String>, r: Vec<PodRejected>) {
+            self.0.set_source_problems(source, e, r)
+        }
+        fn set_populated(&self) {
+            self.0.set_populated()
+        }
+        fn hold_wakes(&self) -> crate::cache::world::WakeHold {
+            self.0.hold_wakes()
+        }
+    }
+
+    /// At start-up a pod whose file sorts before its PVC's and PV's (here
+    /// beyond the first batch of files) waits for them: it is resolved once,
+    /// without a passing "not found" error; a pod that needs no object does
+    /// not wait for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pod_waits_for_the_objects_of_the_same_scan() {
+        let (_root, dir, vm, _) = source_on_temp_dirs();
+        vm.register_plugin(Arc::new(CsiStandIn)).unwrap();
+        let sink = Arc::new(Recording(vm.pod_sink(), Default::default()));
+        let mut src = ManifestsSource::new(
+            dir.path().to_path_buf(),
+            Arc::clone(&sink) as Arc<dyn PodSink>,
+            Duration::from_secs(3600),
+        );
+        let d = dir.path();
+        put(d, "a-pod.yaml", PVC_POD);
+        put(
+            d,
+            "b-plain.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: e, namespace: ns, uid: uid-e}\nspec:\n  containers: [{name: c, image: i, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, emptyDir: {}}]\n",
+        );
+        for i in 0..FIRST_BATCH {
+            put(
+                d,
+                &format!("m-{i:02}.yaml"),
+                "apiVersion: v1\nkind: List\nitems: []\n",
+            );
+        }
+        put(d, "z-pv.yaml", &pv_yaml("64Mi", false));
+        put(d, "z-pvc.yaml", "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: claim, namespace: ns}\nspec: {volumeName: pv-1}\n");
+        src.rescan().await;
+        assert_eq!(volume_of(&vm, "uid-p").unwrap().volume_handle, "vol-1");
+        let given = sink.1.lock().unwrap().clone();
+        assert_eq!(
+            given,
+            vec![("uid-e".to_string(), false), ("uid-p".to_string(), false)],
+            "the pod without objects first; the other once, resolved"
+        );
+        assert!(vm.status().errors.is_empty(), "{:?}", vm.status().errors);
+
+        // Still owned by its file: a rescan changes nothing, and removing
+        // the file removes the pod.
+        src.rescan().await;
+        assert_eq!(sink.1.lock().unwrap().len(), 2);
+        std::fs::remove_file(d.join("a-pod.yaml")).unwrap();
+        src.rescan().await;
+        assert!(vm
+            .world()
+            .dsw()
+            .pod(&PodUid::new("uid-p").unwrap())
+            .is_none());
+
+        // An object that is missing for good: the error once the scan ends.
+        put(
+            d,
+            "a-pod.yaml",
+            &PVC_POD.replace("claimName: claim", "claimName: other"),
+        );
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(
+            e.contains("PersistentVolumeClaim ns/other not found"),
+            "{e}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

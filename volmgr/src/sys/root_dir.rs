@@ -196,6 +196,14 @@ impl RootDir {
         Ok(Target::new(fd, self.abs(rel)))
     }
 
+    /// Opens an existing entry of any type (`O_PATH`, never following a
+    /// symlink, even as the last component): a file to bind-mount from or
+    /// onto, named for `mount(2)` through [`Target::proc_path`].
+    pub fn open_path(&self, rel: &RelPath) -> Result<Target, PathError> {
+        let fd = self.open_how(rel, OFlag::O_PATH)?;
+        Ok(Target::new(fd, self.abs(rel)))
+    }
+
     /// Creates every missing directory of `rel` with `mode` (subject to umask)
     /// and returns the last one opened as a [`Target`].
     pub fn mkdir_all(&self, rel: &RelPath, mode: u32) -> Result<Target, PathError> {

@@ -96,6 +96,8 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         self.root.remove_all(&layout.data_dir)?;
         if src.volume_mode == CsiVolumeMode::Block {
             if let Some((pv_dir, _)) = layout.data_dir.split_last() {
+                // The global map path (its per-pod entries went with the pods).
+                self.root.remove_empty_dir(&pv_dir.join("dev")?)?;
                 self.root.remove_empty_dir(&pv_dir)?;
             }
         }
