@@ -4,10 +4,12 @@
 //! the logic above it can be tested with the recording [`fake::FakeMounter`] while the real
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
+pub mod beneath;
 pub mod dirents;
 pub mod inotify;
 pub mod linux;
 pub mod memory;
+pub mod mount_id;
 pub mod mount_table;
 pub mod mountinfo;
 pub mod namespace;
@@ -15,6 +17,8 @@ pub mod root_dir;
 
 #[cfg(test)]
 pub mod fake;
+#[cfg(test)]
+pub mod test_child;
 
 use std::ffi::OsStr;
 use std::fmt;
