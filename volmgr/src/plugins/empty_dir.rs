@@ -551,6 +551,94 @@ mod tests {
     }
 
     #[test]
+    fn tear_down_never_crosses_a_foreign_mount_without_openat2() {
+        use crate::sys::test_child::{run_in_child, Child};
+        let name = crate::test_name!("tear_down_never_crosses_a_foreign_mount_without_openat2");
+        run_in_child(name, Child::NoOpenat2, || {
+            for medium in [StorageMedium::Default, StorageMedium::Memory] {
+                for depth in 2..=4 {
+                    tear_down_through_a_foreign_mount(medium.clone(), depth);
+                }
+            }
+        });
+    }
+
+    /// Times set-ups (new pods, then again on the existing directories) and
+    /// tear-downs of `n` volumes of `medium`, and prints µs per volume.
+    fn time_volumes(label: &str, medium: StorageMedium, n: usize) {
+        use crate::sys::linux::LinuxMounter;
+        use std::time::Instant;
+        let t = tempfile::tempdir().unwrap();
+        // On a tmpfs (in the child's namespace): the figures are the
+        // syscalls', not the disk's.
+        let fs = MsFlags::empty();
+        nix::mount::mount(Some("tmpfs"), t.path(), Some("tmpfs"), fs, None::<&str>).unwrap();
+        let root = Arc::new(RootDir::open(t.path()).unwrap());
+        let p = EmptyDirPlugin::new(root, Arc::new(LinuxMounter), Arc::new(BlockingPool::new(1)));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let reqs: Vec<MountRequest> = (0..n)
+            .map(|i| {
+                let mut r = req(medium.clone(), None);
+                r.pod_uid = PodUid::new(&format!("pod-{i}")).unwrap();
+                r
+            })
+            .collect();
+        let per = |start: Instant| start.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let start = Instant::now();
+        for r in &reqs {
+            rt.block_on(p.set_up(r.clone())).unwrap();
+        }
+        let new = per(start);
+        let start = Instant::now();
+        for r in &reqs {
+            rt.block_on(p.set_up(r.clone())).unwrap();
+        }
+        let again = per(start);
+        let start = Instant::now();
+        for r in &reqs {
+            let down = UnmountRequest {
+                pod_uid: r.pod_uid.clone(),
+                volume_name: r.volume_name.clone(),
+                spec: Arc::clone(&r.spec),
+                path: PathBuf::new(),
+            };
+            rt.block_on(p.tear_down(down)).unwrap();
+        }
+        let down = per(start);
+        println!(
+            "{label} {medium:?} x{n}: set-up (new pod) {new:.1} µs, set-up again {again:.1} µs, \
+             tear-down {down:.1} µs per volume"
+        );
+    }
+
+    fn time_both_media(label: &str) {
+        for _ in 0..2 {
+            time_volumes(label, StorageMedium::Default, 2000);
+            time_volumes(label, StorageMedium::Memory, 500);
+        }
+    }
+
+    /// The cost of the fallback walk against `openat2`, per volume: run
+    /// with `--nocapture` (`cargo test -p volmgr --lib volume_cost --
+    /// --nocapture`, `--release` for real figures); prints, asserts nothing.
+    #[test]
+    fn volume_cost_with_openat2() {
+        use crate::sys::test_child::{run_in_child, Child};
+        let name = crate::test_name!("volume_cost_with_openat2");
+        run_in_child(name, Child::PrivateMounts, || time_both_media("openat2"));
+    }
+
+    /// See [`volume_cost_with_openat2`].
+    #[test]
+    fn volume_cost_with_the_fallback_walk() {
+        use crate::sys::test_child::{run_in_child, Child};
+        let name = crate::test_name!("volume_cost_with_the_fallback_walk");
+        run_in_child(name, Child::NoOpenat2, || time_both_media("fallback walk"));
+    }
+
+    #[test]
     fn tmpfs_sizes() {
         assert_eq!(parse_tmpfs_size("65536k"), Some(64 << 20));
         assert_eq!(parse_tmpfs_size("1g"), Some(1 << 30));

@@ -14,6 +14,7 @@ pub mod mount_table;
 pub mod mountinfo;
 pub mod namespace;
 pub mod root_dir;
+pub mod seccomp;
 
 #[cfg(test)]
 pub mod fake;

@@ -202,7 +202,7 @@ impl RootDir {
                 };
                 let dir = parent.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
                 return beneath::open(dir, Path::new(name), flags, last)
-                    .map_err(|e| self.map_err("openat2", rel, e));
+                    .map_err(|e| self.map_err(beneath::call_name(), rel, e));
             }
         }
         let target = if rel.as_path().as_os_str().is_empty() {
@@ -211,7 +211,7 @@ impl RootDir {
             rel.as_path()
         };
         beneath::open(self.fd.as_fd(), target, flags, Last::OnSameMount)
-            .map_err(|e| self.map_err("openat2", rel, e))
+            .map_err(|e| self.map_err(beneath::call_name(), rel, e))
     }
 
     /// Opens directory `name` (one component) under `parent`, a directory
@@ -224,7 +224,7 @@ impl RootDir {
         rel: &RelPath,
     ) -> Result<OwnedFd, PathError> {
         beneath::open(parent, Path::new(name), DIR_PATH, last)
-            .map_err(|e| self.map_err("openat2", rel, e))
+            .map_err(|e| self.map_err(beneath::call_name(), rel, e))
     }
 
     fn map_err(&self, call: &'static str, rel: &RelPath, e: Errno) -> PathError {
@@ -555,7 +555,7 @@ fn open_subdir(
         Err(Errno::EXDEV) => Err(Err(PathError::MountInside {
             path: abs.to_path_buf(),
         })),
-        Err(e) => Err(Err(SyscallError::new("openat2", abs, e).into())),
+        Err(e) => Err(Err(SyscallError::new(beneath::call_name(), abs, e).into())),
     }
 }
 
@@ -955,14 +955,16 @@ mod tests {
         problems
     }
 
+    fn foreign_mounts_on_a_volume_path() {
+        let problems: Vec<String> = (1..=5).flat_map(foreign_mount_on_component).collect();
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
     #[test]
     fn foreign_mounts_on_a_volume_path_are_never_crossed() {
         use super::super::test_child::{run_in_child, Child};
         let name = crate::test_name!("foreign_mounts_on_a_volume_path_are_never_crossed");
-        run_in_child(name, Child::PrivateMounts, || {
-            let problems: Vec<String> = (1..=5).flat_map(foreign_mount_on_component).collect();
-            assert!(problems.is_empty(), "{}", problems.join("\n"));
-        });
+        run_in_child(name, Child::PrivateMounts, foreign_mounts_on_a_volume_path);
     }
 
     /// Creates pod directories while another thread swaps a component of
@@ -1044,6 +1046,35 @@ mod tests {
     #[test]
     fn mkdir_races_with_symlink_swaps_never_create_outside() {
         mkdir_races_with_symlink_swaps(5000);
+    }
+
+    /// The real-filesystem tests and the attacks once more, where `openat2`
+    /// fails with `ENOSYS` (kernels before 5.6, valgrind): the fallback walk
+    /// keeps the same rules.
+    mod without_openat2 {
+        use crate::sys::test_child::{run_in_child, Child};
+
+        macro_rules! again {
+            ($($name:ident $(($arg:expr))?),* $(,)?) => {$(
+                #[test]
+                fn $name() {
+                    let name = concat!(module_path!(), "::", stringify!($name));
+                    run_in_child(name, Child::NoOpenat2, || super::$name($($arg)?));
+                }
+            )*};
+        }
+
+        again!(
+            mkdir_all_creates_and_reopens,
+            refuses_symlinks_anywhere_on_the_path,
+            remove_all_deletes_deep_trees_without_following_links,
+            remove_all_empties_directories_bigger_than_one_listing,
+            remove_all_at_deletes_through_a_held_parent_without_following_links,
+            cached_pods_dir_survives_deletion_and_recreation,
+            write_and_read_files,
+            mkdir_races_with_symlink_swaps(2000),
+            foreign_mounts_on_a_volume_path,
+        );
     }
 
     #[test]

@@ -10,12 +10,17 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 
 const CHILD_ENV: &str = "VOLMGR_UNIT_TEST_CHILD";
+const NO_OPENAT2_ENV: &str = "VOLMGR_UNIT_TEST_NO_OPENAT2";
 
 /// What the child's world looks like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Child {
     /// A private mount namespace (`/` recursively private).
     PrivateMounts,
+    /// The same, and `openat2` failing with `ENOSYS` (a seccomp filter),
+    /// as on kernels before 5.6: the child checks that the fallback was
+    /// used.
+    NoOpenat2,
 }
 
 /// The name libtest knows the test `f` of the calling module by.
@@ -32,6 +37,13 @@ pub fn run_in_child(name: &str, how: Child, body: impl FnOnce()) {
     let name = name.strip_prefix("volmgr::").unwrap_or(name);
     if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
         body();
+        if std::env::var_os(NO_OPENAT2_ENV).is_some() {
+            assert_eq!(
+                crate::sys::beneath::openat2_in_use(),
+                Some(false),
+                "the fallback was not used"
+            );
+        }
         return;
     }
     if !nix::unistd::geteuid().is_root() {
@@ -41,13 +53,16 @@ pub fn run_in_child(name: &str, how: Child, body: impl FnOnce()) {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, name);
+    if how == Child::NoOpenat2 {
+        cmd.env(NO_OPENAT2_ENV, "1");
+    }
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            match how {
-                Child::PrivateMounts => {}
-            }
             crate::sys::namespace::enter_private_mount_namespace()?;
+            if how == Child::NoOpenat2 {
+                crate::sys::seccomp::fail_openat2_with_enosys()?;
+            }
             Ok(())
         });
     }
