@@ -19,6 +19,13 @@ const CHILD_ENV: &str = "VOLMGR_TEST_IN_PRIVATE_NS";
 /// Runs `body` in a fresh private mount namespace, or prints why it skips.
 /// `name` must be the test function's name (top level of its file).
 pub fn isolated(name: &str, body: impl FnOnce()) {
+    isolated_with(name, false, body)
+}
+
+/// Like [`isolated`], and with `no_openat2` under a seccomp filter that
+/// makes `openat2` fail with `ENOSYS` (as before Linux 5.6), inherited by
+/// every process the body starts (the agent included).
+pub fn isolated_with(name: &str, no_openat2: bool, body: impl FnOnce()) {
     if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
         body();
         return;
@@ -33,8 +40,11 @@ pub fn isolated(name: &str, body: impl FnOnce()) {
         .env(CHILD_ENV, name);
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             volmgr::sys::namespace::enter_private_mount_namespace()?;
+            if no_openat2 {
+                volmgr::sys::seccomp::fail_openat2_with_enosys()?;
+            }
             Ok(())
         });
     }

@@ -322,7 +322,7 @@ pub(crate) fn mount_id_at(
     mounter: &dyn crate::sys::Mounter,
     rel: &crate::sys::root_dir::RelPath,
 ) -> Option<u64> {
-    let top = root.open_dir(rel).ok()?;
+    let top = root.open_mount_target(rel).ok()?;
     mounter.mount_id(&top).ok().flatten()
 }
 

@@ -2,11 +2,13 @@
 //! descriptors opened beneath the manager's root.
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
+use nix::fcntl::OFlag;
 use nix::mount::MntFlags;
 
+use super::mount_id;
 use super::mountinfo::{self, MountInfo, MountInfoError};
 use super::{MountTableReader, MountTableWatch, Mounter, MsFlags, SyscallError, Target};
 use crate::volume::FastSet;
@@ -44,12 +46,12 @@ impl Mounter for LinuxMounter {
         if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {
             return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
         }
-        // Kernels before 5.8 do not report the attribute: fall back to the
-        // classic "different device than the parent" check.
-        let parent = nix::sys::stat::fstatat(target, "..", nix::fcntl::AtFlags::empty())
-            .map_err(|e| SyscallError::new("fstatat", target.path(), e))?;
-        let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
-        Ok(parent.st_dev != dev)
+        // Kernels before 5.8 do not report the attribute: on another mount
+        // than `..` (by mount id, which tells a bind mount of the same file
+        // system; by device number where no id can be had).
+        let up = nix::fcntl::openat(target, "..", PATH_DIR, nix::sys::stat::Mode::empty())
+            .map_err(|e| SyscallError::new("openat", target.path().join(".."), e))?;
+        differ_in_mount(target.as_fd(), up.as_fd(), target.path())
     }
 
     fn is_mount_point_at(&self, parent: &Target, name: &OsStr) -> Result<bool, SyscallError> {
@@ -69,15 +71,15 @@ impl Mounter for LinuxMounter {
         if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {
             return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
         }
-        // Kernels before 5.8: a different device than the parent's.
-        let up = statx_at(
-            parent,
-            &CString::default(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_BASIC_STATS,
-        )
-        .map_err(|e| SyscallError::io("statx", parent.path(), e))?;
-        Ok((stx.stx_dev_major, stx.stx_dev_minor) != (up.stx_dev_major, up.stx_dev_minor))
+        // Kernels before 5.8: on another mount than the parent (never
+        // following a symlink: one is on its directory's mount).
+        let flags = PATH_DIR.difference(OFlag::O_DIRECTORY) | OFlag::O_NOFOLLOW;
+        let fd = match nix::fcntl::openat(parent, name, flags, nix::sys::stat::Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(false),
+            Err(e) => return Err(SyscallError::new("openat", path(), e)),
+        };
+        differ_in_mount(fd.as_fd(), parent.as_fd(), &path())
     }
 
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
@@ -142,6 +144,21 @@ impl Mounter for LinuxMounter {
             }
         }
     }
+}
+
+const PATH_DIR: OFlag = OFlag::O_PATH
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_CLOEXEC);
+
+/// Whether `a` and `b` are on different mounts ([`mount_id`]).
+fn differ_in_mount(
+    a: BorrowedFd<'_>,
+    b: BorrowedFd<'_>,
+    path: &std::path::Path,
+) -> Result<bool, SyscallError> {
+    let err = |e| SyscallError::new("statx", path, e);
+    let key = mount_id::of_fd(a).map_err(err)?;
+    Ok(mount_id::of_fd_like(b, key).map_err(err)? != key)
 }
 
 /// `STATX_MNT_ID_UNIQUE` (linux/stat.h, 6.8): `stx_mnt_id` is then the
@@ -248,4 +265,32 @@ fn statx_at(dir: &Target, name: &CString, flags: i32, mask: u32) -> std::io::Res
     }
     // SAFETY: statx returned 0, so the kernel filled the structure.
     Ok(unsafe { stx.assume_init() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::test_child::{bind, run_in_child, Child};
+
+    /// The check of kernels before 5.8 (no `STATX_ATTR_MOUNT_ROOT`) tells a
+    /// bind mount of the same file system by its mount id.
+    #[test]
+    fn mount_ids_tell_a_bind_mount_of_the_same_file_system() {
+        let name = crate::test_name!("mount_ids_tell_a_bind_mount_of_the_same_file_system");
+        run_in_child(name, Child::PrivateMounts, || {
+            let t = tempfile::tempdir().unwrap();
+            let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+            std::fs::create_dir(&src).unwrap();
+            std::fs::create_dir(&dst).unwrap();
+            let open = |p: &std::path::Path| {
+                nix::fcntl::open(p, PATH_DIR, nix::sys::stat::Mode::empty()).unwrap()
+            };
+            let up = open(t.path());
+            assert!(!differ_in_mount(open(&dst).as_fd(), up.as_fd(), &dst).unwrap());
+            bind(&src, &dst);
+            assert!(differ_in_mount(open(&dst).as_fd(), up.as_fd(), &dst).unwrap());
+            let target = Target::new(open(&dst), dst.clone());
+            assert!(LinuxMounter.is_mount_point(&target).unwrap());
+        });
+    }
 }

@@ -4,17 +4,22 @@
 //! the logic above it can be tested with the recording [`fake::FakeMounter`] while the real
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
+pub mod beneath;
 pub mod dirents;
 pub mod inotify;
 pub mod linux;
 pub mod memory;
+pub mod mount_id;
 pub mod mount_table;
 pub mod mountinfo;
 pub mod namespace;
 pub mod root_dir;
+pub mod seccomp;
 
 #[cfg(test)]
 pub mod fake;
+#[cfg(test)]
+pub mod test_child;
 
 use std::ffi::OsStr;
 use std::fmt;

@@ -50,7 +50,8 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         }
         let stages = self.stages(&src.driver).await?;
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
-        self.root.mkdir_all(&layout.target, 0o750)?;
+        // Staged before (NodeStage is idempotent): it may be mounted.
+        self.root.mkdir_mount_target(&layout.target, 0o750)?;
         let target = self.abs(&layout.target);
         if stages {
             let call = csi::NodeStageVolumeRequest {
