@@ -13,6 +13,7 @@ mod desired_state_of_world_populator;
 pub mod manifests;
 pub mod objects;
 pub mod pod;
+pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 
