@@ -354,6 +354,11 @@ pub struct ManifestsSource {
     last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
     /// Pods currently running on a last good resolution (shown in status).
     stale: HashMap<PodUid, String>,
+    /// Files that had a pod refused because another file defines its UID:
+    /// read again when that UID is released.
+    duplicates: HashMap<PodUid, BTreeSet<OsString>>,
+    /// Files to read again at the end of the current sync.
+    reread: BTreeSet<OsString>,
 }
 
 impl ManifestsSource {
@@ -371,6 +376,8 @@ impl ManifestsSource {
             dependents: Dependents::default(),
             last_good: HashMap::new(),
             stale: HashMap::new(),
+            duplicates: HashMap::new(),
+            reread: BTreeSet::new(),
         }
     }
 
@@ -478,6 +485,30 @@ impl ManifestsSource {
         self.sync_files(all.into_iter().collect()).await;
     }
 
+    /// Re-reads the named files whose stat changed (see [`Self::sync_once`]),
+    /// then the files whose refused duplicate pods may now be admitted.
+    async fn sync_files(&mut self, mut names: Vec<OsString>) {
+        loop {
+            self.sync_once(names).await;
+            if self.reread.is_empty() {
+                return;
+            }
+            names = std::mem::take(&mut self.reread).into_iter().collect();
+        }
+    }
+
+    /// A file released pod `uid`: the files that defined it too are read
+    /// again (the first of them gets it).
+    fn release_owner(&mut self, uid: &PodUid) {
+        self.owners.remove(uid);
+        for name in self.duplicates.remove(uid).unwrap_or_default() {
+            if let Some(f) = self.files.get_mut(&name) {
+                f.key = None;
+                self.reread.insert(name);
+            }
+        }
+    }
+
     /// Re-reads the named files whose stat changed, on a blocking thread, and
     /// applies the results in order.
     ///
@@ -485,7 +516,7 @@ impl ManifestsSource {
     /// task applies the previous ones, so reading and parsing overlap with
     /// the mounts the applied pods start; the first batch is small so the
     /// first mounts start early.
-    async fn sync_files(&mut self, names: Vec<OsString>) {
+    async fn sync_once(&mut self, names: Vec<OsString>) {
         let names: Vec<(OsString, bool)> = names
             .into_iter()
             .filter_map(|n| is_manifest_name(&n).map(|json| (n, json)))
@@ -562,7 +593,7 @@ impl ManifestsSource {
         if let Some(old) = self.files.remove(name) {
             for uid in old.pods {
                 if self.owners.get(&uid) == Some(name) {
-                    self.owners.remove(&uid);
+                    self.release_owner(&uid);
                     self.forget_pod(&uid);
                     self.sink.delete_pod(&uid);
                     tracing::info!(pod = %uid, file = %source, "pod removed with its manifest");
@@ -689,6 +720,12 @@ impl ManifestsSource {
                 _ => None,
             };
             if let Some(reason) = duplicate {
+                if self.owners.get(&pod.uid).is_some_and(|o| o != name) {
+                    self.duplicates
+                        .entry(pod.uid.clone())
+                        .or_default()
+                        .insert(name.clone());
+                }
                 rejected.push(PodRejected {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
@@ -742,13 +779,13 @@ impl ManifestsSource {
         let mut gone = Vec::new();
         for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
             if self.owners.get(uid) == Some(name) {
-                self.owners.remove(uid);
                 gone.push(uid.clone());
                 self.sink.delete_pod(uid);
                 tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
             }
         }
         for uid in &gone {
+            self.release_owner(uid);
             self.forget_pod(uid);
         }
         self.reresolve(changed, &now);
@@ -1300,6 +1337,33 @@ spec:
                 st.errors
             );
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_pod_is_admitted_once_its_owner_file_goes() {
+        let (_root, dir, vm, mut src) = source_on_temp_dirs();
+        let d = dir.path();
+        let name_of = |vm: &VolumeManager| {
+            vm.world()
+                .dsw()
+                .pod(&PodUid::new("uid-a").unwrap())
+                .map(|p| p.name.clone())
+        };
+        put(d, "a.yaml", POD);
+        src.rescan().await;
+        put(d, "b.yaml", &POD.replace("name: a,", "name: b,"));
+        src.rescan().await;
+        assert_eq!(name_of(&vm).as_deref(), Some("a"));
+        // The owner goes: b.yaml (unchanged on disk) now defines the pod.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        src.rescan().await;
+        assert_eq!(name_of(&vm).as_deref(), Some("b"));
+        // Likewise when the owner file stops defining it.
+        put(d, "c.yaml", &POD.replace("name: a,", "name: c,"));
+        src.rescan().await;
+        put(d, "b.yaml", &POD.replace("uid-a", "uid-other"));
+        src.rescan().await;
+        assert_eq!(name_of(&vm).as_deref(), Some("c"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
