@@ -477,7 +477,15 @@ fn bad_input_harms_only_its_own_pod() {
             &pod_yaml("fixed", "uid-fixed", &[("m", MEM)]),
         );
         assert_eq!(env.wait_pod("uid-fixed", 30.0), 0);
-        assert!(env.status().errors.is_empty());
+        // (Start-up reconstruction problems, e.g. the symlinked volumes
+        // directory of uid-link, stay listed under their own source.)
+        let errors: Vec<_> = env
+            .status()
+            .errors
+            .into_iter()
+            .filter(|e| e.source != "reconstruction")
+            .collect();
+        assert!(errors.is_empty(), "{errors:?}");
     });
 }
 

@@ -115,6 +115,15 @@ impl Env {
     }
 
     pub fn start_agent_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        self.start_agent_with(extra, |cmd| {
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+        })
+    }
+
+    /// Starts the agent, `configure` adjusting its command first.
+    pub fn start_agent_with(&self, extra: &[&str], configure: impl FnOnce(&mut Command)) -> Agent {
         static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = self.dir.path().join(format!("agent-{n}.log"));
@@ -130,9 +139,7 @@ impl Env {
             .env("RUST_LOG", "volmgr=debug")
             .stdout(Stdio::null())
             .stderr(f);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        configure(&mut cmd);
         let child = cmd.spawn().expect("spawn agent");
         Agent { child, log }
     }

@@ -189,10 +189,13 @@ pub trait DeviceMountableVolumePlugin: Send + Sync {
     /// Undoes `mount_device`. Idempotent: a device already gone is success.
     async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError>;
 
-    /// At start-up: every device mount found on disk.
+    /// At start-up: every device mount found on disk. Records that cannot
+    /// be read are reported in `problems` (one line each, naming the
+    /// record) and do not stop the others.
     fn reconstruct_devices(
         &self,
         _table: &MountTable,
+        _problems: &mut Vec<String>,
     ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
         Ok(Vec::new())
     }

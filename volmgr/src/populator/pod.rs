@@ -274,7 +274,10 @@ fn empty_dir_source(
         .map(|q| {
             quantity::parse_bytes(&q.0).map_err(|e| invalid(format!("emptyDir sizeLimit: {e}")))
         })
-        .transpose()?;
+        .transpose()?
+        // As the kubelet: a zero limit is no limit (it adds `size=` only
+        // for a positive limit; tmpfs takes `size=0` as unlimited).
+        .filter(|&bytes| bytes > 0);
     Ok(VolumeSource::EmptyDir { medium, size_limit })
 }
 
@@ -975,5 +978,26 @@ mod tests {
             Some("u"),
             serde_json::json!([{"name": "b", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}])
         )));
+    }
+
+    #[test]
+    fn a_zero_size_limit_is_no_limit() {
+        for zero in ["0", "0Mi", "0.0"] {
+            let ed = k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                    zero.into(),
+                )),
+                ..Default::default()
+            };
+            assert_eq!(
+                empty_dir_source(&ed).unwrap(),
+                VolumeSource::EmptyDir {
+                    medium: StorageMedium::Memory,
+                    size_limit: None
+                },
+                "{zero}"
+            );
+        }
     }
 }

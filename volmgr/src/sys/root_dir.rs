@@ -164,6 +164,9 @@ pub struct RootDir {
 
 const DIR_PATH: OFlag = OFlag::O_PATH.union(OFlag::O_DIRECTORY);
 
+/// The largest state file [`RootDir::read_file`] reads.
+pub const MAX_STATE_FILE_BYTES: u64 = 1 << 20;
+
 impl RootDir {
     /// Creates (if needed) and opens the root. The root itself may be reached
     /// through symlinks chosen by the operator; it is canonicalized once here.
@@ -466,14 +469,41 @@ impl RootDir {
         Ok(())
     }
 
-    /// Reads a small file `rel`.
+    /// Reads a small state file `rel` (at most [`MAX_STATE_FILE_BYTES`]).
+    ///
+    /// Opened non-blocking (a FIFO put in its place must not block the
+    /// reader; symlinks are refused by the resolution), and refused unless
+    /// it is a regular file no larger than the limit (a sparse file of
+    /// gigabytes is not read whole).
     pub fn read_file(&self, rel: &RelPath) -> Result<Vec<u8>, PathError> {
         use std::io::Read;
-        let fd = self.open_rel(rel, OFlag::O_RDONLY, Last::OnSameMount)?;
+        let fd = self.open_rel(
+            rel,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+            Last::OnSameMount,
+        )?;
+        let refuse = |why: String| {
+            SyscallError::io(
+                "read",
+                self.abs(rel),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+            )
+        };
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| self.map_err("fstat", rel, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(refuse("not a regular file".into()).into());
+        }
+        if u64::try_from(st.st_size).unwrap_or(u64::MAX) > MAX_STATE_FILE_BYTES {
+            return Err(refuse(format!("larger than {MAX_STATE_FILE_BYTES} bytes")).into());
+        }
         let mut out = Vec::new();
         std::fs::File::from(fd)
+            .take(MAX_STATE_FILE_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(|e| SyscallError::io("read", self.abs(rel), e))?;
+        if out.len() as u64 > MAX_STATE_FILE_BYTES {
+            return Err(refuse(format!("grew past {MAX_STATE_FILE_BYTES} bytes")).into());
+        }
         Ok(out)
     }
 

@@ -35,6 +35,9 @@ use crate::tracer::{TracerContext, TracerStatus};
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
 
+/// The status source under which start-up reconstruction problems show.
+pub const RECONSTRUCTION_SOURCE: &str = "reconstruction";
+
 /// Settings of a manager.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -292,6 +295,9 @@ impl VolumeManager {
         for e in &report.errors {
             tracing::warn!(error = %e, "reconstruction");
         }
+        // Shown in status too (source `reconstruction`), e.g. a state file
+        // that is not a regular file.
+        self.set_source_problems(RECONSTRUCTION_SOURCE, report.errors.clone(), vec![]);
         tracing::info!(
             pods = report.pods,
             mounted = report.mounted,
@@ -444,6 +450,7 @@ impl VolumeManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::cache::actual_state_of_world::MountedPod;
     use crate::sys::fake::{Call, FakeMounter};
 

@@ -110,10 +110,11 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
     fn reconstruct_devices(
         &self,
         _table: &MountTable,
+        problems: &mut Vec<String>,
     ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
         let mut out = Vec::new();
         for dir in self.stage_data_dirs()? {
-            if let Some(device) = self.reconstruct_device(&dir)? {
+            if let Some(device) = self.reconstruct_device(&dir, problems)? {
                 out.push(device);
             }
         }
@@ -152,16 +153,23 @@ impl CsiPlugin {
         Ok(data_dirs)
     }
 
-    /// The stage recorded in `dir`; `None` (with a warning when it cannot
-    /// be read) when its `vol_data.json` does not name a driver and handle.
+    /// The stage recorded in `dir`; `None` (with a problem reported when
+    /// it cannot be read) when its `vol_data.json` does not name a driver
+    /// and handle. An unreadable staged record (not a regular file, too
+    /// large) leaves the stage uncertain, reported too.
     fn reconstruct_device(
         &self,
         dir: &RelPath,
+        problems: &mut Vec<String>,
     ) -> Result<Option<ReconstructedDevice>, VolumeError> {
         let data = match read_vol_data(&self.root, &dir.join(VOL_DATA_FILE)?) {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(dir = %self.abs(dir).display(), error = %e, "ignoring a CSI stage directory");
+                problems.push(format!(
+                    "CSI stage directory {} ignored: {e}",
+                    self.abs(dir).display()
+                ));
                 return Ok(None);
             }
         };
@@ -173,7 +181,10 @@ impl CsiPlugin {
         let staged = match self.root.read_file(&dir.join(STAGED_FILE)?) {
             Ok(b) => serde_json::from_slice::<StagedRecord>(&b).ok(),
             Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                problems.push(format!("CSI stage of {driver}^{handle} is uncertain: {e}"));
+                None
+            }
         };
         let spec = staged_spec(&data, driver, handle);
         let src = source(&spec)?;
