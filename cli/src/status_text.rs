@@ -33,6 +33,7 @@ fn agent_lines(out: &mut String, s: &Status) {
         "synced: {}  tracer: {} ({})",
         s.synced, s.tracer, s.tracer_reason
     );
+    let _ = writeln!(out, "root propagation: {}", s.root_propagation);
     for e in &s.errors {
         let _ = writeln!(out, "error: {}: {}", P(&e.source), P(&e.error));
     }

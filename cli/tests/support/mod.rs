@@ -204,12 +204,13 @@ impl Env {
             .unwrap_or(-1)
     }
 
-    /// Mounts at or below ROOT.
+    /// Mounts below ROOT (not ROOT itself, which the agent binds onto
+    /// itself to make it rshared).
     pub fn mounts(&self) -> Vec<MountInfo> {
         mountinfo::read_self()
             .expect("mountinfo")
             .into_iter()
-            .filter(|m| m.mount_point.starts_with(&self.root))
+            .filter(|m| m.mount_point.starts_with(&self.root) && m.mount_point != self.root)
             .collect()
     }
 

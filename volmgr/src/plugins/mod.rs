@@ -5,6 +5,8 @@ pub mod csi;
 pub mod empty_dir;
 pub mod foreign;
 pub mod host_path;
+pub mod image;
+pub mod local;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

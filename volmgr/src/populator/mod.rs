@@ -10,6 +10,7 @@
 
 mod claim;
 mod desired_state_of_world_populator;
+mod local_pv;
 pub mod manifests;
 pub mod objects;
 pub mod pod;

@@ -8,9 +8,16 @@ use std::os::unix::ffi::OsStrExt;
 use nix::fcntl::OFlag;
 use nix::mount::MntFlags;
 
+use std::path::Path;
+
+use nix::fcntl::{OpenHow, ResolveFlag};
+
 use super::mount_id;
 use super::mountinfo::{self, MountInfo, MountInfoError};
-use super::{MountTableReader, MountTableWatch, Mounter, MsFlags, SyscallError, Target};
+use super::{
+    MountTableReader, MountTableWatch, Mounter, MsFlags, PropagationError, RootPropagation,
+    SyscallError, Target,
+};
 use crate::volume::FastSet;
 
 /// Mounts for real, in the mount namespace of the calling process.
@@ -101,6 +108,60 @@ impl Mounter for LinuxMounter {
         Ok((is_root && unique).then_some(stx.stx_mnt_id))
     }
 
+    fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError> {
+        nix::mount::mount(
+            Some(&source.proc_path()),
+            &target.proc_path(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| SyscallError::new("mount", target.path(), e))
+    }
+
+    fn make_rshared(&self, root: &Path) -> Result<RootPropagation, PropagationError> {
+        let table = mountinfo::read_self()?;
+        // The mount holding ROOT: the longest mount point above it (the
+        // last one listed, i.e. the top, among mounts stacked there).
+        let holding = table
+            .iter()
+            .filter(|m| root.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.components().count());
+        if holding.is_some_and(|m| m.optional_fields.iter().any(|f| f.starts_with("shared:"))) {
+            return Ok(RootPropagation::AlreadyShared);
+        }
+        let rebound = holding.is_none_or(|m| m.mount_point != root);
+        if rebound {
+            let below = table
+                .iter()
+                .filter(|m| m.mount_point.starts_with(root) && m.mount_point != root)
+                .count();
+            if below > 0 {
+                return Err(PropagationError::MountsBelow {
+                    root: root.to_path_buf(),
+                    count: below,
+                });
+            }
+            let dir = open_dir(root)?;
+            self.bind_mount(&dir, &dir)?;
+        }
+        // Opened (again) now, so the walk ends on the mount at ROOT.
+        let top = open_dir(root)?;
+        nix::mount::mount(
+            None::<&str>,
+            &top.proc_path(),
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| SyscallError::new("mount", root, e))?;
+        Ok(if rebound {
+            RootPropagation::BoundAndMadeShared
+        } else {
+            RootPropagation::MadeShared
+        })
+    }
+
     fn mount_ids(&self) -> Result<Option<FastSet<u64>>, SyscallError> {
         let Some(nr) = SYS_LISTMOUNT else {
             return Ok(None);
@@ -159,6 +220,33 @@ fn differ_in_mount(
     let err = |e| SyscallError::new("statx", path, e);
     let key = mount_id::of_fd(a).map_err(err)?;
     Ok(mount_id::of_fd_like(b, key).map_err(err)? != key)
+}
+
+/// Opens the directory `path` as a [`Target`] (`O_PATH`).
+fn open_dir(path: &Path) -> Result<Target, SyscallError> {
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| SyscallError::new("open", path, e))?;
+    Ok(Target::new(fd, path.to_path_buf()))
+}
+
+/// Opens an absolute path on the node outside ROOT (a local
+/// PersistentVolume's directory or device) as a [`Target`]: `O_PATH`,
+/// `openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, so no
+/// component, the last included, may be a symlink. Nothing is created.
+pub fn open_host_path(path: &Path) -> Result<Target, SyscallError> {
+    let fd = nix::fcntl::openat2(
+        nix::fcntl::AT_FDCWD,
+        path,
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )
+    .map_err(|e| SyscallError::new("openat2", path, e))?;
+    Ok(Target::new(fd, path.to_path_buf()))
 }
 
 /// `STATX_MNT_ID_UNIQUE` (linux/stat.h, 6.8): `stx_mnt_id` is then the

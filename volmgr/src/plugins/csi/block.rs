@@ -240,7 +240,7 @@ fn stat_at(dir: &Target, name: &OsStr) -> Result<FileStat, VolumeError> {
 
 /// Creates the pod's view of a published block device: a symlink at `link`
 /// to `target` (replacing a stale one).
-pub(super) fn link_block_device(
+pub(in crate::plugins) fn link_block_device(
     root: &RootDir,
     link: &RelPath,
     target: &Path,

@@ -34,7 +34,7 @@
 
 pub mod errors;
 
-mod block;
+pub(in crate::plugins) mod block;
 mod layout;
 mod stage;
 mod vol_data;
