@@ -77,7 +77,8 @@ typedef struct volmgr volmgr;
 /**
  * Called for each volume event (`event_json` is only valid during the
  * call). Runs on a volmgr runtime thread; it must not block and must not
- * call back into the same handle's `volmgr_free`.
+ * call back into the same handle's `volmgr_free`. volmgr's blocking calls
+ * made from it (start, stop, the waits) fail with `VOLMGR_ERR_BUSY`.
  */
 typedef void (*volmgr_event_callback)(void *userdata, const char *event_json);
 
@@ -187,6 +188,14 @@ volmgr_status volmgr_stop(volmgr *vm);
  * Destroys the handle (stopping it first if needed; mounts stay). NULL is a
  * no-op. No other call on this handle may run concurrently or follow.
  *
+ * It waits at most 5 s for volmgr's threads: it may return while a host
+ * plugin's `set_up` or `tear_down` (see `volmgr_register_plugin`) is
+ * still running on one of them, which then finishes on its own; the
+ * plugin's functions and `userdata` must stay valid until they return.
+ * Called from a volmgr thread (an event callback), it cannot wait at all:
+ * the handle is released without stopping first, and nothing is waited
+ * for.
+ *
  * # Safety
  * `vm` is NULL or a live handle not used afterwards.
  */
@@ -197,6 +206,11 @@ void volmgr_free(volmgr *vm);
  * thread with a JSON object `{"kind": "mounted"|"unmounted"|"failed"|"lost",
  * "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
  * back unchanged and must be usable from that thread.
+ *
+ * The callback must not block on volmgr: the blocking calls
+ * (`volmgr_start`, `volmgr_stop`, `volmgr_wait_for_attach_and_mount`,
+ * `volmgr_wait_for_unmount`) made from it return `VOLMGR_ERR_BUSY` at once
+ * (hand the work to another thread instead).
  *
  * # Safety
  * `vm` is NULL or a live handle; `cb` is NULL or a valid function.

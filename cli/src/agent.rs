@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api;
+use crate::limits::{AcceptBackoff, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
 use volmgr::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
 use volmgr::csi::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
@@ -91,6 +92,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
+    create_root(&opts.root)?;
     let mut config = Config::new(&opts.root);
     config.resync_period = opts.resync_period;
     config.backoff = opts.backoff;
@@ -136,9 +138,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let watcher_task = start_plugin_watcher(&vm, &csi_registry, stop_rx.clone())?;
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
-    let api_task = tokio::spawn(api::serve(listener, Arc::clone(&vm), stop_rx.clone()));
-    let metrics_task =
-        metrics.map(|l| tokio::spawn(serve_metrics(l, Arc::clone(&vm), stop_rx.clone())));
+    let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
     let source = ManifestsSource::new(opts.manifests.clone(), vm.pod_sink(), opts.rescan_period);
     let mut source_task = tokio::spawn(source.run(stop_rx.clone()));
 
@@ -164,6 +164,29 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let _ = std::fs::remove_file(api::socket_path(&root));
     result
+}
+
+/// Serves the local API and (if bound) the metrics endpoint, under one
+/// set of [`ClientLimits`].
+fn serve_clients(
+    listener: tokio::net::UnixListener,
+    metrics: Option<TcpListener>,
+    vm: &Arc<VolumeManager>,
+    stop: &watch::Receiver<bool>,
+) -> (
+    tokio::task::JoinHandle<()>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let limits = ClientLimits::from_rlimit();
+    let api = tokio::spawn(api::serve(
+        listener,
+        Arc::clone(vm),
+        limits.clone(),
+        stop.clone(),
+    ));
+    let metrics =
+        metrics.map(|l| tokio::spawn(serve_metrics(l, Arc::clone(vm), limits, stop.clone())));
+    (api, metrics)
 }
 
 /// Creates `ROOT/plugins_registry` and follows it for CSI drivers that
@@ -209,62 +232,190 @@ fn start_plugin_watcher(
     }))
 }
 
-/// Holds an exclusive `flock` on `ROOT/volmgr.lock` for the agent's life.
-fn lock_root(root: &std::path::Path) -> Result<std::fs::File, AgentError> {
-    let path = root.join("volmgr.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(io(format!("opening {}", path.display())))?;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(AgentError::Locked(root.to_path_buf()));
+/// Creates ROOT if missing, mode 0750 whatever the umask (the kubelet's
+/// root directory mode); an existing ROOT is left as it is.
+fn create_root(root: &std::path::Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if root.exists() {
+        return Ok(());
     }
-    Ok(f)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(root)
+        .map_err(io(format!("creating {}", root.display())))
 }
 
-/// A minimal HTTP/1.1 responder for `GET /metrics` and `GET /healthz`.
+/// The lock file's name under ROOT.
+pub const LOCK_NAME: &str = "volmgr.lock";
+
+/// Holds an exclusive `flock` on `ROOT/volmgr.lock` for the agent's life.
+///
+/// Only the agent's user may open the lock (mode 0600, owner checked,
+/// never through a symlink): a `flock` needs only a descriptor, even a
+/// read-only one, so a lock file others can open is a lock anyone can take
+/// to keep the agent from starting. A lock file that is not a private
+/// regular file of this user (e.g. 0644 from an older version, which
+/// someone may hold open) is replaced by a fresh one; after locking, the
+/// path must still name the locked file (else a concurrent replacement
+/// won, and the lock is taken again on the new file).
+fn lock_root(root: &std::path::Path) -> Result<std::fs::File, AgentError> {
+    let path = root.join(LOCK_NAME);
+    for _ in 0..8 {
+        let f = match open_lock(&path) {
+            // A symlink in its place (O_NOFOLLOW): replaced, never followed.
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                replace_lock(root, &path)?;
+                continue;
+            }
+            r => r.map_err(io(format!("opening {}", path.display())))?,
+        };
+        if !is_private_file(&f) {
+            replace_lock(root, &path)?;
+            continue;
+        }
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(AgentError::Locked(root.to_path_buf()));
+        }
+        if same_file(&f, &path) {
+            return Ok(f);
+        }
+    }
+    Err(AgentError::Io {
+        what: format!("locking {}", path.display()),
+        source: std::io::Error::other("the lock file keeps being replaced"),
+    })
+}
+
+fn open_lock(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+}
+
+/// Whether `f` is a regular file of this user that nobody else may open.
+fn is_private_file(f: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    f.metadata().is_ok_and(|m| {
+        m.is_file() && m.uid() == nix::unistd::geteuid().as_raw() && m.mode() & 0o077 == 0
+    })
+}
+
+/// Whether `path` (not followed) still names the file `f` is open on.
+fn same_file(f: &std::fs::File, path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Puts a fresh private lock file at `path` (atomically, by rename).
+fn replace_lock(root: &std::path::Path, path: &std::path::Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::PermissionsExt;
+    tracing::warn!(path = %path.display(), "replacing a lock file others could open");
+    let tmp = root.join(format!(".{LOCK_NAME}.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let f = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(io(format!("creating {}", tmp.display())))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io(format!("chmod {}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(io(format!("replacing {}", path.display())))
+}
+
+/// A minimal HTTP/1.1 responder for `GET /metrics` and `GET /healthz`,
+/// its clients bounded like the API's (see [`crate::limits`]).
 async fn serve_metrics(
     listener: TcpListener,
     vm: Arc<VolumeManager>,
+    limits: ClientLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mine = limits.listener();
+    let mut backoff = AcceptBackoff::default();
     loop {
         tokio::select! {
             () = volmgr::util::shutdown::requested(&mut shutdown) => return,
-            conn = listener.accept() => {
-                let Ok((mut stream, _)) = conn else { continue };
-                let vm = Arc::clone(&vm);
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    let mut n = 0;
-                    while n < buf.len() {
-                        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf[n..])).await {
-                            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                            Ok(Ok(k)) => {
-                                n += k;
-                                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") { break; }
-                            }
-                        }
-                    }
-                    let req = String::from_utf8_lossy(&buf[..n]);
-                    let path = req.split_whitespace().nth(1).unwrap_or("");
-                    let (status, ctype, body) = match path {
-                        "/metrics" => ("200 OK", "text/plain; version=0.0.4", vm.metrics_text()),
-                        "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
-                        _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+            conn = listener.accept() => match conn {
+                Ok((stream, _)) => {
+                    backoff.reset();
+                    let Some(admission) = limits.admit(&mine) else {
+                        let _ = stream.try_write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                        continue;
                     };
-                    let head = format!(
-                        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream.write_all(head.as_bytes()).await;
-                    let _ = stream.write_all(body.as_bytes()).await;
-                });
+                    let vm = Arc::clone(&vm);
+                    let limits = limits.clone();
+                    tokio::spawn(async move {
+                        let _admission = admission;
+                        metrics_request(stream, &vm, &limits).await;
+                    });
+                }
+                Err(e) => backoff.failed(&e, "metrics").await,
             }
         }
     }
+}
+
+/// Answers one HTTP request (its head at most 4 KiB, read within
+/// [`READ_DEADLINE`]; the answer written within [`WRITE_DEADLINE`]).
+async fn metrics_request(
+    mut stream: tokio::net::TcpStream,
+    vm: &VolumeManager,
+    limits: &ClientLimits,
+) {
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    let read = async {
+        while n < buf.len() {
+            match stream.read(&mut buf[n..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    n += k;
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    if tokio::time::timeout(READ_DEADLINE, read).await.is_err() {
+        return;
+    }
+    let req = String::from_utf8_lossy(&buf[..n]);
+    let path = req.split_whitespace().nth(1).unwrap_or("");
+    let _slot = match path {
+        "/metrics" => match limits.response_slot().await {
+            Some(s) => Some(s),
+            None => return,
+        },
+        _ => None,
+    };
+    let (status, ctype, body) = match path {
+        "/metrics" => ("200 OK", "text/plain; version=0.0.4", vm.metrics_text()),
+        "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
+        _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await
+    };
+    let _ = tokio::time::timeout(WRITE_DEADLINE, write).await;
 }

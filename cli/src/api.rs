@@ -6,6 +6,9 @@
 //! `{"method":"wait_unmount","pod":UID,"timeout_ms":N}`,
 //! `{"method":"wait_all","pods":N|null,"timeout_ms":N}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
+//!
+//! Clients are bounded (see [`crate::limits`]): connections, request line
+//! length, read and write deadlines, large responses in flight.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +18,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
+
+use crate::limits::{AcceptBackoff, ClientLimits, MAX_REQUEST_LINE, READ_DEADLINE, WRITE_DEADLINE};
 
 use volmgr::volume::PodUid;
 use volmgr::volumemanager::VolumeManager;
@@ -43,6 +48,14 @@ pub enum ApiError {
     /// The agent reported an error.
     #[error("{0}")]
     Remote(String),
+    /// The agent did not answer in time.
+    #[error("{path}: the agent did not answer within {after:?}")]
+    Timeout {
+        /// The socket.
+        path: PathBuf,
+        /// How long the client waited.
+        after: Duration,
+    },
 }
 
 /// A request.
@@ -91,60 +104,148 @@ pub fn socket_path(root: &Path) -> PathBuf {
     root.join(SOCKET_NAME)
 }
 
-/// Binds the socket (replacing a stale one) with mode 0600.
+/// Binds the socket (replacing a stale one) with mode 0600, reachable by
+/// no one else at any instant, whatever the umask.
+///
+/// `bind` creates the socket file with mode `0777 & !umask`, and a later
+/// `chmod` leaves a window; changing the umask is process-wide (other
+/// threads run). Instead the socket is bound inside a fresh directory of
+/// mode 0700 (umask can only clear bits), made 0600 there, then renamed
+/// into place (a rename keeps the inode the socket is bound to) and the
+/// directory removed.
 pub fn bind(root: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let path = socket_path(root);
-    match std::fs::remove_file(&path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+    remove_if_present(&path, false)?;
+    let private = root.join(format!(".{SOCKET_NAME}.{}", std::process::id()));
+    remove_if_present(&private, true)?;
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let meta = std::fs::symlink_metadata(&private)?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user",
+            private.display()
+        )));
     }
-    let l = UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    let tmp = private.join(SOCKET_NAME);
+    let bound = (|| {
+        let l = std::os::unix::net::UnixListener::bind(&tmp)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&tmp, &path)?;
+        l.set_nonblocking(true)?;
+        UnixListener::from_std(l)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::remove_dir(&private)?;
+    bound
 }
 
-/// Serves requests until `shutdown`.
+/// Removes a stale file (or, with `dir`, directory tree) at `path`.
+fn remove_if_present(path: &Path, dir: bool) -> std::io::Result<()> {
+    let r = match std::fs::symlink_metadata(path) {
+        Ok(m) if dir && m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Serves requests until `shutdown`, within `limits`.
 pub async fn serve(
     listener: UnixListener,
     vm: Arc<VolumeManager>,
+    limits: ClientLimits,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mine = limits.listener();
+    let mut backoff = AcceptBackoff::default();
     loop {
         tokio::select! {
             () = volmgr::util::shutdown::requested(&mut shutdown) => return,
             conn = listener.accept() => match conn {
                 Ok((stream, _)) => {
+                    backoff.reset();
+                    let Some(admission) = limits.admit(&mine) else {
+                        // Over budget: a short answer if it fits the
+                        // socket buffer at once, then closed.
+                        let _ = stream.try_write(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
+                        tracing::debug!("api connection refused: too many connections");
+                        continue;
+                    };
                     let vm = Arc::clone(&vm);
+                    let limits = limits.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = handle(stream, vm).await {
+                        let _admission = admission;
+                        if let Err(e) = handle(stream, vm, limits).await {
                             tracing::debug!(error = %e, "api connection");
                         }
                     });
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, "api accept");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                Err(e) => backoff.failed(&e, "api").await,
             }
         }
     }
 }
 
-async fn handle(stream: UnixStream, vm: Arc<VolumeManager>) -> std::io::Result<()> {
+/// One connection: request lines in, one response line out per request.
+async fn handle(
+    stream: UnixStream,
+    vm: Arc<VolumeManager>,
+    limits: ClientLimits,
+) -> std::io::Result<()> {
     let (r, mut w) = stream.into_split();
-    let mut lines = BufReader::new(r.take(1 << 20)).lines();
-    while let Some(line) = lines.next_line().await? {
-        let resp = match serde_json::from_str::<Request>(&line) {
+    let mut r = BufReader::new(r);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let limit = u64::try_from(MAX_REQUEST_LINE).unwrap_or(u64::MAX) + 1;
+        let mut limited = (&mut r).take(limit);
+        let read = limited.read_until(b'\n', &mut line);
+        match tokio::time::timeout(READ_DEADLINE, read).await {
+            Err(_) => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+            Ok(r) => {
+                if r? == 0 {
+                    return Ok(());
+                }
+            }
+        }
+        if line.last() != Some(&b'\n') {
+            // Longer than the limit (or cut by end of file): answered, then closed.
+            let resp = err(format!("request line longer than {MAX_REQUEST_LINE} bytes"));
+            let _ = write_response(&mut w, &resp).await;
+            return Ok(());
+        }
+        let req = serde_json::from_slice::<Request>(&line);
+        // Large responses wait for a slot: a few are built at once.
+        let _slot = match &req {
+            Ok(Request::Status | Request::Metrics) => match limits.response_slot().await {
+                Some(s) => Some(s),
+                None => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+            },
+            _ => None,
+        };
+        let resp = match req {
             Err(e) => err(format!("invalid request: {e}")),
             Ok(req) => answer(req, &vm).await,
         };
-        let mut out = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
-        out.push(b'\n');
-        w.write_all(&out).await?;
+        write_response(&mut w, &resp).await?;
     }
-    Ok(())
+}
+
+/// Writes one response line within [`WRITE_DEADLINE`].
+async fn write_response(
+    w: &mut tokio::net::unix::OwnedWriteHalf,
+    resp: &Response,
+) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+    out.push(b'\n');
+    match tokio::time::timeout(WRITE_DEADLINE, w.write_all(&out)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+    }
 }
 
 fn err(e: String) -> Response {
@@ -199,8 +300,24 @@ async fn wait(vm: &VolumeManager, pod: &str, timeout_ms: u64, unmount: bool) -> 
     }
 }
 
-/// Sends one request to the agent on `root` and returns its result.
-pub async fn call(root: &Path, req: &Request) -> Result<serde_json::Value, ApiError> {
+/// Sends one request to the agent on `root` and returns its result, or
+/// [`ApiError::Timeout`] when the whole exchange takes longer than
+/// `timeout` (an agent that accepts but never answers).
+pub async fn call(
+    root: &Path,
+    req: &Request,
+    timeout: Duration,
+) -> Result<serde_json::Value, ApiError> {
+    match tokio::time::timeout(timeout, call_once(root, req)).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::Timeout {
+            path: socket_path(root),
+            after: timeout,
+        }),
+    }
+}
+
+async fn call_once(root: &Path, req: &Request) -> Result<serde_json::Value, ApiError> {
     let path = socket_path(root);
     let io = |source| ApiError::Io {
         path: path.clone(),

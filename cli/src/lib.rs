@@ -7,4 +7,5 @@
 
 pub mod agent;
 pub mod api;
+pub mod limits;
 pub mod status_text;

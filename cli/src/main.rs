@@ -12,6 +12,7 @@ use volmgr::ebpf;
 use volmgr::operationexecutor::Backoff;
 use volmgr::status::Status;
 use volmgr::tracer::TracerMode;
+use volmgr::util::escape::printable;
 use volmgr_cli::agent::{self, AgentOptions};
 use volmgr_cli::api::{self, Request};
 use volmgr_cli::status_text::status_text;
@@ -38,22 +39,22 @@ enum Command {
         #[arg(long)]
         metrics_addr: Option<SocketAddr>,
         /// Safety-net resync period (re-read the mount table, full pass).
-        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
         resync_period: Duration,
         /// Safety-net rescan period of the manifests directory.
-        #[arg(long, default_value = "20s", value_parser = parse_duration)]
+        #[arg(long, default_value = "20s", value_parser = parse_positive_duration)]
         rescan_period: Duration,
         /// First retry delay after a failed operation.
-        #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+        #[arg(long, default_value = "500ms", value_parser = parse_positive_duration)]
         backoff_initial: Duration,
         /// Longest retry delay.
-        #[arg(long, default_value = "122s", value_parser = parse_duration)]
+        #[arg(long, default_value = "122s", value_parser = parse_positive_duration)]
         backoff_max: Duration,
         /// This node's name.
         #[arg(long, default_value = "")]
         node_name: String,
         /// Deadline of each CSI call (the kubelet uses 2 minutes).
-        #[arg(long, default_value = "120s", value_parser = parse_duration)]
+        #[arg(long, default_value = "120s", value_parser = parse_positive_duration)]
         csi_timeout: Duration,
         /// A CSI driver and its socket, NAME=SOCKET (repeatable); drivers can
         /// also register through ROOT/plugins_registry.
@@ -73,6 +74,9 @@ enum Command {
         /// Print the status document as JSON.
         #[arg(long)]
         json: bool,
+        /// Seconds to wait for the agent's answer.
+        #[arg(long, default_value = "30", value_parser = parse_timeout_secs)]
+        timeout: f64,
     },
     /// Print a line per mount-table syscall (eBPF; classic and new mount API),
     /// with its arguments, result and latency. Needs root; no agent needed.
@@ -123,7 +127,7 @@ enum Command {
         #[arg(long, requires = "all")]
         pods: Option<usize>,
         /// Seconds to wait.
-        #[arg(long, default_value_t = 120.0)]
+        #[arg(long, default_value = "120", value_parser = parse_timeout_secs)]
         timeout: f64,
         /// Wait for the pod's volumes to be unmounted instead.
         #[arg(long)]
@@ -148,6 +152,33 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     let v: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
     Duration::try_from_secs_f64(v * mul).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
+
+/// Shortest period or delay accepted: zero would panic (a zero-period
+/// interval), stop the reconciler or spin a core.
+const MIN_PERIOD: Duration = Duration::from_millis(1);
+
+/// Like [`parse_duration`], refusing zero (and anything under 1 ms).
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < MIN_PERIOD {
+        return Err(format!("{s:?}: must be at least 1ms"));
+    }
+    Ok(d)
+}
+
+/// A number of seconds, finite and not negative.
+fn parse_timeout_secs(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid number of seconds {s:?}"))?;
+    Duration::try_from_secs_f64(v).map_err(|e| format!("invalid timeout {s:?}: {e}"))?;
+    Ok(v)
+}
+
+/// What `volmgr wait` allows the agent beyond its own timeout (the agent
+/// answers at its timeout; this covers the exchange itself).
+const WAIT_MARGIN: Duration = Duration::from_secs(5);
 
 /// Parses `NAME=SOCKET` (an absolute socket path).
 fn parse_csi_driver(s: &str) -> Result<(String, PathBuf), String> {
@@ -178,6 +209,7 @@ fn main() -> ExitCode {
         }
     }
     tracing_subscriber::fmt()
+        .fmt_fields(printable_fields())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
@@ -202,6 +234,22 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Log fields written through [`printable`]: names and errors that come
+/// from manifests cannot forge log lines (newlines) or reach the terminal
+/// (escape sequences).
+fn printable_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            write!(w, "{}", printable(&text))
+        } else {
+            write!(w, "{field}={}", printable(&text))
+        }
+    })
+    .delimited(" ")
 }
 
 /// The error and its causes, skipping causes whose text is already shown.
@@ -279,7 +327,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             })
             .await?;
         }
-        Command::Status { root, json } => status(&root, json).await?,
+        Command::Status {
+            root,
+            json,
+            timeout: t,
+        } => status(&root, json, t).await?,
         Command::Wait {
             root,
             pod,
@@ -288,18 +340,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             timeout,
             unmounted,
         } => {
-            let timeout =
-                Duration::try_from_secs_f64(timeout).map_err(|e| anyhow!("--timeout: {e}"))?;
-            let req = wait_request(pod, all, pods, millis(timeout), unmounted)?;
-            return Ok(wait(&root, req, timeout).await);
+            let req = wait_request(pod, all, pods, timeout, unmounted)?;
+            return Ok(wait(&root, req, timeout_arg(timeout)?).await);
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `volmgr status`: the agent's status document, as JSON or as text.
-async fn status(root: &Path, json: bool) -> anyhow::Result<()> {
-    let v = api::call(root, &Request::Status)
+async fn status(root: &Path, json: bool, timeout_secs: f64) -> anyhow::Result<()> {
+    let v = api::call(root, &Request::Status, timeout_arg(timeout_secs)?)
         .await
         .context("is the agent running on this root?")?;
     if json {
@@ -317,9 +367,10 @@ fn wait_request(
     pod: Option<String>,
     all: bool,
     pods: Option<usize>,
-    timeout_ms: u64,
+    timeout_secs: f64,
     unmounted: bool,
 ) -> anyhow::Result<Request> {
+    let timeout_ms = millis(timeout_arg(timeout_secs)?);
     match pod {
         _ if all => Ok(Request::WaitAll { pods, timeout_ms }),
         Some(pod) if unmounted => Ok(Request::WaitUnmount { pod, timeout_ms }),
@@ -335,7 +386,8 @@ fn wait_request(
 async fn wait(root: &Path, mut req: Request, timeout: Duration) -> ExitCode {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        match api::call(root, &req).await {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match api::call(root, &req, left + WAIT_MARGIN).await {
             Ok(_) => return ExitCode::SUCCESS,
             Err(api::ApiError::Remote(e)) => {
                 eprintln!("volmgr: {e}");
@@ -355,6 +407,11 @@ async fn wait(root: &Path, mut req: Request, timeout: Duration) -> ExitCode {
             _ => {}
         }
     }
+}
+
+/// The `--timeout` seconds as a duration.
+fn timeout_arg(secs: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(secs).map_err(|e| anyhow!("--timeout: {e}"))
 }
 
 /// `d` in whole milliseconds (saturating).

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use volmgr::status::{OutOfBandEvent, PodStatus, Status, VolumeStatus};
+use volmgr::util::escape::Printable as P;
 
 /// The status document as `volmgr status` prints it (without `--json`).
 pub fn status_text(s: &Status) -> String {
@@ -32,31 +33,38 @@ fn agent_lines(out: &mut String, s: &Status) {
         "synced: {}  tracer: {} ({})",
         s.synced, s.tracer, s.tracer_reason
     );
+    let _ = writeln!(out, "root propagation: {}", s.root_propagation);
     for e in &s.errors {
-        let _ = writeln!(out, "error: {}: {}", e.source, e.error);
+        let _ = writeln!(out, "error: {}: {}", P(&e.source), P(&e.error));
     }
     for d in &s.csi_drivers {
         let _ = writeln!(
             out,
             "csi driver {} at {} (versions: {})",
-            d.name,
-            d.endpoint,
-            d.versions.join(", ")
+            P(&d.name),
+            P(&d.endpoint),
+            P(d.versions.join(", "))
         );
     }
 }
 
 /// A pod, why it was rejected, and a line per volume.
 fn pod_lines(out: &mut String, p: &PodStatus) {
-    let _ = writeln!(out, "pod {}/{} ({})", p.namespace, p.name, p.uid);
+    let _ = writeln!(
+        out,
+        "pod {}/{} ({})",
+        P(&p.namespace),
+        P(&p.name),
+        P(&p.uid)
+    );
     if let Some(e) = &p.error {
-        let _ = writeln!(out, "  rejected: {e}");
+        let _ = writeln!(out, "  rejected: {}", P(e));
     }
     for v in &p.volumes {
         let _ = writeln!(
             out,
             "  {:<20} {:<26} {:<10} attempts={:<3} {}{}",
-            v.name,
+            P(&v.name).to_string(),
             v.plugin,
             v.state,
             v.attempts,
@@ -69,8 +77,8 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
 /// A volume's error, else its path.
 fn volume_detail(v: &VolumeStatus) -> String {
     match (&v.error, &v.path) {
-        (Some(e), _) => format!("error: {e}"),
-        (None, Some(p)) => p.clone(),
+        (Some(e), _) => format!("error: {}", P(e)),
+        (None, Some(p)) => P(p).to_string(),
         (None, None) => String::new(),
     }
 }
@@ -110,7 +118,7 @@ fn out_of_band_line(out: &mut String, e: &OutOfBandEvent) {
     let cause = e
         .cause
         .as_deref()
-        .map(|c| format!(" {c}"))
+        .map(|c| format!(" {}", P(c)))
         .unwrap_or_default();
     let after = e
         .detected_after_us
@@ -125,9 +133,9 @@ fn out_of_band_line(out: &mut String, e: &OutOfBandEvent) {
         "  {} {} pod {} volume {} ({}): found by {}{}{}; {}{}",
         e.time,
         e.kind,
-        e.pod_uid,
-        e.volume,
-        e.path,
+        P(&e.pod_uid),
+        P(&e.volume),
+        P(&e.path),
         e.detected_by,
         cause,
         after,

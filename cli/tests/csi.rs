@@ -222,49 +222,90 @@ fn two_pods_share_one_staged_volume() {
     });
 }
 
+const BLOCK_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-p}\nspec:\n  containers: [{name: c, image: i, volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: dev, persistentVolumeClaim: {claimName: claim-pv-b}}]\n";
+
+/// The kubelet's paths of block PV `pv` used by pod `uid`: the publish
+/// target (`volumeDevices/publish/<pv>/<uid>`), the pod's symlink named
+/// after the PV (`GetPodDeviceMapPath`) and the pod's entry in the global
+/// map path (`GetGlobalMapPath` + `/<uid>`), a bind mount of the device.
+fn block_paths(env: &Env, uid: &str, pv: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let devices = env.root.join("plugins/kubernetes.io/csi/volumeDevices");
+    (
+        devices.join("publish").join(pv).join(uid),
+        env.root
+            .join("pods")
+            .join(uid)
+            .join("volumeDevices/kubernetes.io~csi")
+            .join(pv),
+        devices.join(pv).join("dev").join(uid),
+    )
+}
+
+/// The published device is mapped for the pod as the kubelet maps it.
+fn assert_block_mapped(env: &Env, uid: &str, pv: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let (published, link, global) = block_paths(env, uid, pv);
+    let published_meta = std::fs::metadata(&published).unwrap();
+    assert!(
+        published_meta.file_type().is_block_device(),
+        "the published target is the device"
+    );
+    assert_eq!(std::fs::read_link(&link).unwrap(), published);
+    let global_meta = std::fs::symlink_metadata(&global).unwrap();
+    assert!(
+        global_meta.file_type().is_block_device(),
+        "the global map entry is a bind mount of the device"
+    );
+    assert_eq!(global_meta.rdev(), published_meta.rdev());
+    assert_eq!(env.mount_count(&global), 1, "mounted once");
+}
+
 #[test]
 fn block_volume_is_published_as_a_device() {
     isolated("block_volume_is_published_as_a_device", || {
         let env = Env::new();
         let driver = start_driver(&env);
         env.write_manifest("pv.yaml", &pv_yaml("pv-b", "vol-b", "64Mi", true, ""));
-        env.write_manifest(
-            "p.yaml",
-            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-p}\nspec:\n  containers: [{name: c, image: i, volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: dev, persistentVolumeClaim: {claimName: claim-pv-b}}]\n",
-        );
+        env.write_manifest("p.yaml", BLOCK_POD);
         let agent = start_agent(&env, &driver, &[]);
         assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
-        let published = env
-            .root
-            .join("plugins/kubernetes.io/csi/volumeDevices/publish/pv-b/uid-p");
+        let (published, link, global) = block_paths(&env, "uid-p", "pv-b");
+        assert_block_mapped(&env, "uid-p", "pv-b");
+        let by_volume_name = link.with_file_name("dev");
         assert!(
-            std::fs::metadata(&published)
-                .unwrap()
-                .file_type()
-                .is_block_device(),
-            "the published target is the device"
+            by_volume_name.symlink_metadata().is_err(),
+            "named after the PV"
         );
-        let link = env
-            .root
-            .join("pods/uid-p/volumeDevices/kubernetes.io~csi/dev");
-        assert_eq!(std::fs::read_link(&link).unwrap(), published);
         driver.expect("NodeStageVolume", "vol-b", "OK", 1);
         let st = env.status();
         let v = &st.pods.iter().find(|p| p.uid == "uid-p").unwrap().volumes[0];
         assert_eq!(v.state, "mounted");
         assert_eq!(v.path.as_deref(), Some(link.to_str().unwrap()));
 
-        // Restarts: adopted as it is (no second stage or publish), and
-        // after the pod went away meanwhile, unpublished before unstaged.
+        // Restarts: adopted as it is (no second stage, publish or bind
+        // mount), and after the pod went away meanwhile, unmapped, then
+        // unpublished, then unstaged.
         agent.kill9();
         let agent = start_agent(&env, &driver, &[]);
         env.wait_synced();
         assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        assert_block_mapped(&env, "uid-p", "pv-b");
+        let st = env.status();
+        let v = &st.pods.iter().find(|p| p.uid == "uid-p").unwrap().volumes[0];
+        assert_eq!((v.name.as_str(), v.state.as_str()), ("dev", "mounted"));
         agent.kill9();
         assert_eq!(driver.count("NodeStageVolume", "vol-b", "OK"), 1);
         assert_eq!(driver.count("NodePublishVolume", "vol-b", "OK"), 1);
         env.remove_manifest("p.yaml");
+        // NodeUnpublishVolume hangs: by then the bind mount is gone, while
+        // the device is still published and the pod's link still there.
+        driver.faults(serde_json::json!([{"method": "NodeUnpublishVolume", "hang": true}]));
         let agent = start_agent(&env, &driver, &[]);
+        wait_for("the global map entry unmounted and removed", || {
+            global.symlink_metadata().is_err()
+        });
+        assert!(published.exists() && link.symlink_metadata().is_ok());
+        driver.faults(serde_json::json!([]));
         driver.expect("NodeUnstageVolume", "vol-b", "OK", 1);
         let calls = driver.calls();
         let pos = |m: &str| {
@@ -274,7 +315,72 @@ fn block_volume_is_published_as_a_device() {
                 .unwrap()
         };
         assert!(pos("NodeUnpublishVolume") < pos("NodeUnstageVolume"));
-        assert!(!link.exists() && !published.exists());
+        assert!(link.symlink_metadata().is_err() && !published.exists());
+        wait_for("the PV's block directory removed", || {
+            !env.root
+                .join("plugins/kubernetes.io/csi/volumeDevices/pv-b")
+                .exists()
+        });
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
+}
+
+/// Turns pod `uid-p`'s mapping of pv-b into what an older volmgr left: the
+/// link named after the pod's volume, no bind mount in the global map
+/// path, an empty publish record.
+fn downgrade_block_layout(env: &Env) {
+    let (_, link, global) = block_paths(env, "uid-p", "pv-b");
+    nix::mount::umount(&global).unwrap();
+    std::fs::remove_file(&global).unwrap();
+    std::fs::rename(&link, link.with_file_name("dev")).unwrap();
+    let record = env
+        .root
+        .join("plugins/kubernetes.io/csi/volumeDevices/pv-b/data/volmgr-published-uid-p");
+    std::fs::write(record, b"").unwrap();
+}
+
+/// A block volume an older volmgr mapped (its link named after the pod's
+/// volume, no global map bind mount) is adopted after an upgrade: mapped
+/// again the kubelet's way, the old link removed; and a running pod's
+/// volume in the old layout is torn down completely.
+#[test]
+fn block_volume_mapped_by_an_older_volmgr() {
+    isolated("block_volume_mapped_by_an_older_volmgr", || {
+        let env = Env::new();
+        let driver = start_driver(&env);
+        env.write_manifest("pv.yaml", &pv_yaml("pv-b", "vol-b", "64Mi", true, ""));
+        env.write_manifest("p.yaml", BLOCK_POD);
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        let (published, link, global) = block_paths(&env, "uid-p", "pv-b");
+        let old_link = link.with_file_name("dev");
+
+        // Upgraded while the pod runs: mapped again, the old link gone.
+        agent.kill9();
+        downgrade_block_layout(&env);
+        let agent = start_agent(&env, &driver, &[]);
+        env.wait_for("mapped the kubelet's way", || {
+            link.symlink_metadata().is_ok() && env.mount_count(&global) == 1
+        });
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        assert_block_mapped(&env, "uid-p", "pv-b");
+        env.wait_for("the old link removed", || {
+            old_link.symlink_metadata().is_err()
+        });
+        assert_eq!(driver.count("NodeStageVolume", "vol-b", "OK"), 1);
+
+        // Upgraded after the pod went away: torn down, nothing left.
+        agent.kill9();
+        downgrade_block_layout(&env);
+        env.remove_manifest("p.yaml");
+        let agent = start_agent(&env, &driver, &[]);
+        driver.expect("NodeUnstageVolume", "vol-b", "OK", 1);
+        env.wait_for("pod directory removed", || {
+            !env.root.join("pods/uid-p").exists()
+        });
+        assert!(old_link.symlink_metadata().is_err() && link.symlink_metadata().is_err());
+        assert!(!published.exists() && global.symlink_metadata().is_err());
         assert_nothing_leaked(&env, &driver);
         drop(agent);
     });

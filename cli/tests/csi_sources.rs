@@ -141,6 +141,84 @@ fn driver_registers_through_plugins_registry() {
     });
 }
 
+/// A node-driver-registrar killed with SIGKILL leaves its socket behind;
+/// the new instance unlinks it and binds a new one at the same path, which
+/// on most file systems gets the same inode. The agent registers the new
+/// instance (GetInfo, NotifyRegistrationStatus) and uses it: here the new
+/// instance serves CSI on another socket, and a PVC volume is staged and
+/// published through it.
+#[test]
+fn a_registrar_restarted_over_its_stale_socket_registers_again() {
+    isolated(
+        "a_registrar_restarted_over_its_stale_socket_registers_again",
+        || {
+            use std::os::unix::fs::MetadataExt;
+            let env = Env::new();
+            let agent = env.start_agent(&[]);
+            env.wait_synced();
+            let mut driver = new_driver(&env);
+            driver.spawn();
+            let notified = |d: &Driver| {
+                d.registration()
+                    .filter(|r| r["plugin_registered"] == true)
+                    .map(|r| r["unix_ns"].clone())
+            };
+            wait_or_dump(&env, &agent, &driver, "first registration", || {
+                registered(&env, &driver) && notified(&driver).is_some()
+            });
+            let first_notify = notified(&driver).unwrap();
+            let get_info = driver.calls_of("GetInfo").len();
+            let reg = driver.registration_socket();
+            let ino = std::fs::metadata(&reg).unwrap().ino();
+
+            driver.kill();
+            assert!(reg.exists(), "SIGKILL leaves the registration socket");
+            driver.move_socket(env.dir.path().join("csi-2.sock"));
+            driver.spawn();
+            wait_or_dump(&env, &agent, &driver, "the new instance's sockets", || {
+                std::os::unix::net::UnixStream::connect(driver.socket()).is_ok()
+                    && std::os::unix::net::UnixStream::connect(&reg).is_ok()
+            });
+            let new_ino = std::fs::metadata(&reg).unwrap().ino();
+            if new_ino != ino {
+                eprintln!(
+                    "note: the file system gave the new socket another inode ({ino} → {new_ino})"
+                );
+            }
+            wait_or_dump(&env, &agent, &driver, "the new instance registered", || {
+                driver.calls_of("GetInfo").len() > get_info
+                    && notified(&driver).is_some_and(|n| n != first_notify)
+                    && registered(&env, &driver)
+            });
+
+            // The agent calls the new instance.
+            env.write_manifest("pvc.yaml", PVC);
+            env.write_manifest("pv.yaml", &pv_yaml("320Mi"));
+            env.write_manifest("secret.yaml", SECRET);
+            env.write_manifest(
+                "pod.yaml",
+                &pod_yaml(
+                    "p",
+                    "uid-pvc",
+                    &[("data", "persistentVolumeClaim: {claimName: claim}")],
+                ),
+            );
+            wait_or_dump(&env, &agent, &driver, "volume mounted", || {
+                env.volume_state("uid-pvc", "data")
+                    .is_some_and(|(s, _, _)| s == "mounted")
+            });
+            env.remove_manifest("pod.yaml");
+            env.wait_for("pod torn down", || {
+                !env.root.join("pods/uid-pvc").exists() && env.mounts().is_empty()
+            });
+            env.wait_for("unstaged", || driver.loop_devices().is_empty());
+            assert!(agent.term());
+            driver.stop();
+            env.assert_outside_untouched();
+        },
+    );
+}
+
 /// A PersistentVolume of the test driver bound to claim `test/claim`.
 fn pv_yaml(capacity: &str) -> String {
     format!(

@@ -66,6 +66,7 @@ fn metrics_text(env: &Env) -> String {
         .block_on(volmgr_cli::api::call(
             &env.root,
             &volmgr_cli::api::Request::Metrics,
+            std::time::Duration::from_secs(30),
         ))
         .unwrap();
     v.as_str().unwrap().to_string()

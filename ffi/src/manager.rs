@@ -39,7 +39,8 @@ const THREAD_NAME: &str = "volmgr-rt";
 
 /// Called for each volume event (`event_json` is only valid during the
 /// call). Runs on a volmgr runtime thread; it must not block and must not
-/// call back into the same handle's `volmgr_free`.
+/// call back into the same handle's `volmgr_free`. volmgr's blocking calls
+/// made from it (start, stop, the waits) fail with `VOLMGR_ERR_BUSY`.
 pub type volmgr_event_callback =
     Option<unsafe extern "C" fn(userdata: *mut c_void, event_json: *const c_char)>;
 
@@ -106,6 +107,22 @@ unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_status> {
     }
     // SAFETY: non-NULL and live per the caller's contract.
     Ok(unsafe { &*vm })
+}
+
+/// Runs `f` to completion on the handle's runtime, unless the caller is
+/// itself on one of volmgr's runtime threads (an event callback, a host
+/// plugin's function): blocking there would panic ("Cannot start a runtime
+/// from within a runtime") or deadlock, so the call is refused with
+/// `VOLMGR_ERR_BUSY` and a message saying why.
+fn block_on<F: std::future::Future>(h: &volmgr, f: F) -> Result<F::Output, volmgr_status> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(fail(
+            VOLMGR_ERR_BUSY,
+            "blocking call made on a volmgr thread (from an event callback or a host plugin): \
+             make it from another thread",
+        ));
+    }
+    Ok(h.rt.block_on(f))
 }
 
 fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
@@ -217,7 +234,7 @@ pub unsafe extern "C" fn volmgr_start(vm: *mut volmgr) -> volmgr_status {
         if h.vm.is_running() {
             return fail(VOLMGR_ERR_BUSY, "already started");
         }
-        match h.rt.block_on(h.vm.start()) {
+        match try_ffi!(block_on(h, h.vm.start())) {
             Ok(_) => {
                 if !h.wait_for_sources {
                     h.vm.set_populated();
@@ -254,7 +271,7 @@ pub unsafe extern "C" fn volmgr_stop(vm: *mut volmgr) -> volmgr_status {
     guard(|| {
         // SAFETY: per this function's contract.
         let h = try_ffi!(unsafe { handle(vm) });
-        match h.rt.block_on(h.vm.stop()) {
+        match try_ffi!(block_on(h, h.vm.stop())) {
             Ok(()) => VOLMGR_OK,
             Err(e) => fail(VOLMGR_ERR_BUSY, e.to_string()),
         }
@@ -263,6 +280,14 @@ pub unsafe extern "C" fn volmgr_stop(vm: *mut volmgr) -> volmgr_status {
 
 /// Destroys the handle (stopping it first if needed; mounts stay). NULL is a
 /// no-op. No other call on this handle may run concurrently or follow.
+///
+/// It waits at most 5 s for volmgr's threads: it may return while a host
+/// plugin's `set_up` or `tear_down` (see `volmgr_register_plugin`) is
+/// still running on one of them, which then finishes on its own; the
+/// plugin's functions and `userdata` must stay valid until they return.
+/// Called from a volmgr thread (an event callback), it cannot wait at all:
+/// the handle is released without stopping first, and nothing is waited
+/// for.
 ///
 /// # Safety
 /// `vm` is NULL or a live handle not used afterwards.
@@ -274,12 +299,17 @@ pub unsafe extern "C" fn volmgr_free(vm: *mut volmgr) {
     let _ = guard(|| {
         // SAFETY: `vm` came from Box::into_raw in volmgr_new and is not used again.
         let h = unsafe { Box::from_raw(vm) };
-        if h.vm.is_running() {
+        let on_volmgr_thread = tokio::runtime::Handle::try_current().is_ok();
+        if h.vm.is_running() && !on_volmgr_thread {
             let _ = h.rt.block_on(h.vm.stop());
         }
         let _ = h.tracer_stop.send(true);
         let h = *h;
-        h.rt.shutdown_timeout(Duration::from_secs(5));
+        if on_volmgr_thread {
+            h.rt.shutdown_background();
+        } else {
+            h.rt.shutdown_timeout(Duration::from_secs(5));
+        }
         VOLMGR_OK
     });
 }
@@ -288,6 +318,11 @@ pub unsafe extern "C" fn volmgr_free(vm: *mut volmgr) {
 /// thread with a JSON object `{"kind": "mounted"|"unmounted"|"failed"|"lost",
 /// "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
 /// back unchanged and must be usable from that thread.
+///
+/// The callback must not block on volmgr: the blocking calls
+/// (`volmgr_start`, `volmgr_stop`, `volmgr_wait_for_attach_and_mount`,
+/// `volmgr_wait_for_unmount`) made from it return `VOLMGR_ERR_BUSY` at once
+/// (hand the work to another thread instead).
 ///
 /// # Safety
 /// `vm` is NULL or a live handle; `cb` is NULL or a valid function.
@@ -381,9 +416,10 @@ pub unsafe extern "C" fn volmgr_wait_for_attach_and_mount(
         if !h.vm.pod_is_known(&uid) {
             return fail(VOLMGR_ERR_NOT_FOUND, format!("pod {uid} is not known"));
         }
-        wait_status(
-            h.rt.block_on(h.vm.wait_for_attach_and_mount(&uid, Duration::from_millis(timeout_ms))),
-        )
+        wait_status(try_ffi!(block_on(
+            h,
+            h.vm.wait_for_attach_and_mount(&uid, Duration::from_millis(timeout_ms))
+        )))
     })
 }
 
@@ -402,7 +438,10 @@ pub unsafe extern "C" fn volmgr_wait_for_unmount(
         let h = try_ffi!(unsafe { handle(vm) });
         // SAFETY: per this function's contract.
         let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
-        wait_status(h.rt.block_on(h.vm.wait_for_unmount(&uid, Duration::from_millis(timeout_ms))))
+        wait_status(try_ffi!(block_on(
+            h,
+            h.vm.wait_for_unmount(&uid, Duration::from_millis(timeout_ms))
+        )))
     })
 }
 
@@ -837,4 +876,77 @@ pub unsafe extern "C" fn volmgr_string_free(s: *mut c_char) {
         drop(unsafe { std::ffi::CString::from_raw(s) });
         VOLMGR_OK
     });
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    static SEEN: AtomicU32 = AtomicU32::new(u32::MAX);
+    static MESSAGE: Mutex<String> = Mutex::new(String::new());
+
+    /// Calls a blocking function of the handle (`userdata`) from the event
+    /// callback, recording its status and message.
+    unsafe extern "C" fn wait_from_callback(userdata: *mut c_void, _event: *const c_char) {
+        let vm = userdata.cast::<volmgr>();
+        // SAFETY: the handle outlives the callback (cleared before free).
+        let st = unsafe { volmgr_wait_for_attach_and_mount(vm, c"uid-cb".as_ptr(), 1000) };
+        SEEN.store(st as u32, Ordering::SeqCst);
+        let msg = volmgr_last_error();
+        if !msg.is_null() {
+            // SAFETY: a NUL-terminated string owned by volmgr.
+            let s = unsafe { std::ffi::CStr::from_ptr(msg) };
+            *MESSAGE.locked() = s.to_string_lossy().into_owned();
+        }
+    }
+
+    #[test]
+    fn blocking_calls_from_the_event_callback_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let config = std::ffi::CString::new(format!(
+            r#"{{"root_dir": "{}", "tracer": "off"}}"#,
+            root.path().display()
+        ))
+        .unwrap();
+        let mut vm: *mut volmgr = std::ptr::null_mut();
+        // SAFETY: valid arguments; the handle is freed at the end.
+        unsafe {
+            assert_eq!(volmgr_new(config.as_ptr(), &mut vm), VOLMGR_OK);
+            assert_eq!(
+                volmgr_set_event_callback(vm, Some(wait_from_callback), vm.cast()),
+                VOLMGR_OK
+            );
+            assert_eq!(volmgr_start(vm), VOLMGR_OK);
+            let pod = std::ffi::CString::new(
+                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"ns","uid":"uid-cb"},
+                   "spec":{"containers":[{"name":"c","image":"i","volumeMounts":[{"name":"v","mountPath":"/v"}]}],
+                           "volumes":[{"name":"v","emptyDir":{}}]}}"#,
+            )
+            .unwrap();
+            assert_eq!(volmgr_pod_upsert(vm, pod.as_ptr()), VOLMGR_OK);
+            assert_eq!(
+                volmgr_wait_for_attach_and_mount(vm, c"uid-cb".as_ptr(), 30_000),
+                VOLMGR_OK
+            );
+            for _ in 0..3000 {
+                if SEEN.load(Ordering::SeqCst) != u32::MAX {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(
+                volmgr_set_event_callback(vm, None, std::ptr::null_mut()),
+                VOLMGR_OK
+            );
+            volmgr_free(vm);
+        }
+        assert_eq!(SEEN.load(Ordering::SeqCst), VOLMGR_ERR_BUSY as u32);
+        let msg = MESSAGE.locked().clone();
+        assert!(
+            msg.contains("blocking call made on a volmgr thread"),
+            "{msg}"
+        );
+    }
 }

@@ -159,7 +159,7 @@ impl VolumePlugin for HostPlugin {
             .run(move || {
                 // Capture the callbacks as a whole (they are Send), not field by field.
                 let cb = cb;
-                let target = root.mkdir_all(&rel, 0o750)?;
+                let (target, _) = root.mkdir_mount_target(&rel, 0o750)?;
                 let path = target.path().to_path_buf();
                 let (spec, dir) = (cstring(&spec)?, cstring(&path.to_string_lossy())?);
                 let mut err = vec![0u8; VOLMGR_PLUGIN_ERROR_LEN];

@@ -37,6 +37,10 @@ pub struct Status {
     /// Registered CSI drivers (`--csi-driver` and plugin registration), by name.
     #[serde(default)]
     pub csi_drivers: Vec<CsiDriverStatus>,
+    /// ROOT's mount propagation: `rshared` (made so at start), `shared`
+    /// (its mount already was), `off` (not asked), or `not shared: <why>`.
+    #[serde(default)]
+    pub root_propagation: String,
 }
 
 /// One registered CSI driver.

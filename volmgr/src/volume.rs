@@ -225,6 +225,17 @@ pub enum VolumeSource {
     /// `csi` (inline ephemeral) or a `persistentVolumeClaim` bound to a CSI
     /// PersistentVolume, resolved to what the CSI driver needs.
     Csi(CsiVolumeSource),
+    /// `image` (KEP-4639): an OCI image or artifact the container runtime
+    /// pulls and mounts itself; the volume manager has nothing to do.
+    Image {
+        /// `image.reference`.
+        reference: String,
+        /// `image.pullPolicy`, if given.
+        pull_policy: Option<String>,
+    },
+    /// A `persistentVolumeClaim` bound to a local PersistentVolume
+    /// (`spec.local`).
+    Local(LocalVolumeSource),
     /// Any other source (`configMap`, `nfs`, ...), kept as the API JSON so a
     /// plugin registered at run time (e.g. through the C ABI) can claim it.
     Other {
@@ -242,7 +253,8 @@ impl VolumeSource {
             Self::EmptyDir { .. } => "emptyDir",
             Self::HostPath { .. } => "hostPath",
             Self::Csi(c) if c.ephemeral => "csi",
-            Self::Csi(_) => "persistentVolumeClaim",
+            Self::Csi(_) | Self::Local(_) => "persistentVolumeClaim",
+            Self::Image { .. } => "image",
             Self::Other { kind, .. } => kind,
         }
     }
@@ -341,6 +353,21 @@ pub struct CsiVolumeSource {
     /// volumes): a group the pod's containers get (the kubelet's
     /// `VolumeGIDValue`, see `GetExtraSupplementalGroupsForPod`).
     pub supplemental_gid: Option<i64>,
+}
+
+/// A local PersistentVolume (`spec.local`): a directory (or a block device)
+/// on the node, bind-mounted into the pod's volume directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalVolumeSource {
+    /// The PersistentVolume's name (the volume's directory name).
+    pub pv_name: String,
+    /// `spec.local.path`: absolute and clean, outside ROOT. Empty when
+    /// reconstructed (the mount table does not tell it).
+    pub path: PathBuf,
+    /// Bind-mount read-only (the pod's `readOnly` on the claim).
+    pub read_only: bool,
+    /// Filesystem (bind mount) or Block (symlink to the device).
+    pub volume_mode: CsiVolumeMode,
 }
 
 /// A volume of a pod: its name in the pod (the "outer volume spec name") and source.

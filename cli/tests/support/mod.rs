@@ -19,6 +19,13 @@ const CHILD_ENV: &str = "VOLMGR_TEST_IN_PRIVATE_NS";
 /// Runs `body` in a fresh private mount namespace, or prints why it skips.
 /// `name` must be the test function's name (top level of its file).
 pub fn isolated(name: &str, body: impl FnOnce()) {
+    isolated_with(name, false, body)
+}
+
+/// Like [`isolated`], and with `no_openat2` under a seccomp filter that
+/// makes `openat2` fail with `ENOSYS` (as before Linux 5.6), inherited by
+/// every process the body starts (the agent included).
+pub fn isolated_with(name: &str, no_openat2: bool, body: impl FnOnce()) {
     if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
         body();
         return;
@@ -33,8 +40,11 @@ pub fn isolated(name: &str, body: impl FnOnce()) {
         .env(CHILD_ENV, name);
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             volmgr::sys::namespace::enter_private_mount_namespace()?;
+            if no_openat2 {
+                volmgr::sys::seccomp::fail_openat2_with_enosys()?;
+            }
             Ok(())
         });
     }
@@ -105,6 +115,15 @@ impl Env {
     }
 
     pub fn start_agent_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        self.start_agent_with(extra, |cmd| {
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+        })
+    }
+
+    /// Starts the agent, `configure` adjusting its command first.
+    pub fn start_agent_with(&self, extra: &[&str], configure: impl FnOnce(&mut Command)) -> Agent {
         static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = self.dir.path().join(format!("agent-{n}.log"));
@@ -120,9 +139,7 @@ impl Env {
             .env("RUST_LOG", "volmgr=debug")
             .stdout(Stdio::null())
             .stderr(f);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        configure(&mut cmd);
         let child = cmd.spawn().expect("spawn agent");
         Agent { child, log }
     }
@@ -187,12 +204,13 @@ impl Env {
             .unwrap_or(-1)
     }
 
-    /// Mounts at or below ROOT.
+    /// Mounts below ROOT (not ROOT itself, which the agent binds onto
+    /// itself to make it rshared).
     pub fn mounts(&self) -> Vec<MountInfo> {
         mountinfo::read_self()
             .expect("mountinfo")
             .into_iter()
-            .filter(|m| m.mount_point.starts_with(&self.root))
+            .filter(|m| m.mount_point.starts_with(&self.root) && m.mount_point != self.root)
             .collect()
     }
 

@@ -6,8 +6,13 @@
 //! `NotifyRegistrationStatus` — which is what the unmodified
 //! `node-driver-registrar` sidecar expects.
 //!
-//! - A socket that is removed unregisters its driver; a socket that is
-//!   replaced (a new inode: the driver restarted) is registered again.
+//! - A socket that is removed unregisters its driver. A socket that is
+//!   created (`IN_CREATE`/`IN_MOVED_TO`) is registered again even if it is
+//!   the same path and the same inode as before (a registrar restarted over
+//!   its stale socket unlinks and binds it again, which usually reuses the
+//!   inode), as the kubelet's watcher re-registers on every create event; a
+//!   scan (at start, after lost events, now and then) registers again a
+//!   socket whose inode or ctime changed.
 //! - A registration that fails (nobody listening, a bad answer, a version
 //!   that is not 1.x) is retried with exponential backoff, like the kubelet's
 //!   reconciler, and reported through the problem callback (status).
@@ -174,14 +179,31 @@ enum Phase {
 #[derive(Debug)]
 struct SocketState {
     key: SocketKey,
+    /// Which registration of the path this is (an attempt of an earlier one
+    /// is ignored when it ends).
+    generation: u64,
     phase: Phase,
 }
 
 /// The outcome of one registration attempt.
 struct Attempt {
     socket: PathBuf,
-    key: SocketKey,
+    generation: u64,
     result: Result<Validated>,
+}
+
+/// Why a path is looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// A socket was created there (`IN_CREATE`, `IN_MOVED_TO`): a new plugin
+    /// instance, whatever its inode.
+    Created,
+    /// Another event (deleted, moved away, attributes): a socket that is
+    /// still the same inode is the same instance.
+    Changed,
+    /// A scan, which cannot see events: a different inode or ctime is a new
+    /// instance.
+    Scanned,
 }
 
 /// A plugin that answered `GetInfo` and passed validation: registered by
@@ -204,6 +226,7 @@ pub struct PluginWatcher {
     problems: Option<ProblemSink>,
     sockets: HashMap<PathBuf, SocketState>,
     watches: HashMap<WatchDescriptor, PathBuf>,
+    generations: u64,
 }
 
 impl PluginWatcher {
@@ -216,6 +239,7 @@ impl PluginWatcher {
             problems: None,
             sockets: HashMap::new(),
             watches: HashMap::new(),
+            generations: 0,
         }
     }
 
@@ -279,15 +303,18 @@ impl PluginWatcher {
         }
     }
 
-    /// Follows one batch of inotify events: the changed paths are looked at,
-    /// or the whole tree is walked again when events may have been lost or a
-    /// watched directory went away.
+    /// Follows one batch of inotify events: the changed paths are looked at
+    /// (a path created in the batch as a new plugin instance, even when it
+    /// was deleted in the same batch and has the same inode), or the whole
+    /// tree is walked again when events may have been lost or a watched
+    /// directory went away.
     fn apply_batch(&mut self, batch: inotify::Batch, inotify: &InotifyFd) {
         let mut full = batch.lost_events();
         if let Some(e) = batch.error {
             tracing::warn!(error = %e, "plugin watcher: inotify read");
         }
-        let mut changed = Vec::new();
+        let created = AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO;
+        let mut changed: Vec<(PathBuf, Seen)> = Vec::new();
         for e in batch.events {
             let gone = AddWatchFlags::IN_IGNORED
                 | AddWatchFlags::IN_DELETE_SELF
@@ -296,15 +323,28 @@ impl PluginWatcher {
                 self.watches.remove(&e.wd);
                 full = true;
             }
-            if let (Some(dir), Some(name)) = (self.watches.get(&e.wd), e.name) {
-                changed.push(dir.join(name));
+            let (Some(dir), Some(name)) = (self.watches.get(&e.wd), e.name) else {
+                continue;
+            };
+            let path = dir.join(name);
+            let seen = if e.mask.intersects(created) {
+                Seen::Created
+            } else {
+                Seen::Changed
+            };
+            match changed.iter_mut().find(|(p, _)| *p == path) {
+                Some((_, s)) if seen == Seen::Created => *s = Seen::Created,
+                Some(_) => {}
+                None => changed.push((path, seen)),
             }
         }
         if full {
             self.rescan(inotify);
-        } else {
-            for p in changed {
-                self.look_at(&p, inotify);
+        }
+        for (p, seen) in changed {
+            // After a rescan, only creations are news.
+            if !full || seen == Seen::Created {
+                self.look_at(&p, seen, inotify);
             }
         }
     }
@@ -343,7 +383,7 @@ impl PluginWatcher {
             self.remove(&p);
         }
         for p in found {
-            self.look_at(&p, inotify);
+            self.look_at(&p, Seen::Scanned, inotify);
         }
     }
 
@@ -361,8 +401,9 @@ impl PluginWatcher {
         }
     }
 
-    /// Brings one path's state up to date with the file system.
-    fn look_at(&mut self, path: &Path, inotify: &InotifyFd) {
+    /// Brings one path's state up to date with the file system; `seen` tells
+    /// whether a socket there is a new plugin instance.
+    fn look_at(&mut self, path: &Path, seen: Seen, inotify: &InotifyFd) {
         let hidden = path.file_name().is_none_or(is_hidden);
         let meta = if hidden {
             None
@@ -379,15 +420,7 @@ impl PluginWatcher {
                     ino: m.ino(),
                     ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
                 };
-                match self.sockets.get(path) {
-                    Some(s) if s.key.ino == key.ino => {}
-                    Some(_) => {
-                        // Replaced: a new plugin instance registers afresh.
-                        self.remove(path);
-                        self.add(path, key);
-                    }
-                    None => self.add(path, key),
-                }
+                self.socket_seen(path, key, seen);
             }
             _ => {
                 if self.sockets.contains_key(path) {
@@ -407,12 +440,48 @@ impl PluginWatcher {
         }
     }
 
+    /// A socket at `path` with `key`: registered afresh if it is a new
+    /// plugin instance (see [`Seen`]), or not known yet.
+    fn socket_seen(&mut self, path: &Path, key: SocketKey, seen: Seen) {
+        let Some(state) = self.sockets.get_mut(path) else {
+            self.add(path, key);
+            return;
+        };
+        let renew = match seen {
+            Seen::Created => true,
+            Seen::Changed => state.key.ino != key.ino,
+            Seen::Scanned => state.key != key,
+        };
+        if !renew {
+            // The same instance (a chmod, say): remember its ctime, so the
+            // next scan does not mistake it for a new one.
+            state.key = key;
+            return;
+        }
+        if let Phase::Pending { .. } = state.phase {
+            // Nothing in flight nor registered: try the new instance now.
+            state.key = key;
+            state.phase = Phase::Pending {
+                at: Instant::now(),
+                failures: 0,
+            };
+            return;
+        }
+        // Replaced: the new plugin instance registers afresh (the kubelet
+        // unregisters the old registration first, too).
+        tracing::info!(socket = %path.display(), "plugin socket created again: registering the new instance");
+        self.remove(path);
+        self.add(path, key);
+    }
+
     fn add(&mut self, path: &Path, key: SocketKey) {
         tracing::info!(socket = %path.display(), "plugin socket found");
+        self.generations += 1;
         self.sockets.insert(
             path.to_path_buf(),
             SocketState {
                 key,
+                generation: self.generations,
                 phase: Phase::Pending {
                     at: Instant::now(),
                     failures: 0,
@@ -455,13 +524,13 @@ impl PluginWatcher {
                 continue;
             }
             s.phase = Phase::InFlight { failures };
-            let (socket, key, tx) = (path.clone(), s.key, tx.clone());
+            let (socket, generation, tx) = (path.clone(), s.generation, tx.clone());
             let (registry, timeout) = (Arc::clone(&self.registry), self.config.call_timeout);
             tokio::spawn(async move {
                 let result = get_and_validate(&socket, &registry, timeout).await;
                 let _ = tx.send(Attempt {
                     socket,
-                    key,
+                    generation,
                     result,
                 });
             });
@@ -473,7 +542,7 @@ impl PluginWatcher {
         let current = self
             .sockets
             .get_mut(&a.socket)
-            .filter(|s| s.key == a.key && matches!(s.phase, Phase::InFlight { .. }));
+            .filter(|s| s.generation == a.generation && matches!(s.phase, Phase::InFlight { .. }));
         let Some(state) = current else {
             // The socket went away (or was replaced) meanwhile: nothing was
             // registered for it.
@@ -704,6 +773,7 @@ fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::inotify::InotifyEvent;
 
     fn info(t: &str, name: &str, endpoint: &str, versions: &[&str]) -> PluginInfo {
         PluginInfo {
@@ -786,6 +856,126 @@ mod tests {
         assert_eq!(backoff(i, m, 1), Duration::from_secs(1));
         assert_eq!(backoff(i, m, 6), m);
         assert_eq!(backoff(i, m, u32::MAX), m);
+    }
+
+    /// A watcher of `dir` with `socket` registered as driver `d` (as if its
+    /// registration had succeeded), and the inotify instance it follows.
+    fn registered_watcher(
+        dir: &Path,
+        socket: &Path,
+    ) -> (
+        PluginWatcher,
+        Arc<DriverRegistry>,
+        InotifyFd,
+        WatchDescriptor,
+    ) {
+        let registry = DriverRegistry::new();
+        let mut w = PluginWatcher::new(
+            dir.to_path_buf(),
+            Arc::clone(&registry),
+            WatcherConfig::default(),
+        );
+        let inotify = InotifyFd(
+            nix::sys::inotify::Inotify::init(nix::sys::inotify::InitFlags::IN_NONBLOCK).unwrap(),
+        );
+        let wd = inotify.0.add_watch(dir, PluginWatcher::mask()).unwrap();
+        w.watches.insert(wd, dir.to_path_buf());
+        w.rescan(&inotify);
+        let s = w.sockets.get_mut(socket).unwrap();
+        s.phase = Phase::Registered {
+            name: "d".into(),
+            endpoint: "/csi.sock".into(),
+        };
+        registry.register("d", "/csi.sock".into(), vec!["1.0.0".into()]);
+        (w, registry, inotify, wd)
+    }
+
+    fn event(wd: WatchDescriptor, mask: AddWatchFlags, name: &str) -> InotifyEvent {
+        InotifyEvent {
+            wd,
+            mask,
+            cookie: 0,
+            name: Some(name.into()),
+        }
+    }
+
+    fn batch(events: Vec<InotifyEvent>) -> inotify::Batch {
+        inotify::Batch {
+            events,
+            error: None,
+        }
+    }
+
+    /// A registrar restarted over its stale socket unlinks it and binds a
+    /// new one at the same path, usually with the same inode: the delete
+    /// and the create, even in one batch, register the new instance again
+    /// (the kubelet re-registers on every create event). Other events of
+    /// the same inode do not; a scan registers again only a socket whose
+    /// inode or ctime changed.
+    #[test]
+    fn a_socket_created_again_at_the_same_inode_registers_again() {
+        use AddWatchFlags as F;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("d-reg.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let (mut w, registry, fd, wd) = registered_watcher(dir.path(), &sock);
+        let generation = w.sockets[&sock].generation;
+        let registered =
+            |w: &PluginWatcher| matches!(w.sockets[&sock].phase, Phase::Registered { .. });
+
+        // Attributes changed, or a scan of an unchanged socket: nothing to do.
+        w.apply_batch(batch(vec![event(wd, F::IN_ATTRIB, "d-reg.sock")]), &fd);
+        w.rescan(&fd);
+        assert!(registered(&w));
+        assert_eq!(registry.endpoint("d"), Some(PathBuf::from("/csi.sock")));
+
+        // Deleted and created again in one batch; the file (what the watcher
+        // sees afterwards) is the very same inode.
+        w.apply_batch(
+            batch(vec![
+                event(wd, F::IN_DELETE, "d-reg.sock"),
+                event(wd, F::IN_CREATE, "d-reg.sock"),
+            ]),
+            &fd,
+        );
+        let s = &w.sockets[&sock];
+        assert!(
+            matches!(s.phase, Phase::Pending { failures: 0, .. }),
+            "{:?}",
+            s.phase
+        );
+        assert!(s.generation > generation, "a new registration");
+        assert_eq!(registry.endpoint("d"), None, "the old registration is gone");
+
+        // Moved into place (a registrar that renames its socket): the same.
+        let (mut w, registry, fd, wd) = registered_watcher(dir.path(), &sock);
+        w.apply_batch(batch(vec![event(wd, F::IN_MOVED_TO, "d-reg.sock")]), &fd);
+        assert!(matches!(w.sockets[&sock].phase, Phase::Pending { .. }));
+        assert_eq!(registry.endpoint("d"), None);
+
+        // Events lost (a rescan) with the create among them: registered again.
+        let (mut w, _registry, fd, wd) = registered_watcher(dir.path(), &sock);
+        w.apply_batch(
+            batch(vec![
+                event(wd, F::IN_Q_OVERFLOW, "x"),
+                event(wd, F::IN_CREATE, "d-reg.sock"),
+            ]),
+            &fd,
+        );
+        assert!(matches!(w.sockets[&sock].phase, Phase::Pending { .. }));
+
+        // A scan that finds the ctime changed (events it never saw).
+        let (mut w, _registry, fd, _wd) = registered_watcher(dir.path(), &sock);
+        std::thread::sleep(Duration::from_millis(20));
+        nix::sys::stat::fchmodat(
+            nix::fcntl::AT_FDCWD,
+            &sock,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .unwrap();
+        w.rescan(&fd);
+        assert!(matches!(w.sockets[&sock].phase, Phase::Pending { .. }));
     }
 
     /// A socket nobody serves (bound, then the listener closed) is retried

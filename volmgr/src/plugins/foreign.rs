@@ -6,16 +6,19 @@ use std::path::Path;
 
 use super::VolumePlugin;
 use crate::sys::mount_table::{MountTable, MountTableView};
-use crate::volume::{StorageMedium, VolumeSource, VolumeSpec};
+use crate::volume::{CsiVolumeMode, StorageMedium, VolumeSource, VolumeSpec};
 
 /// How many mounts the plugin itself puts on a volume's path: none for a
-/// disk-backed emptyDir (a plain directory), one otherwise.
+/// disk-backed emptyDir (a plain directory), an image volume (no path) or a
+/// block-mode local volume (a symlink), one otherwise.
 pub fn expected_mounts(spec: &VolumeSpec) -> usize {
-    match spec.source {
+    match &spec.source {
         VolumeSource::EmptyDir {
             medium: StorageMedium::Default,
             ..
-        } => 0,
+        }
+        | VolumeSource::Image { .. } => 0,
+        VolumeSource::Local(l) if l.volume_mode == CsiVolumeMode::Block => 0,
         _ => 1,
     }
 }

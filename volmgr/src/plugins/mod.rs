@@ -5,6 +5,8 @@ pub mod csi;
 pub mod empty_dir;
 pub mod foreign;
 pub mod host_path;
+pub mod image;
+pub mod local;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -199,10 +201,13 @@ pub trait DeviceMountableVolumePlugin: Send + Sync {
     /// Undoes `mount_device`. Idempotent: a device already gone is success.
     async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError>;
 
-    /// At start-up: every device mount found on disk.
+    /// At start-up: every device mount found on disk. Records that cannot
+    /// be read are reported in `problems` (one line each, naming the
+    /// record) and do not stop the others.
     fn reconstruct_devices(
         &self,
         _table: &MountTable,
+        _problems: &mut Vec<String>,
     ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
         Ok(Vec::new())
     }
@@ -364,7 +369,7 @@ pub(crate) fn mount_id_at(
     mounter: &dyn crate::sys::Mounter,
     rel: &crate::sys::root_dir::RelPath,
 ) -> Option<u64> {
-    let top = root.open_dir(rel).ok()?;
+    let top = root.open_mount_target(rel).ok()?;
     mounter.mount_id(&top).ok().flatten()
 }
 

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{
 
 use super::resolve::{fetch_secret, ObjectLookup, Usage, VolumeSpecError};
 use crate::quantity;
-use crate::volume::{CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid};
+use crate::volume::{
+    CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, VolumeSource,
+};
 
 type Result<T, E = VolumeSpecError> = std::result::Result<T, E>;
 
@@ -21,7 +23,7 @@ struct ClaimRef<'a> {
 }
 
 /// `pod.spec.volumes[].persistentVolumeClaim` → the claim (in the pod's
-/// namespace) → its bound PersistentVolume → `spec.csi`. For a generic
+/// namespace) → its bound PersistentVolume → `spec.csi` (or `spec.local`). For a generic
 /// ephemeral volume `owner` is the pod, which must control the claim (the
 /// kubelet's `VolumeIsForPod`).
 pub(super) fn persistent_volume_claim(
@@ -30,7 +32,7 @@ pub(super) fn persistent_volume_claim(
     namespace: &str,
     owner: Option<&PodUid>,
     objects: &dyn ObjectLookup,
-) -> Result<CsiVolumeSource> {
+) -> Result<VolumeSource> {
     let claim = ClaimRef {
         namespace,
         name: src.claim_name.as_str(),
@@ -46,13 +48,21 @@ pub(super) fn persistent_volume_claim(
         .as_ref()
         .ok_or_else(|| invalid(format!("PersistentVolume {pv_name} has no spec")))?;
     check_claim_ref(&claim, &pvc, &pv_name, spec)?;
+    if let Some(local) = &spec.local {
+        let (read_only, mode) = (
+            src.read_only.unwrap_or(false),
+            volume_mode(&pv_name, spec, usage)?,
+        );
+        return super::local_pv::local_source(&pv_name, spec, local, read_only, mode, objects)
+            .map(VolumeSource::Local);
+    }
     let csi = csi_spec(&pv, &pv_name, spec)?;
     let volume_mode = volume_mode(&pv_name, spec, usage)?;
     let secret =
         |r: &Option<SecretReference>, field: &str| -> Result<Option<std::sync::Arc<CsiSecrets>>> {
             secret_of(objects, &pv_name, r, field)
         };
-    Ok(CsiVolumeSource {
+    Ok(VolumeSource::Csi(CsiVolumeSource {
         driver: csi.driver.clone(),
         volume_handle: csi.volume_handle.clone(),
         ephemeral: false,
@@ -68,7 +78,7 @@ pub(super) fn persistent_volume_claim(
         node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
         supplemental_gid: supplemental_gid(&pv),
         pv_name: Some(pv_name),
-    })
+    }))
 }
 
 /// The PersistentVolume's `pv.beta.kubernetes.io/gid` annotation as an
@@ -194,7 +204,7 @@ fn csi_spec<'a>(
 ) -> Result<&'a CSIPersistentVolumeSource> {
     let csi = spec.csi.as_ref().ok_or_else(|| {
         VolumeSpecError::Unsupported(format!(
-            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI PersistentVolumes are supported",
+            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI and local PersistentVolumes are supported",
             pv_source_kind(pv)
         ))
     })?;

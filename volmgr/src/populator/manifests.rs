@@ -35,8 +35,8 @@ use nix::sys::stat::{FileStat, Mode};
 use tokio::sync::watch;
 
 use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
-use crate::populator::pod::{DesiredPod, PodRejected};
-use crate::populator::PodSink;
+use crate::populator::pod::{DesiredPod, PodRejected, VolumeSpecError};
+use crate::populator::{yaml_depth, PodSink};
 use crate::sys::inotify::{self, WatchError};
 use crate::volume::{PodUid, VolumeSource};
 
@@ -122,12 +122,17 @@ const FIRST_BATCH: usize = 32;
 const BATCH: usize = 64;
 
 /// Parses the text of a manifest file.
+///
+/// Nesting is bounded, so that one file cannot stall the others: JSON by
+/// serde_json's recursion limit (128 levels; an "invalid JSON ... recursion
+/// limit exceeded" error), YAML by [`yaml_depth::check`] before parsing
+/// ([`yaml_depth::MAX_DEPTH`] levels; the documents before the one that
+/// goes too deep are read, that one and the rest are not).
 pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
     let mut out = ParsedFile {
         complete: true,
         ..ParsedFile::default()
     };
-    let mut docs: Vec<Result<serde_json::Value, String>> = Vec::new();
     // Fast path: a JSON file holding exactly one pod parses straight into
     // the typed object, without an intermediate `Value`.
     if json {
@@ -136,29 +141,11 @@ pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
             return out;
         }
     }
-    if json {
-        let stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
-        for d in stream {
-            match d {
-                Ok(v) => docs.push(Ok(v)),
-                Err(e) => {
-                    docs.push(Err(format!("invalid JSON: {e}")));
-                    break;
-                }
-            }
-        }
+    let docs = if json {
+        json_documents(text)
     } else {
-        for d in serde_norway::Deserializer::from_str(text) {
-            match <serde_json::Value as serde::Deserialize>::deserialize(d) {
-                Ok(serde_json::Value::Null) => {}
-                Ok(v) => docs.push(Ok(v)),
-                Err(e) => {
-                    docs.push(Err(format!("invalid YAML: {e}")));
-                    break;
-                }
-            }
-        }
-    }
+        yaml_documents(text)
+    };
     for (i, d) in docs.into_iter().enumerate() {
         let doc = i + 1;
         match d {
@@ -170,6 +157,47 @@ pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
         }
     }
     out
+}
+
+/// The documents of a JSON stream, up to the first that does not parse.
+fn json_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
+    let mut docs = Vec::new();
+    for d in serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>() {
+        match d {
+            Ok(v) => docs.push(Ok(v)),
+            Err(e) => {
+                docs.push(Err(format!("invalid JSON: {e}")));
+                break;
+            }
+        }
+    }
+    docs
+}
+
+/// The documents of a YAML stream, up to the first that does not parse or
+/// nests deeper than [`yaml_depth::MAX_DEPTH`] (not parsed at all).
+fn yaml_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
+    let (text, too_deep) = match yaml_depth::check(text) {
+        Ok(()) => (text, None),
+        Err(e) => (text.get(..e.document_start).unwrap_or(""), Some(e)),
+    };
+    let mut docs = Vec::new();
+    for d in serde_norway::Deserializer::from_str(text) {
+        match <serde_json::Value as serde::Deserialize>::deserialize(d) {
+            Ok(serde_json::Value::Null) => {}
+            Ok(v) => docs.push(Ok(v)),
+            Err(e) => {
+                docs.push(Err(format!("invalid YAML: {e}")));
+                return docs;
+            }
+        }
+    }
+    if let Some(e) = too_deep {
+        docs.push(Err(format!(
+            "invalid YAML: {e}; this document and those after it are not read"
+        )));
+    }
+    docs
 }
 
 fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
@@ -326,6 +354,16 @@ pub struct ManifestsSource {
     last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
     /// Pods currently running on a last good resolution (shown in status).
     stale: HashMap<PodUid, String>,
+    /// New pods of the files being synced whose volumes need objects not
+    /// read yet (a PVC in a file that sorts later): resolved once every
+    /// file of the sync is applied, so they never show a passing "not
+    /// found". Their UIDs are reserved for their files meanwhile.
+    waiting: Vec<(OsString, Arc<Pod>)>,
+    /// Files that had a pod refused because another file defines its UID:
+    /// read again when that UID is released.
+    duplicates: HashMap<PodUid, BTreeSet<OsString>>,
+    /// Files to read again at the end of the current sync.
+    reread: BTreeSet<OsString>,
 }
 
 impl ManifestsSource {
@@ -343,6 +381,9 @@ impl ManifestsSource {
             dependents: Dependents::default(),
             last_good: HashMap::new(),
             stale: HashMap::new(),
+            waiting: Vec::new(),
+            duplicates: HashMap::new(),
+            reread: BTreeSet::new(),
         }
     }
 
@@ -450,6 +491,30 @@ impl ManifestsSource {
         self.sync_files(all.into_iter().collect()).await;
     }
 
+    /// Re-reads the named files whose stat changed (see [`Self::sync_once`]),
+    /// then the files whose refused duplicate pods may now be admitted.
+    async fn sync_files(&mut self, mut names: Vec<OsString>) {
+        loop {
+            self.sync_once(names).await;
+            if self.reread.is_empty() {
+                return;
+            }
+            names = std::mem::take(&mut self.reread).into_iter().collect();
+        }
+    }
+
+    /// A file released pod `uid`: the files that defined it too are read
+    /// again (the first of them gets it).
+    fn release_owner(&mut self, uid: &PodUid) {
+        self.owners.remove(uid);
+        for name in self.duplicates.remove(uid).unwrap_or_default() {
+            if let Some(f) = self.files.get_mut(&name) {
+                f.key = None;
+                self.reread.insert(name);
+            }
+        }
+    }
+
     /// Re-reads the named files whose stat changed, on a blocking thread, and
     /// applies the results in order.
     ///
@@ -457,7 +522,7 @@ impl ManifestsSource {
     /// task applies the previous ones, so reading and parsing overlap with
     /// the mounts the applied pods start; the first batch is small so the
     /// first mounts start early.
-    async fn sync_files(&mut self, names: Vec<OsString>) {
+    async fn sync_once(&mut self, names: Vec<OsString>) {
         let names: Vec<(OsString, bool)> = names
             .into_iter()
             .filter_map(|n| is_manifest_name(&n).map(|json| (n, json)))
@@ -513,6 +578,50 @@ impl ManifestsSource {
         if let Err(e) = reader.await {
             tracing::warn!(error = %e, "manifests reader failed");
         }
+        self.admit_waiting();
+    }
+
+    /// Whether `pod`, new, needs an object that is missing: it waits for
+    /// the end of the sync (the object may be in a file not applied yet).
+    fn waits_for_objects(&self, pod: &DesiredPod) -> bool {
+        !self.owners.contains_key(&pod.uid)
+            && pod
+                .volumes
+                .iter()
+                .any(|v| matches!(v.source, Err(VolumeSpecError::Missing(_))))
+    }
+
+    /// At the end of a sync: resolves and admits the pods that waited for
+    /// its objects (those still missing are volume errors now).
+    fn admit_waiting(&mut self) {
+        let waiting = std::mem::take(&mut self.waiting);
+        if waiting.is_empty() {
+            return;
+        }
+        let _hold = self.sink.hold_wakes();
+        for (name, raw) in waiting {
+            let resolved = self.resolve(&raw);
+            let Ok((pod, deps)) = resolved else {
+                continue; // Rejection depends on the pod alone: not deferred.
+            };
+            // The reservation made when it was deferred.
+            if self.owners.get(&pod.uid) != Some(&name) {
+                continue;
+            }
+            self.owners.remove(&pod.uid);
+            let mut rejected = Vec::new();
+            let now = self.admit_pods(&name, vec![(pod, Some((raw, deps)))], &mut rejected);
+            if let Some(state) = self.files.get_mut(&name) {
+                for uid in now {
+                    if !state.pods.contains(&uid) {
+                        state.pods.push(uid);
+                    }
+                }
+            }
+            for r in rejected {
+                tracing::warn!(file = %self.dir.join(&name).display(), error = %r, "pod rejected");
+            }
+        }
     }
 
     fn apply(&mut self, name: OsString, r: FileRead) {
@@ -534,7 +643,7 @@ impl ManifestsSource {
         if let Some(old) = self.files.remove(name) {
             for uid in old.pods {
                 if self.owners.get(&uid) == Some(name) {
-                    self.owners.remove(&uid);
+                    self.release_owner(&uid);
                     self.forget_pod(&uid);
                     self.sink.delete_pod(&uid);
                     tracing::info!(pod = %uid, file = %source, "pod removed with its manifest");
@@ -567,6 +676,10 @@ impl ManifestsSource {
             parsed.pods.into_iter().map(|p| (p, None)).collect();
         for raw in parsed.unresolved {
             match self.resolve(&raw) {
+                Ok((pod, _)) if self.waits_for_objects(&pod) => {
+                    self.owners.insert(pod.uid, name.clone());
+                    self.waiting.push((name.clone(), raw));
+                }
                 Ok((pod, deps)) => pods.push((pod, Some((raw, deps)))),
                 Err(r) => rejected.push(r),
             }
@@ -661,6 +774,12 @@ impl ManifestsSource {
                 _ => None,
             };
             if let Some(reason) = duplicate {
+                if self.owners.get(&pod.uid).is_some_and(|o| o != name) {
+                    self.duplicates
+                        .entry(pod.uid.clone())
+                        .or_default()
+                        .insert(name.clone());
+                }
                 rejected.push(PodRejected {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
@@ -714,13 +833,13 @@ impl ManifestsSource {
         let mut gone = Vec::new();
         for uid in state.pods.iter().filter(|u| !now.contains(*u)) {
             if self.owners.get(uid) == Some(name) {
-                self.owners.remove(uid);
                 gone.push(uid.clone());
                 self.sink.delete_pod(uid);
                 tracing::info!(pod = %uid, file = %source, "pod removed from its manifest");
             }
         }
         for uid in &gone {
+            self.release_owner(uid);
             self.forget_pod(uid);
         }
         self.reresolve(changed, &now);
@@ -1201,6 +1320,194 @@ spec:
         assert_eq!(uids, vec!["uid-f".to_string()]);
         // A second pass (the FIFO now has no known key either) too.
         rescan_or_fail(&mut src, &fifo).await;
+    }
+
+    /// The manager's sink, recording each pod it is given and whether one
+    /// of its volumes was an error then.
+    struct Recording(Arc<dyn PodSink>, std::sync::Mutex<Vec<(String, bool)>>);
+
+    impl PodSink for Recording {
+        fn set_pod(&self, pod: DesiredPod) {
+            let failed = pod.volumes.iter().any(|v| v.source.is_err());
+            self.1.lock().unwrap().push((pod.uid.to_string(), failed));
+            self.0.set_pod(pod)
+        }
+        fn delete_pod(&self, uid: &PodUid) -> bool {
+            self.0.delete_pod(uid)
+        }
+        fn set_source_problems(&self, source: &str, e: Vec<String>, r: Vec<PodRejected>) {
+            self.0.set_source_problems(source, e, r)
+        }
+        fn set_populated(&self) {
+            self.0.set_populated()
+        }
+        fn hold_wakes(&self) -> crate::cache::world::WakeHold {
+            self.0.hold_wakes()
+        }
+    }
+
+    /// At start-up a pod whose file sorts before its PVC's and PV's (here
+    /// beyond the first batch of files) waits for them: it is resolved once,
+    /// without a passing "not found" error; a pod that needs no object does
+    /// not wait for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_pod_waits_for_the_objects_of_the_same_scan() {
+        let (_root, dir, vm, _) = source_on_temp_dirs();
+        vm.register_plugin(Arc::new(CsiStandIn)).unwrap();
+        let sink = Arc::new(Recording(vm.pod_sink(), Default::default()));
+        let mut src = ManifestsSource::new(
+            dir.path().to_path_buf(),
+            Arc::clone(&sink) as Arc<dyn PodSink>,
+            Duration::from_secs(3600),
+        );
+        let d = dir.path();
+        put(d, "a-pod.yaml", PVC_POD);
+        put(
+            d,
+            "b-plain.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: e, namespace: ns, uid: uid-e}\nspec:\n  containers: [{name: c, image: i, volumeMounts: [{name: v, mountPath: /v}]}]\n  volumes: [{name: v, emptyDir: {}}]\n",
+        );
+        for i in 0..FIRST_BATCH {
+            put(
+                d,
+                &format!("m-{i:02}.yaml"),
+                "apiVersion: v1\nkind: List\nitems: []\n",
+            );
+        }
+        put(d, "z-pv.yaml", &pv_yaml("64Mi", false));
+        put(d, "z-pvc.yaml", "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: claim, namespace: ns}\nspec: {volumeName: pv-1}\n");
+        src.rescan().await;
+        assert_eq!(volume_of(&vm, "uid-p").unwrap().volume_handle, "vol-1");
+        let given = sink.1.lock().unwrap().clone();
+        assert_eq!(
+            given,
+            vec![("uid-e".to_string(), false), ("uid-p".to_string(), false)],
+            "the pod without objects first; the other once, resolved"
+        );
+        assert!(vm.status().errors.is_empty(), "{:?}", vm.status().errors);
+
+        // Still owned by its file: a rescan changes nothing, and removing
+        // the file removes the pod.
+        src.rescan().await;
+        assert_eq!(sink.1.lock().unwrap().len(), 2);
+        std::fs::remove_file(d.join("a-pod.yaml")).unwrap();
+        src.rescan().await;
+        assert!(vm
+            .world()
+            .dsw()
+            .pod(&PodUid::new("uid-p").unwrap())
+            .is_none());
+
+        // An object that is missing for good: the error once the scan ends.
+        put(
+            d,
+            "a-pod.yaml",
+            &PVC_POD.replace("claimName: claim", "claimName: other"),
+        );
+        src.rescan().await;
+        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert!(
+            e.contains("PersistentVolumeClaim ns/other not found"),
+            "{e}"
+        );
+    }
+
+    /// 100,000 levels of `{a: …}` (about 500 KB), or of `[…]` in JSON.
+    fn deep(json: bool) -> String {
+        let n = 100_000;
+        if json {
+            format!("{}1{}", "[".repeat(n), "]".repeat(n))
+        } else {
+            format!("{}x{}", "{a: ".repeat(n), "}".repeat(n))
+        }
+    }
+
+    #[test]
+    fn deeply_nested_documents_are_rejected() {
+        let p = parse_manifest(&format!("{POD}---\n{}\n", deep(false)), false);
+        assert!(!p.complete);
+        assert_eq!(p.pods.len(), 1, "the document before is read");
+        assert_eq!(p.errors.len(), 1, "{:?}", p.errors);
+        assert!(
+            p.errors[0].contains("document 2: invalid YAML: collections nested deeper than 64 levels (line 9, column"),
+            "{:?}",
+            p.errors
+        );
+        // JSON: serde_json's recursion limit (128) stops a deep value...
+        let p = parse_manifest(&deep(true), true);
+        assert!(!p.complete);
+        assert!(
+            p.errors[0].contains("invalid JSON: recursion limit exceeded"),
+            "{:?}",
+            p.errors
+        );
+        // ... and skips an unknown field however deep without recursing
+        // (in linear time), as any unknown field.
+        let n = 100_000;
+        let text = format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"p\",\"namespace\":\"ns\"}},\"x\":{}1{}}}",
+            "{\"a\":".repeat(n),
+            "}".repeat(n)
+        );
+        let p = parse_manifest(&text, true);
+        assert!(p.complete && p.pods.len() == 1, "{:?}", p.errors);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deeply_nested_file_does_not_hold_other_pods_back() {
+        let (_root, dir, vm, mut src) = source_on_temp_dirs();
+        put(dir.path(), "deep.yaml", &deep(false));
+        put(dir.path(), "deep.json", &deep(true));
+        put(dir.path(), "pod.yaml", POD);
+        // Bounded, so that a regression fails instead of taking minutes.
+        tokio::time::timeout(Duration::from_secs(60), src.rescan())
+            .await
+            .expect("the rescan finishes");
+        assert!(vm
+            .world()
+            .dsw()
+            .pod(&PodUid::new("uid-a").unwrap())
+            .is_some());
+        let st = vm.status();
+        for (file, error) in [
+            ("deep.yaml", "nested deeper than 64 levels"),
+            ("deep.json", "recursion limit exceeded"),
+        ] {
+            assert!(
+                st.errors
+                    .iter()
+                    .any(|e| e.source.ends_with(file) && e.error.contains(error)),
+                "{file}: {:?}",
+                st.errors
+            );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_pod_is_admitted_once_its_owner_file_goes() {
+        let (_root, dir, vm, mut src) = source_on_temp_dirs();
+        let d = dir.path();
+        let name_of = |vm: &VolumeManager| {
+            vm.world()
+                .dsw()
+                .pod(&PodUid::new("uid-a").unwrap())
+                .map(|p| p.name.clone())
+        };
+        put(d, "a.yaml", POD);
+        src.rescan().await;
+        put(d, "b.yaml", &POD.replace("name: a,", "name: b,"));
+        src.rescan().await;
+        assert_eq!(name_of(&vm).as_deref(), Some("a"));
+        // The owner goes: b.yaml (unchanged on disk) now defines the pod.
+        std::fs::remove_file(d.join("a.yaml")).unwrap();
+        src.rescan().await;
+        assert_eq!(name_of(&vm).as_deref(), Some("b"));
+        // Likewise when the owner file stops defining it.
+        put(d, "c.yaml", &POD.replace("name: a,", "name: c,"));
+        src.rescan().await;
+        put(d, "b.yaml", &POD.replace("uid-a", "uid-other"));
+        src.rescan().await;
+        assert_eq!(name_of(&vm).as_deref(), Some("c"));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,10 +10,12 @@
 
 mod claim;
 mod desired_state_of_world_populator;
+mod local_pv;
 pub mod manifests;
 pub mod objects;
 pub mod pod;
 pub mod resolve;
+pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 

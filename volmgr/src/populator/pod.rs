@@ -224,8 +224,7 @@ fn parse_source(
     }
     if let Some(pvc) = &v.persistent_volume_claim {
         if let Some(objects) = ctx.objects {
-            return super::claim::persistent_volume_claim(pvc, usage, ctx.namespace, None, objects)
-                .map(VolumeSource::Csi);
+            return super::claim::persistent_volume_claim(pvc, usage, ctx.namespace, None, objects);
         }
     }
     // A generic ephemeral volume: the claim `<pod>-<volume>` that the
@@ -242,8 +241,7 @@ fn parse_source(
                 ctx.namespace,
                 Some(ctx.uid),
                 objects,
-            )
-            .map(VolumeSource::Csi);
+            );
         }
     }
     if let Some(ed) = &v.empty_dir {
@@ -251,6 +249,9 @@ fn parse_source(
     }
     if let Some(hp) = &v.host_path {
         return host_path_source(hp);
+    }
+    if let Some(image) = &v.image {
+        return image_source(image, usage);
     }
     other_source(v)
 }
@@ -274,7 +275,10 @@ fn empty_dir_source(
         .map(|q| {
             quantity::parse_bytes(&q.0).map_err(|e| invalid(format!("emptyDir sizeLimit: {e}")))
         })
-        .transpose()?;
+        .transpose()?
+        // As the kubelet: a zero limit is no limit (it adds `size=` only
+        // for a positive limit; tmpfs takes `size=0` as unlimited).
+        .filter(|&bytes| bytes > 0);
     Ok(VolumeSource::EmptyDir { medium, size_limit })
 }
 
@@ -305,6 +309,27 @@ fn host_path_source(
     let kind =
         HostPathType::parse(t).ok_or_else(|| invalid(format!("unknown hostPath type {t:?}")))?;
     Ok(VolumeSource::HostPath { path, kind })
+}
+
+/// `image` (KEP-4639): the container runtime mounts it; only a filesystem
+/// volume (`volumeMounts`) makes sense.
+fn image_source(
+    image: &k8s_openapi::api::core::v1::ImageVolumeSource,
+    usage: Usage,
+) -> Result<VolumeSource, VolumeSpecError> {
+    let reference = image.reference.clone().unwrap_or_default();
+    if reference.is_empty() {
+        return Err(invalid("image.reference is required"));
+    }
+    if usage.device {
+        return Err(invalid(
+            "image volumes cannot be in volumeDevices (they are read-only file systems)",
+        ));
+    }
+    Ok(VolumeSource::Image {
+        reference,
+        pull_policy: image.pull_policy.clone().filter(|p| !p.is_empty()),
+    })
 }
 
 /// Any other volume: kept whole for a host plugin (C ABI) that may claim it.
@@ -527,6 +552,7 @@ mod tests {
         pvcs: Vec<PersistentVolumeClaim>,
         pvs: Vec<PersistentVolume>,
         secrets: Vec<Secret>,
+        node: Option<k8s_openapi::api::core::v1::Node>,
     }
 
     fn is(
@@ -573,6 +599,87 @@ mod tests {
                 .cloned()
                 .map(Arc::new)
         }
+        fn node(&self) -> Option<Arc<k8s_openapi::api::core::v1::Node>> {
+            self.node.clone().map(Arc::new)
+        }
+    }
+
+    #[test]
+    fn image_volumes_need_a_reference() {
+        let p = with_volumes(
+            Some("u-1"),
+            serde_json::json!([
+                {"name": "img", "image": {"reference": "quay.io/x/y:v1", "pullPolicy": "Always"}},
+                {"name": "bad", "image": {}},
+            ]),
+        );
+        let d = DesiredPod::from_pod(&p).unwrap();
+        assert_eq!(
+            d.volumes[0].source,
+            Ok(VolumeSource::Image {
+                reference: "quay.io/x/y:v1".into(),
+                pull_policy: Some("Always".into())
+            })
+        );
+        let e = d.volumes[1].source.clone().unwrap_err().to_string();
+        assert!(e.contains("image.reference is required"), "{e}");
+    }
+
+    #[test]
+    fn local_persistent_volumes_resolve_to_a_local_source() {
+        let local = |path: &str| serde_json::json!({"csi": null, "local": {"path": path, "fsType": "ext4"}});
+        let mut o = Objects::default();
+        o.pvcs.push(pvc("claim", Some("pv-local")));
+        o.pvs
+            .push(pv("pv-local", Some("claim"), local("/mnt/disks/a")));
+        let mut p = pvc_pod("claim", false);
+        let r = resolve(&p, &o);
+        assert_eq!(
+            r,
+            Ok(VolumeSource::Local(crate::volume::LocalVolumeSource {
+                pv_name: "pv-local".into(),
+                path: "/mnt/disks/a".into(),
+                read_only: false,
+                volume_mode: CsiVolumeMode::Filesystem,
+            }))
+        );
+        // The pod's readOnly makes it read-only.
+        p.spec.as_mut().unwrap().volumes.as_mut().unwrap()[0]
+            .persistent_volume_claim
+            .as_mut()
+            .unwrap()
+            .read_only = Some(true);
+        assert!(matches!(resolve(&p, &o), Ok(VolumeSource::Local(l)) if l.read_only));
+        // Block mode, used as a device.
+        o.pvs[0] = pv(
+            "pv-local",
+            Some("claim"),
+            serde_json::json!({"csi": null, "local": {"path": "/dev/sdb"}, "volumeMode": "Block"}),
+        );
+        let r = resolve(&pvc_pod("claim", true), &o);
+        assert!(matches!(r, Ok(VolumeSource::Local(l)) if l.volume_mode == CsiVolumeMode::Block));
+        // Unclean paths are refused.
+        o.pvs[0] = pv("pv-local", Some("claim"), local("/mnt/../etc"));
+        let e = resolve(&pvc_pod("claim", false), &o).unwrap_err();
+        assert!(e.contains("spec.local.path") && e.contains(".."), "{e}");
+        // Node affinity, when the node is known.
+        let mut with_affinity = local("/mnt/disks/a");
+        with_affinity["nodeAffinity"] = serde_json::json!({"required": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}});
+        o.pvs[0] = pv("pv-local", Some("claim"), with_affinity);
+        assert!(
+            resolve(&pvc_pod("claim", false), &o).is_ok(),
+            "no node known: not checked"
+        );
+        o.node = Some(
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "n2", "labels": {"kubernetes.io/hostname": "n2"}}}))
+                .unwrap(),
+        );
+        let e = resolve(&pvc_pod("claim", false), &o).unwrap_err();
+        assert!(
+            e.contains("node affinity does not match node \"n2\""),
+            "{e}"
+        );
     }
 
     fn pvc(name: &str, volume_name: Option<&str>) -> PersistentVolumeClaim {
@@ -1000,5 +1107,26 @@ mod tests {
             Some("u"),
             serde_json::json!([{"name": "b", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "s"}}}])
         )));
+    }
+
+    #[test]
+    fn a_zero_size_limit_is_no_limit() {
+        for zero in ["0", "0Mi", "0.0"] {
+            let ed = k8s_openapi::api::core::v1::EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                    zero.into(),
+                )),
+                ..Default::default()
+            };
+            assert_eq!(
+                empty_dir_source(&ed).unwrap(),
+                VolumeSource::EmptyDir {
+                    medium: StorageMedium::Memory,
+                    size_limit: None
+                },
+                "{zero}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
 
 use crate::volume::CsiSecrets;
 
@@ -33,6 +33,12 @@ pub trait ObjectLookup {
     ) -> Option<Arc<PersistentVolume>>;
     /// Secret `namespace/name`.
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
+    /// This node, for the node affinity of local PersistentVolumes. `None`
+    /// (the default, and the manifests source) when the source does not
+    /// know it: the check is then skipped.
+    fn node(&self) -> Option<Arc<Node>> {
+        None
+    }
 }
 
 /// Why one volume of a pod cannot be used (the pod's other volumes go on).

@@ -164,7 +164,7 @@ fn reconstruct_devices(
         let Some(dm) = plugin.device_mountable() else {
             continue;
         };
-        let found = match dm.reconstruct_devices(table) {
+        let found = match dm.reconstruct_devices(table, &mut report.errors) {
             Ok(f) => f,
             Err(e) => {
                 report.errors.push(format!("{plugin_name} devices: {e}"));

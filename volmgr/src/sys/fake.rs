@@ -28,6 +28,13 @@ pub enum Call {
     },
     /// `umount2(target)`.
     Unmount(PathBuf),
+    /// A remount (`MS_REMOUNT`) of the mount on `target`.
+    Remount {
+        /// Target path.
+        target: PathBuf,
+        /// With `MS_RDONLY`.
+        read_only: bool,
+    },
 }
 
 #[derive(Default)]
@@ -46,6 +53,8 @@ struct State {
     events: Arc<AtomicU64>,
     /// What `fs_usage` answers.
     usage: super::FsUsage,
+    /// Paths given to `make_rshared`.
+    rshared: Vec<PathBuf>,
 }
 
 impl State {
@@ -102,6 +111,12 @@ impl FakeMounter {
         s.mounts.iter().map(|(p, _, _)| p.clone()).collect()
     }
 
+    /// The paths `make_rshared` was called on (kept apart from
+    /// [`calls`](Self::calls)).
+    pub fn rshared(&self) -> Vec<PathBuf> {
+        self.state.lock().unwrap().rshared.clone()
+    }
+
     /// How many times the whole mount table was read.
     pub fn table_reads(&self) -> usize {
         self.state.lock().unwrap().table_reads
@@ -154,6 +169,22 @@ impl Mounter for FakeMounter {
         data: Option<&str>,
     ) -> Result<(), SyscallError> {
         let mut s = self.state.lock().unwrap();
+        if flags.contains(MsFlags::MS_REMOUNT) {
+            s.calls.push(Call::Remount {
+                target: target.path().to_path_buf(),
+                read_only: flags.contains(MsFlags::MS_RDONLY),
+            });
+            let mounted = s.mounts.iter().any(|(p, _, _)| p == target.path());
+            return match s.mount_failures.pop_front() {
+                Some(errno) => Err(SyscallError::new("mount", target.path(), errno)),
+                None if !mounted => Err(SyscallError::new(
+                    "mount",
+                    target.path(),
+                    nix::errno::Errno::EINVAL,
+                )),
+                None => Ok(()),
+            };
+        }
         s.calls.push(Call::Mount {
             source: source.to_string(),
             target: target.path().to_path_buf(),
@@ -202,6 +233,16 @@ impl Mounter for FakeMounter {
                 nix::errno::Errno::EINVAL,
             )),
         }
+    }
+
+    fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError> {
+        let source = source.path().to_string_lossy().into_owned();
+        self.mount(&source, target, "bind", MsFlags::MS_BIND, None)
+    }
+
+    fn make_rshared(&self, root: &Path) -> Result<super::RootPropagation, super::PropagationError> {
+        self.state.lock().unwrap().rshared.push(root.to_path_buf());
+        Ok(super::RootPropagation::MadeShared)
     }
 
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError> {

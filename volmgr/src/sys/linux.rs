@@ -2,13 +2,22 @@
 //! descriptors opened beneath the manager's root.
 
 use std::ffi::{CString, OsStr};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
 
+use nix::fcntl::OFlag;
 use nix::mount::MntFlags;
 
+use std::path::Path;
+
+use nix::fcntl::{OpenHow, ResolveFlag};
+
+use super::mount_id;
 use super::mountinfo::{self, MountInfo, MountInfoError};
-use super::{MountTableReader, MountTableWatch, Mounter, MsFlags, SyscallError, Target};
+use super::{
+    MountTableReader, MountTableWatch, Mounter, MsFlags, PropagationError, RootPropagation,
+    SyscallError, Target,
+};
 use crate::volume::FastSet;
 
 /// Mounts for real, in the mount namespace of the calling process.
@@ -44,12 +53,12 @@ impl Mounter for LinuxMounter {
         if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {
             return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
         }
-        // Kernels before 5.8 do not report the attribute: fall back to the
-        // classic "different device than the parent" check.
-        let parent = nix::sys::stat::fstatat(target, "..", nix::fcntl::AtFlags::empty())
-            .map_err(|e| SyscallError::new("fstatat", target.path(), e))?;
-        let dev = libc::makedev(stx.stx_dev_major, stx.stx_dev_minor);
-        Ok(parent.st_dev != dev)
+        // Kernels before 5.8 do not report the attribute: on another mount
+        // than `..` (by mount id, which tells a bind mount of the same file
+        // system; by device number where no id can be had).
+        let up = nix::fcntl::openat(target, "..", PATH_DIR, nix::sys::stat::Mode::empty())
+            .map_err(|e| SyscallError::new("openat", target.path().join(".."), e))?;
+        differ_in_mount(target.as_fd(), up.as_fd(), target.path())
     }
 
     fn is_mount_point_at(&self, parent: &Target, name: &OsStr) -> Result<bool, SyscallError> {
@@ -69,15 +78,15 @@ impl Mounter for LinuxMounter {
         if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {
             return Ok(stx.stx_attributes & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0);
         }
-        // Kernels before 5.8: a different device than the parent's.
-        let up = statx_at(
-            parent,
-            &CString::default(),
-            libc::AT_EMPTY_PATH,
-            libc::STATX_BASIC_STATS,
-        )
-        .map_err(|e| SyscallError::io("statx", parent.path(), e))?;
-        Ok((stx.stx_dev_major, stx.stx_dev_minor) != (up.stx_dev_major, up.stx_dev_minor))
+        // Kernels before 5.8: on another mount than the parent (never
+        // following a symlink: one is on its directory's mount).
+        let flags = PATH_DIR.difference(OFlag::O_DIRECTORY) | OFlag::O_NOFOLLOW;
+        let fd = match nix::fcntl::openat(parent, name, flags, nix::sys::stat::Mode::empty()) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(false),
+            Err(e) => return Err(SyscallError::new("openat", path(), e)),
+        };
+        differ_in_mount(fd.as_fd(), parent.as_fd(), &path())
     }
 
     fn fs_magic(&self, target: &Target) -> Result<i64, SyscallError> {
@@ -110,6 +119,60 @@ impl Mounter for LinuxMounter {
         let is_root = stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0;
         let unique = stx.stx_mask & STATX_MNT_ID_UNIQUE != 0;
         Ok((is_root && unique).then_some(stx.stx_mnt_id))
+    }
+
+    fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError> {
+        nix::mount::mount(
+            Some(&source.proc_path()),
+            &target.proc_path(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| SyscallError::new("mount", target.path(), e))
+    }
+
+    fn make_rshared(&self, root: &Path) -> Result<RootPropagation, PropagationError> {
+        let table = mountinfo::read_self()?;
+        // The mount holding ROOT: the longest mount point above it (the
+        // last one listed, i.e. the top, among mounts stacked there).
+        let holding = table
+            .iter()
+            .filter(|m| root.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.components().count());
+        if holding.is_some_and(|m| m.optional_fields.iter().any(|f| f.starts_with("shared:"))) {
+            return Ok(RootPropagation::AlreadyShared);
+        }
+        let rebound = holding.is_none_or(|m| m.mount_point != root);
+        if rebound {
+            let below = table
+                .iter()
+                .filter(|m| m.mount_point.starts_with(root) && m.mount_point != root)
+                .count();
+            if below > 0 {
+                return Err(PropagationError::MountsBelow {
+                    root: root.to_path_buf(),
+                    count: below,
+                });
+            }
+            let dir = open_dir(root)?;
+            self.bind_mount(&dir, &dir)?;
+        }
+        // Opened (again) now, so the walk ends on the mount at ROOT.
+        let top = open_dir(root)?;
+        nix::mount::mount(
+            None::<&str>,
+            &top.proc_path(),
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(|e| SyscallError::new("mount", root, e))?;
+        Ok(if rebound {
+            RootPropagation::BoundAndMadeShared
+        } else {
+            RootPropagation::MadeShared
+        })
     }
 
     fn mount_ids(&self) -> Result<Option<FastSet<u64>>, SyscallError> {
@@ -155,6 +218,48 @@ impl Mounter for LinuxMounter {
             }
         }
     }
+}
+
+const PATH_DIR: OFlag = OFlag::O_PATH
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_CLOEXEC);
+
+/// Whether `a` and `b` are on different mounts ([`mount_id`]).
+fn differ_in_mount(
+    a: BorrowedFd<'_>,
+    b: BorrowedFd<'_>,
+    path: &std::path::Path,
+) -> Result<bool, SyscallError> {
+    let err = |e| SyscallError::new("statx", path, e);
+    let key = mount_id::of_fd(a).map_err(err)?;
+    Ok(mount_id::of_fd_like(b, key).map_err(err)? != key)
+}
+
+/// Opens the directory `path` as a [`Target`] (`O_PATH`).
+fn open_dir(path: &Path) -> Result<Target, SyscallError> {
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| SyscallError::new("open", path, e))?;
+    Ok(Target::new(fd, path.to_path_buf()))
+}
+
+/// Opens an absolute path on the node outside ROOT (a local
+/// PersistentVolume's directory or device) as a [`Target`]: `O_PATH`,
+/// `openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, so no
+/// component, the last included, may be a symlink. Nothing is created.
+pub fn open_host_path(path: &Path) -> Result<Target, SyscallError> {
+    let fd = nix::fcntl::openat2(
+        nix::fcntl::AT_FDCWD,
+        path,
+        OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )
+    .map_err(|e| SyscallError::new("openat2", path, e))?;
+    Ok(Target::new(fd, path.to_path_buf()))
 }
 
 /// `STATX_MNT_ID_UNIQUE` (linux/stat.h, 6.8): `stx_mnt_id` is then the
@@ -261,4 +366,32 @@ fn statx_at(dir: &Target, name: &CString, flags: i32, mask: u32) -> std::io::Res
     }
     // SAFETY: statx returned 0, so the kernel filled the structure.
     Ok(unsafe { stx.assume_init() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::test_child::{bind, run_in_child, Child};
+
+    /// The check of kernels before 5.8 (no `STATX_ATTR_MOUNT_ROOT`) tells a
+    /// bind mount of the same file system by its mount id.
+    #[test]
+    fn mount_ids_tell_a_bind_mount_of_the_same_file_system() {
+        let name = crate::test_name!("mount_ids_tell_a_bind_mount_of_the_same_file_system");
+        run_in_child(name, Child::PrivateMounts, || {
+            let t = tempfile::tempdir().unwrap();
+            let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+            std::fs::create_dir(&src).unwrap();
+            std::fs::create_dir(&dst).unwrap();
+            let open = |p: &std::path::Path| {
+                nix::fcntl::open(p, PATH_DIR, nix::sys::stat::Mode::empty()).unwrap()
+            };
+            let up = open(t.path());
+            assert!(!differ_in_mount(open(&dst).as_fd(), up.as_fd(), &dst).unwrap());
+            bind(&src, &dst);
+            assert!(differ_in_mount(open(&dst).as_fd(), up.as_fd(), &dst).unwrap());
+            let target = Target::new(open(&dst), dst.clone());
+            assert!(LinuxMounter.is_mount_point(&target).unwrap());
+        });
+    }
 }

@@ -4,17 +4,22 @@
 //! the logic above it can be tested with the recording [`fake::FakeMounter`] while the real
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
+pub mod beneath;
 pub mod dirents;
 pub mod inotify;
 pub mod linux;
 pub mod memory;
+pub mod mount_id;
 pub mod mount_table;
 pub mod mountinfo;
 pub mod namespace;
 pub mod root_dir;
+pub mod seccomp;
 
 #[cfg(test)]
 pub mod fake;
+#[cfg(test)]
+pub mod test_child;
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -149,6 +154,20 @@ pub trait Mounter: MountTableReader {
     /// no unique ids.
     fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError>;
 
+    /// A bind mount of `source` (opened safely, possibly outside ROOT) on
+    /// `target` (`mount(2)` with `MS_BIND`, not recursive, as the kubelet's
+    /// `mount -o bind`).
+    fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError>;
+
+    /// Makes the mount holding `root` recursively shared, so mounts made
+    /// below it propagate to mount namespaces cloned from this one (the
+    /// container runtime's): the kubelet's `setupDataDirs` →
+    /// `MakeRShared`. Nothing is done when that mount is shared already;
+    /// a `root` that is not a mount point is first bind-mounted onto
+    /// itself. The caller must open `root` again afterwards when it
+    /// [`RootPropagation::rebound`].
+    fn make_rshared(&self, root: &Path) -> Result<RootPropagation, PropagationError>;
+
     /// The unique ids of every mount in this namespace (`listmount(2)`,
     /// Linux 6.8+): about 2 ms for 10,000 mounts, where reading
     /// `/proc/self/mountinfo` takes 30-40. `None` when the kernel cannot
@@ -163,6 +182,45 @@ pub struct FsUsage {
     pub size_bytes: u64,
     /// What is in use (size minus free blocks).
     pub used_bytes: u64,
+}
+
+/// What [`Mounter::make_rshared`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootPropagation {
+    /// The mount holding ROOT was already shared: left alone.
+    AlreadyShared,
+    /// ROOT was a mount point, now recursively shared.
+    MadeShared,
+    /// ROOT was bound onto itself, then made recursively shared.
+    BoundAndMadeShared,
+}
+
+impl RootPropagation {
+    /// Whether ROOT is a new mount now (descriptors opened before name the
+    /// directory beneath it).
+    pub fn rebound(self) -> bool {
+        self == Self::BoundAndMadeShared
+    }
+}
+
+/// Why ROOT could not be made shared.
+#[derive(Debug, thiserror::Error)]
+pub enum PropagationError {
+    /// A system call failed.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    /// The mount table could not be read.
+    #[error("reading the mount table: {0}")]
+    MountTable(#[from] mountinfo::MountInfoError),
+    /// ROOT is not a mount point but has mounts below it, which binding it
+    /// onto itself would hide (volmgr would lose them).
+    #[error("{root} is not a mount point and has {count} mounts below it, which binding it onto itself would hide; unmount them (or restart the node) to get mount propagation")]
+    MountsBelow {
+        /// ROOT.
+        root: PathBuf,
+        /// How many mounts.
+        count: usize,
+    },
 }
 
 /// Tells whether the mount table of this process's mount namespace may have

@@ -1,24 +1,50 @@
 //! Safe file-system access beneath the manager's root directory.
 //!
 //! Everything the manager creates, opens or deletes under `ROOT` goes through
-//! [`RootDir`]: paths are made of validated components, every open uses
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
-//! relative to a descriptor of the root, and deletion never follows a symlink
-//! or crosses into a mounted file system. A symlink planted anywhere under a
-//! pod's directory makes the operation fail instead of escaping.
+//! [`RootDir`]: paths are made of validated components, and every lookup is
+//! relative to an open descriptor (see [`beneath`]): no symlink is followed,
+//! nothing outside the starting directory is reached.
+//!
+//! # The mount rule
+//!
+//! Every `open`, `mkdir` and `unlink` under ROOT is made relative to a
+//! descriptor that is on ROOT's own mount, and every lookup stays on the
+//! mount it starts from (`RESOLVE_NO_XDEV`), so a mount someone placed under
+//! ROOT is never crossed, at any depth, including the parent directories
+//! looked up on the way:
+//!
+//! - a lookup that meets a mount point fails with
+//!   [`PathError::ForeignMount`], which names it;
+//! - the one exception is the last component of a volume's mount target
+//!   ([`RootDir::open_mount_target`], [`RootDir::mkdir_mount_target`]),
+//!   which may be the root of the volume's own mount (an emptyDir's tmpfs,
+//!   a CSI target): the directories before it may not. A walk below such a
+//!   descriptor stays on that mount in turn;
+//! - a new directory is created one level at a time, each `mkdirat`
+//!   relative to the directory just opened, so a component swapped for a
+//!   symlink or a mount meanwhile makes the call fail instead of creating
+//!   anything elsewhere;
+//! - deletion never follows a symlink and stops at any mount, whether it
+//!   is met on the way down (`RESOLVE_NO_XDEV`: [`PathError::MountInside`])
+//!   or is the directory to remove (`EBUSY`).
+//!
+//! Held descriptors (ROOT's, the cached `pods`) stay on ROOT's mount even
+//! if something is mounted over their path later: work through them then
+//! lands in the covered directory, never in the mount.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::OFlag;
 use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use crate::sys::{dirents, SyscallError, Target};
+use crate::sys::beneath::{self, Last};
+use crate::sys::{dirents, mount_id, SyscallError, Target};
 use crate::util::sync::MutexExt;
 
 /// Why a path under the root could not be used.
@@ -36,6 +62,16 @@ pub enum PathError {
     #[error("refusing to follow a symlink or leave the root at {path}")]
     Escape {
         /// The absolute path.
+        path: PathBuf,
+    },
+    /// A directory on the way to `path` is a mount point volmgr did not
+    /// make (something mounted under ROOT, on a pod's or a plugin's
+    /// directory): nothing is looked up, created or deleted through it.
+    #[error("{mount} is a foreign mount point on the way to {path}; refusing to cross it")]
+    ForeignMount {
+        /// The mount point found (`path` itself when it could not be told).
+        mount: PathBuf,
+        /// The path that was to be used.
         path: PathBuf,
     },
     /// A directory to delete still has a mount inside it.
@@ -126,11 +162,10 @@ pub struct RootDir {
     top_dirs: Mutex<Vec<(OsString, Arc<OwnedFd>)>>,
 }
 
-fn resolve_beneath() -> ResolveFlag {
-    ResolveFlag::RESOLVE_BENEATH
-        | ResolveFlag::RESOLVE_NO_SYMLINKS
-        | ResolveFlag::RESOLVE_NO_MAGICLINKS
-}
+const DIR_PATH: OFlag = OFlag::O_PATH.union(OFlag::O_DIRECTORY);
+
+/// The largest state file [`RootDir::read_file`] reads.
+pub const MAX_STATE_FILE_BYTES: u64 = 1 << 20;
 
 impl RootDir {
     /// Creates (if needed) and opens the root. The root itself may be reached
@@ -140,12 +175,8 @@ impl RootDir {
         let path = path
             .canonicalize()
             .map_err(|e| SyscallError::io("realpath", path, e))?;
-        let fd = nix::fcntl::open(
-            &path,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| SyscallError::new("open", &path, e))?;
+        let fd = nix::fcntl::open(&path, DIR_PATH | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|e| SyscallError::new("open", &path, e))?;
         Ok(Self {
             path,
             fd,
@@ -163,131 +194,156 @@ impl RootDir {
         self.path.join(rel.as_path())
     }
 
-    fn open_how(&self, rel: &RelPath, flags: OFlag) -> Result<OwnedFd, PathError> {
+    /// Opens `rel` with `flags`: every component on ROOT's mount, but the
+    /// last one with [`Last::MayBeMountRoot`].
+    fn open_rel(&self, rel: &RelPath, flags: OFlag, last: Last) -> Result<OwnedFd, PathError> {
+        if last == Last::MayBeMountRoot {
+            if let Some((parent_rel, name)) = rel.split_last() {
+                let parent = match parent_rel.as_path().as_os_str().is_empty() {
+                    true => None,
+                    false => Some(self.open_rel(&parent_rel, DIR_PATH, Last::OnSameMount)?),
+                };
+                let dir = parent.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+                return beneath::open(dir, Path::new(name), flags, last)
+                    .map_err(|e| self.map_err(beneath::call_name(), rel, e));
+            }
+        }
         let target = if rel.as_path().as_os_str().is_empty() {
             Path::new(".")
         } else {
             rel.as_path()
         };
-        openat2(
-            self.fd.as_fd(),
-            target,
-            OpenHow::new()
-                // RESOLVE_NO_SYMLINKS covers the last component too (ELOOP);
-                // O_NOFOLLOW would instead open a final symlink itself.
-                .flags(flags | OFlag::O_CLOEXEC)
-                .resolve(resolve_beneath()),
-        )
-        .map_err(|e| self.map_err("openat2", rel, e))
+        beneath::open(self.fd.as_fd(), target, flags, Last::OnSameMount)
+            .map_err(|e| self.map_err(beneath::call_name(), rel, e))
+    }
+
+    /// Opens directory `name` (one component) under `parent`, a directory
+    /// on ROOT's mount; `rel` is the whole path (for errors).
+    fn open_component(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        last: Last,
+        rel: &RelPath,
+    ) -> Result<OwnedFd, PathError> {
+        beneath::open(parent, Path::new(name), DIR_PATH, last)
+            .map_err(|e| self.map_err(beneath::call_name(), rel, e))
     }
 
     fn map_err(&self, call: &'static str, rel: &RelPath, e: Errno) -> PathError {
         match e {
-            Errno::ELOOP | Errno::EXDEV => PathError::Escape {
+            Errno::ELOOP => PathError::Escape {
+                path: self.abs(rel),
+            },
+            Errno::EXDEV => PathError::ForeignMount {
+                mount: self
+                    .first_foreign_mount(rel)
+                    .unwrap_or_else(|| self.abs(rel)),
                 path: self.abs(rel),
             },
             e => PathError::Syscall(SyscallError::new(call, self.abs(rel), e)),
         }
     }
 
-    /// Opens an existing directory as a mount [`Target`].
+    /// The first directory on the way to `rel` that is not on ROOT's mount
+    /// (for the error that refuses to cross it).
+    fn first_foreign_mount(&self, rel: &RelPath) -> Option<PathBuf> {
+        let root = mount_id::of_fd(self.fd.as_fd()).ok()?;
+        let mut prefix = PathBuf::new();
+        for c in rel.as_path() {
+            prefix.push(c);
+            let name = CString::new(prefix.as_os_str().as_bytes()).ok()?;
+            let key = mount_id::at(self.fd.as_fd(), &name).ok()?;
+            let want = mount_id::of_fd_like(self.fd.as_fd(), key).unwrap_or(root);
+            if key != want {
+                return Some(self.path.join(&prefix));
+            }
+        }
+        None
+    }
+
+    /// Opens an existing directory, every component of `rel` (the last
+    /// included) on ROOT's own mount: the parent of a mount point, a
+    /// directory to list or to delete from.
     pub fn open_dir(&self, rel: &RelPath) -> Result<Target, PathError> {
-        let fd = self.open_how(rel, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+        let fd = self.open_rel(rel, DIR_PATH, Last::OnSameMount)?;
         Ok(Target::new(fd, self.abs(rel)))
     }
 
-    /// Creates every missing directory of `rel` with `mode` (subject to umask)
-    /// and returns the last one opened as a [`Target`].
+    /// Opens an existing entry of any type (`O_PATH`, never following a
+    /// symlink, even as the last component), which may be the root of a
+    /// mount (a device file a driver published, the directories on the way
+    /// may not be): a file to bind-mount from or onto, named for `mount(2)`
+    /// through [`Target::proc_path`].
+    pub fn open_path(&self, rel: &RelPath) -> Result<Target, PathError> {
+        let fd = self.open_rel(rel, OFlag::O_PATH, Last::MayBeMountRoot)?;
+        Ok(Target::new(fd, self.abs(rel)))
+    }
+
+    /// Opens an existing directory that may be the root of a volume's mount
+    /// (the directories on the way may not): to mount on it again, read its
+    /// mount id or set its ownership.
+    pub fn open_mount_target(&self, rel: &RelPath) -> Result<Target, PathError> {
+        let fd = self.open_rel(rel, DIR_PATH, Last::MayBeMountRoot)?;
+        Ok(Target::new(fd, self.abs(rel)))
+    }
+
+    /// Creates every missing directory of `rel` with `mode` (subject to
+    /// umask), every one on ROOT's own mount, and returns the last one
+    /// opened as a [`Target`].
     pub fn mkdir_all(&self, rel: &RelPath, mode: u32) -> Result<Target, PathError> {
-        self.mkdir_all_created(rel, mode).map(|(t, _)| t)
+        self.mkdir(rel, mode, Last::OnSameMount).map(|(t, _)| t)
     }
 
-    /// Like [`mkdir_all`](Self::mkdir_all), and tells whether the last
-    /// directory was created by this call (so it cannot be a mount point).
-    ///
-    /// Existing components are opened one at a time with
-    /// `RESOLVE_NO_SYMLINKS`. Once a component had to be created, everything
-    /// below it is new and lives in a directory only this process has
-    /// written (mode 0750, created just now), so the remaining levels are
-    /// created relative to the last opened directory in one call each, and
-    /// only the final directory is opened (again with `RESOLVE_BENEATH |
-    /// RESOLVE_NO_SYMLINKS`, so a race could only make it fail).
-    pub fn mkdir_all_created(&self, rel: &RelPath, mode: u32) -> Result<(Target, bool), PathError> {
-        if let Some(done) = self.mkdir_new_under_top(rel, mode)? {
-            return Ok(done);
-        }
-        match self.open_dir(rel) {
-            Ok(t) => return Ok((t, false)),
-            Err(e) if e.is_not_found() => {}
-            Err(e) => return Err(e),
-        }
-        let mode = Mode::from_bits_truncate(mode);
-        let mut cur_rel = RelPath(PathBuf::new());
-        let mut cur: Option<OwnedFd> = None;
-        // Below `cur`: components created by this call, as a relative path.
-        let mut fresh = PathBuf::new();
-        for c in rel.as_path().components() {
-            let Component::Normal(name) = c else {
-                return Err(PathError::InvalidComponent {
-                    path: rel.as_path().to_path_buf(),
-                    component: format!("{c:?}"),
-                });
-            };
-            cur_rel = cur_rel.join(name)?;
-            let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
-            if !fresh.as_os_str().is_empty() {
-                fresh.push(name);
-                mkdirat(parent, &fresh, mode).map_err(|e| self.map_err("mkdirat", &cur_rel, e))?;
-                continue;
-            }
-            match mkdirat(parent, name, mode) {
-                Ok(()) => fresh.push(name),
-                Err(Errno::EEXIST) => {
-                    let next = self.open_component(parent, name, &cur_rel)?;
-                    cur = Some(next);
-                }
-                Err(e) => return Err(self.map_err("mkdirat", &cur_rel, e)),
-            }
-        }
-        let created = !fresh.as_os_str().is_empty();
-        let fd = match cur {
-            _ if created => {
-                let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
-                self.open_component(parent, &fresh, rel)?
-            }
-            Some(fd) => fd,
-            None => {
-                return Err(PathError::InvalidComponent {
-                    path: PathBuf::new(),
-                    component: String::new(),
-                })
-            }
-        };
-        Ok((Target::new(fd, self.abs(rel)), created))
-    }
-
-    /// The fast path of [`mkdir_all_created`](Self::mkdir_all_created) for
-    /// the common case, a new pod: the first component (`pods`) is a cached
-    /// open directory, and creating the second one (`<uid>`) succeeds, so
-    /// every level below is new too and is created relative to the cached
-    /// descriptor; only the final directory is opened. `None` when the case
-    /// does not apply (the second component exists, the path is too short,
-    /// the cached directory is gone): the caller takes the general path.
-    fn mkdir_new_under_top(
+    /// Like [`mkdir_all`](Self::mkdir_all), but the last directory may
+    /// already be the root of a mount (a volume set up before: an
+    /// emptyDir's tmpfs, a CSI staging target). Tells whether it was
+    /// created by this call (so it cannot be a mount point yet).
+    pub fn mkdir_mount_target(
         &self,
         rel: &RelPath,
         mode: u32,
+    ) -> Result<(Target, bool), PathError> {
+        self.mkdir(rel, mode, Last::MayBeMountRoot)
+    }
+
+    /// An existing `rel` is opened in one call; otherwise the missing
+    /// directories are created one at a time, each `mkdirat` relative to
+    /// the directory just opened (on ROOT's mount, no symlink): a component
+    /// swapped for a symlink or a mount meanwhile makes it fail, and
+    /// nothing is ever created elsewhere.
+    fn mkdir(&self, rel: &RelPath, mode: u32, last: Last) -> Result<(Target, bool), PathError> {
+        let mode = Mode::from_bits_truncate(mode);
+        if let Some(done) = self.mkdir_new_under_top(rel, mode, last)? {
+            return Ok(done);
+        }
+        match self.open_rel(rel, DIR_PATH, last) {
+            Ok(fd) => return Ok((Target::new(fd, self.abs(rel)), false)),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        self.mkdir_walk(None, rel, 0, mode, last)
+    }
+
+    /// The fast path of [`mkdir`](Self::mkdir) for the common case, a new
+    /// pod: the first component (`pods`) is a cached open directory, and
+    /// creating the second one (`<uid>`) succeeds, so every level below is
+    /// new too (no attempt to open `rel` first). `None` when the case does
+    /// not apply (the second component exists, the path is too short, the
+    /// cached directory is gone): the caller takes the general path.
+    fn mkdir_new_under_top(
+        &self,
+        rel: &RelPath,
+        mode: Mode,
+        last: Last,
     ) -> Result<Option<(Target, bool)>, PathError> {
-        let mut comps = rel.as_path().components();
-        let (Some(Component::Normal(top)), Some(Component::Normal(second))) =
-            (comps.next(), comps.next())
-        else {
+        let mut comps = rel.as_path().iter();
+        let (Some(top), Some(second)) = (comps.next(), comps.next()) else {
             return Ok(None);
         };
         let Some(parent) = self.top_dir(top) else {
             return Ok(None);
         };
-        let mode = Mode::from_bits_truncate(mode);
         match mkdirat(parent.as_fd(), second, mode) {
             Ok(()) => {}
             Err(Errno::EEXIST) => return Ok(None),
@@ -298,17 +354,47 @@ impl RootDir {
             }
             Err(e) => return Err(self.map_err("mkdirat", rel, e)),
         }
-        let mut fresh = PathBuf::from(second);
-        for c in comps {
-            fresh.push(c);
-            mkdirat(parent.as_fd(), &fresh, mode).map_err(|e| self.map_err("mkdirat", rel, e))?;
-        }
-        let fd = self.open_component(parent.as_fd(), &fresh, rel)?;
-        Ok(Some((Target::new(fd, self.abs(rel)), true)))
+        let fd = self.open_component(parent.as_fd(), second, Last::OnSameMount, rel)?;
+        self.mkdir_walk(Some(fd), rel, 2, mode, last).map(Some)
     }
 
-    /// The cached descriptor of the first-level directory `name`, opened
-    /// (and created) on first use; `None` if it cannot be.
+    /// Creates the components of `rel` from index `skip` on, starting in
+    /// `start` (ROOT when `None`), which holds the components before.
+    fn mkdir_walk(
+        &self,
+        start: Option<OwnedFd>,
+        rel: &RelPath,
+        skip: usize,
+        mode: Mode,
+        last: Last,
+    ) -> Result<(Target, bool), PathError> {
+        let n = rel.as_path().iter().count();
+        let mut cur = start;
+        let mut created = skip > 0;
+        for (i, name) in rel.as_path().iter().enumerate().skip(skip) {
+            let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
+            created = match mkdirat(parent, name, mode) {
+                Ok(()) => true,
+                Err(Errno::EEXIST) => false,
+                Err(e) => return Err(self.map_err("mkdirat", rel, e)),
+            };
+            // Only an existing last directory may be a mount's root.
+            let how = if i + 1 == n && !created {
+                last
+            } else {
+                Last::OnSameMount
+            };
+            cur = Some(self.open_component(parent, name, how, rel)?);
+        }
+        let fd = cur.ok_or_else(|| PathError::InvalidComponent {
+            path: PathBuf::new(),
+            component: String::new(),
+        })?;
+        Ok((Target::new(fd, self.abs(rel)), created))
+    }
+
+    /// The cached descriptor of the first-level directory `name` (on ROOT's
+    /// mount), opened (and created) on first use; `None` if it cannot be.
     fn top_dir(&self, name: &OsStr) -> Option<Arc<OwnedFd>> {
         let mut cache = self.top_dirs.locked();
         if let Some((_, fd)) = cache.iter().find(|(n, _)| n == name) {
@@ -319,7 +405,10 @@ impl RootDir {
             Err(_) => return None,
         }
         let rel = RelPath::new([name]).ok()?;
-        let fd = Arc::new(self.open_component(self.fd.as_fd(), name, &rel).ok()?);
+        let fd = self
+            .open_component(self.fd.as_fd(), name, Last::OnSameMount, &rel)
+            .ok()?;
+        let fd = Arc::new(fd);
         cache.push((name.to_os_string(), Arc::clone(&fd)));
         Some(fd)
     }
@@ -328,27 +417,9 @@ impl RootDir {
         self.top_dirs.locked().retain(|(n, _)| n != name);
     }
 
-    /// Opens `name` (one or more components) under `parent` as a directory,
-    /// refusing symlinks and escapes.
-    fn open_component(
-        &self,
-        parent: std::os::fd::BorrowedFd<'_>,
-        name: &(impl nix::NixPath + ?Sized),
-        rel: &RelPath,
-    ) -> Result<OwnedFd, PathError> {
-        openat2(
-            parent,
-            name,
-            OpenHow::new()
-                .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
-                .resolve(resolve_beneath()),
-        )
-        .map_err(|e| self.map_err("openat2", rel, e))
-    }
-
     /// Whether `rel` exists (without following symlinks).
     pub fn exists(&self, rel: &RelPath) -> Result<bool, PathError> {
-        match self.open_how(rel, OFlag::O_PATH) {
+        match self.open_rel(rel, OFlag::O_PATH, Last::OnSameMount) {
             Ok(_) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
@@ -357,7 +428,8 @@ impl RootDir {
 
     /// The names in directory `rel`, without `.` and `..`; empty if it does not exist.
     pub fn read_dir(&self, rel: &RelPath) -> Result<Vec<OsString>, PathError> {
-        let fd = match self.open_how(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) {
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
+        let fd = match self.open_rel(rel, flags, Last::OnSameMount) {
             Ok(fd) => fd,
             Err(e) if e.is_not_found() => return Ok(Vec::new()),
             Err(e) => return Err(e),
@@ -375,12 +447,10 @@ impl RootDir {
                 component: String::new(),
             })?;
         let dir = self.mkdir_all(&dir_rel, 0o750)?;
-        let dir_fd = self.open_how(&dir_rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-        drop(dir);
         let mut tmp = name.to_os_string();
         tmp.push(".tmp");
         let fd = nix::fcntl::openat(
-            dir_fd.as_fd(),
+            dir.as_fd(),
             tmp.as_os_str(),
             OFlag::O_WRONLY
                 | OFlag::O_CREAT
@@ -394,25 +464,53 @@ impl RootDir {
         file.write_all(contents)
             .map_err(|e| SyscallError::io("write", self.abs(rel), e))?;
         drop(file);
-        nix::fcntl::renameat(dir_fd.as_fd(), tmp.as_os_str(), dir_fd.as_fd(), name)
+        nix::fcntl::renameat(dir.as_fd(), tmp.as_os_str(), dir.as_fd(), name)
             .map_err(|e| self.map_err("renameat", rel, e))?;
         Ok(())
     }
 
-    /// Reads a small file `rel`.
+    /// Reads a small state file `rel` (at most [`MAX_STATE_FILE_BYTES`]).
+    ///
+    /// Opened non-blocking (a FIFO put in its place must not block the
+    /// reader; symlinks are refused by the resolution), and refused unless
+    /// it is a regular file no larger than the limit (a sparse file of
+    /// gigabytes is not read whole).
     pub fn read_file(&self, rel: &RelPath) -> Result<Vec<u8>, PathError> {
         use std::io::Read;
-        let fd = self.open_how(rel, OFlag::O_RDONLY)?;
+        let fd = self.open_rel(
+            rel,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+            Last::OnSameMount,
+        )?;
+        let refuse = |why: String| {
+            SyscallError::io(
+                "read",
+                self.abs(rel),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, why),
+            )
+        };
+        let st = nix::sys::stat::fstat(&fd).map_err(|e| self.map_err("fstat", rel, e))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(refuse("not a regular file".into()).into());
+        }
+        if u64::try_from(st.st_size).unwrap_or(u64::MAX) > MAX_STATE_FILE_BYTES {
+            return Err(refuse(format!("larger than {MAX_STATE_FILE_BYTES} bytes")).into());
+        }
         let mut out = Vec::new();
         std::fs::File::from(fd)
+            .take(MAX_STATE_FILE_BYTES + 1)
             .read_to_end(&mut out)
             .map_err(|e| SyscallError::io("read", self.abs(rel), e))?;
+        if out.len() as u64 > MAX_STATE_FILE_BYTES {
+            return Err(refuse(format!("grew past {MAX_STATE_FILE_BYTES} bytes")).into());
+        }
         Ok(out)
     }
 
     /// Deletes `rel` and everything below it, never following symlinks and
     /// never crossing into another mount (that fails with
-    /// [`PathError::MountInside`] and deletes nothing inside the mount).
+    /// [`PathError::MountInside`] and deletes nothing inside the mount; a
+    /// mount on the way to `rel` fails with [`PathError::ForeignMount`]).
     /// A missing `rel` is not an error.
     pub fn remove_all(&self, rel: &RelPath) -> Result<(), PathError> {
         let Some((parent_rel, name)) = rel.split_last() else {
@@ -422,19 +520,15 @@ impl RootDir {
             });
         };
         // A pod directory's parent (`pods`) is held open.
-        let top = match parent_rel
-            .as_path()
-            .components()
-            .collect::<Vec<_>>()
-            .as_slice()
-        {
-            [Component::Normal(top)] => self.top_dir(top),
+        let mut comps = parent_rel.as_path().iter();
+        let top = match (comps.next(), comps.next()) {
+            (Some(top), None) => self.top_dir(top),
             _ => None,
         };
         if let Some(parent) = top {
             return remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel), false);
         }
-        let parent = match self.open_how(&parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) {
+        let parent = match self.open_rel(&parent_rel, DIR_PATH, Last::OnSameMount) {
             Ok(fd) => fd,
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e),
@@ -443,8 +537,9 @@ impl RootDir {
     }
 
     /// Deletes `parent/name` like [`remove_all`](Self::remove_all), through
-    /// a descriptor of its parent the caller already holds (opened beneath
-    /// ROOT).
+    /// a descriptor of its parent the caller already holds (from
+    /// [`open_dir`](Self::open_dir) or [`mkdir_all`](Self::mkdir_all): on
+    /// ROOT's mount). The walk stays on the parent's mount.
     pub fn remove_all_at(&self, parent: &Target, name: &OsStr) -> Result<(), PathError> {
         remove_tree(
             parent.as_fd(),
@@ -460,7 +555,7 @@ impl RootDir {
         let Some((parent_rel, name)) = rel.split_last() else {
             return Ok(false);
         };
-        let parent = match self.open_how(&parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) {
+        let parent = match self.open_rel(&parent_rel, DIR_PATH, Last::OnSameMount) {
             Ok(fd) => fd,
             Err(e) if e.is_not_found() => return Ok(true),
             Err(e) => return Err(e),
@@ -491,13 +586,8 @@ fn open_subdir(
     name: &OsStr,
     abs: &Path,
 ) -> Result<Option<OwnedFd>, Result<Errno, PathError>> {
-    match openat2(
-        parent,
-        name,
-        OpenHow::new()
-            .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(resolve_beneath() | ResolveFlag::RESOLVE_NO_XDEV),
-    ) {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
+    match beneath::open(parent, Path::new(name), flags, Last::OnSameMount) {
         Ok(fd) => Ok(Some(fd)),
         Err(Errno::ENOENT) => Ok(None),
         // A symlink (O_NOFOLLOW/RESOLVE_NO_SYMLINKS) or a plain file.
@@ -505,7 +595,7 @@ fn open_subdir(
         Err(Errno::EXDEV) => Err(Err(PathError::MountInside {
             path: abs.to_path_buf(),
         })),
-        Err(e) => Err(Err(SyscallError::new("openat2", abs, e).into())),
+        Err(e) => Err(Err(SyscallError::new(beneath::call_name(), abs, e).into())),
     }
 }
 
@@ -808,22 +898,223 @@ mod tests {
     fn cached_pods_dir_survives_deletion_and_recreation() {
         let (_t, r) = root();
         let rel = RelPath::new(["pods", "u1", "volumes", "x"]).unwrap();
-        let (_, created) = r.mkdir_all_created(&rel, 0o750).unwrap();
+        let (_, created) = r.mkdir_mount_target(&rel, 0o750).unwrap();
         assert!(created);
         // Someone deletes ROOT/pods under the manager: the next pod still
         // lands in ROOT/pods, not in the deleted directory.
         std::fs::remove_dir_all(r.path().join("pods")).unwrap();
         let rel2 = RelPath::new(["pods", "u2", "volumes", "x"]).unwrap();
-        let (t, created) = r.mkdir_all_created(&rel2, 0o750).unwrap();
+        let (t, created) = r.mkdir_mount_target(&rel2, 0o750).unwrap();
         assert!(created);
         assert_eq!(t.path(), r.path().join("pods/u2/volumes/x"));
         assert!(r.path().join("pods/u2/volumes/x").is_dir());
         // An existing pod directory takes the general path.
-        let (_, created) = r.mkdir_all_created(&rel2, 0o750).unwrap();
+        let (_, created) = r.mkdir_mount_target(&rel2, 0o750).unwrap();
         assert!(!created);
         let rel3 = RelPath::new(["pods", "u2", "volumes", "y"]).unwrap();
-        let (_, created) = r.mkdir_all_created(&rel3, 0o750).unwrap();
+        let (_, created) = r.mkdir_mount_target(&rel3, 0o750).unwrap();
         assert!(created);
+    }
+
+    /// `pods/u/volumes/kubernetes.io~empty-dir/w`, a disk-backed emptyDir.
+    const VOL: [&str; 5] = ["pods", "u", "volumes", "kubernetes.io~empty-dir", "w"];
+
+    fn rel(c: &[&str]) -> RelPath {
+        RelPath::new(c).unwrap()
+    }
+
+    /// The attack of an adversarial run, replayed for a mount on each
+    /// component of a volume's path: a "host" directory outside ROOT,
+    /// bind-mounted there, is never modified, and every error names the
+    /// mount. Returns what went wrong.
+    fn foreign_mount_on_component(depth: usize) -> Vec<String> {
+        use super::super::test_child::{bind, tree, unmount};
+        let t = tempfile::tempdir().unwrap();
+        let r = RootDir::open(&t.path().join("root")).unwrap();
+        let host = t.path().join("host");
+        let vol = r.path().join(VOL.join("/"));
+        std::fs::create_dir_all(vol.join("e")).unwrap();
+        std::fs::write(vol.join("mine"), b"x").unwrap();
+        // The host directory holds what the rest of the path names.
+        let inner = host.join(VOL[depth..].join("/"));
+        std::fs::create_dir_all(inner.join("e")).unwrap();
+        for f in ["f1", "f2", "f3"] {
+            std::fs::write(inner.join(f), f).unwrap();
+        }
+        let mount_point = r.path().join(VOL[..depth].join("/"));
+        bind(&host, &mount_point);
+        let before = tree(&host);
+        let mut problems = Vec::new();
+        let mut refused = |what: &str, res: Result<(), PathError>| match res {
+            Ok(()) => problems.push(format!("depth {depth}: {what} crossed the mount")),
+            Err(e) if !e.to_string().contains(&*mount_point.to_string_lossy()) => problems.push(
+                format!("depth {depth}: {what}: error without the mount: {e}"),
+            ),
+            Err(_) => {}
+        };
+        let parent = rel(&VOL[..4]);
+        let strict_parent = depth <= 4;
+        match r.open_dir(&parent) {
+            Ok(p) if strict_parent => {
+                refused("open_dir(parent)", Ok(()));
+                refused("remove_all_at", r.remove_all_at(&p, OsStr::new("w")));
+            }
+            Ok(p) => refused("remove_all_at", r.remove_all_at(&p, OsStr::new("w"))),
+            Err(e) => refused("open_dir(parent)", Err(e)),
+        }
+        refused("remove_all(volume)", r.remove_all(&rel(&VOL)));
+        refused("remove_all(pod)", r.remove_all(&rel(&VOL[..2])));
+        let sub = rel(&VOL).join("sub").unwrap();
+        refused("mkdir_all(sub)", r.mkdir_all(&sub, 0o750).map(drop));
+        let new = rel(&VOL).join("new").unwrap();
+        refused("write_file", r.write_file(&new, b"x"));
+        refused("read_dir", r.read_dir(&rel(&VOL)).map(drop));
+        let f1 = rel(&VOL).join("f1").unwrap();
+        refused("exists", r.exists(&f1).map(drop));
+        let e = rel(&VOL).join("e").unwrap();
+        refused("remove_empty_dir", r.remove_empty_dir(&e).map(drop));
+        let sibling = parent.join("w2").unwrap();
+        if strict_parent {
+            refused("mkdir_all(sibling)", r.mkdir_all(&sibling, 0o750).map(drop));
+        }
+        if tree(&host) != before {
+            problems.push(format!(
+                "depth {depth}: the host directory changed: {before:?} -> {:?}",
+                tree(&host)
+            ));
+        }
+        // (Before the fix, held descriptors of the host directory kept
+        // the mount busy.)
+        let root_path = r.path().to_path_buf();
+        drop(r);
+        unmount(&mount_point);
+        // What was under the mount is ROOT's own, and still there.
+        assert!(vol.join("mine").exists(), "depth {depth}");
+        let r = RootDir::open(&root_path).unwrap();
+        r.remove_all(&rel(&VOL[..2])).unwrap();
+        problems
+    }
+
+    fn foreign_mounts_on_a_volume_path() {
+        let problems: Vec<String> = (1..=5).flat_map(foreign_mount_on_component).collect();
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn foreign_mounts_on_a_volume_path_are_never_crossed() {
+        use super::super::test_child::{run_in_child, Child};
+        let name = crate::test_name!("foreign_mounts_on_a_volume_path_are_never_crossed");
+        run_in_child(name, Child::PrivateMounts, foreign_mounts_on_a_volume_path);
+    }
+
+    /// Creates pod directories while another thread swaps a component of
+    /// each (`pods/<uid>/volumes`) for a symlink to a directory outside ROOT
+    /// (atomically, `RENAME_EXCHANGE`): nothing is ever created outside.
+    fn mkdir_races_with_symlink_swaps(iterations: usize) {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+        let (_t, r) = root();
+        let outside = tempfile::tempdir().unwrap();
+        let atk = r.path().join("atk");
+        std::fs::create_dir(&atk).unwrap();
+        // The iteration the attacker is to race (usize::MAX: none yet), and
+        // the one it is ready for.
+        let target = AtomicUsize::new(usize::MAX);
+        let ready = AtomicUsize::new(usize::MAX);
+        let (stop, hits) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let failed = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut done = usize::MAX;
+                while !stop.load(SeqCst) {
+                    let n = target.load(SeqCst);
+                    if n == usize::MAX || n == done {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    let link = atk.join(format!("l{n}"));
+                    std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+                    let victim = r.path().join(format!("pods/u{n}/volumes"));
+                    ready.store(n, SeqCst);
+                    while target.load(SeqCst) == n && !stop.load(SeqCst) {
+                        let swapped = nix::fcntl::renameat2(
+                            nix::fcntl::AT_FDCWD,
+                            &link,
+                            nix::fcntl::AT_FDCWD,
+                            &victim,
+                            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                        );
+                        if swapped.is_ok() {
+                            hits.fetch_add(1, SeqCst);
+                            break;
+                        }
+                    }
+                    done = n;
+                }
+            });
+            for n in 0..iterations {
+                target.store(n, SeqCst);
+                while ready.load(SeqCst) != n {
+                    std::thread::yield_now();
+                }
+                let rel = RelPath::new([
+                    "pods",
+                    &format!("u{n}"),
+                    "volumes",
+                    "kubernetes.io~empty-dir",
+                    "w",
+                ])
+                .unwrap();
+                if r.mkdir_mount_target(&rel, 0o750).is_err() {
+                    failed.fetch_add(1, SeqCst);
+                }
+                let _ = r.mkdir_all(&rel.join("x").unwrap(), 0o750);
+            }
+            stop.store(true, SeqCst);
+        });
+        println!(
+            "symlink swaps: {} of {iterations} pod directories swapped, {} creations refused",
+            hits.load(SeqCst),
+            failed.load(SeqCst)
+        );
+        assert!(
+            super::super::test_child::tree(outside.path()).is_empty(),
+            "created outside ROOT: {:?}",
+            super::super::test_child::tree(outside.path())
+        );
+    }
+
+    #[test]
+    fn mkdir_races_with_symlink_swaps_never_create_outside() {
+        mkdir_races_with_symlink_swaps(5000);
+    }
+
+    /// The real-filesystem tests and the attacks once more, where `openat2`
+    /// fails with `ENOSYS` (kernels before 5.6, valgrind): the fallback walk
+    /// keeps the same rules.
+    mod without_openat2 {
+        use crate::sys::test_child::{run_in_child, Child};
+
+        macro_rules! again {
+            ($($name:ident $(($arg:expr))?),* $(,)?) => {$(
+                #[test]
+                fn $name() {
+                    let name = concat!(module_path!(), "::", stringify!($name));
+                    run_in_child(name, Child::NoOpenat2, || super::$name($($arg)?));
+                }
+            )*};
+        }
+
+        again!(
+            mkdir_all_creates_and_reopens,
+            refuses_symlinks_anywhere_on_the_path,
+            remove_all_deletes_deep_trees_without_following_links,
+            remove_all_empties_directories_bigger_than_one_listing,
+            remove_all_at_deletes_through_a_held_parent_without_following_links,
+            cached_pods_dir_survives_deletion_and_recreation,
+            write_and_read_files,
+            mkdir_races_with_symlink_swaps(2000),
+            foreign_mounts_on_a_volume_path,
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Small helpers every layer uses: lock recovery ([`sync`]), the shutdown
 //! signal of long-running tasks ([`shutdown`]), the monotonic clock
-//! ([`clock`]), the Prometheus text exposition ([`prometheus`]).
+//! ([`clock`]), the Prometheus text exposition ([`prometheus`]), printable
+//! untrusted text ([`escape`]).
 
 pub mod clock;
+pub mod escape;
 
 pub mod prometheus;
 pub mod shutdown;

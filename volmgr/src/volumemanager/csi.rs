@@ -38,3 +38,109 @@ pub fn install(
     });
     Ok(clients)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::csi::{handle_hash, STAGED_FILE, VOL_DATA_FILE};
+    use std::path::Path;
+
+    /// 3 GiB, sparse.
+    const HUGE: u64 = 3 << 30;
+
+    const VOL_DATA: &str = r#"{"driverName":"drv","volumeHandle":"HANDLE","specVolID":"pv"}"#;
+
+    /// A FIFO or a sparse file of [`HUGE`] bytes at `path` (its directory created).
+    fn plant(path: &Path, fifo: bool) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        if fifo {
+            nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        } else {
+            std::fs::File::create(path).unwrap().set_len(HUGE).unwrap();
+        }
+    }
+
+    /// Keeps opening every FIFO for writing for a while (releasing a
+    /// reader stuck in `open`, which then reads end of file), so that a
+    /// regression fails instead of hanging.
+    fn release_fifos(fifos: &[std::path::PathBuf]) {
+        use std::os::unix::fs::OpenOptionsExt;
+        for _ in 0..1000 {
+            for f in fifos {
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(f);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fifos_and_huge_state_files_do_not_stall_reconstruction() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        let csi = r.join("plugins/kubernetes.io/csi/drv");
+        let pod_vol = |uid: &str| r.join(format!("pods/{uid}/volumes/kubernetes.io~csi/pv"));
+        let stage = |h: &str| csi.join(handle_hash(h));
+        let mut fifos = Vec::new();
+        // vol_data.json of a pod volume: a FIFO, then a sparse 3 GiB file.
+        plant(&pod_vol("uid-fifo").join(VOL_DATA_FILE), true);
+        fifos.push(pod_vol("uid-fifo").join(VOL_DATA_FILE));
+        plant(&pod_vol("uid-huge").join(VOL_DATA_FILE), false);
+        // A stage's vol_data.json, and a stage's staged record.
+        plant(&stage("h1").join(VOL_DATA_FILE), true);
+        fifos.push(stage("h1").join(VOL_DATA_FILE));
+        for (h, fifo) in [("h2", true), ("h3", false)] {
+            std::fs::create_dir_all(stage(h)).unwrap();
+            std::fs::write(stage(h).join(VOL_DATA_FILE), VOL_DATA.replace("HANDLE", h)).unwrap();
+            plant(&stage(h).join(STAGED_FILE), fifo);
+            if fifo {
+                fifos.push(stage(h).join(STAGED_FILE));
+            }
+        }
+        let vm = VolumeManager::new(
+            crate::volumemanager::Config::new(r),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+        .unwrap();
+        install(&vm, DriverRegistry::new(), Duration::from_secs(1)).unwrap();
+        let report = match tokio::time::timeout(Duration::from_secs(30), vm.start()).await {
+            Ok(r) => r.unwrap(),
+            Err(_) => {
+                release_fifos(&fifos);
+                panic!("reconstruction blocked on a state file");
+            }
+        };
+        let errors = report.errors.join("\n");
+        for (what, needle) in [
+            ("pod FIFO", "uid-fifo volume pv"),
+            ("pod huge", "uid-huge volume pv"),
+            ("stage FIFO", &format!("{} ignored", stage("h1").display())),
+            ("staged FIFO", "drv^h2 is uncertain"),
+            ("staged huge", "drv^h3 is uncertain"),
+        ] {
+            let line = report
+                .errors
+                .iter()
+                .find(|e| e.contains(needle))
+                .unwrap_or_else(|| panic!("{what}: no error naming {needle:?} in\n{errors}"));
+            assert!(
+                line.contains("not a regular file") || line.contains("larger than 1048576 bytes"),
+                "{what}: {line}"
+            );
+        }
+        // Both stages with a good vol_data.json are found, uncertain.
+        assert_eq!(report.devices, 2, "{errors}");
+        let status = vm.status();
+        let shown: Vec<&str> = status
+            .errors
+            .iter()
+            .filter(|e| e.source == crate::volumemanager::RECONSTRUCTION_SOURCE)
+            .map(|e| e.error.as_str())
+            .collect();
+        assert_eq!(shown.len(), report.errors.len(), "{shown:?}");
+        assert!(shown.iter().any(|e| e.contains("uid-fifo")), "{shown:?}");
+        vm.stop().await.unwrap();
+    }
+}

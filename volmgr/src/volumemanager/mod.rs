@@ -24,6 +24,8 @@ use crate::metrics::Metrics;
 use crate::operationexecutor::{Backoff, OperationExecutor};
 use crate::plugins::empty_dir::EmptyDirPlugin;
 use crate::plugins::host_path::HostPathPlugin;
+use crate::plugins::image::ImagePlugin;
+use crate::plugins::local::LocalVolumePlugin;
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
 use crate::populator::pod::{DesiredPod, PodRejected};
 use crate::populator::{PodSink, Populator};
@@ -34,6 +36,9 @@ use crate::sys::{MountTableReader, Mounter};
 use crate::tracer::{TracerContext, TracerStatus};
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
+
+/// The status source under which start-up reconstruction problems show.
+pub const RECONSTRUCTION_SOURCE: &str = "reconstruction";
 
 /// Settings of a manager.
 #[derive(Debug, Clone)]
@@ -54,6 +59,10 @@ pub struct Config {
     /// and status says why. Off by default (the standalone agent has no
     /// node status); a kubelet fork that reports `volumesInUse` turns it on.
     pub wait_for_reported_in_use: bool,
+    /// Make ROOT's mount recursively shared when the manager is built (the
+    /// kubelet's `setupDataDirs` → `MakeRShared`), so mounts made below
+    /// ROOT reach the container runtime's mount namespace. Default: true.
+    pub make_root_shared: bool,
 }
 
 impl Config {
@@ -66,6 +75,7 @@ impl Config {
             backoff: Backoff::default(),
             max_blocking_ops: 16,
             wait_for_reported_in_use: false,
+            make_root_shared: true,
         }
     }
 }
@@ -168,14 +178,55 @@ pub struct VolumeManager {
     csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
     /// Out-of-band changes to managed volumes.
     out_of_band: Arc<OutOfBandLog>,
+    /// ROOT's mount propagation, for status (see [`share_root`]).
+    root_propagation: String,
+}
+
+/// Makes ROOT recursively shared when `config` asks, and says how it went
+/// (status `root_propagation`): `rshared` (done now), `shared` (its mount
+/// already was), `off` (not asked), or `not shared: <why>` (the manager
+/// still runs). Done before anything opens a path under ROOT: when ROOT is
+/// bound onto itself, it is opened again so every path is beneath the new
+/// mount.
+fn share_root(
+    config: &Config,
+    root: RootDir,
+    mounter: &dyn Mounter,
+) -> Result<(RootDir, String), Error> {
+    use crate::sys::RootPropagation;
+    if !config.make_root_shared {
+        return Ok((root, "off".into()));
+    }
+    match mounter.make_rshared(root.path()) {
+        Ok(done) => {
+            tracing::info!(root = %root.path().display(), outcome = ?done, "root mount propagation");
+            let state = match done {
+                RootPropagation::AlreadyShared => "shared",
+                _ => "rshared",
+            };
+            let root = if done.rebound() {
+                RootDir::open(&config.root_dir)?
+            } else {
+                root
+            };
+            Ok((root, state.into()))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "could not make the root directory rshared");
+            Ok((root, format!("not shared: {e}")))
+        }
+    }
 }
 
 impl VolumeManager {
     /// Builds a manager on `config.root_dir` using `mounter`, with the
-    /// built-in plugins (emptyDir, hostPath) registered. Nothing runs until
-    /// [`start`](Self::start).
+    /// built-in plugins (emptyDir, hostPath, image, local) registered, and
+    /// makes ROOT rshared (`Config::make_root_shared`). Nothing else runs
+    /// until [`start`](Self::start).
     pub fn new(config: Config, mounter: Arc<dyn Mounter>) -> Result<Arc<Self>, Error> {
-        let root = Arc::new(RootDir::open(&config.root_dir)?);
+        let root = RootDir::open(&config.root_dir)?;
+        let (root, root_propagation) = share_root(&config, root, mounter.as_ref())?;
+        let root = Arc::new(root);
         let world = Arc::new(World::default());
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(BlockingPool::new(config.max_blocking_ops));
@@ -186,6 +237,12 @@ impl VolumeManager {
             Arc::clone(&pool),
         )))?;
         plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(&pool))))?;
+        plugins.register(Arc::new(ImagePlugin))?;
+        plugins.register(Arc::new(LocalVolumePlugin::new(
+            Arc::clone(&root),
+            Arc::clone(&mounter),
+            Arc::clone(&pool),
+        )))?;
         let executor =
             OperationExecutor::new(config.backoff, Arc::clone(&metrics), Arc::clone(&world));
         let out_of_band = Arc::new(OutOfBandLog::default());
@@ -230,6 +287,7 @@ impl VolumeManager {
                 Arc::new(move || tracer_metrics.prometheus_text()),
             ]),
             out_of_band,
+            root_propagation,
         }))
     }
 
@@ -336,6 +394,9 @@ impl VolumeManager {
         for e in &report.errors {
             tracing::warn!(error = %e, "reconstruction");
         }
+        // Shown in status too (source `reconstruction`), e.g. a state file
+        // that is not a regular file.
+        self.set_source_problems(RECONSTRUCTION_SOURCE, report.errors.clone(), vec![]);
         tracing::info!(
             pods = report.pods,
             mounted = report.mounted,
@@ -592,6 +653,7 @@ impl VolumeManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::cache::actual_state_of_world::MountedPod;
     use crate::sys::fake::{Call, FakeMounter};
 
@@ -663,6 +725,46 @@ mod tests {
         }
         assert!(!pod_dir.exists(), "orphaned pod directory removed");
         vm.stop().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn root_is_made_rshared_unless_turned_off_and_status_says_so() {
+        let (t, fake, vm) = manager().await;
+        assert_eq!(fake.rshared(), vec![t.path().canonicalize().unwrap()]);
+        assert_eq!(vm.status().root_propagation, "rshared");
+        assert!(fake.calls().is_empty(), "no mount call recorded for it");
+        let fake = Arc::new(FakeMounter::default());
+        let mut cfg = Config::new(t.path());
+        cfg.make_root_shared = false;
+        let vm = VolumeManager::new(cfg, fake.clone()).unwrap();
+        assert!(fake.rshared().is_empty());
+        assert_eq!(vm.status().root_propagation, "off");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn image_volumes_are_mounted_with_nothing_to_do() {
+        let (_t, fake, vm) = manager().await;
+        let img = serde_json::json!({"image": {"reference": "quay.io/x/y:v1"}});
+        let uid = vm
+            .upsert_pod(&pod("i", &[("img", img), ("m", mem())]))
+            .unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let mounted = vm.mounted_volumes_for_pod(&uid);
+        assert_eq!(mounted.len(), 2);
+        assert_eq!(mounted[0].outer_volume_spec_name, "img");
+        assert_eq!(mounted[0].path, PathBuf::new());
+        let st = vm.status();
+        let states: Vec<_> = st.pods[0]
+            .volumes
+            .iter()
+            .map(|v| v.state.as_str())
+            .collect();
+        assert_eq!(states, vec!["mounted", "mounted"]);
+        assert_eq!(fake.mounted().len(), 1, "only the tmpfs is a mount");
+        vm.delete_pod(&uid);
+        vm.wait_for_unmount(&uid, T).await.unwrap();
+        assert!(vm.possibly_mounted_volumes_for_pod(&uid).is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,6 +27,7 @@ impl VolumeManager {
             syscalls,
             tracer_stats,
             out_of_band: self.out_of_band.recent(),
+            root_propagation: self.root_propagation.clone(),
         }
     }
 

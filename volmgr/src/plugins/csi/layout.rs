@@ -61,10 +61,29 @@ pub(super) struct PublishLayout {
     pub(super) data_dir: RelPath,
     /// `target_path`.
     pub(super) target: RelPath,
-    /// Block: the pod's view, a symlink to the target.
+    /// Block: the pod's view, a symlink to the target named after the PV
+    /// (the kubelet's `GetPodDeviceMapPath`: the spec name).
     pub(super) pod_link: Option<RelPath>,
+    /// Block: where an older volmgr put the pod's view (named after the
+    /// pod's volume), when that is another name: removed if it points at
+    /// the target.
+    pub(super) legacy_link: Option<RelPath>,
+    /// Block: the pod's entry in the global map path
+    /// (`volumeDevices/<pv>/dev/<uid>`), a bind mount of the published
+    /// device file that keeps the device busy while the pod uses it.
+    pub(super) global_map: Option<RelPath>,
     /// volmgr's record of the completed publish.
     pub(super) marker: RelPath,
+}
+
+/// The kubelet's global map path of block volume `id` (`GetGlobalMapPath`):
+/// `plugins/kubernetes.io/csi/volumeDevices/<pv>/dev`, one bind mount of
+/// the device per pod in it.
+pub(super) fn global_map_path(id: &str) -> Result<RelPath, PathError> {
+    RelPath::new(CSI_DIR)?
+        .join(VOLUME_DEVICES)?
+        .join(id)?
+        .join("dev")
 }
 
 /// The publish layout of `spec` for `pod`.
@@ -84,11 +103,14 @@ pub(super) fn publish_layout(
                 data_dir,
                 target,
                 pod_link: None,
+                legacy_link: None,
+                global_map: None,
             })
         }
         CsiVolumeMode::Block => {
             let devices = RelPath::new(CSI_DIR)?.join(VOLUME_DEVICES)?;
             let publish_dir = devices.join("publish")?.join(id)?;
+            let pod_dir = RelPath::new(["pods", pod.as_str(), "volumeDevices", &escaped])?;
             Ok(PublishLayout {
                 // Beside the PV's vol_data.json, one per pod.
                 marker: devices
@@ -97,13 +119,13 @@ pub(super) fn publish_layout(
                     .join(format!("{PUBLISHED_FILE}-{pod}"))?,
                 target: publish_dir.join(pod.as_str())?,
                 data_dir: publish_dir,
-                pod_link: Some(RelPath::new([
-                    "pods",
-                    pod.as_str(),
-                    "volumeDevices",
-                    &escaped,
-                    &spec.name,
-                ])?),
+                pod_link: Some(pod_dir.join(id)?),
+                legacy_link: if spec.name == id {
+                    None
+                } else {
+                    Some(pod_dir.join(&spec.name)?)
+                },
+                global_map: Some(global_map_path(id)?.join(pod.as_str())?),
             })
         }
     }
@@ -170,9 +192,19 @@ mod tests {
             p.target.as_path(),
             std::path::Path::new("plugins/kubernetes.io/csi/volumeDevices/publish/pv-1/u1")
         );
+        // GetPodDeviceMapPath: named after the PV, not the pod's volume.
         assert_eq!(
             p.pod_link.unwrap().as_path(),
+            std::path::Path::new("pods/u1/volumeDevices/kubernetes.io~csi/pv-1")
+        );
+        assert_eq!(
+            p.legacy_link.unwrap().as_path(),
             std::path::Path::new("pods/u1/volumeDevices/kubernetes.io~csi/data")
+        );
+        // GetGlobalMapPath + the pod's UID: the bind mount of the device.
+        assert_eq!(
+            p.global_map.unwrap().as_path(),
+            std::path::Path::new("plugins/kubernetes.io/csi/volumeDevices/pv-1/dev/u1")
         );
     }
 

@@ -16,21 +16,25 @@
 //! ROOT/plugins/kubernetes.io/csi/volumeDevices/staging/<pv>                   NodeStageVolume target
 //! ROOT/plugins/kubernetes.io/csi/volumeDevices/<pv>/data/vol_data.json
 //! ROOT/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<uid>             NodePublishVolume target (device file)
-//! ROOT/pods/<uid>/volumeDevices/kubernetes.io~csi/<volume>                    symlink to the published device
+//! ROOT/plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<uid>                 bind mount of the published device
+//! ROOT/pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>                        symlink to the published device
 //! ```
+//!
+//! (The pod's symlink is named after the PV, as the kubelet's
+//! `GetPodDeviceMapPath`; see [`block`] for the order of the steps.)
 //!
 //! Besides the kubelet's files, volmgr records a *completed* call next to
 //! its `vol_data.json`: `volmgr-staged.json` (with the staged size) once
 //! NodeStageVolume succeeded and `volmgr-published` (block:
-//! `volmgr-published-<podUID>` in the PV's `data/`) once NodePublishVolume
-//! did. Each is removed before the call that undoes it. At start-up a
+//! `volmgr-published-<podUID>` in the PV's `data/`, holding the pod's name
+//! of the volume) once NodePublishVolume did. Each is removed before the call that undoes it. At start-up a
 //! volume is trusted only with its record (and, for a publish, its mount in
 //! mountinfo): an existing mount is not proof that the call succeeded, and
 //! a staged volume is never staged again nor unstaged while a pod uses it.
 
 pub mod errors;
 
-mod block;
+pub(in crate::plugins) mod block;
 mod layout;
 mod stage;
 mod vol_data;
@@ -52,10 +56,10 @@ use crate::volume::{
     CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, UniqueVolumeName,
     VolumeSource, VolumeSpec,
 };
-use block::link_block_device;
+use block::{link_block_device, remove_link_to};
 use errors::{classify, CsiOp};
 pub use layout::handle_hash;
-use layout::{publish_layout, stage_layout};
+use layout::{publish_layout, stage_layout, PublishLayout};
 use vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
 
 /// The plugin's name.
@@ -112,6 +116,29 @@ impl CsiPlugin {
             .map_err(|e| VolumeError::Internal(format!("encoding vol_data.json: {e}")))?;
         self.root.write_file(rel, &json)?;
         Ok(())
+    }
+
+    /// The `vol_data.json` of a filesystem volume's publish directory.
+    fn write_publish_vol_data(
+        &self,
+        spec: &VolumeSpec,
+        src: &CsiVolumeSource,
+        layout: &PublishLayout,
+    ) -> Result<(), VolumeError> {
+        let mut data = BTreeMap::new();
+        data.insert(key::SPEC_VOL_ID, spec_vol_id(spec, src).to_string());
+        data.insert(key::VOLUME_HANDLE, src.volume_handle.clone());
+        data.insert(key::DRIVER_NAME, src.driver.clone());
+        data.insert(key::NODE_NAME, self.node_name.clone());
+        let lifecycle = if src.ephemeral {
+            "Ephemeral"
+        } else {
+            "Persistent"
+        };
+        data.insert(key::LIFECYCLE_MODE, lifecycle.to_string());
+        data.insert(key::OUTER_NAME, spec.name.clone());
+        data.insert(key::READ_ONLY, src.read_only.to_string());
+        self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)
     }
 
     fn remove_file(&self, rel: &RelPath) -> Result<(), VolumeError> {
@@ -254,23 +281,7 @@ impl VolumePlugin for CsiPlugin {
             .ok_or_else(|| VolumeError::Internal("empty publish path".into()))?;
         self.root.mkdir_all(&parent, 0o750)?;
         if layout.pod_link.is_none() {
-            let mut data = BTreeMap::new();
-            data.insert(key::SPEC_VOL_ID, spec_vol_id(&req.spec, src).to_string());
-            data.insert(key::VOLUME_HANDLE, src.volume_handle.clone());
-            data.insert(key::DRIVER_NAME, src.driver.clone());
-            data.insert(key::NODE_NAME, self.node_name.clone());
-            data.insert(
-                key::LIFECYCLE_MODE,
-                if src.ephemeral {
-                    "Ephemeral"
-                } else {
-                    "Persistent"
-                }
-                .to_string(),
-            );
-            data.insert(key::OUTER_NAME, req.spec.name.clone());
-            data.insert(key::READ_ONLY, src.read_only.to_string());
-            self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
+            self.write_publish_vol_data(&req.spec, src, &layout)?;
         }
         self.remove_file(&layout.marker)?;
         let target = self.abs(&layout.target);
@@ -301,8 +312,17 @@ impl VolumePlugin for CsiPlugin {
                 r => r?,
             }
         }
+        // Block: the record holds the pod's name of the volume (the link
+        // is named after the PV), for reconstruction.
+        let record = match &layout.pod_link {
+            None => "",
+            Some(_) => {
+                self.map_block_device(&layout)?;
+                req.spec.name.as_str()
+            }
+        };
         self.root
-            .write_file(&layout.marker, b"")
+            .write_file(&layout.marker, record.as_bytes())
             .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
         Ok(match &layout.pod_link {
             None => target,
@@ -315,6 +335,10 @@ impl VolumePlugin for CsiPlugin {
         let src = source(&req.spec)?;
         let layout = publish_layout(&req.pod_uid, &req.spec, src)?;
         self.remove_file(&layout.marker)?;
+        // The kubelet unmaps the device before it unpublishes it.
+        if let Some(entry) = &layout.global_map {
+            self.unmap_global(entry)?;
+        }
         let call = csi::NodeUnpublishVolumeRequest {
             volume_id: src.volume_handle.clone(),
             target_path: path_string(self.abs(&layout.target))?,
@@ -327,6 +351,10 @@ impl VolumePlugin for CsiPlugin {
             None => self.root.remove_all(&layout.data_dir)?,
             Some(link) => {
                 self.root.remove_all(&layout.target)?;
+                if let Some(old) = &layout.legacy_link {
+                    remove_link_to(&self.root, old, &self.abs(&layout.target))?;
+                }
+                // Last: until now, it is how a restart finds the volume.
                 self.remove_file(link)?;
             }
         }

@@ -50,7 +50,8 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         }
         let stages = self.stages(&src.driver).await?;
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
-        self.root.mkdir_all(&layout.target, 0o750)?;
+        // Staged before (NodeStage is idempotent): it may be mounted.
+        self.root.mkdir_mount_target(&layout.target, 0o750)?;
         let target = self.abs(&layout.target);
         if stages {
             let call = csi::NodeStageVolumeRequest {
@@ -96,6 +97,8 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         self.root.remove_all(&layout.data_dir)?;
         if src.volume_mode == CsiVolumeMode::Block {
             if let Some((pv_dir, _)) = layout.data_dir.split_last() {
+                // The global map path (its per-pod entries went with the pods).
+                self.root.remove_empty_dir(&pv_dir.join("dev")?)?;
                 self.root.remove_empty_dir(&pv_dir)?;
             }
         }
@@ -107,10 +110,11 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
     fn reconstruct_devices(
         &self,
         _table: &MountTable,
+        problems: &mut Vec<String>,
     ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
         let mut out = Vec::new();
         for dir in self.stage_data_dirs()? {
-            if let Some(device) = self.reconstruct_device(&dir)? {
+            if let Some(device) = self.reconstruct_device(&dir, problems)? {
                 out.push(device);
             }
         }
@@ -149,16 +153,23 @@ impl CsiPlugin {
         Ok(data_dirs)
     }
 
-    /// The stage recorded in `dir`; `None` (with a warning when it cannot
-    /// be read) when its `vol_data.json` does not name a driver and handle.
+    /// The stage recorded in `dir`; `None` (with a problem reported when
+    /// it cannot be read) when its `vol_data.json` does not name a driver
+    /// and handle. An unreadable staged record (not a regular file, too
+    /// large) leaves the stage uncertain, reported too.
     fn reconstruct_device(
         &self,
         dir: &RelPath,
+        problems: &mut Vec<String>,
     ) -> Result<Option<ReconstructedDevice>, VolumeError> {
         let data = match read_vol_data(&self.root, &dir.join(VOL_DATA_FILE)?) {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(dir = %self.abs(dir).display(), error = %e, "ignoring a CSI stage directory");
+                problems.push(format!(
+                    "CSI stage directory {} ignored: {e}",
+                    self.abs(dir).display()
+                ));
                 return Ok(None);
             }
         };
@@ -170,7 +181,10 @@ impl CsiPlugin {
         let staged = match self.root.read_file(&dir.join(STAGED_FILE)?) {
             Ok(b) => serde_json::from_slice::<StagedRecord>(&b).ok(),
             Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                problems.push(format!("CSI stage of {driver}^{handle} is uncertain: {e}"));
+                None
+            }
         };
         let spec = staged_spec(&data, driver, handle);
         let src = source(&spec)?;

@@ -1,0 +1,55 @@
+//! Printable text from untrusted names: pod and volume names, errors that
+//! quote them, come from manifests and end up in the log and in `volmgr
+//! status`; a newline there forges a log line, an escape sequence retitles
+//! or repaints the reader's terminal.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+/// `s` with every control character (C0, DEL, C1) escaped as `\n`, `\r`,
+/// `\t` or `\u{..}`, and backslashes doubled so that the escapes cannot be
+/// forged either; `s` itself when there is nothing to escape.
+pub fn printable(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(|c| c.is_control() || c == '\\') {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Displays a value through [`printable`].
+#[derive(Debug, Clone, Copy)]
+pub struct Printable<T>(pub T);
+
+impl<T: std::fmt::Display> std::fmt::Display for Printable<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&printable(&self.0.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_control_characters_only() {
+        assert!(matches!(printable("pod-a ü"), Cow::Borrowed(_)));
+        assert_eq!(
+            printable("a\nINFO forged\x1b]0;title\x07\u{9b}\\n"),
+            "a\\nINFO forged\\u{1b}]0;title\\u{7}\\u{9b}\\\\n"
+        );
+        assert_eq!(Printable("x\ty").to_string(), "x\\ty");
+    }
+}
