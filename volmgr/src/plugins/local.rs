@@ -134,13 +134,14 @@ fn set_up_dir(
         }
     }
     let rel = volume_dir(pod, &src.pv_name)?;
-    let target = root.mkdir_all(&rel, 0o750)?;
+    // The last directory may already carry the bind mount (set up before).
+    let (target, _) = root.mkdir_mount_target(&rel, 0o750)?;
     if !mounter.is_mount_point(&target)? {
         mounter.bind_mount(&source, &target)?;
     }
     if src.read_only {
         // Opened again: the walk now ends on the bind mount.
-        let top = root.open_dir(&rel)?;
+        let top = root.open_mount_target(&rel)?;
         let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
         if let Err(e) = mounter.mount("", &top, "", flags, None) {
             // Never leave the volume writable.
