@@ -249,7 +249,8 @@ fn resize_sync(
             spec.name
         )));
     }
-    let target = root.open_dir(&volume_dir(pod, &spec.name)?)?;
+    // The volume's own tmpfs is the last component: a mount target.
+    let target = root.open_mount_target(&volume_dir(pod, &spec.name)?)?;
     if !mounter.is_mount_point(&target)? || mounter.fs_magic(&target)? != TMPFS_MAGIC {
         return Err(VolumeError::InvalidSpec(format!(
             "{} is not a tmpfs mount (not set up?)",
@@ -558,10 +559,9 @@ mod tests {
             .unwrap();
         assert_eq!(
             fake.calls().last(),
-            Some(&Call::Mount {
-                source: "tmpfs".into(),
+            Some(&Call::Remount {
                 target: path.clone(),
-                fstype: "tmpfs".into(),
+                read_only: false,
                 data: Some("size=4194304".into())
             })
         );

@@ -445,6 +445,7 @@ mod tests {
         let ro = Call::Remount {
             target: expect.clone(),
             read_only: true,
+            data: None,
         };
         assert_eq!(
             calls,

@@ -1210,7 +1210,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             fake.calls().last(),
-            Some(Call::Mount { data: Some(d), .. }) if d == "size=8388608"
+            Some(Call::Remount { data: Some(d), .. }) if d == "size=8388608"
         ));
         fake.set_usage(crate::sys::FsUsage {
             size_bytes: 8 << 20,
