@@ -72,6 +72,8 @@ struct NewConfig {
     wait_for_sources_ready: bool,
     #[serde(default)]
     wait_for_reported_in_use: bool,
+    #[serde(default)]
+    make_root_shared: bool,
 }
 
 fn default_tracer() -> String {
@@ -94,6 +96,9 @@ fn build_config(cfg: &NewConfig) -> Config {
         max: cfg.backoff_max_ms.map_or(d.max, Duration::from_millis),
     };
     config.wait_for_reported_in_use = cfg.wait_for_reported_in_use;
+    // A kubelet makes its root directory rshared itself (`setupDataDirs`):
+    // the library does it only when asked.
+    config.make_root_shared = cfg.make_root_shared;
     config
 }
 
@@ -132,7 +137,8 @@ fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 /// Creates a manager from `config_json`:
 /// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
-///   "wait_for_sources_ready": false, "wait_for_reported_in_use": false}`
+///   "wait_for_sources_ready": false, "wait_for_reported_in_use": false,
+///   "make_root_shared": false}`
 /// (only `root_dir` is required).
 /// With `wait_for_sources_ready`, nothing is torn down until
 /// `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
@@ -140,7 +146,10 @@ fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 /// is set up only once `volmgr_mark_volumes_as_reported_in_use` has listed
 /// it (the kubelet's reconciler: a volume must be in the node status'
 /// `volumesInUse` first); until then it is pending, and the waits and
-/// status say why. `tracer` picks what finds volumes changed behind the
+/// status say why. With `make_root_shared`, ROOT is made recursively shared
+/// (bound onto itself first if it is not a mount point), as the agent does;
+/// a kubelet fork leaves it off, since the kubelet's `setupDataDirs` does it.
+/// `tracer` picks what finds volumes changed behind the
 /// manager's back between resyncs (see `volmgr agent --tracer`): `ebpf` that
 /// cannot be loaded, or `mountinfo` that cannot watch the mount table, is
 /// `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` (the default) falls back
