@@ -5,6 +5,7 @@ pub mod csi;
 pub mod empty_dir;
 pub mod foreign;
 pub mod host_path;
+pub mod stats;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

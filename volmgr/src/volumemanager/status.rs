@@ -91,6 +91,7 @@ impl VolumeManager {
                     error: rec.and_then(|r| r.last_error),
                     out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
                     last_out_of_band: oob.map(|o| o.1),
+                    stats: self.stats.status_of(&m.volume_name, uid),
                 }
             })
             .collect()
@@ -156,6 +157,7 @@ impl VolumeManager {
                     error: Some(e.clone()),
                     out_of_band_changes: 0,
                     last_out_of_band: None,
+                    stats: None,
                 }
             }
             Ok(n) => n,
@@ -191,6 +193,7 @@ impl VolumeManager {
             }),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),
+            stats: mount.and_then(|_| self.stats.status_of(name, uid)),
         }
     }
 
