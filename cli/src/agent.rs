@@ -46,6 +46,8 @@ pub struct AgentOptions {
     pub node_name: String,
     /// Deadline of each CSI call.
     pub csi_timeout: Duration,
+    /// Period of the volume stats collection (positive).
+    pub volume_stats_period: Duration,
     /// CSI drivers given on the command line (`--csi-driver NAME=SOCKET`),
     /// registered without the plugin-registration handshake.
     pub csi_drivers: Vec<(String, PathBuf)>,
@@ -97,6 +99,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.resync_period = opts.resync_period;
     config.backoff = opts.backoff;
     config.node_name = opts.node_name.clone();
+    config.volume_stats_period = opts.volume_stats_period;
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
     let csi_registry = DriverRegistry::new();
     volumemanager::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;

@@ -56,6 +56,9 @@ enum Command {
         /// Deadline of each CSI call (the kubelet uses 2 minutes).
         #[arg(long, default_value = "120s", value_parser = parse_positive_duration)]
         csi_timeout: Duration,
+        /// Period of the volume stats collection (kubelet_volume_stats_*).
+        #[arg(long, default_value = "1m", value_parser = parse_duration)]
+        volume_stats_period: Duration,
         /// A CSI driver and its socket, NAME=SOCKET (repeatable); drivers can
         /// also register through ROOT/plugins_registry.
         #[arg(long = "csi-driver", value_name = "NAME=SOCKET", value_parser = parse_csi_driver)]
@@ -278,6 +281,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             backoff_max,
             node_name,
             csi_timeout,
+            volume_stats_period,
             csi_drivers,
             tracer,
         } => {
@@ -294,6 +298,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 node_name,
                 csi_timeout,
+                volume_stats_period,
                 csi_drivers,
                 tracer,
             })

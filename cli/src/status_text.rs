@@ -63,13 +63,14 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
     for v in &p.volumes {
         let _ = writeln!(
             out,
-            "  {:<20} {:<26} {:<10} attempts={:<3} {}{}",
+            "  {:<20} {:<26} {:<10} attempts={:<3} {}{}{}",
             P(&v.name).to_string(),
             v.plugin,
             v.state,
             v.attempts,
             volume_detail(v),
-            volume_out_of_band(v)
+            volume_out_of_band(v),
+            volume_stats(v)
         );
     }
 }
@@ -91,6 +92,23 @@ fn volume_out_of_band(v: &VolumeStatus) -> String {
         }
         _ => String::new(),
     }
+}
+
+/// A volume's last stats: usage, inodes, health, staleness.
+fn volume_stats(v: &VolumeStatus) -> String {
+    let Some(s) = &v.stats else {
+        return String::new();
+    };
+    let health = match (&s.abnormal, &s.message) {
+        (true, Some(m)) => format!(" ABNORMAL: {m}"),
+        (true, None) => " ABNORMAL".to_string(),
+        (false, _) => String::new(),
+    };
+    let stale = if s.stale { " (stale)" } else { "" };
+    format!(
+        " used={}/{}B inodes={}/{}{health}{stale}",
+        s.used_bytes, s.capacity_bytes, s.inodes_used, s.inodes
+    )
 }
 
 /// The tracer's counters (when it runs) and the out-of-band changes it or

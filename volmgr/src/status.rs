@@ -157,6 +157,39 @@ pub struct VolumeStatus {
     /// When that last happened (RFC 3339, UTC).
     #[serde(default)]
     pub last_out_of_band: Option<String>,
+    /// Usage and health from the last collection (`--volume-stats-period`),
+    /// for mounted volumes whose plugin reports them.
+    #[serde(default)]
+    pub stats: Option<VolumeStatsStatus>,
+}
+
+/// A volume's usage and health, as last collected (the kubelet's volume
+/// stats: statfs for emptyDir and hostPath, NodeGetVolumeStats for CSI).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeStatsStatus {
+    /// Size of the file system, bytes.
+    pub capacity_bytes: u64,
+    /// Bytes available.
+    pub available_bytes: u64,
+    /// Bytes used.
+    pub used_bytes: u64,
+    /// Inodes of the file system.
+    pub inodes: u64,
+    /// Free inodes.
+    pub inodes_free: u64,
+    /// Inodes used.
+    pub inodes_used: u64,
+    /// The driver reports the volume abnormal (CSI `VOLUME_CONDITION`).
+    pub abnormal: bool,
+    /// The driver's condition message, when it reports one.
+    pub message: Option<String>,
+    /// When the values were read (RFC 3339, UTC); none yet if every
+    /// collection failed.
+    pub collected_at: Option<String>,
+    /// The last collection failed: the values are older than the period.
+    pub stale: bool,
+    /// Why the last collection failed.
+    pub error: Option<String>,
 }
 
 /// An input that did not yield a pod.

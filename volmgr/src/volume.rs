@@ -328,6 +328,11 @@ pub struct CsiVolumeSource {
     pub ephemeral: bool,
     /// The PersistentVolume's name (None for inline volumes).
     pub pv_name: Option<String>,
+    /// The PersistentVolumeClaim the pod named (`persistentVolumeClaim.claimName`,
+    /// or a generic ephemeral volume's `<pod>-<volume>`), in the pod's
+    /// namespace; None for inline volumes and specs read back from disk.
+    /// Labels the volume's `kubelet_volume_stats_*` metrics.
+    pub claim_name: Option<String>,
     /// Mount read-only (pod `readOnly`, inline `readOnly`, or PV `spec.csi.readOnly`).
     pub read_only: bool,
     /// `fsType`, if given.
@@ -430,6 +435,7 @@ mod tests {
             volume_handle: "h".into(),
             ephemeral: false,
             pv_name: None,
+            claim_name: None,
             read_only: false,
             fs_type: None,
             volume_mode: CsiVolumeMode::Filesystem,

@@ -8,7 +8,7 @@
 //!
 //! - Identity: GetPluginInfo, GetPluginCapabilities (ONLINE volume
 //!   expansion), Probe. Node: NodeGetCapabilities (STAGE_UNSTAGE_VOLUME,
-//!   EXPAND_VOLUME, GET_VOLUME_STATS), NodeGetInfo, and:
+//!   EXPAND_VOLUME, GET_VOLUME_STATS, VOLUME_CONDITION), NodeGetInfo, and:
 //! - NodeStageVolume: sparse image `DIR/images/<volume id>.img` (size from
 //!   volume_context "size", e.g. "64Mi"; default 64Mi; only used when the
 //!   image is created), attached to a loop device (ioctls), `mkfs.ext4` when
@@ -21,7 +21,8 @@
 //! - NodeUnpublishVolume: unmount and remove target_path. NodeUnstageVolume:
 //!   unmount, detach the loop device.
 //! - NodeExpandVolume: grow the image, LOOP_SET_CAPACITY, resize2fs
-//!   (filesystem volumes). NodeGetVolumeStats: statvfs (bytes and inodes),
+//!   (filesystem volumes). NodeGetVolumeStats: statvfs (bytes and inodes)
+//!   and a volume condition from `DIR/conditions.json` (see [`conditions`]),
 //!   NOT_FOUND when the volume is not staged/published at that path.
 //! - Calls for one volume are serialized: a second one while one is in
 //!   flight gets ABORTED.
@@ -40,6 +41,7 @@
 //! sockets, exit 0.
 
 mod calls;
+mod conditions;
 mod driver;
 mod faults;
 mod loopdev;

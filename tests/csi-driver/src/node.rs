@@ -529,6 +529,7 @@ impl Driver {
         let id = required("volume_id", &req.volume_id)?;
         let path = required_path("volume_path", &req.volume_path)?;
         let (dev, block) = self.volume_at(id, &path)?;
+        let condition = crate::conditions::condition_of(&self.state_dir, id)?;
         let unit = |u: csi::volume_usage::Unit| u as i32;
         if block {
             let total = dev.size_bytes().map_err(|e| internal("device size", e))?;
@@ -538,7 +539,7 @@ impl Driver {
                     unit: unit(csi::volume_usage::Unit::Bytes),
                     ..Default::default()
                 }],
-                volume_condition: None,
+                volume_condition: Some(condition),
             });
         }
         let st = nix::sys::statvfs::statvfs(&path).map_err(|e| internal("statvfs", e))?;
@@ -560,7 +561,7 @@ impl Driver {
                     unit: unit(csi::volume_usage::Unit::Inodes),
                 },
             ],
-            volume_condition: None,
+            volume_condition: Some(condition),
         })
     }
 

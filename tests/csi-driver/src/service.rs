@@ -159,6 +159,7 @@ impl csi::node_server::Node for Csi {
                         cap(Type::StageUnstageVolume),
                         cap(Type::ExpandVolume),
                         cap(Type::GetVolumeStats),
+                        cap(Type::VolumeCondition),
                     ],
                 })
             })

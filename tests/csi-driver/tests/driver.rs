@@ -65,6 +65,7 @@ fn identity_and_node_info() {
                 Type::StageUnstageVolume as i32,
                 Type::ExpandVolume as i32,
                 Type::GetVolumeStats as i32,
+                Type::VolumeCondition as i32,
             ];
             want.sort();
             assert_eq!(got, want);
@@ -193,6 +194,25 @@ fn filesystem_stage_publish_unpublish_unstage() {
                 .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
                 .expect("INODES usage");
             assert!(inodes.total > 0 && inodes.used > 0);
+            // VOLUME_CONDITION: healthy until conditions.json says otherwise.
+            let cond = st.volume_condition.expect("a volume condition");
+            assert!(!cond.abnormal, "{cond:?}");
+            let tmp = d.state.join("conditions.json.tmp");
+            std::fs::write(&tmp, r#"{"vol-1": {"abnormal": true, "message": "bad"}}"#).unwrap();
+            std::fs::rename(&tmp, d.state.join("conditions.json")).unwrap();
+            let cond = c
+                .node
+                .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+                    volume_id: "vol-1".into(),
+                    volume_path: a.to_string_lossy().into_owned(),
+                    staging_target_path: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .volume_condition
+                .unwrap();
+            assert!(cond.abnormal && cond.message == "bad", "{cond:?}");
             for (id, path) in [
                 ("vol-1", dir.join("nowhere")),
                 ("vol-1", dir.to_path_buf()),

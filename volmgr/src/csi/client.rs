@@ -62,8 +62,10 @@ pub struct NodeCapabilities {
     pub stage_unstage: bool,
     /// `EXPAND_VOLUME`: NodeExpandVolume is called.
     pub expand: bool,
-    /// `GET_VOLUME_STATS`.
+    /// `GET_VOLUME_STATS`: NodeGetVolumeStats is called.
     pub volume_stats: bool,
+    /// `VOLUME_CONDITION`: NodeGetVolumeStats answers carry a volume condition.
+    pub volume_condition: bool,
 }
 
 struct Dialled {
@@ -141,13 +143,27 @@ impl CsiClients {
         F: FnOnce(Channel, Duration) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_within(driver, method, self.timeout, f).await
+    }
+
+    /// Runs one RPC with deadline `timeout`, timing it into the metrics.
+    async fn call_within<T, F, Fut>(
+        &self,
+        driver: &str,
+        method: &'static str,
+        timeout: Duration,
+        f: F,
+    ) -> Result<T, CsiCallError>
+    where
+        F: FnOnce(Channel, Duration) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let channel = self.channel(driver)?;
         let started = Instant::now();
-        let res = match tokio::time::timeout(self.timeout, f(channel, self.timeout)).await {
+        let res = match tokio::time::timeout(timeout, f(channel, timeout)).await {
             Ok(r) => r.map(tonic::Response::into_inner),
             Err(_) => Err(tonic::Status::deadline_exceeded(format!(
-                "no answer within {:?}",
-                self.timeout
+                "no answer within {timeout:?}"
             ))),
         };
         let code = match &res {
@@ -259,6 +275,7 @@ impl CsiClients {
                 Ok(Type::StageUnstageVolume) => caps.stage_unstage = true,
                 Ok(Type::ExpandVolume) => caps.expand = true,
                 Ok(Type::GetVolumeStats) => caps.volume_stats = true,
+                Ok(Type::VolumeCondition) => caps.volume_condition = true,
                 _ => {}
             }
         }
@@ -363,15 +380,32 @@ impl CsiClients {
         .map(|r| r.capacity_bytes)
     }
 
+    /// The deadline of every call (`--csi-timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// `NodeGetVolumeStats`.
     pub async fn node_get_volume_stats(
         &self,
         driver: &str,
         req: csi::NodeGetVolumeStatsRequest,
     ) -> Result<csi::NodeGetVolumeStatsResponse, CsiCallError> {
-        self.call(
+        self.node_get_volume_stats_within(driver, req, self.timeout)
+            .await
+    }
+
+    /// `NodeGetVolumeStats` with deadline `timeout` (at most the clients' own).
+    pub async fn node_get_volume_stats_within(
+        &self,
+        driver: &str,
+        req: csi::NodeGetVolumeStatsRequest,
+        timeout: Duration,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, CsiCallError> {
+        self.call_within(
             driver,
             "/csi.v1.Node/NodeGetVolumeStats",
+            timeout.min(self.timeout),
             |ch, t| async move {
                 csi::node_client::NodeClient::new(ch)
                     .node_get_volume_stats(request(req, t))

@@ -7,6 +7,7 @@ pub mod foreign;
 pub mod host_path;
 pub mod image;
 pub mod local;
+pub mod stats;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

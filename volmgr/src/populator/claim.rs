@@ -78,6 +78,7 @@ pub(super) fn persistent_volume_claim(
         node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
         supplemental_gid: supplemental_gid(&pv),
         pv_name: Some(pv_name),
+        claim_name: Some(claim.name.to_string()),
     }))
 }
 

@@ -415,6 +415,7 @@ fn inline_csi(
         volume_handle: inline_volume_handle(ctx.uid, &v.name),
         ephemeral: true,
         pv_name: None,
+        claim_name: None,
         read_only: csi.read_only.unwrap_or(false),
         fs_type: csi.fs_type.clone().filter(|f| !f.is_empty()),
         volume_mode: CsiVolumeMode::Filesystem,

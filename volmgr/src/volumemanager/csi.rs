@@ -1,5 +1,6 @@
 //! Wiring of CSI into a manager: the kubelet-side plugin on top of the
-//! driver clients, their metrics, and retries when a driver registers.
+//! driver clients, their metrics, its volume stats, and retries when a
+//! driver registers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,12 +21,17 @@ pub fn install(
 ) -> Result<Arc<CsiClients>, Error> {
     let mut changes = registry.subscribe();
     let clients = CsiClients::new(Arc::clone(&registry), timeout);
-    vm.register_plugin(Arc::new(CsiPlugin::new(
+    let plugin = Arc::new(CsiPlugin::new(
         Arc::clone(&vm.root),
         Arc::clone(&clients),
         vm.config.node_name.clone(),
         Arc::clone(&vm.mounter),
-    )))?;
+    ));
+    vm.register_plugin(Arc::clone(&plugin) as Arc<dyn crate::plugins::VolumePlugin>)?;
+    // Volume stats: NodeGetVolumeStats, each call within the CSI timeout
+    // or 10 s, whichever is smaller.
+    vm.stats_provider.set_csi(plugin);
+    vm.stats.set_timeout(timeout);
     vm.set_csi_driver_registry(registry);
     let metrics = Arc::clone(clients.metrics());
     vm.add_metrics_source(Arc::new(move || metrics.render()));

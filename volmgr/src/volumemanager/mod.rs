@@ -4,6 +4,7 @@
 //! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
 
 pub mod csi;
+mod stats;
 mod status;
 mod wait;
 
@@ -63,6 +64,9 @@ pub struct Config {
     /// kubelet's `setupDataDirs` → `MakeRShared`), so mounts made below
     /// ROOT reach the container runtime's mount namespace. Default: true.
     pub make_root_shared: bool,
+    /// Period of the volume stats collection (`kubelet_volume_stats_*`,
+    /// status `stats`); must be positive.
+    pub volume_stats_period: Duration,
 }
 
 impl Config {
@@ -76,6 +80,7 @@ impl Config {
             max_blocking_ops: 16,
             wait_for_reported_in_use: false,
             make_root_shared: true,
+            volume_stats_period: Duration::from_secs(60),
         }
     }
 }
@@ -101,6 +106,9 @@ pub enum Error {
     /// Called on a manager that is not started.
     #[error("the volume manager is not started")]
     NotStarted,
+    /// A setting is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
 }
 
 /// Why a wait ended without success.
@@ -180,6 +188,12 @@ pub struct VolumeManager {
     out_of_band: Arc<OutOfBandLog>,
     /// ROOT's mount propagation, for status (see [`share_root`]).
     root_propagation: String,
+    /// The volume stats cache and how it is collected.
+    stats: Arc<stats::StatsCollector>,
+    /// What the stats collection asks (CSI is added by `csi::install`).
+    stats_provider: Arc<stats::PluginStats>,
+    /// The stats collection task, while started.
+    stats_task: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Makes ROOT recursively shared when `config` asks, and says how it went
@@ -224,6 +238,11 @@ impl VolumeManager {
     /// makes ROOT rshared (`Config::make_root_shared`). Nothing else runs
     /// until [`start`](Self::start).
     pub fn new(config: Config, mounter: Arc<dyn Mounter>) -> Result<Arc<Self>, Error> {
+        if config.volume_stats_period.is_zero() {
+            return Err(Error::InvalidConfig(
+                "the volume stats period must be positive".into(),
+            ));
+        }
         let root = RootDir::open(&config.root_dir)?;
         let (root, root_propagation) = share_root(&config, root, mounter.as_ref())?;
         let root = Arc::new(root);
@@ -267,6 +286,11 @@ impl VolumeManager {
         let metrics_log = Arc::clone(&out_of_band);
         let tracer = Arc::new(TracerStatus::default());
         let tracer_metrics = Arc::clone(&tracer);
+        let stats_provider = Arc::new(stats::PluginStats::default());
+        let stats = Arc::new(stats::StatsCollector::new(
+            Arc::clone(&stats_provider) as Arc<dyn stats::StatsProvider>
+        ));
+        let (stats_metrics, stats_world) = (Arc::clone(&stats), Arc::clone(&world));
         Ok(Arc::new(Self {
             config,
             world,
@@ -285,9 +309,15 @@ impl VolumeManager {
             extra_metrics: Mutex::new(vec![
                 Arc::new(move || metrics_log.prometheus_text()),
                 Arc::new(move || tracer_metrics.prometheus_text()),
+                Arc::new(move || {
+                    stats_metrics.prometheus_text(|v, p| stats::is_live(&stats_world, v, p))
+                }),
             ]),
             out_of_band,
             root_propagation,
+            stats,
+            stats_provider,
+            stats_task: Mutex::default(),
         }))
     }
 
@@ -408,6 +438,13 @@ impl VolumeManager {
         let _ = self.shutdown.send(false);
         let handle = tokio::spawn(Arc::clone(&self.reconciler).run(self.shutdown.subscribe()));
         *self.task.locked() = Some(handle);
+        let stats = tokio::spawn(stats::run(
+            Arc::clone(&self.stats),
+            Arc::clone(&self.world),
+            self.config.volume_stats_period,
+            self.shutdown.subscribe(),
+        ));
+        *self.stats_task.locked() = Some(stats);
         Ok(report)
     }
 
@@ -417,6 +454,10 @@ impl VolumeManager {
         let handle = self.task.locked().take().ok_or(Error::NotStarted)?;
         let _ = self.shutdown.send(true);
         let _ = handle.await;
+        let stats = self.stats_task.locked().take();
+        if let Some(stats) = stats {
+            let _ = stats.await;
+        }
         self.world.bump();
         Ok(())
     }
@@ -929,6 +970,36 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn empty_dir_stats_show_in_status_but_not_in_the_claim_metrics() {
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new(t.path());
+        cfg.volume_stats_period = Duration::ZERO;
+        let fake = Arc::new(FakeMounter::default());
+        assert!(matches!(
+            VolumeManager::new(cfg.clone(), fake.clone()),
+            Err(Error::InvalidConfig(_))
+        ));
+        cfg.volume_stats_period = Duration::from_millis(20);
+        let vm = VolumeManager::new(cfg, fake).unwrap();
+        vm.start().await.unwrap();
+        let disk = serde_json::json!({"emptyDir": {}});
+        let uid = vm.upsert_pod(&pod("s", &[("d", disk)])).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        let stats = loop {
+            if let Some(s) = vm.status().pods[0].volumes[0].stats.clone() {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(stats.capacity_bytes > 0 && !stats.stale, "{stats:?}");
+        assert!(stats.used_bytes + stats.available_bytes <= stats.capacity_bytes);
+        assert!(stats.collected_at.is_some() && !stats.abnormal);
+        assert!(!vm.metrics_text().contains("kubelet_volume_stats"));
+        vm.stop().await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn queries_mirror_the_kubelet_interface() {
         let (_t, _fake, vm) = manager().await;
         let mut p = pod(
@@ -1011,6 +1082,7 @@ mod tests {
             volume_handle: format!("h-{gid:?}"),
             ephemeral: false,
             pv_name: Some("pv".into()),
+            claim_name: None,
             read_only: false,
             fs_type: None,
             volume_mode: CsiVolumeMode::Filesystem,

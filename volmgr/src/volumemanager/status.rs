@@ -92,6 +92,7 @@ impl VolumeManager {
                     error: rec.and_then(|r| r.last_error),
                     out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
                     last_out_of_band: oob.map(|o| o.1),
+                    stats: self.stats.status_of(&m.volume_name, uid),
                 }
             })
             .collect()
@@ -157,6 +158,7 @@ impl VolumeManager {
                     error: Some(e.clone()),
                     out_of_band_changes: 0,
                     last_out_of_band: None,
+                    stats: None,
                 }
             }
             Ok(n) => n,
@@ -198,6 +200,7 @@ impl VolumeManager {
             }),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),
+            stats: mount.and_then(|_| self.stats.status_of(name, uid)),
         }
     }
 

@@ -146,6 +146,7 @@ mod tests {
                 volume_handle: "vol-1".into(),
                 ephemeral,
                 pv_name: (!ephemeral).then(|| "pv-1".to_string()),
+                claim_name: None,
                 read_only: false,
                 fs_type: Some("ext4".into()),
                 volume_mode: mode,

@@ -37,6 +37,7 @@ pub mod errors;
 pub(in crate::plugins) mod block;
 mod layout;
 mod stage;
+mod stats;
 mod vol_data;
 
 use std::collections::{BTreeMap, HashMap};

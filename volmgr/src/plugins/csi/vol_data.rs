@@ -50,6 +50,7 @@ pub(super) fn reconstructed_source(
         volume_handle,
         ephemeral: false,
         pv_name: None,
+        claim_name: None,
         read_only: false,
         fs_type: None,
         volume_mode,
