@@ -25,50 +25,77 @@ struct Cli {
     command: Command,
 }
 
+/// `volmgr agent`'s flags.
+#[derive(clap::Args, Debug)]
+struct AgentArgs {
+    /// Root directory (the kubelet's /var/lib/kubelet).
+    #[arg(long)]
+    root: PathBuf,
+    /// Directory of pod manifests (YAML or JSON).
+    #[arg(long)]
+    manifests: PathBuf,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9110).
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Safety-net resync period (re-read the mount table, full pass).
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
+    resync_period: Duration,
+    /// Safety-net rescan period of the manifests directory.
+    #[arg(long, default_value = "20s", value_parser = parse_positive_duration)]
+    rescan_period: Duration,
+    /// First retry delay after a failed operation.
+    #[arg(long, default_value = "500ms", value_parser = parse_positive_duration)]
+    backoff_initial: Duration,
+    /// Longest retry delay.
+    #[arg(long, default_value = "122s", value_parser = parse_positive_duration)]
+    backoff_max: Duration,
+    /// This node's name.
+    #[arg(long, default_value = "")]
+    node_name: String,
+    /// Deadline of each CSI call (the kubelet uses 2 minutes).
+    #[arg(long, default_value = "120s", value_parser = parse_positive_duration)]
+    csi_timeout: Duration,
+    /// Period of the volume stats collection (kubelet_volume_stats_*).
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    volume_stats_period: Duration,
+    /// A CSI driver and its socket, NAME=SOCKET (repeatable); drivers can
+    /// also register through ROOT/plugins_registry.
+    #[arg(long = "csi-driver", value_name = "NAME=SOCKET", value_parser = parse_csi_driver)]
+    csi_drivers: Vec<(String, PathBuf)>,
+    /// What keeps the actual state current between resyncs: `ebpf` (the
+    /// syscall tracer), `mountinfo` (poll /proc/self/mountinfo), `off`
+    /// (the resync only), or `auto` (eBPF if it loads, else mountinfo).
+    #[arg(long, default_value = "auto", env = "VOLMGR_TRACER")]
+    tracer: TracerMode,
+}
+
+impl AgentArgs {
+    /// The agent's options.
+    fn into_options(self) -> AgentOptions {
+        AgentOptions {
+            root: self.root,
+            manifests: self.manifests,
+            metrics_addr: self.metrics_addr,
+            resync_period: self.resync_period,
+            rescan_period: self.rescan_period,
+            backoff: Backoff {
+                initial: self.backoff_initial,
+                factor: 2,
+                max: self.backoff_max,
+            },
+            node_name: self.node_name,
+            csi_timeout: self.csi_timeout,
+            volume_stats_period: self.volume_stats_period,
+            csi_drivers: self.csi_drivers,
+            tracer: self.tracer,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the node agent on a manifests directory.
-    Agent {
-        /// Root directory (the kubelet's /var/lib/kubelet).
-        #[arg(long)]
-        root: PathBuf,
-        /// Directory of pod manifests (YAML or JSON).
-        #[arg(long)]
-        manifests: PathBuf,
-        /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9110).
-        #[arg(long)]
-        metrics_addr: Option<SocketAddr>,
-        /// Safety-net resync period (re-read the mount table, full pass).
-        #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
-        resync_period: Duration,
-        /// Safety-net rescan period of the manifests directory.
-        #[arg(long, default_value = "20s", value_parser = parse_positive_duration)]
-        rescan_period: Duration,
-        /// First retry delay after a failed operation.
-        #[arg(long, default_value = "500ms", value_parser = parse_positive_duration)]
-        backoff_initial: Duration,
-        /// Longest retry delay.
-        #[arg(long, default_value = "122s", value_parser = parse_positive_duration)]
-        backoff_max: Duration,
-        /// This node's name.
-        #[arg(long, default_value = "")]
-        node_name: String,
-        /// Deadline of each CSI call (the kubelet uses 2 minutes).
-        #[arg(long, default_value = "120s", value_parser = parse_positive_duration)]
-        csi_timeout: Duration,
-        /// Period of the volume stats collection (kubelet_volume_stats_*).
-        #[arg(long, default_value = "1m", value_parser = parse_duration)]
-        volume_stats_period: Duration,
-        /// A CSI driver and its socket, NAME=SOCKET (repeatable); drivers can
-        /// also register through ROOT/plugins_registry.
-        #[arg(long = "csi-driver", value_name = "NAME=SOCKET", value_parser = parse_csi_driver)]
-        csi_drivers: Vec<(String, PathBuf)>,
-        /// What keeps the actual state current between resyncs: `ebpf` (the
-        /// syscall tracer), `mountinfo` (poll /proc/self/mountinfo), `off`
-        /// (the resync only), or `auto` (eBPF if it loads, else mountinfo).
-        #[arg(long, default_value = "auto", env = "VOLMGR_TRACER")]
-        tracer: TracerMode,
-    },
+    Agent(AgentArgs),
     /// Show the agent's status.
     Status {
         /// Root directory of the agent.
@@ -271,39 +298,7 @@ fn render_error(e: &anyhow::Error) -> String {
 /// Runs the command: the agent until it stops, or one client command.
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Agent {
-            root,
-            manifests,
-            metrics_addr,
-            resync_period,
-            rescan_period,
-            backoff_initial,
-            backoff_max,
-            node_name,
-            csi_timeout,
-            volume_stats_period,
-            csi_drivers,
-            tracer,
-        } => {
-            agent::run(AgentOptions {
-                root,
-                manifests,
-                metrics_addr,
-                resync_period,
-                rescan_period,
-                backoff: Backoff {
-                    initial: backoff_initial,
-                    factor: 2,
-                    max: backoff_max,
-                },
-                node_name,
-                csi_timeout,
-                volume_stats_period,
-                csi_drivers,
-                tracer,
-            })
-            .await?;
-        }
+        Command::Agent(args) => agent::run(args.into_options()).await?,
         Command::Trace {
             json,
             all_namespaces,

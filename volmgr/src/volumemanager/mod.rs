@@ -196,6 +196,29 @@ pub struct VolumeManager {
     stats_task: Mutex<Option<JoinHandle<()>>>,
 }
 
+/// The plugins every manager has: emptyDir, hostPath, image and local
+/// volumes (CSI and host plugins are registered by their wiring).
+fn built_in_plugins(
+    root: &Arc<RootDir>,
+    mounter: &Arc<dyn Mounter>,
+    pool: &Arc<BlockingPool>,
+) -> Result<Arc<VolumePluginMgr>, Error> {
+    let plugins = Arc::new(VolumePluginMgr::default());
+    plugins.register(Arc::new(EmptyDirPlugin::new(
+        Arc::clone(root),
+        Arc::clone(mounter),
+        Arc::clone(pool),
+    )))?;
+    plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(pool))))?;
+    plugins.register(Arc::new(ImagePlugin))?;
+    plugins.register(Arc::new(LocalVolumePlugin::new(
+        Arc::clone(root),
+        Arc::clone(mounter),
+        Arc::clone(pool),
+    )))?;
+    Ok(plugins)
+}
+
 /// Makes ROOT recursively shared when `config` asks, and says how it went
 /// (status `root_propagation`): `rshared` (done now), `shared` (its mount
 /// already was), `off` (not asked), or `not shared: <why>` (the manager
@@ -249,19 +272,7 @@ impl VolumeManager {
         let world = Arc::new(World::default());
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(BlockingPool::new(config.max_blocking_ops));
-        let plugins = Arc::new(VolumePluginMgr::default());
-        plugins.register(Arc::new(EmptyDirPlugin::new(
-            Arc::clone(&root),
-            Arc::clone(&mounter),
-            Arc::clone(&pool),
-        )))?;
-        plugins.register(Arc::new(HostPathPlugin::new(Arc::clone(&pool))))?;
-        plugins.register(Arc::new(ImagePlugin))?;
-        plugins.register(Arc::new(LocalVolumePlugin::new(
-            Arc::clone(&root),
-            Arc::clone(&mounter),
-            Arc::clone(&pool),
-        )))?;
+        let plugins = built_in_plugins(&root, &mounter, &pool)?;
         let executor =
             OperationExecutor::new(config.backoff, Arc::clone(&metrics), Arc::clone(&world));
         let out_of_band = Arc::new(OutOfBandLog::default());
