@@ -240,7 +240,9 @@ fn fresh_tmpfs(dir: &Path) -> PathBuf {
 }
 
 fn drop_tmpfs(dir: &Path) {
-    nix::mount::umount2(dir, nix::mount::MntFlags::empty()).unwrap();
+    // Detached with whatever is left below it: the agent binds its ROOT onto
+    // itself to make it rshared, and that bind outlives the agent.
+    nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH).unwrap();
     std::fs::remove_dir(dir).unwrap();
 }
 
