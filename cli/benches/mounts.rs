@@ -421,12 +421,14 @@ fn agent_baseline_rss(base: &Path, tracer: &str) -> u64 {
     rss
 }
 
+/// Mounts below `root` (not ROOT itself, which an agent binds onto itself
+/// to make it rshared).
 fn count_mounts(root: &Path) -> usize {
     let root = root.canonicalize().unwrap();
     volmgr::sys::mountinfo::read_self()
         .unwrap()
         .iter()
-        .filter(|m| m.mount_point.starts_with(&root))
+        .filter(|m| m.mount_point.starts_with(&root) && m.mount_point != root)
         .count()
 }
 
