@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api;
-use crate::limits::{AcceptBackoff, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
+use crate::limits::{serve_bounded, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
 use volmgr::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
 use volmgr::csi::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
@@ -346,31 +346,19 @@ async fn serve_metrics(
     listener: TcpListener,
     vm: Arc<VolumeManager>,
     limits: ClientLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let mine = limits.listener();
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        tokio::select! {
-            () = volmgr::util::shutdown::requested(&mut shutdown) => return,
-            conn = listener.accept() => match conn {
-                Ok((stream, _)) => {
-                    backoff.reset();
-                    let Some(admission) = limits.admit(&mine) else {
-                        let _ = stream.try_write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-                        continue;
-                    };
-                    let vm = Arc::clone(&vm);
-                    let limits = limits.clone();
-                    tokio::spawn(async move {
-                        let _admission = admission;
-                        metrics_request(stream, &vm, &limits).await;
-                    });
-                }
-                Err(e) => backoff.failed(&e, "metrics").await,
-            }
-        }
-    }
+    let accept = || async { listener.accept().await.map(|(stream, _)| stream) };
+    let refuse = |stream: &tokio::net::TcpStream| {
+        let _ = stream.try_write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
+    };
+    let serve = |stream| {
+        let (vm, limits) = (Arc::clone(&vm), limits.clone());
+        async move { metrics_request(stream, &vm, &limits).await }
+    };
+    serve_bounded(&limits, "metrics", accept, refuse, serve, shutdown).await;
 }
 
 /// Answers one HTTP request (its head at most 4 KiB, read within

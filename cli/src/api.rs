@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
-use crate::limits::{AcceptBackoff, ClientLimits, MAX_REQUEST_LINE, READ_DEADLINE, WRITE_DEADLINE};
+use crate::limits::{serve_bounded, ClientLimits, MAX_REQUEST_LINE, READ_DEADLINE, WRITE_DEADLINE};
 
 use volmgr::volume::PodUid;
 use volmgr::volumemanager::VolumeManager;
@@ -158,36 +158,22 @@ pub async fn serve(
     listener: UnixListener,
     vm: Arc<VolumeManager>,
     limits: ClientLimits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let mine = limits.listener();
-    let mut backoff = AcceptBackoff::default();
-    loop {
-        tokio::select! {
-            () = volmgr::util::shutdown::requested(&mut shutdown) => return,
-            conn = listener.accept() => match conn {
-                Ok((stream, _)) => {
-                    backoff.reset();
-                    let Some(admission) = limits.admit(&mine) else {
-                        // Over budget: a short answer if it fits the
-                        // socket buffer at once, then closed.
-                        let _ = stream.try_write(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
-                        tracing::debug!("api connection refused: too many connections");
-                        continue;
-                    };
-                    let vm = Arc::clone(&vm);
-                    let limits = limits.clone();
-                    tokio::spawn(async move {
-                        let _admission = admission;
-                        if let Err(e) = handle(stream, vm, limits).await {
-                            tracing::debug!(error = %e, "api connection");
-                        }
-                    });
-                }
-                Err(e) => backoff.failed(&e, "api").await,
+    let accept = || async { listener.accept().await.map(|(stream, _)| stream) };
+    // Over budget: a short answer if it fits the socket buffer at once.
+    let refuse = |stream: &UnixStream| {
+        let _ = stream.try_write(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
+    };
+    let serve = |stream| {
+        let (vm, limits) = (Arc::clone(&vm), limits.clone());
+        async move {
+            if let Err(e) = handle(stream, vm, limits).await {
+                tracing::debug!(error = %e, "api connection");
             }
         }
-    }
+    };
+    serve_bounded(&limits, "api", accept, refuse, serve, shutdown).await;
 }
 
 /// One connection: request lines in, one response line out per request.

@@ -18,7 +18,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::future::Future;
+
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 /// Longest request line.
 pub const MAX_REQUEST_LINE: usize = 64 << 10;
@@ -126,5 +128,49 @@ impl AcceptBackoff {
         self.delay = Some(d);
         tracing::warn!(error = %e, listener = what, backoff_ms = d.as_millis() as u64, "accept failed");
         tokio::time::sleep(d).await;
+    }
+}
+
+/// The accept loop of a local listener, within `limits`, until `shutdown`:
+/// `accept` yields the next connection; one over budget gets `refuse` (a
+/// short answer that must not block) and is closed; an admitted one is
+/// served by the future `serve` returns, on a task of its own that holds
+/// the admission. Accept errors (EMFILE, ...) back off instead of spinning.
+pub async fn serve_bounded<S, A, AF, R, H, HF>(
+    limits: &ClientLimits,
+    what: &'static str,
+    mut accept: A,
+    refuse: R,
+    serve: H,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    A: FnMut() -> AF,
+    AF: Future<Output = std::io::Result<S>>,
+    R: Fn(&S),
+    H: Fn(S) -> HF,
+    HF: Future<Output = ()> + Send + 'static,
+{
+    let mine = limits.listener();
+    let mut backoff = AcceptBackoff::default();
+    loop {
+        tokio::select! {
+            () = volmgr::util::shutdown::requested(&mut shutdown) => return,
+            conn = accept() => match conn {
+                Ok(stream) => {
+                    backoff.reset();
+                    let Some(admission) = limits.admit(&mine) else {
+                        refuse(&stream);
+                        tracing::debug!(listener = what, "connection refused: too many connections");
+                        continue;
+                    };
+                    let served = serve(stream);
+                    tokio::spawn(async move {
+                        let _admission = admission;
+                        served.await;
+                    });
+                }
+                Err(e) => backoff.failed(&e, what).await,
+            }
+        }
     }
 }
