@@ -13,13 +13,12 @@ mod csi_driver;
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use csi_driver::{wait_for, Driver};
-use support::{isolated, Agent, Env};
+use support::{free_port, isolated, metrics, Agent, Env};
 use volmgr::sys::linux::LinuxMounter;
 use volmgr::sys::Mounter;
 
@@ -91,21 +90,6 @@ fn assert_nothing_leaked(env: &Env, driver: &Driver) {
         driver.loop_devices().is_empty()
     });
     env.assert_outside_untouched();
-}
-
-/// GET /metrics.
-fn metrics(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 #[test]

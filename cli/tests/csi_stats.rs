@@ -10,11 +10,10 @@
 mod csi_driver;
 mod support;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use csi_driver::{wait_for, Driver};
-use support::{isolated, Agent, Env};
+use support::{free_port, isolated, metrics, Agent, Env};
 
 const DRIVER: &str = "loop.csi.volmgr.dev";
 
@@ -37,21 +36,6 @@ fn start(env: &Env, driver: &Driver, addr: &str, period: &str) -> Agent {
         "--volume-stats-period",
         period,
     ])
-}
-
-/// GET /metrics (the body and headers).
-fn metrics(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
 }
 
 /// The value of series `name{labels}` in `text`, if present.

@@ -286,3 +286,20 @@ pub fn pod_yaml(name: &str, uid: &str, volumes: &[(&str, &str)]) -> String {
         vols.join("\n")
     )
 }
+
+/// `GET /metrics` from the agent's `--metrics-addr` (the body and headers).
+pub fn metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
