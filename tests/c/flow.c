@@ -16,22 +16,7 @@
 
 #include "volmgr.h"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                     \
-  do {                                                                       \
-    if (cond) {                                                              \
-      passed++;                                                              \
-    } else {                                                                 \
-      failed++;                                                              \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
-      fprintf(stderr, __VA_ARGS__);                                          \
-      fprintf(stderr, " (last error: %s)\n",                                 \
-              volmgr_last_error() ? volmgr_last_error() : "none");           \
-    }                                                                        \
-  } while (0)
-
-#define EXPECT(call, status) CHECK((call) == (status), "%s", #call)
+#include "check.h"
 
 static atomic_int events;
 
@@ -41,8 +26,6 @@ static void on_event(void *userdata, const char *event_json) {
     atomic_fetch_add(&events, 1);
   }
 }
-
-static int mount_count(const char *path);
 
 /* Whether PATH is a mount point in this process's mount table. */
 static int mounted(const char *path) { return mount_count(path) > 0; }
@@ -110,29 +93,6 @@ static void out_of_band(const char *root, const char *host, const char *tracer) 
   CHECK(mount_count(path) == 0, "%s is unmounted", path);
   EXPECT(volmgr_stop(vm), VOLMGR_OK);
   volmgr_free(vm);
-}
-
-/* Counts the mounts on PATH (a stacked mount counts twice). */
-static int mount_count(const char *path) {
-  FILE *f = fopen("/proc/self/mountinfo", "r");
-  char line[8192];
-  int count = 0;
-  size_t n = strlen(path);
-  if (f == NULL) {
-    return -1;
-  }
-  while (fgets(line, sizeof line, f) != NULL) {
-    char *p = line;
-    for (int i = 0; i < 4 && p != NULL; i++) {
-      p = strchr(p, ' ');
-      if (p != NULL) p++;
-    }
-    if (p != NULL && strncmp(p, path, n) == 0 && p[n] == ' ') {
-      count++;
-    }
-  }
-  fclose(f);
-  return count;
 }
 
 /* A host plugin: handles configMap volumes by writing the spec to a file. */
