@@ -7,12 +7,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::cache::world::VolumeEvent;
+use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
 use volmgr_core::sys::linux::LinuxMounter;
 use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
-use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::volumemanager::{csi, Config, ResizeError, VolumeManager, WaitError};
 
 use crate::boundary::{guard, guard_value, out_arg, str_arg, to_c_string, try_ffi};

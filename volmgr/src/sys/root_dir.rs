@@ -584,7 +584,7 @@ const MAX_RELISTS: usize = 1000;
 fn open_subdir(
     parent: BorrowedFd<'_>,
     name: &OsStr,
-    abs: &Path,
+    abs: &dyn Fn() -> PathBuf,
 ) -> Result<Option<OwnedFd>, Result<Errno, PathError>> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
     match beneath::open(parent, Path::new(name), flags, Last::OnSameMount) {
@@ -592,18 +592,20 @@ fn open_subdir(
         Err(Errno::ENOENT) => Ok(None),
         // A symlink (O_NOFOLLOW/RESOLVE_NO_SYMLINKS) or a plain file.
         Err(e @ (Errno::ENOTDIR | Errno::ELOOP)) => Err(Ok(e)),
-        Err(Errno::EXDEV) => Err(Err(PathError::MountInside {
-            path: abs.to_path_buf(),
-        })),
-        Err(e) => Err(Err(SyscallError::new(beneath::call_name(), abs, e).into())),
+        Err(Errno::EXDEV) => Err(Err(PathError::MountInside { path: abs() })),
+        Err(e) => Err(Err(SyscallError::new(beneath::call_name(), abs(), e).into())),
     }
 }
 
 /// Unlinks the non-directory `name` under `parent` (never following it).
-fn unlink_file(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<(), PathError> {
+fn unlink_file(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    abs: &dyn Fn() -> PathBuf,
+) -> Result<(), PathError> {
     match unlinkat(parent, name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => Ok(()),
-        Err(e) => Err(SyscallError::new("unlinkat", abs, e).into()),
+        Err(e) => Err(SyscallError::new("unlinkat", abs(), e).into()),
     }
 }
 
@@ -623,25 +625,33 @@ enum Rmdir {
 /// point, a plugin's directory), and one call replaces an open, a listing,
 /// a close and the same call. A mount point is refused (EBUSY), as the walk
 /// refuses to enter one.
-fn try_rmdir(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<Rmdir, PathError> {
+fn try_rmdir(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    abs: &dyn Fn() -> PathBuf,
+) -> Result<Rmdir, PathError> {
     match unlinkat(parent, name, UnlinkatFlags::RemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => Ok(Rmdir::Gone),
         Err(Errno::ENOTDIR) => Ok(Rmdir::NotADir),
-        Err(Errno::EBUSY) => Err(PathError::MountInside {
-            path: abs.to_path_buf(),
-        }),
+        Err(Errno::EBUSY) => Err(PathError::MountInside { path: abs() }),
         Err(_) => Ok(Rmdir::NotEmpty),
     }
 }
+
+/// How many directories [`remove_tree`] keeps open at once: deeper frames
+/// are reopened through `..` when the walk climbs back (a 30,000-deep
+/// chain in a volume must not need 30,000 descriptors).
+const MAX_OPEN_DIRS: usize = 64;
 
 /// A directory [`remove_tree`] is emptying.
 struct Frame {
     /// Its name in the directory below it on the stack (or the tree's parent).
     name: OsString,
-    /// Its absolute path (for errors).
-    abs: PathBuf,
-    /// The open directory.
-    fd: OwnedFd,
+    /// The open directory; `None` while closed to bound descriptors (only
+    /// frames below the top are ever closed).
+    fd: Option<OwnedFd>,
+    /// Its device and inode, to check a reopened directory is the same one.
+    id: (u64, u64),
     /// Listed entries not yet removed.
     pending: Vec<dirents::DirEntry>,
     /// The last listing reached the end of the directory.
@@ -650,41 +660,112 @@ struct Frame {
     relists: usize,
 }
 
-impl Frame {
-    /// The open directory `fd`, with its first batch of entries listed.
-    fn open(name: OsString, abs: PathBuf, fd: OwnedFd) -> Result<Self, PathError> {
-        let first = list_batch(&fd, &abs)?;
-        Ok(Self {
+/// The directories being emptied, the tree's root first. Paths (for
+/// errors only) are rebuilt from the names, so a deep tree costs memory in
+/// proportion to its depth, not its depth squared.
+struct Walk<'a> {
+    /// The tree root's absolute path.
+    abs: &'a Path,
+    stack: Vec<Frame>,
+    /// Frames `..closed` have no descriptor.
+    closed: usize,
+}
+
+impl Walk<'_> {
+    /// The absolute path of the frame at `depth`, and of `child` under it.
+    fn path(&self, depth: usize, child: Option<&OsStr>) -> PathBuf {
+        let mut p = self.abs.to_path_buf();
+        for f in self.stack.iter().take(depth + 1).skip(1) {
+            p.push(&f.name);
+        }
+        if let Some(c) = child {
+            p.push(c);
+        }
+        p
+    }
+
+    /// Opens directory `fd` as a new top frame, with its first batch of
+    /// entries listed; closes the lowest open frame if too many are open.
+    fn push(&mut self, name: OsString, fd: OwnedFd) -> Result<(), PathError> {
+        let depth = self.stack.len();
+        let new_path = |walk: &Self| match depth.checked_sub(1) {
+            Some(below) => walk.path(below, Some(&name)),
+            None => walk.abs.to_path_buf(),
+        };
+        let st = nix::sys::stat::fstat(&fd)
+            .map_err(|e| SyscallError::new("fstat", new_path(self), e))?;
+        let first = dirents::read_batch(fd.as_fd())
+            .map_err(|e| SyscallError::new("getdents64", new_path(self), e))?;
+        self.stack.push(Frame {
             name,
-            abs,
-            fd,
+            fd: Some(fd),
+            id: (st.st_dev, st.st_ino),
             pending: first.entries,
             listed_all: first.at_end,
             relists: 0,
-        })
-    }
-
-    /// Lists the next batch of entries.
-    fn list_more(&mut self) -> Result<(), PathError> {
-        let more = list_batch(&self.fd, &self.abs)?;
-        self.listed_all = more.at_end || more.entries.is_empty();
-        self.pending = more.entries;
+        });
+        if self.stack.len() - self.closed > MAX_OPEN_DIRS {
+            if let Some(f) = self.stack.get_mut(self.closed) {
+                f.fd = None;
+            }
+            self.closed += 1;
+        }
         Ok(())
     }
-}
 
-/// The next batch of entries of the open directory `fd` at `abs`.
-fn list_batch(fd: &OwnedFd, abs: &Path) -> Result<dirents::Batch, PathError> {
-    dirents::read_batch(fd.as_fd())
-        .map_err(|e| PathError::from(SyscallError::new("getdents64", abs, e)))
+    /// The descriptor of the frame below the top (reopened through the
+    /// top's `..` if it was closed, and checked to be the same directory),
+    /// or `parent` when the top is the tree's root.
+    fn parent_of_top<'p>(
+        &'p mut self,
+        parent: BorrowedFd<'p>,
+    ) -> Result<BorrowedFd<'p>, PathError> {
+        let n = self.stack.len();
+        if n < 2 {
+            return Ok(parent);
+        }
+        if n - 2 < self.closed {
+            let reopened = self.reopen_below_top()?;
+            if let Some(f) = self.stack.get_mut(n - 2) {
+                f.fd = Some(reopened);
+            }
+            self.closed = n - 2;
+        }
+        match self.stack.get(n - 2).and_then(|f| f.fd.as_ref()) {
+            Some(fd) => Ok(fd.as_fd()),
+            None => Err(SyscallError::new("openat", self.path(n - 2, None), Errno::EBADF).into()),
+        }
+    }
+
+    /// Opens `..` of the top frame: the frame below it, unless someone
+    /// moved a directory meanwhile (then `ESTALE`, and nothing is deleted
+    /// through it).
+    fn reopen_below_top(&self) -> Result<OwnedFd, PathError> {
+        let n = self.stack.len();
+        let below = self.path(n - 2, None);
+        let top = self.stack.last().and_then(|f| f.fd.as_ref());
+        let (Some(top), Some(want)) = (top, self.stack.get(n - 2).map(|f| f.id)) else {
+            return Err(SyscallError::new("openat", below, Errno::EBADF).into());
+        };
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::openat(top, "..", flags, Mode::empty())
+            .map_err(|e| SyscallError::new("openat", below.clone(), e))?;
+        let st =
+            nix::sys::stat::fstat(&fd).map_err(|e| SyscallError::new("fstat", below.clone(), e))?;
+        if (st.st_dev, st.st_ino) != want {
+            return Err(SyscallError::new("openat", below, Errno::ESTALE).into());
+        }
+        Ok(fd)
+    }
 }
 
 /// Iterative post-order deletion of `parent/name`, so a deep tree cannot
-/// exhaust the stack. Directories are read with `getdents64`, whose entry
-/// types spare a `stat` per entry; each directory is opened once, with
-/// `RESOLVE_NO_XDEV`, so the walk never enters another mount. Subdirectories
-/// are first simply removed (see [`try_rmdir`]), and so is `name` itself when
-/// the caller expects it empty (`likely_empty`).
+/// exhaust the stack, descriptors ([`MAX_OPEN_DIRS`]) or memory.
+/// Directories are read with `getdents64`, whose entry types spare a `stat`
+/// per entry; each directory is opened with `RESOLVE_NO_XDEV`, so the walk
+/// never enters another mount. Subdirectories are first simply removed (see
+/// [`try_rmdir`]), and so is `name` itself when the caller expects it empty
+/// (`likely_empty`).
 fn remove_tree(
     parent: BorrowedFd<'_>,
     name: OsString,
@@ -692,23 +773,29 @@ fn remove_tree(
     likely_empty: bool,
 ) -> Result<(), PathError> {
     if likely_empty {
-        match try_rmdir(parent, &name, abs)? {
+        match try_rmdir(parent, &name, &|| abs.to_path_buf())? {
             Rmdir::Gone => return Ok(()),
-            Rmdir::NotADir => return unlink_file(parent, &name, abs),
+            Rmdir::NotADir => return unlink_file(parent, &name, &|| abs.to_path_buf()),
             Rmdir::NotEmpty => {}
         }
     }
-    let fd = match open_subdir(parent, &name, abs) {
+    let abs_fn = || abs.to_path_buf();
+    let fd = match open_subdir(parent, &name, &abs_fn) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Ok(()),
-        Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, abs),
+        Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, &abs_fn),
         Err(Err(e)) => return Err(e),
     };
-    let mut stack = vec![Frame::open(name, abs.to_path_buf(), fd)?];
-    while let Some(top) = stack.last_mut() {
+    let mut walk = Walk {
+        abs,
+        stack: Vec::new(),
+        closed: 0,
+    };
+    walk.push(name, fd)?;
+    while let Some(top) = walk.stack.last_mut() {
         if let Some(child) = top.pending.pop() {
-            if let Some(dir) = remove_entry(top, child)? {
-                stack.push(dir);
+            if let Some((name, fd)) = remove_entry(&walk, child)? {
+                walk.push(name, fd)?;
             }
             continue;
         }
@@ -716,22 +803,45 @@ fn remove_tree(
         // time; entries may also have appeared meanwhile (rmdir then says
         // ENOTEMPTY): list again, a bounded number of times.
         if !top.listed_all {
-            top.list_more()?;
+            list_more(&mut walk)?;
             continue;
         }
-        if rmdir_emptied(&mut stack, parent)? {
-            stack.pop();
+        if rmdir_emptied(&mut walk, parent)? {
+            walk.stack.pop();
         }
     }
     Ok(())
 }
 
-/// Removes the listed entry `child` of `dir`: a file is unlinked, an empty
-/// directory removed; a directory with entries is opened and returned, to
-/// be emptied first.
-fn remove_entry(dir: &Frame, child: dirents::DirEntry) -> Result<Option<Frame>, PathError> {
-    let child_abs = dir.abs.join(&child.name);
-    let fd = dir.fd.as_fd();
+/// Lists the next batch of entries of the top frame.
+fn list_more(walk: &mut Walk<'_>) -> Result<(), PathError> {
+    let depth = walk.stack.len() - 1;
+    let batch = match walk.stack.last().and_then(|f| f.fd.as_ref()) {
+        Some(fd) => dirents::read_batch(fd.as_fd()),
+        None => Err(Errno::EBADF),
+    };
+    let more = batch.map_err(|e| SyscallError::new("getdents64", walk.path(depth, None), e))?;
+    if let Some(top) = walk.stack.last_mut() {
+        top.listed_all = more.at_end || more.entries.is_empty();
+        top.pending = more.entries;
+    }
+    Ok(())
+}
+
+/// Removes the listed entry `child` of the top frame: a file is unlinked,
+/// an empty directory removed; a directory with entries is opened and
+/// returned, to be emptied first.
+fn remove_entry(
+    walk: &Walk<'_>,
+    child: dirents::DirEntry,
+) -> Result<Option<(OsString, OwnedFd)>, PathError> {
+    let depth = walk.stack.len() - 1;
+    let Some(fd) = walk.stack.last().and_then(|f| f.fd.as_ref()) else {
+        return Err(SyscallError::new("openat", walk.path(depth, None), Errno::EBADF).into());
+    };
+    let fd = fd.as_fd();
+    // Paths only matter for errors: built only then.
+    let child_abs = || walk.path(depth, Some(&child.name));
     if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
         unlink_file(fd, &child.name, &child_abs)?;
         return Ok(None);
@@ -745,32 +855,45 @@ fn remove_entry(dir: &Frame, child: dirents::DirEntry) -> Result<Option<Frame>, 
         Rmdir::NotEmpty => {}
     }
     match open_subdir(fd, &child.name, &child_abs) {
-        Ok(Some(child_fd)) => Frame::open(child.name, child_abs, child_fd).map(Some),
+        Ok(Some(child_fd)) => Ok(Some((child.name, child_fd))),
         Ok(None) => Ok(None),
         Err(Ok(_not_a_dir)) => unlink_file(fd, &child.name, &child_abs).map(|()| None),
         Err(Err(e)) => Err(e),
     }
 }
 
-/// Removes the emptied directory on top of `stack` (its parent is the frame
-/// below it, or `parent`): `Ok(true)` when it is gone, `Ok(false)` when
-/// entries appeared meanwhile and it is to be listed again.
-fn rmdir_emptied(stack: &mut [Frame], parent: BorrowedFd<'_>) -> Result<bool, PathError> {
-    let Some((top, below)) = stack.split_last_mut() else {
+/// Removes the emptied directory on top of the walk (its parent is the
+/// frame below it, or `parent`): `Ok(true)` when it is gone, `Ok(false)`
+/// when entries appeared meanwhile and it is to be listed again.
+fn rmdir_emptied(walk: &mut Walk<'_>, parent: BorrowedFd<'_>) -> Result<bool, PathError> {
+    let depth = walk.stack.len() - 1;
+    let Some(name) = walk.stack.last().map(|f| f.name.clone()) else {
         return Ok(true);
     };
-    let dir_parent = below.last().map_or(parent, |f| f.fd.as_fd());
-    match unlinkat(dir_parent, top.name.as_os_str(), UnlinkatFlags::RemoveDir) {
+    let dir_parent = walk.parent_of_top(parent)?;
+    let result = unlinkat(dir_parent, name.as_os_str(), UnlinkatFlags::RemoveDir);
+    match result {
         Ok(()) | Err(Errno::ENOENT) => Ok(true),
-        Err(Errno::ENOTEMPTY | Errno::EEXIST) if top.relists < MAX_RELISTS => {
+        Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
+            let Some(top) = walk.stack.last_mut() else {
+                return Ok(true);
+            };
+            if top.relists >= MAX_RELISTS {
+                return Err(SyscallError::new(
+                    "unlinkat",
+                    walk.path(depth, None),
+                    Errno::ENOTEMPTY,
+                )
+                .into());
+            }
             top.relists += 1;
             top.listed_all = false;
             Ok(false)
         }
         Err(Errno::EBUSY) => Err(PathError::MountInside {
-            path: top.abs.clone(),
+            path: walk.path(depth, None),
         }),
-        Err(e) => Err(SyscallError::new("unlinkat", &top.abs, e).into()),
+        Err(e) => Err(SyscallError::new("unlinkat", walk.path(depth, None), e).into()),
     }
 }
 
@@ -843,6 +966,47 @@ mod tests {
         assert!(!r.path().join("pods/u").exists());
         assert!(outside.path().join("keep").exists());
         r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+    }
+
+    /// Makes a chain of `depth` directories `d/d/d/...` under `dir` (longer
+    /// than PATH_MAX: made relative to descriptors), with a file at the end.
+    fn deep_chain(dir: &Path, depth: usize) {
+        let mut fd: OwnedFd = std::fs::File::open(dir).unwrap().into();
+        for _ in 0..depth {
+            mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+            fd = nix::fcntl::openat(&fd, "d", flags, Mode::empty()).unwrap();
+        }
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_CLOEXEC;
+        drop(nix::fcntl::openat(&fd, "f", flags, Mode::from_bits_truncate(0o644)).unwrap());
+    }
+
+    /// A pod can build a directory chain far deeper than the open-file
+    /// limit: tear-down still removes it, with a bounded number of
+    /// descriptors and memory in proportion to the depth.
+    #[test]
+    fn remove_all_deletes_chains_deeper_than_the_descriptor_limit() {
+        crate::sys::test_child::run_in_child(
+            crate::test_name!("remove_all_deletes_chains_deeper_than_the_descriptor_limit"),
+            crate::sys::test_child::Child::PrivateMounts,
+            || {
+                // Far below the depth, as on a node with a low limit.
+                let limit = libc::rlimit {
+                    rlim_cur: 256,
+                    rlim_max: 256,
+                };
+                // SAFETY: a plain struct for setrlimit.
+                assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+                let (_t, r) = root();
+                let vol = r.path().join("pods/u/volumes/v");
+                std::fs::create_dir_all(&vol).unwrap();
+                // The adversarial run's 5,000 levels made every tear-down
+                // fail with EMFILE.
+                deep_chain(&vol, 5_000);
+                r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+                assert!(!r.path().join("pods/u").exists());
+            },
+        );
     }
 
     #[test]
