@@ -25,8 +25,8 @@
 #endif
 
 /* open_tree .. fspick (5.2), openat2 (5.6), mount_setattr (5.12),
- * statmount, listmount (6.8). */
-static const unsigned newer[] = {428, 429, 430, 431, 432, 433, 437, 442, 457, 458};
+ * fchmodat2 (6.6), statmount, listmount (6.8). */
+static const unsigned newer[] = {428, 429, 430, 431, 432, 433, 437, 442, 452, 457, 458};
 #define N (sizeof newer / sizeof newer[0])
 
 int main(int argc, char **argv) {

@@ -8,6 +8,7 @@ pub mod host_path;
 pub mod image;
 pub mod local;
 pub mod stats;
+pub mod volume_ownership;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

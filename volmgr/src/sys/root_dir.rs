@@ -44,6 +44,7 @@ use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use crate::sys::beneath::{self, Last};
+use crate::sys::dir_walk::{DirWalk, Step};
 use crate::sys::{dirents, mount_id, SyscallError, Target};
 use crate::util::sync::MutexExt;
 
@@ -638,129 +639,8 @@ fn try_rmdir(
     }
 }
 
-/// How many directories [`remove_tree`] keeps open at once: deeper frames
-/// are reopened through `..` when the walk climbs back (a 30,000-deep
-/// chain in a volume must not need 30,000 descriptors).
-const MAX_OPEN_DIRS: usize = 64;
-
-/// A directory [`remove_tree`] is emptying.
-struct Frame {
-    /// Its name in the directory below it on the stack (or the tree's parent).
-    name: OsString,
-    /// The open directory; `None` while closed to bound descriptors (only
-    /// frames below the top are ever closed).
-    fd: Option<OwnedFd>,
-    /// Its device and inode, to check a reopened directory is the same one.
-    id: (u64, u64),
-    /// Listed entries not yet removed.
-    pending: Vec<dirents::DirEntry>,
-    /// The last listing reached the end of the directory.
-    listed_all: bool,
-    /// How many times it was listed again after an `ENOTEMPTY`.
-    relists: usize,
-}
-
-/// The directories being emptied, the tree's root first. Paths (for
-/// errors only) are rebuilt from the names, so a deep tree costs memory in
-/// proportion to its depth, not its depth squared.
-struct Walk<'a> {
-    /// The tree root's absolute path.
-    abs: &'a Path,
-    stack: Vec<Frame>,
-    /// Frames `..closed` have no descriptor.
-    closed: usize,
-}
-
-impl Walk<'_> {
-    /// The absolute path of the frame at `depth`, and of `child` under it.
-    fn path(&self, depth: usize, child: Option<&OsStr>) -> PathBuf {
-        let mut p = self.abs.to_path_buf();
-        for f in self.stack.iter().take(depth + 1).skip(1) {
-            p.push(&f.name);
-        }
-        if let Some(c) = child {
-            p.push(c);
-        }
-        p
-    }
-
-    /// Opens directory `fd` as a new top frame, with its first batch of
-    /// entries listed; closes the lowest open frame if too many are open.
-    fn push(&mut self, name: OsString, fd: OwnedFd) -> Result<(), PathError> {
-        let depth = self.stack.len();
-        let new_path = |walk: &Self| match depth.checked_sub(1) {
-            Some(below) => walk.path(below, Some(&name)),
-            None => walk.abs.to_path_buf(),
-        };
-        let st = nix::sys::stat::fstat(&fd)
-            .map_err(|e| SyscallError::new("fstat", new_path(self), e))?;
-        let first = dirents::read_batch(fd.as_fd())
-            .map_err(|e| SyscallError::new("getdents64", new_path(self), e))?;
-        self.stack.push(Frame {
-            name,
-            fd: Some(fd),
-            id: (st.st_dev, st.st_ino),
-            pending: first.entries,
-            listed_all: first.at_end,
-            relists: 0,
-        });
-        if self.stack.len() - self.closed > MAX_OPEN_DIRS {
-            if let Some(f) = self.stack.get_mut(self.closed) {
-                f.fd = None;
-            }
-            self.closed += 1;
-        }
-        Ok(())
-    }
-
-    /// The descriptor of the frame below the top (reopened through the
-    /// top's `..` if it was closed, and checked to be the same directory),
-    /// or `parent` when the top is the tree's root.
-    fn parent_of_top<'p>(
-        &'p mut self,
-        parent: BorrowedFd<'p>,
-    ) -> Result<BorrowedFd<'p>, PathError> {
-        let n = self.stack.len();
-        if n < 2 {
-            return Ok(parent);
-        }
-        if n - 2 < self.closed {
-            let reopened = self.reopen_below_top()?;
-            if let Some(f) = self.stack.get_mut(n - 2) {
-                f.fd = Some(reopened);
-            }
-            self.closed = n - 2;
-        }
-        match self.stack.get(n - 2).and_then(|f| f.fd.as_ref()) {
-            Some(fd) => Ok(fd.as_fd()),
-            None => Err(SyscallError::new("openat", self.path(n - 2, None), Errno::EBADF).into()),
-        }
-    }
-
-    /// Opens `..` of the top frame: the frame below it, unless someone
-    /// moved a directory meanwhile (then `ESTALE`, and nothing is deleted
-    /// through it).
-    fn reopen_below_top(&self) -> Result<OwnedFd, PathError> {
-        let n = self.stack.len();
-        let below = self.path(n - 2, None);
-        let top = self.stack.last().and_then(|f| f.fd.as_ref());
-        let (Some(top), Some(want)) = (top, self.stack.get(n - 2).map(|f| f.id)) else {
-            return Err(SyscallError::new("openat", below, Errno::EBADF).into());
-        };
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        let fd = nix::fcntl::openat(top, "..", flags, Mode::empty())
-            .map_err(|e| SyscallError::new("openat", below.clone(), e))?;
-        let st =
-            nix::sys::stat::fstat(&fd).map_err(|e| SyscallError::new("fstat", below.clone(), e))?;
-        if (st.st_dev, st.st_ino) != want {
-            return Err(SyscallError::new("openat", below, Errno::ESTALE).into());
-        }
-        Ok(fd)
-    }
-}
-
-/// Iterative post-order deletion of `parent/name`, so a deep tree cannot
-/// exhaust the stack, descriptors ([`MAX_OPEN_DIRS`]) or memory.
+/// Iterative post-order deletion of `parent/name` through a [`DirWalk`]
+/// (bounded stack, descriptors and memory however deep the tree).
 /// Directories are read with `getdents64`, whose entry types spare a `stat`
 /// per entry; each directory is opened with `RESOLVE_NO_XDEV`, so the walk
 /// never enters another mount. Subdirectories are first simply removed (see
@@ -772,76 +652,59 @@ fn remove_tree(
     abs: &Path,
     likely_empty: bool,
 ) -> Result<(), PathError> {
+    let abs_fn = || abs.to_path_buf();
     if likely_empty {
-        match try_rmdir(parent, &name, &|| abs.to_path_buf())? {
+        match try_rmdir(parent, &name, &abs_fn)? {
             Rmdir::Gone => return Ok(()),
-            Rmdir::NotADir => return unlink_file(parent, &name, &|| abs.to_path_buf()),
+            Rmdir::NotADir => return unlink_file(parent, &name, &abs_fn),
             Rmdir::NotEmpty => {}
         }
     }
-    let abs_fn = || abs.to_path_buf();
     let fd = match open_subdir(parent, &name, &abs_fn) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Ok(()),
         Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, &abs_fn),
         Err(Err(e)) => return Err(e),
     };
-    let mut walk = Walk {
-        abs,
-        stack: Vec::new(),
-        closed: 0,
-    };
-    walk.push(name, fd)?;
-    while let Some(top) = walk.stack.last_mut() {
-        if let Some(child) = top.pending.pop() {
-            if let Some((name, fd)) = remove_entry(&walk, child)? {
-                walk.push(name, fd)?;
+    let mut walk = DirWalk::new(abs, fd)?;
+    let mut relists = 0;
+    while let Some(step) = walk.next_step()? {
+        match step {
+            Step::Entry(child) => {
+                if let Some((name, fd)) = remove_entry(&walk, child)? {
+                    walk.enter(name, fd)?;
+                }
             }
-            continue;
-        }
-        // Every listed entry is gone. A big directory is read a batch at a
-        // time; entries may also have appeared meanwhile (rmdir then says
-        // ENOTEMPTY): list again, a bounded number of times.
-        if !top.listed_all {
-            list_more(&mut walk)?;
-            continue;
-        }
-        if rmdir_emptied(&mut walk, parent)? {
-            walk.stack.pop();
+            Step::DirDone => {
+                // Every listed entry is gone; entries may have appeared
+                // meanwhile (rmdir then says ENOTEMPTY): list again, a
+                // bounded number of times.
+                if rmdir_emptied(&mut walk, parent, &name)? {
+                    walk.leave()?;
+                } else if relists < MAX_RELISTS {
+                    relists += 1;
+                    walk.relist()?;
+                } else {
+                    return Err(
+                        SyscallError::new("unlinkat", walk.path(None), Errno::ENOTEMPTY).into(),
+                    );
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Lists the next batch of entries of the top frame.
-fn list_more(walk: &mut Walk<'_>) -> Result<(), PathError> {
-    let depth = walk.stack.len() - 1;
-    let batch = match walk.stack.last().and_then(|f| f.fd.as_ref()) {
-        Some(fd) => dirents::read_batch(fd.as_fd()),
-        None => Err(Errno::EBADF),
-    };
-    let more = batch.map_err(|e| SyscallError::new("getdents64", walk.path(depth, None), e))?;
-    if let Some(top) = walk.stack.last_mut() {
-        top.listed_all = more.at_end || more.entries.is_empty();
-        top.pending = more.entries;
-    }
-    Ok(())
-}
-
-/// Removes the listed entry `child` of the top frame: a file is unlinked,
-/// an empty directory removed; a directory with entries is opened and
-/// returned, to be emptied first.
+/// Removes the listed entry `child` of the walk's current directory: a file
+/// is unlinked, an empty directory removed; a directory with entries is
+/// opened and returned, to be emptied first.
 fn remove_entry(
-    walk: &Walk<'_>,
+    walk: &DirWalk,
     child: dirents::DirEntry,
 ) -> Result<Option<(OsString, OwnedFd)>, PathError> {
-    let depth = walk.stack.len() - 1;
-    let Some(fd) = walk.stack.last().and_then(|f| f.fd.as_ref()) else {
-        return Err(SyscallError::new("openat", walk.path(depth, None), Errno::EBADF).into());
-    };
-    let fd = fd.as_fd();
+    let fd = walk.dir()?;
     // Paths only matter for errors: built only then.
-    let child_abs = || walk.path(depth, Some(&child.name));
+    let child_abs = || walk.path(Some(&child.name));
     if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
         unlink_file(fd, &child.name, &child_abs)?;
         return Ok(None);
@@ -862,38 +725,25 @@ fn remove_entry(
     }
 }
 
-/// Removes the emptied directory on top of the walk (its parent is the
-/// frame below it, or `parent`): `Ok(true)` when it is gone, `Ok(false)`
-/// when entries appeared meanwhile and it is to be listed again.
-fn rmdir_emptied(walk: &mut Walk<'_>, parent: BorrowedFd<'_>) -> Result<bool, PathError> {
-    let depth = walk.stack.len() - 1;
-    let Some(name) = walk.stack.last().map(|f| f.name.clone()) else {
-        return Ok(true);
+/// Removes the emptied current directory of the walk (through its parent
+/// on the walk, or `parent`/`root_name` for the tree's root): `Ok(true)`
+/// when it is gone, `Ok(false)` when entries appeared meanwhile.
+fn rmdir_emptied(
+    walk: &mut DirWalk,
+    parent: BorrowedFd<'_>,
+    root_name: &OsStr,
+) -> Result<bool, PathError> {
+    let result = match walk.parent()? {
+        Some((name, dir)) => unlinkat(dir, name, UnlinkatFlags::RemoveDir),
+        None => unlinkat(parent, root_name, UnlinkatFlags::RemoveDir),
     };
-    let dir_parent = walk.parent_of_top(parent)?;
-    let result = unlinkat(dir_parent, name.as_os_str(), UnlinkatFlags::RemoveDir);
     match result {
         Ok(()) | Err(Errno::ENOENT) => Ok(true),
-        Err(Errno::ENOTEMPTY | Errno::EEXIST) => {
-            let Some(top) = walk.stack.last_mut() else {
-                return Ok(true);
-            };
-            if top.relists >= MAX_RELISTS {
-                return Err(SyscallError::new(
-                    "unlinkat",
-                    walk.path(depth, None),
-                    Errno::ENOTEMPTY,
-                )
-                .into());
-            }
-            top.relists += 1;
-            top.listed_all = false;
-            Ok(false)
-        }
+        Err(Errno::ENOTEMPTY | Errno::EEXIST) => Ok(false),
         Err(Errno::EBUSY) => Err(PathError::MountInside {
-            path: walk.path(depth, None),
+            path: walk.path(None),
         }),
-        Err(e) => Err(SyscallError::new("unlinkat", walk.path(depth, None), e).into()),
+        Err(e) => Err(SyscallError::new("unlinkat", walk.path(None), e).into()),
     }
 }
 

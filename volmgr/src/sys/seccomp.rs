@@ -45,9 +45,9 @@ const fn jump_eq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 /// The system calls an older kernel lacks, by the numbers shared by every
 /// architecture since their tables were unified (all are 424 or later):
 /// `open_tree`, `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`
-/// (5.2), `openat2` (5.6), `mount_setattr` (5.12), `statmount`, `listmount`
-/// (6.8).
-pub const NEWER_SYSCALLS: [u32; 10] = [428, 429, 430, 431, 432, 433, 437, 442, 457, 458];
+/// (5.2), `openat2` (5.6), `mount_setattr` (5.12), `fchmodat2` (6.6),
+/// `statmount`, `listmount` (6.8).
+pub const NEWER_SYSCALLS: [u32; 11] = [428, 429, 430, 431, 432, 433, 437, 442, 452, 457, 458];
 
 /// Installs, for the calling thread and every process it starts, a filter
 /// under which every call of [`NEWER_SYSCALLS`] fails with `ENOSYS`, as on a
