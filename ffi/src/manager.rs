@@ -133,7 +133,7 @@ fn build_config(cfg: &NewConfig) -> Config {
 ///
 /// # Safety
 /// `vm` is NULL or a live handle from `volmgr_new`.
-unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_status> {
+pub(crate) unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_status> {
     if vm.is_null() {
         return Err(fail(VOLMGR_ERR_INVALID_ARGUMENT, "volmgr handle is NULL"));
     }
