@@ -17,6 +17,13 @@ cargo build -q -p volmgr-ffi -p volmgr-csi-driver
 out=$(mktemp -d /tmp/volmgr-c.XXXXXX)
 # Detach the loop devices the test driver attached to its images, even when
 # a check failed, then remove everything.
+# Runs a command in a private mount namespace where the host is read-only
+# but /tmp (where everything of the test lives): a bug that binds / or /etc
+# into the test's directory cannot cost the host its files.
+isolated() {
+  unshare --mount --propagation private -- \
+    sh -c 'mount --bind /tmp /tmp && mount -o remount,bind,ro / && exec "$@"' isolated "$@"
+}
 cleanup() {
   for img in "$out"/csi-state/images/*; do
     [ -e "$img" ] || continue
@@ -45,16 +52,16 @@ gcc -std=c11 -Wall -Wextra -Werror -g -O1 -Iinclude -Itests/c tests/c/flow.c \
 gcc -std=c11 -Wall -Wextra -Werror -O1 tests/c/older_kernel.c -o "$out/older_kernel"
 mkdir -p "$out/root" "$out/host"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
-  unshare --mount --propagation private -- "$out/flow" "$out/root" "$out/host"
+  isolated "$out/flow" "$out/root" "$out/host"
 # As on a 4.18 kernel (RHEL 8): openat2, listmount and the new mount API
 # fail with ENOSYS; volmgr falls back and says so in status.
 mkdir -p "$out/old-root" "$out/old-host"
 VOLMGR_C_EXPECT_OPENAT_WALK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
-  unshare --mount --propagation private -- "$out/older_kernel" "$out/flow" "$out/old-root" "$out/old-host"
+  isolated "$out/older_kernel" "$out/flow" "$out/old-root" "$out/old-host"
 # Under valgrind (memcheck), which does not know openat2 either.
 if command -v valgrind >/dev/null; then
   mkdir -p "$out/vg-root" "$out/vg-host"
-  VOLMGR_C_EXPECT_OPENAT_WALK=1 unshare --mount --propagation private -- \
+  VOLMGR_C_EXPECT_OPENAT_WALK=1 isolated \
     valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
     --suppressions=tests/c/valgrind.supp \
     "$out/flow-plain" "$out/vg-root" "$out/vg-host"
@@ -65,5 +72,5 @@ fi
 # registry, as node-driver-registrar would.
 mkdir -p "$out/csi-root" "$out/csi-state"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
-  unshare --mount --propagation private -- "$out/csi_flow" "$out/csi-root" \
+  isolated "$out/csi_flow" "$out/csi-root" \
   "$PWD/target/debug/volmgr-csi-driver" "$out/csi-state"

@@ -22,6 +22,18 @@ const childEnv = "VOLMGR_GO_TEST_IN_PRIVATE_NS"
 // real mounts of these tests never reach the host. Without root it skips.
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" {
+		// The host read-only but the temporary directory: a bug that binds
+		// "/" or "/etc" into a test's directory cannot cost the host its
+		// files when the test cleans up (a bind keeps the read-only flag).
+		tmp := os.TempDir()
+		err := syscall.Mount(tmp, tmp, "", syscall.MS_BIND|syscall.MS_REC, "")
+		if err == nil {
+			err = syscall.Mount("", "/", "", syscall.MS_REMOUNT|syscall.MS_BIND|syscall.MS_RDONLY, "")
+		}
+		if err != nil {
+			fmt.Println("cannot make the host read-only for the tests:", err)
+			os.Exit(1)
+		}
 		os.Exit(m.Run())
 	}
 	if os.Geteuid() != 0 {
