@@ -244,6 +244,37 @@ static void thread_safety(const char *root, const char *host) {
 }
 
 /* HasPossiblyMountedVolumesForPod, and its misuse. */
+/* The struct-array form of the volume list: the same entries as the JSON,
+ * sorted by name, strings in the list's arena; bad arguments refused. */
+static void volume_list(volmgr *vm, const char *cache_path) {
+  volmgr_volume_list *list = NULL;
+  EXPECT(volmgr_get_volume_list_for_pod(vm, "pod-1", false, &list), VOLMGR_OK);
+  CHECK(list != NULL && list->len == 2, "two volumes: %zu", list ? list->len : 0);
+  if (list != NULL && list->len == 2) {
+    const volmgr_mounted_volume *cache = &list->volumes[0], *hostv = &list->volumes[1];
+    CHECK(strcmp(cache->outer_volume_spec_name, "cache") == 0, "sorted: %s", cache->outer_volume_spec_name);
+    CHECK(strcmp(cache->plugin, "kubernetes.io/empty-dir") == 0, "plugin %s", cache->plugin);
+    CHECK(strcmp(cache->path, cache_path) == 0, "path %s", cache->path);
+    CHECK(cache->state == VOLMGR_VOLUME_MOUNTED && !cache->read_only && cache->selinux_relabel &&
+              cache->block_device_path == NULL,
+          "cache flags");
+    CHECK(strcmp(hostv->outer_volume_spec_name, "host") == 0 && strstr(hostv->path, "host") != NULL, "host %s",
+          hostv->path);
+    CHECK(cache->path >= list->arena && cache->path < list->arena + list->arena_len, "strings in the arena");
+  }
+  volmgr_volume_list_free(list);
+  list = NULL;
+  EXPECT(volmgr_get_volume_list_for_pod(vm, "no-such-pod", true, &list), VOLMGR_OK);
+  CHECK(list != NULL && list->len == 0, "an unknown pod has no volumes");
+  volmgr_volume_list_free(list);
+  volmgr_volume_list_free(NULL);
+  list = NULL;
+  EXPECT(volmgr_get_volume_list_for_pod(vm, "../x", false, &list), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_get_volume_list_for_pod(vm, "pod-1", false, NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_get_volume_list_for_pod(NULL, "pod-1", false, &list), VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(list == NULL, "out untouched on failure");
+}
+
 static void has_possibly_mounted(volmgr *vm) {
   bool has = false;
   EXPECT(volmgr_has_possibly_mounted_volumes_for_pod(vm, "pod-1", &has), VOLMGR_OK);
@@ -366,6 +397,7 @@ int main(int argc, char **argv) {
         "volume map fields: %s", out ? out : "(null)");
   volmgr_string_free(out);
   out = NULL;
+  volume_list(vm, path);
   has_possibly_mounted(vm);
   resize(vm, path);
   EXPECT(volmgr_mark_volumes_as_reported_in_use(vm, "[\"kubernetes.io/empty-dir/pod-1-cache\"]"), VOLMGR_OK);

@@ -53,13 +53,13 @@ static volmgr_status volmgr_go_register_plugin(volmgr *vm, const char *name, uin
 import "C"
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
 	"runtime/cgo"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,11 +178,6 @@ type Manager struct {
 	mu sync.RWMutex
 	h  *C.volmgr
 
-	// The last decoded volume list per pod: decoding JSON costs far more
-	// than the call, and between changes volmgr returns the same bytes.
-	listsMu sync.Mutex
-	lists   map[listKey]cachedList
-
 	// Callbacks: the cgo handles given to volmgr (deleted once the handle
 	// is freed, when no callback can run any more), the event sinks, and
 	// the events dropped because a channel was full.
@@ -190,16 +185,6 @@ type Manager struct {
 	handles []cgo.Handle
 	sinks   []*eventSink
 	dropped atomic.Uint64
-}
-
-type listKey struct {
-	uid       string
-	uncertain bool
-}
-
-type cachedList struct {
-	raw  []byte
-	vols []MountedVolume
 }
 
 // call runs f on a locked OS thread (volmgr_last_error is per thread) and
@@ -230,7 +215,7 @@ func New(cfg Config) (*Manager, error) {
 	if err := call(func() C.volmgr_status { return C.volmgr_new(cs, &h) }); err != nil {
 		return nil, err
 	}
-	return &Manager{h: h, lists: map[listKey]cachedList{}}, nil
+	return &Manager{h: h}, nil
 }
 
 // with runs f with the handle, or fails with ErrClosed.
@@ -492,41 +477,80 @@ func (m *Manager) jsonCall(out interface{}, f func(h *C.volmgr, res **C.char) C.
 	return json.Unmarshal(raw, out)
 }
 
-// volumeList returns the pod's volumes, reusing the last decoded list when
-// volmgr returned the same bytes.
+// volumeList returns the pod's volumes through the struct-array call
+// (volmgr_get_volume_list_for_pod): one copy of the list's string arena,
+// every string a slice of it, no JSON.
 func (m *Manager) volumeList(uid string, uncertain bool) ([]MountedVolume, error) {
-	var raw []byte
-	err := withString(uid, func(cs *C.char) error {
-		var err error
-		raw, err = m.rawCall(func(h *C.volmgr, r **C.char) C.volmgr_status {
-			if uncertain {
-				return C.volmgr_get_possibly_mounted_volumes_for_pod(h, cs, r)
+	var vols []MountedVolume
+	err := m.with(func(h *C.volmgr) error {
+		return withString(uid, func(cs *C.char) error {
+			var list *C.volmgr_volume_list
+			if err := call(func() C.volmgr_status {
+				return C.volmgr_get_volume_list_for_pod(h, cs, C.bool(uncertain), &list)
+			}); err != nil {
+				return err
 			}
+			vols = decodeVolumeList(list)
+			C.volmgr_volume_list_free(list)
+			return nil
+		})
+	})
+	return vols, err
+}
+
+// volumeListJSON is the JSON form of the same query
+// (volmgr_get_mounted_volumes_for_pod decoded with encoding/json), kept to
+// compare against in the benchmarks.
+func (m *Manager) volumeListJSON(uid string) ([]MountedVolume, error) {
+	var vols []MountedVolume
+	err := withString(uid, func(cs *C.char) error {
+		return m.jsonCall(&vols, func(h *C.volmgr, r **C.char) C.volmgr_status {
 			return C.volmgr_get_mounted_volumes_for_pod(h, cs, r)
 		})
-		return err
 	})
-	if err != nil {
-		return nil, err
+	return vols, err
+}
+
+// decodeVolumeList copies a C volume list into Go values (nil when empty).
+func decodeVolumeList(l *C.volmgr_volume_list) []MountedVolume {
+	if l == nil || l.len == 0 {
+		return nil
 	}
-	key := listKey{uid, uncertain}
-	m.listsMu.Lock()
-	c, ok := m.lists[key]
-	m.listsMu.Unlock()
-	if ok && bytes.Equal(c.raw, raw) {
-		return append([]MountedVolume(nil), c.vols...), nil
+	arena := C.GoStringN(l.arena, C.int(l.arena_len))
+	base := uintptr(unsafe.Pointer(l.arena))
+	str := func(p *C.char) string {
+		if p == nil {
+			return ""
+		}
+		off := int(uintptr(unsafe.Pointer(p)) - base)
+		if off < 0 || off >= len(arena) {
+			return ""
+		}
+		if end := strings.IndexByte(arena[off:], 0); end >= 0 {
+			return arena[off : off+end]
+		}
+		return arena[off:]
 	}
-	var vols []MountedVolume
-	if err := json.Unmarshal(raw, &vols); err != nil {
-		return nil, err
+	rows := unsafe.Slice(l.volumes, int(l.len))
+	out := make([]MountedVolume, len(rows))
+	for i := range rows {
+		r := &rows[i]
+		state := "mounted"
+		if r.state == C.VOLMGR_VOLUME_UNCERTAIN {
+			state = "uncertain"
+		}
+		out[i] = MountedVolume{
+			OuterVolumeSpecName: str(r.outer_volume_spec_name),
+			VolumeName:          str(r.volume_name),
+			Plugin:              str(r.plugin),
+			Path:                str(r.path),
+			State:               state,
+			ReadOnly:            bool(r.read_only),
+			SELinuxRelabel:      bool(r.selinux_relabel),
+			BlockDevicePath:     str(r.block_device_path),
+		}
 	}
-	m.listsMu.Lock()
-	if len(m.lists) > 4096 {
-		m.lists = map[listKey]cachedList{}
-	}
-	m.lists[key] = cachedList{raw: raw, vols: vols}
-	m.listsMu.Unlock()
-	return append([]MountedVolume(nil), vols...), nil
+	return out
 }
 
 func (m *Manager) podJSON(uid string, out interface{},

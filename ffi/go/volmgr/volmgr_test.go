@@ -306,6 +306,49 @@ func BenchmarkGetMountedVolumesForPod(b *testing.B) {
 	}
 }
 
+// The same query through the JSON call and encoding/json, side by side.
+func BenchmarkGetMountedVolumesForPodJSON(b *testing.B) {
+	m, _, host := newManager(b)
+	if err := m.UpsertPod(podJSON("bench", host, 9)); err != nil {
+		b.Fatal(err)
+	}
+	if err := m.WaitForAttachAndMount(context.Background(), "bench"); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		v, err := m.volumeListJSON("bench")
+		if err != nil || len(v) != 10 {
+			b.Fatal(len(v), err)
+		}
+	}
+}
+
+// Both forms give the same entries.
+func TestVolumeListMatchesJSON(t *testing.T) {
+	m, _, host := newManager(t)
+	if err := m.UpsertPod(podJSON("same", host, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitForAttachAndMount(context.Background(), "same"); err != nil {
+		t.Fatal(err)
+	}
+	a, err := m.GetMountedVolumesForPod("same")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.volumeListJSON("same")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 4 || fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatalf("struct list %v\nJSON list %v", a, b)
+	}
+	if v, err := m.GetPossiblyMountedVolumesForPod("none"); err != nil || v != nil {
+		t.Fatalf("unknown pod: %v %v", v, err)
+	}
+}
+
 func BenchmarkUpsertUnchangedPod(b *testing.B) {
 	m, _, host := newManager(b)
 	pod := podJSON("bench", host, 9)
