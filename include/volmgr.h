@@ -320,6 +320,34 @@ volmgr_status volmgr_pod_upsert(volmgr *vm, const char *pod_json);
 volmgr_status volmgr_pod_delete(volmgr *vm, const char *pod_uid);
 
 /**
+ * Adds or replaces an object pods' volumes refer to (`object_json`: a
+ * Kubernetes PersistentVolume, PersistentVolumeClaim or Secret, with its
+ * `kind`), as a kubelet fork's informers see it: pods that read it are
+ * converted again (a claim now bound mounts its volume; a volume whose
+ * object changed keeps mounting what it resolves to). Another kind is
+ * `VOLMGR_ERR_UNSUPPORTED`; an invalid object `VOLMGR_ERR_INVALID_ARGUMENT`
+ * (a Secret's error never quotes it).
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `object_json` is NULL or a NUL-terminated string.
+ */
+volmgr_status volmgr_object_upsert(volmgr *vm, const char *object_json);
+
+/**
+ * Removes an object (`namespace` `""` for cluster-scoped kinds). Pods that
+ * read it keep their volumes as last resolved (the kubelet never drops a
+ * running pod's volume because its claim went away). `VOLMGR_ERR_NOT_FOUND`
+ * if it was not known.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; the strings are NULL or NUL-terminated.
+ */
+volmgr_status volmgr_object_delete(volmgr *vm,
+                                   const char *kind,
+                                   const char *namespace_,
+                                   const char *name);
+
+/**
  * The kubelet's `WaitForAttachAndMount`: returns `VOLMGR_OK` once every
  * volume of the pod is mounted, `VOLMGR_ERR_TIMEOUT` (with what is missing)
  * after `timeout_ms`, `VOLMGR_ERR_NOT_FOUND` for a pod never upserted.

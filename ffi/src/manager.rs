@@ -10,6 +10,8 @@ use volmgr_core::cache::world::VolumeEvent;
 use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
+use volmgr_core::populator::objects::{KubeObject, ObjectDecodeError, ObjectKind, ObjectRef};
+use volmgr_core::populator::PodResolver;
 use volmgr_core::sys::linux::LinuxMounter;
 use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
@@ -32,6 +34,10 @@ pub struct volmgr {
     volume_lists: Mutex<volmgr_core::volume::FastMap<(String, bool), (u64, std::ffi::CString)>>,
     /// Stops the tracer's and the plugin watcher's tasks.
     tracer_stop: tokio::sync::watch::Sender<bool>,
+    /// The pods and the objects they read (`volmgr_object_upsert`), so a
+    /// claim resolves to its volume and a pod waiting for an object is
+    /// converted again when it arrives.
+    pub(crate) resolver: Mutex<PodResolver>,
 }
 
 /// The name of volmgr's runtime threads: the tracer tells volmgr's own
@@ -241,9 +247,11 @@ pub unsafe extern "C" fn volmgr_new(
                 }
             }
         }));
+        let resolver = Mutex::new(PodResolver::new(vm.pod_sink()));
         let h = Box::new(volmgr {
             rt,
             vm,
+            resolver,
             events,
             wait_for_sources: cfg.wait_for_sources_ready,
             volume_lists: Mutex::default(),
@@ -444,7 +452,7 @@ pub unsafe extern "C" fn volmgr_pod_upsert(
         let text = try_ffi!(unsafe { str_arg(pod_json, "pod_json") });
         let pod: k8s_openapi::api::core::v1::Pod = try_ffi!(serde_json::from_str(text)
             .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("pod_json: {e}"))));
-        match h.vm.upsert_pod(&pod) {
+        match h.resolver.locked().upsert_pod(Arc::new(pod)) {
             Ok(_) => VOLMGR_OK,
             Err(r) => fail(VOLMGR_ERR_INVALID_ARGUMENT, r.to_string()),
         }
@@ -465,10 +473,103 @@ pub unsafe extern "C" fn volmgr_pod_delete(
         let h = try_ffi!(unsafe { handle(vm) });
         // SAFETY: per this function's contract.
         let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
-        if h.vm.delete_pod(&uid) {
+        if h.resolver.locked().delete_pod(&uid) {
             VOLMGR_OK
         } else {
             fail(VOLMGR_ERR_NOT_FOUND, format!("pod {uid} is not known"))
+        }
+    })
+}
+
+/// Adds or replaces an object pods' volumes refer to (`object_json`: a
+/// Kubernetes PersistentVolume, PersistentVolumeClaim or Secret, with its
+/// `kind`), as a kubelet fork's informers see it: pods that read it are
+/// converted again (a claim now bound mounts its volume; a volume whose
+/// object changed keeps mounting what it resolves to). Another kind is
+/// `VOLMGR_ERR_UNSUPPORTED`; an invalid object `VOLMGR_ERR_INVALID_ARGUMENT`
+/// (a Secret's error never quotes it).
+///
+/// # Safety
+/// `vm` is NULL or a live handle; `object_json` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_object_upsert(
+    vm: *mut volmgr,
+    object_json: *const c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let text = try_ffi!(unsafe { str_arg(object_json, "object_json") });
+        // A syntax error's message may quote the text (a Secret): only
+        // its position is given.
+        let value: serde_json::Value = try_ffi!(serde_json::from_str(text).map_err(|e| {
+            fail(
+                VOLMGR_ERR_INVALID_ARGUMENT,
+                format!(
+                    "object_json: not JSON (line {}, column {})",
+                    e.line(),
+                    e.column()
+                ),
+            )
+        }));
+        let obj = try_ffi!(KubeObject::from_json(value).map_err(|e| match e {
+            ObjectDecodeError::UnsupportedKind(_) => fail(VOLMGR_ERR_UNSUPPORTED, e.to_string()),
+            _ => fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string()),
+        }));
+        h.resolver.locked().upsert_object(obj);
+        VOLMGR_OK
+    })
+}
+
+/// Removes an object (`namespace` `""` for cluster-scoped kinds). Pods that
+/// read it keep their volumes as last resolved (the kubelet never drops a
+/// running pod's volume because its claim went away). `VOLMGR_ERR_NOT_FOUND`
+/// if it was not known.
+///
+/// # Safety
+/// `vm` is NULL or a live handle; the strings are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn volmgr_object_delete(
+    vm: *mut volmgr,
+    kind: *const c_char,
+    namespace: *const c_char,
+    name: *const c_char,
+) -> volmgr_status {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let h = try_ffi!(unsafe { handle(vm) });
+        // SAFETY: per this function's contract.
+        let (kind, namespace, name) = try_ffi!(unsafe {
+            str_arg(kind, "kind")
+                .and_then(|k| Ok((k, str_arg(namespace, "namespace")?, str_arg(name, "name")?)))
+        });
+        let Some(k) = ObjectKind::from_name(kind) else {
+            return fail(
+                VOLMGR_ERR_UNSUPPORTED,
+                ObjectDecodeError::UnsupportedKind(kind.into()).to_string(),
+            );
+        };
+        if name.is_empty() {
+            return fail(VOLMGR_ERR_INVALID_ARGUMENT, "name is empty");
+        }
+        // As in the objects themselves: a namespaced object without one is
+        // in "default".
+        let namespace = if namespace.is_empty() {
+            "default"
+        } else {
+            namespace
+        };
+        if h.resolver
+            .locked()
+            .delete_object(&ObjectRef::new(k, namespace, name))
+        {
+            VOLMGR_OK
+        } else {
+            fail(
+                VOLMGR_ERR_NOT_FOUND,
+                format!("{kind} {namespace}/{name} is not known"),
+            )
         }
     })
 }

@@ -82,17 +82,36 @@ int main(int argc, char **argv) {
   pid_t driver = start_driver(bin, root, state);
   CHECK(driver > 0, "driver started");
 
+  /* The pod first: its claim waits for the objects, which come as a
+   * kubelet fork's informers would forward them. */
   const char *pod =
       "{\"apiVersion\":\"v1\",\"kind\":\"Pod\","
       "\"metadata\":{\"name\":\"csi-pod\",\"namespace\":\"c\",\"uid\":\"csi-1\"},"
-      "\"spec\":{\"containers\":[{\"name\":\"c\",\"volumeMounts\":[{\"name\":\"data\",\"mountPath\":\"/d\"}]}],"
-      "\"volumes\":[{\"name\":\"data\",\"csi\":{\"driver\":\"" DRIVER "\","
-      "\"volumeAttributes\":{\"size\":\"32Mi\"}}}]}}";
+      "\"spec\":{\"securityContext\":{\"fsGroup\":4242},"
+      "\"containers\":[{\"name\":\"c\",\"volumeMounts\":[{\"name\":\"data\",\"mountPath\":\"/d\"}]}],"
+      "\"volumes\":[{\"name\":\"data\",\"persistentVolumeClaim\":{\"claimName\":\"claim\"}}]}}";
   EXPECT(volmgr_pod_upsert(vm, pod), VOLMGR_OK);
-  /* The driver registers meanwhile: the volume waits for it, then mounts. */
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "csi-1", 200), VOLMGR_ERR_TIMEOUT);
+  CHECK(strstr(volmgr_last_error(), "PersistentVolumeClaim c/claim not found") != NULL, "waits for its claim: %s",
+        volmgr_last_error());
+  EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"v1\",\"kind\":\"PersistentVolumeClaim\","
+                                  "\"metadata\":{\"name\":\"claim\",\"namespace\":\"c\"},"
+                                  "\"spec\":{\"volumeName\":\"pv-c\",\"accessModes\":[\"ReadWriteOnce\"]}}"),
+         VOLMGR_OK);
+  EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"v1\",\"kind\":\"PersistentVolume\","
+                                  "\"metadata\":{\"name\":\"pv-c\"},\"spec\":{\"capacity\":{\"storage\":\"64Mi\"},"
+                                  "\"accessModes\":[\"ReadWriteOnce\"],"
+                                  "\"claimRef\":{\"namespace\":\"c\",\"name\":\"claim\"},"
+                                  "\"csi\":{\"driver\":\"" DRIVER "\",\"volumeHandle\":\"vol-c\","
+                                  "\"fsType\":\"ext4\",\"volumeAttributes\":{\"size\":\"64Mi\"}}}}"),
+         VOLMGR_OK);
+  /* The driver registers meanwhile: the volume is staged, published and
+   * given the pod's fsGroup (ReadWriteOnce ext4, no CSIDriver object). */
   EXPECT(volmgr_wait_for_attach_and_mount(vm, "csi-1", 60000), VOLMGR_OK);
-  snprintf(target, sizeof target, "%s/pods/csi-1/volumes/kubernetes.io~csi/data/mount", root);
+  snprintf(target, sizeof target, "%s/pods/csi-1/volumes/kubernetes.io~csi/pv-c/mount", root);
   CHECK(mount_count(target) == 1, "%s is mounted once", target);
+  CHECK(stat(target, &st) == 0 && st.st_gid == 4242 && (st.st_mode & 02000) != 0, "fsGroup applied: gid %u mode %o",
+        (unsigned)st.st_gid, (unsigned)st.st_mode);
   /* A real ext4 the pod can write to. */
   snprintf(file, sizeof file, "%s/hello", target);
   FILE *f = fopen(file, "w");
@@ -108,6 +127,23 @@ int main(int argc, char **argv) {
         out ? out : "(null)");
   volmgr_string_free(out);
   out = NULL;
+
+  /* Objects: bad ones refused without harm; deleting the claim keeps the
+   * running pod's volume (last resolution). */
+  EXPECT(volmgr_object_upsert(vm, "{\"kind\":\"ConfigMapX\",\"metadata\":{\"name\":\"x\"}}"),
+         VOLMGR_ERR_UNSUPPORTED);
+  EXPECT(volmgr_object_upsert(vm, "{\"kind\":\"Secret\",\"metadata\":{\"name\":\"s\"},\"data\":{\"k\":\"hunter2!!\"}}"),
+         VOLMGR_ERR_INVALID_ARGUMENT);
+  CHECK(strstr(volmgr_last_error(), "hunter2") == NULL, "a Secret's error never quotes it: %s", volmgr_last_error());
+  EXPECT(volmgr_object_upsert(vm, "{\"kind\":\"PersistentVolume\",\"metadata\":{}}"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_object_upsert(vm, "not json"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_object_upsert(NULL, "{}"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_object_delete(vm, "PersistentVolumeClaim", "c", "nope"), VOLMGR_ERR_NOT_FOUND);
+  EXPECT(volmgr_object_delete(vm, "Node", "", "n"), VOLMGR_ERR_UNSUPPORTED);
+  EXPECT(volmgr_object_delete(vm, "PersistentVolumeClaim", NULL, "claim"), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_object_delete(vm, "PersistentVolumeClaim", "c", "claim"), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "csi-1", 2000), VOLMGR_OK);
+  CHECK(mount_count(target) == 1, "still mounted after its claim went away");
 
   EXPECT(volmgr_pod_delete(vm, "csi-1"), VOLMGR_OK);
   EXPECT(volmgr_wait_for_unmount(vm, "csi-1", 60000), VOLMGR_OK);

@@ -339,6 +339,31 @@ func (m *Manager) UpsertPod(podJSON []byte) error {
 	})
 }
 
+// UpsertObject adds or replaces an object pods' volumes refer to
+// (PersistentVolume, PersistentVolumeClaim or Secret JSON with its kind), as
+// the kubelet's informers deliver it: pods that read it are converted again.
+func (m *Manager) UpsertObject(objectJSON []byte) error {
+	return m.with(func(h *C.volmgr) error {
+		return withString(string(objectJSON), func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_object_upsert(h, cs) })
+		})
+	})
+}
+
+// DeleteObject removes an object (namespace "" for cluster-scoped kinds);
+// running pods keep their volumes as last resolved.
+func (m *Manager) DeleteObject(kind, namespace, name string) error {
+	return m.with(func(h *C.volmgr) error {
+		return withString(kind, func(k *C.char) error {
+			return withString(namespace, func(ns *C.char) error {
+				return withString(name, func(n *C.char) error {
+					return call(func() C.volmgr_status { return C.volmgr_object_delete(h, k, ns, n) })
+				})
+			})
+		})
+	})
+}
+
 // DeletePod removes a pod; its volumes are torn down.
 func (m *Manager) DeletePod(uid string) error {
 	return m.with(func(h *C.volmgr) error {

@@ -324,6 +324,27 @@ func BenchmarkGetMountedVolumesForPodJSON(b *testing.B) {
 	}
 }
 
+// Objects: a claim waits for its objects; bad ones are refused.
+func TestObjects(t *testing.T) {
+	m, _, _ := newManager(t)
+	pvc := []byte(`{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"c","namespace":"go"},"spec":{"volumeName":"pv"}}`)
+	if err := m.UpsertObject(pvc); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UpsertObject([]byte(`{"kind":"Node","metadata":{"name":"n"}}`)); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("a Node: %v", err)
+	}
+	if err := m.UpsertObject([]byte(`{`)); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("not JSON: %v", err)
+	}
+	if err := m.DeleteObject("PersistentVolumeClaim", "go", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteObject("PersistentVolumeClaim", "go", "c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted twice: %v", err)
+	}
+}
+
 // Both forms give the same entries.
 func TestVolumeListMatchesJSON(t *testing.T) {
 	m, _, host := newManager(t)

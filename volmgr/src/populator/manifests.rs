@@ -34,11 +34,12 @@ use nix::sys::inotify::AddWatchFlags;
 use nix::sys::stat::{FileStat, Mode};
 use tokio::sync::watch;
 
-use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
+use crate::populator::objects::{KubeObject, ObjectRef};
 use crate::populator::pod::{DesiredPod, PodRejected, VolumeSpecError};
+use crate::populator::resolver::{PodResolver, Resolvable};
 use crate::populator::{yaml_depth, PodSink};
 use crate::sys::inotify::{self, WatchError};
-use crate::volume::{PodUid, VolumeSource};
+use crate::volume::PodUid;
 
 /// Files larger than this are refused.
 const MAX_FILE_BYTES: u64 = 8 << 20;
@@ -340,20 +341,10 @@ pub struct ManifestsSource {
     files: HashMap<OsString, FileState>,
     /// Which file defines each pod (a second definition is rejected).
     owners: HashMap<PodUid, OsString>,
-    /// The PVCs, PVs and Secrets of every file.
-    store: ObjectStore,
+    /// The objects of every file and the pods that read them.
+    resolver: PodResolver,
     /// Which file defines each object (a second definition is refused).
     object_owners: HashMap<ObjectRef, OsString>,
-    /// The pods that read other objects, as written (to re-resolve them).
-    resolvable: HashMap<PodUid, Arc<Pod>>,
-    /// Which of those pods read which objects.
-    dependents: Dependents,
-    /// The last successful resolution of each volume of those pods: a
-    /// volume whose object goes away keeps it (like the kubelet, which never
-    /// drops a volume of a running pod because its PVC or PV vanished).
-    last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
-    /// Pods currently running on a last good resolution (shown in status).
-    stale: HashMap<PodUid, String>,
     /// New pods of the files being synced whose volumes need objects not
     /// read yet (a PVC in a file that sorts later): resolved once every
     /// file of the sync is applied, so they never show a passing "not
@@ -370,17 +361,13 @@ impl ManifestsSource {
     /// A source reading `dir` into `sink` (the populator).
     pub fn new(dir: PathBuf, sink: Arc<dyn PodSink>, rescan_period: Duration) -> Self {
         Self {
+            resolver: PodResolver::new(Arc::clone(&sink)),
             dir,
             sink,
             rescan_period,
             files: HashMap::new(),
             owners: HashMap::new(),
-            store: ObjectStore::default(),
             object_owners: HashMap::new(),
-            resolvable: HashMap::new(),
-            dependents: Dependents::default(),
-            last_good: HashMap::new(),
-            stale: HashMap::new(),
             waiting: Vec::new(),
             duplicates: HashMap::new(),
             reread: BTreeSet::new(),
@@ -412,7 +399,7 @@ impl ManifestsSource {
         tracing::info!(
             files = self.files.len(),
             pods = self.owners.len(),
-            objects = self.store.len(),
+            objects = self.resolver.objects().len(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "initial manifests scan done"
         );
@@ -600,7 +587,7 @@ impl ManifestsSource {
         }
         let _hold = self.sink.hold_wakes();
         for (name, raw) in waiting {
-            let resolved = self.resolve(&raw);
+            let resolved = self.resolver.resolve(&raw);
             let Ok((pod, deps)) = resolved else {
                 continue; // Rejection depends on the pod alone: not deferred.
             };
@@ -644,7 +631,7 @@ impl ManifestsSource {
             for uid in old.pods {
                 if self.owners.get(&uid) == Some(name) {
                     self.release_owner(&uid);
-                    self.forget_pod(&uid);
+                    self.resolver.forget_pod(&uid);
                     self.sink.delete_pod(&uid);
                     tracing::info!(pod = %uid, file = %source, "pod removed with its manifest");
                 }
@@ -653,13 +640,13 @@ impl ManifestsSource {
             for r in old.objects {
                 if self.object_owners.get(&r) == Some(name) {
                     self.object_owners.remove(&r);
-                    if self.store.remove(&r) {
+                    if self.resolver.remove_object(&r) {
                         tracing::info!(object = %r, file = %source, "object removed with its manifest");
                         changed.insert(r);
                     }
                 }
             }
-            self.reresolve(&changed, &BTreeSet::new());
+            self.resolver.reresolve(&changed, &BTreeSet::new());
         }
         self.sink.set_source_problems(source, vec![], vec![]);
     }
@@ -675,7 +662,7 @@ impl ManifestsSource {
         let mut pods: Vec<(DesiredPod, Option<Resolvable>)> =
             parsed.pods.into_iter().map(|p| (p, None)).collect();
         for raw in parsed.unresolved {
-            match self.resolve(&raw) {
+            match self.resolver.resolve(&raw) {
                 Ok((pod, _)) if self.waits_for_objects(&pod) => {
                     self.owners.insert(pod.uid, name.clone());
                     self.waiting.push((name.clone(), raw));
@@ -725,7 +712,7 @@ impl ManifestsSource {
                 continue;
             }
             self.object_owners.insert(r.clone(), name.clone());
-            if self.store.insert(obj) {
+            if self.resolver.store_object(obj) {
                 tracing::info!(object = %r, file = %source, "object added or changed");
                 changed.insert(r);
             }
@@ -742,7 +729,7 @@ impl ManifestsSource {
         for r in state.objects.iter().filter(|r| !now_objects.contains(*r)) {
             if self.object_owners.get(r) == Some(name) {
                 self.object_owners.remove(r);
-                if self.store.remove(r) {
+                if self.resolver.remove_object(r) {
                     tracing::info!(object = %r, file = %source, "object removed from its manifest");
                     changed.insert(r.clone());
                 }
@@ -790,20 +777,7 @@ impl ManifestsSource {
             }
             now.insert(pod.uid.clone());
             self.owners.insert(pod.uid.clone(), name.clone());
-            let pod = match resolvable {
-                Some((raw, deps)) => {
-                    // The same pod as before: its volumes may keep their
-                    // last good resolution.
-                    let same = self.resolvable.get(&pod.uid) == Some(&raw);
-                    self.dependents.set(&pod.uid, deps);
-                    self.resolvable.insert(pod.uid.clone(), raw);
-                    self.settle(pod, same)
-                }
-                None => {
-                    self.forget_pod(&pod.uid);
-                    pod
-                }
-            };
+            let pod = self.resolver.admit(pod, resolvable);
             self.sink.set_pod(pod);
         }
         now
@@ -827,7 +801,7 @@ impl ManifestsSource {
                     state.pods.push(uid.clone());
                 }
             }
-            self.reresolve(changed, &now);
+            self.resolver.reresolve(changed, &now);
             return;
         }
         let mut gone = Vec::new();
@@ -840,95 +814,13 @@ impl ManifestsSource {
         }
         for uid in &gone {
             self.release_owner(uid);
-            self.forget_pod(uid);
+            self.resolver.forget_pod(uid);
         }
-        self.reresolve(changed, &now);
+        self.resolver.reresolve(changed, &now);
         let state = self.files.entry(name.clone()).or_default();
         state.pods = now.into_iter().collect();
     }
-
-    /// Converts a pod that reads other objects, recording which.
-    fn resolve(&self, raw: &Pod) -> Result<(DesiredPod, BTreeSet<ObjectRef>), PodRejected> {
-        let rec = RecordingLookup::new(&self.store);
-        let pod = DesiredPod::from_pod_with(raw, Some(&rec))?;
-        Ok((pod, rec.into_dependencies()))
-    }
-
-    /// Stops tracking the objects `uid` read.
-    fn forget_pod(&mut self, uid: &PodUid) {
-        self.resolvable.remove(uid);
-        self.dependents.remove(uid);
-        self.last_good.remove(uid);
-        if let Some(key) = self.stale.remove(uid) {
-            self.sink.set_source_problems(&key, vec![], vec![]);
-        }
-    }
-
-    /// Records the volumes that resolved; with `keep_last`, a volume that no
-    /// longer resolves keeps its last good resolution (and the problem shows
-    /// in status under the pod).
-    fn settle(&mut self, mut pod: DesiredPod, keep_last: bool) -> DesiredPod {
-        let prev = self.last_good.remove(&pod.uid).unwrap_or_default();
-        let mut problems = Vec::new();
-        for v in &mut pod.volumes {
-            if let (Err(e), true) = (&v.source, keep_last) {
-                if let Some(old) = prev.get(&v.name) {
-                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume no longer resolves; keeping its last resolution");
-                    problems.push(format!(
-                        "volume {:?}: {e}; the volume stays as last resolved",
-                        v.name
-                    ));
-                    v.source = Ok(old.clone());
-                }
-            }
-        }
-        let good = pod
-            .volumes
-            .iter()
-            .filter_map(|v| v.source.as_ref().ok().map(|s| (v.name.clone(), s.clone())))
-            .collect();
-        self.last_good.insert(pod.uid.clone(), good);
-        let key = format!("pod {}/{} ({})", pod.namespace, pod.name, pod.uid);
-        if problems.is_empty() {
-            if let Some(k) = self.stale.remove(&pod.uid) {
-                self.sink.set_source_problems(&k, vec![], vec![]);
-            }
-        } else {
-            self.sink.set_source_problems(&key, problems, vec![]);
-            self.stale.insert(pod.uid.clone(), key);
-        }
-        pod
-    }
-
-    /// Converts again the pods that read one of `changed` (except those in
-    /// `fresh`, just converted against the current objects).
-    fn reresolve(&mut self, changed: &BTreeSet<ObjectRef>, fresh: &BTreeSet<PodUid>) {
-        if changed.is_empty() {
-            return;
-        }
-        for uid in self.dependents.pods_affected_by(changed) {
-            if fresh.contains(&uid) {
-                continue;
-            }
-            let Some(raw) = self.resolvable.get(&uid).cloned() else {
-                continue;
-            };
-            match self.resolve(&raw) {
-                Ok((pod, deps)) => {
-                    tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
-                    self.dependents.set(&uid, deps);
-                    let pod = self.settle(pod, true);
-                    self.sink.set_pod(pod);
-                }
-                // Rejection depends on the pod alone, which did not change.
-                Err(r) => tracing::warn!(pod = %uid, error = %r, "pod rejected on re-resolution"),
-            }
-        }
-    }
 }
-
-/// A pod as written and the objects its conversion read.
-type Resolvable = (Arc<Pod>, BTreeSet<ObjectRef>);
 
 enum FileRead {
     Unchanged,
@@ -1639,7 +1531,7 @@ spec:
             &PVC_POD.replace("persistentVolumeClaim: {claimName: claim}", "emptyDir: {}"),
         );
         src.rescan().await;
-        assert!(src.resolvable.is_empty());
+        assert!(src.resolver.follows_no_pod());
         put(d, "pv.yaml", &pv_yaml("64Mi", false));
         src.rescan().await;
         std::fs::remove_file(d.join("pod.yaml")).unwrap();
@@ -1649,6 +1541,6 @@ spec:
             .dsw()
             .pod(&PodUid::new("uid-p").unwrap())
             .is_none());
-        assert!(src.resolvable.is_empty());
+        assert!(src.resolver.follows_no_pod());
     }
 }

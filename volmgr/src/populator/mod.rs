@@ -15,9 +15,11 @@ pub mod manifests;
 pub mod objects;
 pub mod pod;
 pub mod resolve;
+pub mod resolver;
 pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
+pub use resolver::PodResolver;
 
 use crate::cache::world::WakeHold;
 use crate::volume::PodUid;

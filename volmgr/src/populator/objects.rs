@@ -72,6 +72,38 @@ impl fmt::Display for ObjectRef {
     }
 }
 
+impl ObjectKind {
+    /// The kind named `kind` (as in an object's `kind` field), if followed.
+    pub fn from_name(kind: &str) -> Option<Self> {
+        match kind {
+            "PersistentVolume" => Some(Self::PersistentVolume),
+            "PersistentVolumeClaim" => Some(Self::PersistentVolumeClaim),
+            "Secret" => Some(Self::Secret),
+            _ => None,
+        }
+    }
+}
+
+/// Why a JSON document is not an object pods' volumes can refer to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectDecodeError {
+    /// A kind that is not followed (or no `kind`).
+    #[error("kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim and Secret are)")]
+    UnsupportedKind(String),
+    /// Not a valid object of its kind. For a Secret, the message never
+    /// quotes the document (it could quote a value).
+    #[error("not a valid v1.{kind}: {message}")]
+    Invalid {
+        /// The kind.
+        kind: String,
+        /// Why.
+        message: String,
+    },
+    /// `metadata.name` is missing or empty.
+    #[error("{0}: metadata.name is required")]
+    NoName(String),
+}
+
 /// One object read from a source. `Debug` never prints Secret data.
 #[derive(Clone, PartialEq)]
 pub enum KubeObject {
@@ -90,6 +122,42 @@ impl fmt::Debug for KubeObject {
 }
 
 impl KubeObject {
+    /// Decodes a JSON document by its `kind`.
+    pub fn from_json(v: serde_json::Value) -> Result<Self, ObjectDecodeError> {
+        let kind = v
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or("")
+            .to_string();
+        let invalid = |message: String| ObjectDecodeError::Invalid {
+            kind: kind.clone(),
+            message,
+        };
+        let obj = match ObjectKind::from_name(&kind) {
+            Some(ObjectKind::PersistentVolume) => Self::PersistentVolume(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
+            Some(ObjectKind::PersistentVolumeClaim) => Self::PersistentVolumeClaim(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
+            Some(ObjectKind::Secret) => {
+                Self::Secret(Arc::new(serde_json::from_value(v).map_err(|e| {
+                    invalid(format!(
+                        "details withheld, they could quote a secret value (line {}, column {})",
+                        e.line(),
+                        e.column()
+                    ))
+                })?))
+            }
+            None => return Err(ObjectDecodeError::UnsupportedKind(kind)),
+        };
+        let r = obj.reference();
+        if r.name.is_empty() {
+            return Err(ObjectDecodeError::NoName(kind));
+        }
+        Ok(obj)
+    }
+
     /// The reference naming this object (namespace defaulted to `default`).
     pub fn reference(&self) -> ObjectRef {
         let (kind, meta) = match self {
@@ -306,6 +374,11 @@ impl Dependents {
                 }
             }
         }
+    }
+
+    /// Every object some pod read (an empty name: any object of the kind).
+    pub fn objects(&self) -> BTreeSet<ObjectRef> {
+        self.by_object.keys().cloned().collect()
     }
 
     /// The pods that depend on any of `changed` (a changed PV also reaches

@@ -1,0 +1,218 @@
+//! Resolving pods against the objects they read, for every source of pods
+//! (the manifests directory, the Kubernetes API, the C ABI): which pod read
+//! which PersistentVolumeClaim, PersistentVolume or Secret, converting a
+//! pod again when one of those changes, and keeping a volume's last good
+//! resolution when its object goes away (the kubelet never drops a volume
+//! of a running pod because its claim vanished). Writes to the [`PodSink`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
+use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::PodSink;
+use crate::volume::{PodUid, VolumeSource};
+
+/// A pod as written and the objects its conversion read.
+pub type Resolvable = (Arc<Pod>, BTreeSet<ObjectRef>);
+
+/// The objects a source knows and the pods that read them.
+pub struct PodResolver {
+    sink: Arc<dyn PodSink>,
+    store: ObjectStore,
+    /// The pods that read other objects, as written (to re-resolve them).
+    resolvable: HashMap<PodUid, Arc<Pod>>,
+    /// Which of those pods read which objects.
+    dependents: Dependents,
+    /// The last successful resolution of each volume of those pods: a
+    /// volume whose object goes away keeps it.
+    last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
+    /// Pods currently running on a last good resolution (shown in status).
+    stale: HashMap<PodUid, String>,
+}
+
+impl PodResolver {
+    /// A resolver writing to `sink`.
+    pub fn new(sink: Arc<dyn PodSink>) -> Self {
+        Self {
+            sink,
+            store: ObjectStore::default(),
+            resolvable: HashMap::new(),
+            dependents: Dependents::default(),
+            last_good: HashMap::new(),
+            stale: HashMap::new(),
+        }
+    }
+
+    /// The objects known.
+    pub fn objects(&self) -> &ObjectStore {
+        &self.store
+    }
+
+    /// Stores `obj` without converting anyone again (a source applying a
+    /// batch calls [`reresolve`](Self::reresolve) once after); whether it
+    /// changed.
+    pub fn store_object(&mut self, obj: KubeObject) -> bool {
+        self.store.insert(obj)
+    }
+
+    /// Removes object `r` without converting anyone again; whether it was
+    /// known.
+    pub fn remove_object(&mut self, r: &ObjectRef) -> bool {
+        self.store.remove(r)
+    }
+
+    /// Adds or replaces `obj` and converts again the pods that read it;
+    /// whether it changed.
+    pub fn upsert_object(&mut self, obj: KubeObject) -> bool {
+        let r = obj.reference();
+        if !self.store.insert(obj) {
+            return false;
+        }
+        self.reresolve(&BTreeSet::from([r]), &BTreeSet::new());
+        true
+    }
+
+    /// Removes object `r` and converts again the pods that read it (their
+    /// volumes keep their last good resolution); whether it was known.
+    pub fn delete_object(&mut self, r: &ObjectRef) -> bool {
+        if !self.store.remove(r) {
+            return false;
+        }
+        self.reresolve(&BTreeSet::from([r.clone()]), &BTreeSet::new());
+        true
+    }
+
+    /// Whether no pod is followed (none reads an object).
+    pub fn follows_no_pod(&self) -> bool {
+        self.resolvable.is_empty()
+    }
+
+    /// The objects the known pods read (found or not): what a source that
+    /// follows objects one by one must follow.
+    pub fn referenced_objects(&self) -> BTreeSet<ObjectRef> {
+        self.dependents.objects()
+    }
+
+    /// Converts `raw` (resolving its claims against the known objects) and
+    /// hands it to the sink: a pod of a source that has no notion of files
+    /// (the Kubernetes API, the C ABI).
+    pub fn upsert_pod(&mut self, raw: Arc<Pod>) -> Result<PodUid, PodRejected> {
+        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw) {
+            let (pod, deps) = self.resolve(&raw)?;
+            (pod, Some((raw, deps)))
+        } else {
+            (DesiredPod::from_pod(&raw)?, None)
+        };
+        let uid = pod.uid.clone();
+        let pod = self.admit(pod, resolvable);
+        self.sink.set_pod(pod);
+        Ok(uid)
+    }
+
+    /// Removes pod `uid` (its volumes are torn down); whether the sink knew it.
+    pub fn delete_pod(&mut self, uid: &PodUid) -> bool {
+        self.forget_pod(uid);
+        self.sink.delete_pod(uid)
+    }
+
+    /// Records a converted pod before it goes to the sink: with what it was
+    /// converted from and read, it is followed (and its volumes may keep
+    /// their last good resolution if the same pod was seen before);
+    /// without, it reads nothing and anything recorded of it is forgotten.
+    pub fn admit(&mut self, pod: DesiredPod, resolvable: Option<Resolvable>) -> DesiredPod {
+        match resolvable {
+            Some((raw, deps)) => {
+                let same = self.resolvable.get(&pod.uid) == Some(&raw);
+                self.dependents.set(&pod.uid, deps);
+                self.resolvable.insert(pod.uid.clone(), raw);
+                self.settle(pod, same)
+            }
+            None => {
+                self.forget_pod(&pod.uid);
+                pod
+            }
+        }
+    }
+
+    /// Converts a pod that reads other objects, recording which.
+    pub fn resolve(&self, raw: &Pod) -> Result<(DesiredPod, BTreeSet<ObjectRef>), PodRejected> {
+        let rec = RecordingLookup::new(&self.store);
+        let pod = DesiredPod::from_pod_with(raw, Some(&rec))?;
+        Ok((pod, rec.into_dependencies()))
+    }
+
+    /// Stops tracking the objects `uid` read.
+    pub fn forget_pod(&mut self, uid: &PodUid) {
+        self.resolvable.remove(uid);
+        self.dependents.remove(uid);
+        self.last_good.remove(uid);
+        if let Some(key) = self.stale.remove(uid) {
+            self.sink.set_source_problems(&key, vec![], vec![]);
+        }
+    }
+
+    /// Records the volumes that resolved; with `keep_last`, a volume that no
+    /// longer resolves keeps its last good resolution (and the problem shows
+    /// in status under the pod).
+    fn settle(&mut self, mut pod: DesiredPod, keep_last: bool) -> DesiredPod {
+        let prev = self.last_good.remove(&pod.uid).unwrap_or_default();
+        let mut problems = Vec::new();
+        for v in &mut pod.volumes {
+            if let (Err(e), true) = (&v.source, keep_last) {
+                if let Some(old) = prev.get(&v.name) {
+                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume no longer resolves; keeping its last resolution");
+                    problems.push(format!(
+                        "volume {:?}: {e}; the volume stays as last resolved",
+                        v.name
+                    ));
+                    v.source = Ok(old.clone());
+                }
+            }
+        }
+        let good = pod
+            .volumes
+            .iter()
+            .filter_map(|v| v.source.as_ref().ok().map(|s| (v.name.clone(), s.clone())))
+            .collect();
+        self.last_good.insert(pod.uid.clone(), good);
+        let key = format!("pod {}/{} ({})", pod.namespace, pod.name, pod.uid);
+        if problems.is_empty() {
+            if let Some(k) = self.stale.remove(&pod.uid) {
+                self.sink.set_source_problems(&k, vec![], vec![]);
+            }
+        } else {
+            self.sink.set_source_problems(&key, problems, vec![]);
+            self.stale.insert(pod.uid.clone(), key);
+        }
+        pod
+    }
+
+    /// Converts again the pods that read one of `changed` (except those in
+    /// `fresh`, just converted against the current objects).
+    pub fn reresolve(&mut self, changed: &BTreeSet<ObjectRef>, fresh: &BTreeSet<PodUid>) {
+        if changed.is_empty() {
+            return;
+        }
+        for uid in self.dependents.pods_affected_by(changed) {
+            if fresh.contains(&uid) {
+                continue;
+            }
+            let Some(raw) = self.resolvable.get(&uid).cloned() else {
+                continue;
+            };
+            match self.resolve(&raw) {
+                Ok((pod, deps)) => {
+                    tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
+                    self.dependents.set(&uid, deps);
+                    let pod = self.settle(pod, true);
+                    self.sink.set_pod(pod);
+                }
+                // Rejection depends on the pod alone, which did not change.
+                Err(r) => tracing::warn!(pod = %uid, error = %r, "pod rejected on re-resolution"),
+            }
+        }
+    }
+}
