@@ -23,7 +23,7 @@ import (
 
 // Event is one volume event (volmgr_set_event_callback's JSON).
 type Event struct {
-	// Kind is "mounted", "unmounted", "failed", "lost" or "expanded".
+	// Kind is "mounted", "unmounted", "failed" or "lost".
 	Kind       string `json:"kind"`
 	PodUID     string `json:"pod_uid"`
 	Volume     string `json:"volume"`

@@ -153,15 +153,7 @@ impl DesiredStateOfWorld {
         &mut self,
         reported: &FastSet<UniqueVolumeName>,
     ) -> Vec<UniqueVolumeName> {
-        let mut newly = Vec::new();
-        for (name, v) in self.volumes.iter_mut() {
-            let now = reported.contains(name);
-            if now && !v.reported_in_use {
-                newly.push(name.clone());
-            }
-            v.reported_in_use = now;
-        }
-        newly
+        self.set_flag(reported, |v| &mut v.reported_in_use)
     }
 
     /// The Node's `status.volumesAttached` as last read: every desired
@@ -171,15 +163,27 @@ impl DesiredStateOfWorld {
         &mut self,
         attached: FastSet<UniqueVolumeName>,
     ) -> Vec<UniqueVolumeName> {
+        let newly = self.set_flag(&attached, |v| &mut v.attached);
+        self.attached = attached;
+        newly
+    }
+
+    /// Sets `flag` of every desired volume to whether `listed` has it;
+    /// returns the volumes whose flag turned true.
+    fn set_flag(
+        &mut self,
+        listed: &FastSet<UniqueVolumeName>,
+        flag: fn(&mut VolumeToMount) -> &mut bool,
+    ) -> Vec<UniqueVolumeName> {
         let mut newly = Vec::new();
         for (name, v) in self.volumes.iter_mut() {
-            let now = attached.contains(name);
-            if now && !v.attached {
+            let now = listed.contains(name);
+            let f = flag(v);
+            if now && !*f {
                 newly.push(name.clone());
             }
-            v.attached = now;
+            *f = now;
         }
-        self.attached = attached;
         newly
     }
 

@@ -727,6 +727,13 @@ fn node_info_of(r: csi::NodeGetInfoResponse) -> std::result::Result<NodeInfo, St
     if r.node_id.is_empty() {
         return Err("the driver returned an empty node ID".into());
     }
+    // The CSI spec's bound; the ID ends up in a Node annotation.
+    if r.node_id.len() > 256 {
+        return Err(format!(
+            "the driver returned a node ID of {} bytes (at most 256)",
+            r.node_id.len()
+        ));
+    }
     if r.max_volumes_per_node < 0 {
         return Err(format!(
             "the driver returned a negative max_volumes_per_node ({})",
@@ -943,6 +950,9 @@ mod tests {
         assert!(node_info_of(answer("", 0, &[]))
             .unwrap_err()
             .contains("empty node ID"));
+        assert!(node_info_of(answer(&"n".repeat(257), 0, &[]))
+            .unwrap_err()
+            .contains("257 bytes"));
         assert!(node_info_of(answer("n1", -1, &[]))
             .unwrap_err()
             .contains("negative"));
