@@ -7,5 +7,6 @@
 
 pub mod agent;
 pub mod api;
+pub mod apiserver;
 pub mod limits;
 pub mod status_text;

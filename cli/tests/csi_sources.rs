@@ -506,3 +506,56 @@ async fn watcher_tells_a_refused_plugin_why() {
     stop_tx.send(true).unwrap();
     task.await.unwrap().unwrap();
 }
+
+/// The kubelet's CSI `RegisterPlugin` calls the driver's NodeGetInfo: a
+/// failure fails the registration (the registrar is told why, with the
+/// kubelet's words) and it is retried; the answer (node ID, volume limit)
+/// is kept with the driver and shows in status.
+#[test]
+fn registration_calls_node_get_info_and_fails_with_it() {
+    isolated("registration_calls_node_get_info_and_fails_with_it", || {
+        let env = Env::new();
+        let agent = env.start_agent(&[]);
+        env.wait_synced();
+        let mut driver = new_driver(&env);
+        driver.with_args(&[
+            "--max-volumes-per-node",
+            "3",
+            "--topology",
+            "topology.test.volmgr.io/zone=z1",
+        ]);
+        driver.faults(serde_json::json!([
+            {"method": "NodeGetInfo", "count": 1, "code": "UNAVAILABLE", "message": "not ready yet"}
+        ]));
+        driver.spawn();
+        wait_or_dump(&env, &agent, &driver, "the registration refused", || {
+            driver
+                .registration()
+                .is_some_and(|r| r["plugin_registered"] == false)
+        });
+        let error = driver.registration().unwrap()["error"].to_string();
+        assert!(
+            error.contains("RegisterPlugin failed at CSI.NodeGetInfo")
+                && error.contains("not ready yet"),
+            "{error}"
+        );
+        wait_or_dump(&env, &agent, &driver, "registered on the retry", || {
+            registered(&env, &driver)
+                && driver
+                    .registration()
+                    .is_some_and(|r| r["plugin_registered"] == true)
+        });
+        assert!(driver.calls_of("NodeGetInfo").len() >= 2);
+        let d = env
+            .status()
+            .csi_drivers
+            .into_iter()
+            .find(|d| d.name == DRIVER)
+            .unwrap();
+        assert_eq!(d.node_id.as_deref(), Some("node-1"));
+        assert_eq!(d.max_volumes_per_node, Some(3));
+        assert!(agent.term());
+        driver.stop();
+        env.assert_outside_untouched();
+    });
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
-use volmgr_core::cache::world::VolumeEvent;
+use volmgr_core::cache::world::{VolumeEvent, VolumeEventKind};
 use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
@@ -238,6 +238,10 @@ pub unsafe extern "C" fn volmgr_new(
         let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();
         let sink = Arc::clone(&events);
         vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
+            // The ABI's kinds stay the four it documents.
+            if ev.kind == VolumeEventKind::Expanded {
+                return;
+            }
             let cb = *sink.locked();
             if let Some(cb) = cb {
                 let json = event_json(ev);

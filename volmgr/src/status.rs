@@ -57,6 +57,12 @@ pub struct CsiDriverStatus {
     pub endpoint: String,
     /// The CSI versions it announced at registration (empty for `--csi-driver`).
     pub versions: Vec<String>,
+    /// Its `NodeGetInfo` node ID (absent for `--csi-driver`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// Its `NodeGetInfo` limit of volumes on this node (absent: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_volumes_per_node: Option<i64>,
 }
 
 /// Latency of one (syscall, fstype, result), from the eBPF tracer.

@@ -52,6 +52,8 @@ pub struct Driver {
     state: PathBuf,
     socket: PathBuf,
     log: PathBuf,
+    /// More command-line arguments.
+    args: Vec<String>,
 }
 
 impl Driver {
@@ -66,7 +68,14 @@ impl Driver {
             state,
             socket: env.dir.path().join("csi.sock"),
             log: env.dir.path().join("driver.log"),
+            args: Vec::new(),
         }
+    }
+
+    /// Passes `args` to the driver from the next start on (e.g.
+    /// `--max-volumes-per-node 2`).
+    pub fn with_args(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|a| a.to_string()).collect();
     }
 
     /// Its CSI endpoint.
@@ -120,6 +129,7 @@ impl Driver {
                     .iter()
                     .flat_map(|r| [std::ffi::OsStr::new("--registration-dir"), r.as_os_str()]),
             )
+            .args(&self.args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

@@ -19,6 +19,10 @@ pub struct Driver {
     pub name: String,
     /// NodeGetInfo's node_id.
     pub node_id: String,
+    /// NodeGetInfo's max_volumes_per_node (0: no limit).
+    pub max_volumes_per_node: i64,
+    /// NodeGetInfo's accessible topology segments (none: no topology).
+    pub topology: std::collections::HashMap<String, String>,
     /// The CSI socket path.
     pub endpoint: PathBuf,
     /// State directory (absolute): images/, faults.json, calls.jsonl.
@@ -102,6 +106,8 @@ impl Driver {
             busy: Mutex::new(HashSet::new()),
             name,
             node_id,
+            max_volumes_per_node: 0,
+            topology: std::collections::HashMap::new(),
             endpoint,
             state_dir,
         }

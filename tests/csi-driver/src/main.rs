@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! volmgr-csi-driver --endpoint SOCKET --state-dir DIR [--name NAME]
-//!                   [--node-id ID] [--registration-dir DIR]
+//!                   [--node-id ID] [--max-volumes-per-node N]
+//!                   [--topology KEY=VALUE]... [--registration-dir DIR]
 //! ```
 //!
 //! - Identity: GetPluginInfo, GetPluginCapabilities (ONLINE volume
@@ -80,9 +81,21 @@ struct Args {
     /// Node ID reported by NodeGetInfo (default: the host name).
     #[arg(long)]
     node_id: Option<String>,
+    /// NodeGetInfo's max_volumes_per_node (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_volumes_per_node: i64,
+    /// NodeGetInfo's accessible topology segment KEY=VALUE (repeatable).
+    #[arg(long = "topology", value_parser = parse_segment)]
+    topology: Vec<(String, String)>,
     /// Serve the kubelet plugin registration API on DIR/<name>-reg.sock.
     #[arg(long)]
     registration_dir: Option<PathBuf>,
+}
+
+fn parse_segment(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
 }
 
 fn socket_path(endpoint: &str) -> PathBuf {
@@ -130,12 +143,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .trim()
             .to_string(),
     };
-    let driver = Arc::new(Driver::new(
-        args.name.clone(),
-        node_id,
-        endpoint.clone(),
-        state_dir,
-    ));
+    let mut driver = Driver::new(args.name.clone(), node_id, endpoint.clone(), state_dir);
+    driver.max_volumes_per_node = args.max_volumes_per_node;
+    driver.topology = args.topology.iter().cloned().collect();
+    let driver = Arc::new(driver);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

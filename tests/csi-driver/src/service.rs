@@ -174,8 +174,10 @@ impl csi::node_server::Node for Csi {
             .call("NodeGetInfo", None, false, |d| {
                 Ok(csi::NodeGetInfoResponse {
                     node_id: d.node_id.clone(),
-                    max_volumes_per_node: 0,
-                    accessible_topology: None,
+                    max_volumes_per_node: d.max_volumes_per_node,
+                    accessible_topology: (!d.topology.is_empty()).then(|| csi::Topology {
+                        segments: d.topology.clone(),
+                    }),
                 })
             })
             .await

@@ -27,6 +27,11 @@ pub struct PodToMount {
 pub const NOT_REPORTED_IN_USE: &str =
     "Volume has not been added to the list of VolumesInUse in the node's volume status";
 
+/// Why an attachable volume waits, when the manager sets such volumes up
+/// only once the Node's `status.volumesAttached` lists them (the kubelet's
+/// `VerifyControllerAttachedVolume` error).
+pub const NOT_ATTACHED: &str = "Volume not attached according to node status";
+
 /// A volume some pods need.
 #[derive(Debug, Clone)]
 pub struct VolumeToMount {
@@ -37,6 +42,9 @@ pub struct VolumeToMount {
     /// Listed as in use in the node's status at the last report (the
     /// kubelet's `reportedInUse`): false for a volume added since.
     pub reported_in_use: bool,
+    /// Listed in the Node's `status.volumesAttached` at the last read (the
+    /// attach/detach controller attached it to this node).
+    pub attached: bool,
 }
 
 /// One volume of a desired pod, as status reports it.
@@ -80,6 +88,8 @@ pub struct PodUpdate {
 pub struct DesiredStateOfWorld {
     volumes: FastMap<UniqueVolumeName, VolumeToMount>,
     pods: FastMap<PodUid, PodEntry>,
+    /// The Node's `status.volumesAttached` at the last read.
+    attached: FastSet<UniqueVolumeName>,
 }
 
 impl DesiredStateOfWorld {
@@ -94,6 +104,7 @@ impl DesiredStateOfWorld {
                     plugin_name: plugin,
                     pods: PodMap::default(),
                     reported_in_use: false,
+                    attached: self.attached.contains(&name),
                 });
             if v.pods.get(&update.uid) != Some(&pod) {
                 v.pods.insert(update.uid.clone(), pod);
@@ -142,13 +153,36 @@ impl DesiredStateOfWorld {
         &mut self,
         reported: &FastSet<UniqueVolumeName>,
     ) -> Vec<UniqueVolumeName> {
+        self.set_flag(reported, |v| &mut v.reported_in_use)
+    }
+
+    /// The Node's `status.volumesAttached` as last read: every desired
+    /// volume (and any desired later) is attached exactly when listed.
+    /// Returns the desired volumes that became attached.
+    pub fn mark_volumes_attached(
+        &mut self,
+        attached: FastSet<UniqueVolumeName>,
+    ) -> Vec<UniqueVolumeName> {
+        let newly = self.set_flag(&attached, |v| &mut v.attached);
+        self.attached = attached;
+        newly
+    }
+
+    /// Sets `flag` of every desired volume to whether `listed` has it;
+    /// returns the volumes whose flag turned true.
+    fn set_flag(
+        &mut self,
+        listed: &FastSet<UniqueVolumeName>,
+        flag: fn(&mut VolumeToMount) -> &mut bool,
+    ) -> Vec<UniqueVolumeName> {
         let mut newly = Vec::new();
         for (name, v) in self.volumes.iter_mut() {
-            let now = reported.contains(name);
-            if now && !v.reported_in_use {
+            let now = listed.contains(name);
+            let f = flag(v);
+            if now && !*f {
                 newly.push(name.clone());
             }
-            v.reported_in_use = now;
+            *f = now;
         }
         newly
     }
@@ -278,5 +312,25 @@ mod tests {
         d.mark_volumes_reported_in_use(&report);
         d.mark_volumes_reported_in_use(&FastSet::default());
         assert!(!d.volume(&x).unwrap().reported_in_use);
+    }
+
+    #[test]
+    fn attached_follows_the_last_read_even_before_a_volume_is_desired() {
+        let mut d = DesiredStateOfWorld::default();
+        let a = PodUid::new("a").unwrap();
+        let (x, y) = (
+            UniqueVolumeName::per_pod("p", &a, "x"),
+            UniqueVolumeName::per_pod("p", &a, "y"),
+        );
+        // Read before the pod arrives: nothing desired became attached.
+        let attached: FastSet<_> = [x.clone()].into_iter().collect();
+        assert!(d.mark_volumes_attached(attached.clone()).is_empty());
+        d.set_pod(update("a", &["x", "y"]));
+        assert!(d.volume(&x).unwrap().attached);
+        assert!(!d.volume(&y).unwrap().attached);
+        let both: FastSet<_> = [x.clone(), y.clone()].into_iter().collect();
+        assert_eq!(d.mark_volumes_attached(both), vec![y.clone()]);
+        d.mark_volumes_attached(FastSet::default());
+        assert!(!d.volume(&x).unwrap().attached && !d.volume(&y).unwrap().attached);
     }
 }

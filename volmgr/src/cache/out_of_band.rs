@@ -194,6 +194,8 @@ impl OutOfBandLog {
                     }
                 }
             }
+            // Not a change of the pod's mount.
+            VolumeEventKind::Expanded => {}
             VolumeEventKind::Unmounted => {
                 // Torn down on purpose: the volume's history ends with it.
                 inner.per_volume.remove(&key);
@@ -361,6 +363,8 @@ mod tests {
             volume_name: UniqueVolumeName::new("kubernetes.io/empty-dir/uid-1-m"),
             path: Some("/r/pods/uid-1/volumes/kubernetes.io~empty-dir/m".into()),
             error: None,
+            operation: crate::cache::world::VolumeOperation::SetUp,
+            block: false,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::util::sync::{MutexExt, RwLockExt};
 use crate::volume::{FastSet, PodUid, UniqueVolumeName};
 
 /// What happened to a volume, for event subscribers (logs, the C ABI callback).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VolumeEventKind {
     /// Set up for the pod.
     Mounted,
@@ -24,6 +24,8 @@ pub enum VolumeEventKind {
     Failed,
     /// Found unmounted behind the manager's back.
     LostOutOfBand,
+    /// Its file system was grown in use (`MountVolume.NodeExpandVolume`).
+    Expanded,
 }
 
 impl VolumeEventKind {
@@ -34,6 +36,44 @@ impl VolumeEventKind {
             Self::Unmounted => "unmounted",
             Self::Failed => "failed",
             Self::LostOutOfBand => "lost",
+            Self::Expanded => "expanded",
+        }
+    }
+}
+
+/// Which operation an event comes from, by the kubelet's names (what its
+/// events on the pod say: `MountVolume.SetUp failed for volume ...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeOperation {
+    /// Setting the volume up for the pod (`MountVolume.SetUp`; for a block
+    /// volume `MapVolume.MapPodDevice`).
+    SetUp,
+    /// Mounting (staging) the volume's device once for all its pods
+    /// (`MountVolume.MountDevice`; for a block volume
+    /// `MapVolume.SetUpDevice`), told to every pod that wants it.
+    MountDevice,
+    /// Tearing the pod's volume down (`UnmountVolume.TearDown`).
+    TearDown,
+    /// Growing the file system of a volume in use
+    /// (`MountVolume.NodeExpandVolume`), told to every pod that has it.
+    NodeExpand,
+    /// Noticing the volume was unmounted behind the manager's back.
+    OutOfBand,
+}
+
+impl VolumeOperation {
+    /// The kubelet's name of the operation (`MountVolume.SetUp`), for a
+    /// file system volume or (`block`) a raw block one.
+    pub fn kubelet_name(&self, block: bool) -> &'static str {
+        match (self, block) {
+            (Self::SetUp, false) => "MountVolume.SetUp",
+            (Self::SetUp, true) => "MapVolume.MapPodDevice",
+            (Self::MountDevice, false) => "MountVolume.MountDevice",
+            (Self::MountDevice, true) => "MapVolume.SetUpDevice",
+            (Self::TearDown, false) => "UnmountVolume.TearDown",
+            (Self::TearDown, true) => "UnmapVolume.UnmapPodDevice",
+            (Self::NodeExpand, _) => "MountVolume.NodeExpandVolume",
+            (Self::OutOfBand, _) => "OutOfBand",
         }
     }
 }
@@ -53,6 +93,33 @@ pub struct VolumeEvent {
     pub path: Option<std::path::PathBuf>,
     /// The error, for failures.
     pub error: Option<String>,
+    /// The operation it comes from.
+    pub operation: VolumeOperation,
+    /// A raw block volume (`volumeDevices`), not a file system (set for
+    /// the events of operations; false for out-of-band findings).
+    pub block: bool,
+}
+
+impl VolumeEvent {
+    /// The volume `volume_name` (`volume` in the pod) was found unmounted
+    /// from `path` behind the manager's back.
+    pub fn lost(
+        pod_uid: PodUid,
+        volume: String,
+        volume_name: UniqueVolumeName,
+        path: std::path::PathBuf,
+    ) -> Self {
+        Self {
+            kind: VolumeEventKind::LostOutOfBand,
+            pod_uid,
+            volume,
+            volume_name,
+            path: Some(path),
+            error: None,
+            operation: VolumeOperation::OutOfBand,
+            block: false,
+        }
+    }
 }
 
 /// A subscriber to volume events. Called on a volmgr runtime thread; must not block.

@@ -2,7 +2,9 @@
 //! drivers: it follows `ROOT/plugins_registry/` (inotify plus a scan at
 //! start and now and then), and for every Unix socket that appears there it
 //! speaks the plugin registration API as the client — `GetInfo`, validate,
-//! register the driver's endpoint in the [`DriverRegistry`], then
+//! the driver's own `NodeGetInfo` (node ID, volume limit, topology; a
+//! failure fails the registration, as in the kubelet's CSI `RegisterPlugin`),
+//! register the driver in the [`DriverRegistry`], then
 //! `NotifyRegistrationStatus` — which is what the unmodified
 //! `node-driver-registrar` sidecar expects.
 //!
@@ -32,9 +34,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
+use super::proto::csi;
 use super::proto::pluginregistration::registration_client::RegistrationClient;
 use super::proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
-use super::registry::DriverRegistry;
+use super::registry::{DriverInfo, DriverRegistry, NodeInfo};
 use crate::sys::inotify::{self, InotifyFd, WatchError};
 
 /// The plugin type this watcher handles (the kubelet's `CSIPlugin`).
@@ -85,6 +88,15 @@ pub enum RegistrationError {
     /// `NotifyRegistrationStatus` took longer than the call deadline.
     #[error("no answer within {0:?}")]
     NotifyTimeout(Duration),
+    /// The driver's `NodeGetInfo` failed or gave an unusable answer: the
+    /// registration fails, as the kubelet's `RegisterPlugin` does.
+    #[error("CSI driver {name:?}: RegisterPlugin failed at CSI.NodeGetInfo: {reason}")]
+    NodeGetInfo {
+        /// The driver.
+        name: String,
+        /// What went wrong (the gRPC status, a timeout, an empty node ID).
+        reason: String,
+    },
     /// The plugin is not a CSI plugin.
     #[error("no handler registered for plugin type {plugin_type:?} at socket {} (only {CSI_PLUGIN_TYPE:?} is handled)", .socket.display())]
     UnknownType {
@@ -206,8 +218,9 @@ enum Seen {
     Scanned,
 }
 
-/// A plugin that answered `GetInfo` and passed validation: registered by
-/// the watcher's loop (the only writer of its registrations), then told.
+/// A plugin that answered `GetInfo`, passed validation and answered
+/// `NodeGetInfo`: registered by the watcher's loop (the only writer of its
+/// registrations), then told.
 pub struct Validated {
     /// The driver name.
     pub name: String,
@@ -215,6 +228,8 @@ pub struct Validated {
     pub endpoint: PathBuf,
     /// The versions it announced.
     pub versions: Vec<String>,
+    /// Its `NodeGetInfo` answer.
+    pub node: NodeInfo,
     client: RegistrationClient<Channel>,
 }
 
@@ -554,8 +569,12 @@ impl PluginWatcher {
         };
         match a.result {
             Ok(v) => {
-                self.registry
-                    .register(&v.name, v.endpoint.clone(), v.versions.clone());
+                self.registry.register_driver(DriverInfo {
+                    name: v.name.clone(),
+                    endpoint: v.endpoint.clone(),
+                    versions: v.versions.clone(),
+                    node: Some(v.node.clone()),
+                });
                 state.phase = Phase::Registered {
                     name: v.name.clone(),
                     endpoint: v.endpoint.clone(),
@@ -641,7 +660,8 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// The first half of the kubelet's registration of one plugin socket:
-/// `GetInfo` and validation; a plugin that fails validation is told why
+/// `GetInfo`, validation and the driver's `NodeGetInfo` (the kubelet's CSI
+/// `RegisterPlugin`); a plugin that fails any of them is told why
 /// (`NotifyRegistrationStatus{plugin_registered: false}`).
 pub async fn get_and_validate(
     socket: &Path,
@@ -657,19 +677,77 @@ pub async fn get_and_validate(
         Ok(Err(s)) => return Err(RegistrationError::GetInfo(s)),
         Err(_) => return Err(RegistrationError::GetInfoTimeout(timeout)),
     };
-    match validate(&info, socket, registry) {
-        Ok((name, endpoint, versions)) => Ok(Validated {
-            name,
-            endpoint,
-            versions,
-            client,
-        }),
+    let validated = match validate(&info, socket, registry) {
+        Ok((name, endpoint, versions)) => {
+            node_get_info(&name, &endpoint, timeout)
+                .await
+                .map(|node| Validated {
+                    name,
+                    endpoint,
+                    versions,
+                    node,
+                    client: client.clone(),
+                })
+        }
+        Err(e) => Err(e),
+    };
+    match validated {
+        Ok(v) => Ok(v),
         Err(e) => {
             // Tell the plugin why (node-driver-registrar logs it and exits).
             let _ = notify(&mut client, false, &e.to_string(), timeout).await;
             Err(e)
         }
     }
+}
+
+/// The driver `name`'s `NodeGetInfo` at its CSI socket `endpoint`, checked
+/// as the CSI spec requires (a node ID, a limit that is not negative).
+async fn node_get_info(name: &str, endpoint: &Path, timeout: Duration) -> Result<NodeInfo> {
+    let failed = |reason: String| RegistrationError::NodeGetInfo {
+        name: name.to_string(),
+        reason,
+    };
+    let channel = connect(endpoint, timeout)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let mut req = tonic::Request::new(csi::NodeGetInfoRequest {});
+    req.set_timeout(timeout);
+    let mut client = csi::node_client::NodeClient::new(channel);
+    let r = match tokio::time::timeout(timeout, client.node_get_info(req)).await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(s)) => return Err(failed(format!("{}: {}", s.code(), s.message()))),
+        Err(_) => return Err(failed(format!("no answer within {timeout:?}"))),
+    };
+    node_info_of(r).map_err(failed)
+}
+
+/// The node info in a `NodeGetInfo` answer, or why it is unusable.
+fn node_info_of(r: csi::NodeGetInfoResponse) -> std::result::Result<NodeInfo, String> {
+    if r.node_id.is_empty() {
+        return Err("the driver returned an empty node ID".into());
+    }
+    // The CSI spec's bound; the ID ends up in a Node annotation.
+    if r.node_id.len() > 256 {
+        return Err(format!(
+            "the driver returned a node ID of {} bytes (at most 256)",
+            r.node_id.len()
+        ));
+    }
+    if r.max_volumes_per_node < 0 {
+        return Err(format!(
+            "the driver returned a negative max_volumes_per_node ({})",
+            r.max_volumes_per_node
+        ));
+    }
+    Ok(NodeInfo {
+        node_id: r.node_id,
+        max_volumes_per_node: r.max_volumes_per_node,
+        accessible_topology: r
+            .accessible_topology
+            .map(|t| t.segments.into_iter().collect())
+            .unwrap_or_default(),
+    })
 }
 
 async fn notify(
@@ -847,6 +925,37 @@ mod tests {
             &r
         )
         .is_ok());
+    }
+
+    #[test]
+    fn node_get_info_answers_are_checked() {
+        let answer = |id: &str, max: i64, topo: &[(&str, &str)]| csi::NodeGetInfoResponse {
+            node_id: id.into(),
+            max_volumes_per_node: max,
+            accessible_topology: (!topo.is_empty()).then(|| csi::Topology {
+                segments: topo
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+        };
+        let ok = node_info_of(answer("n1", 7, &[("topology.x/zone", "a")])).unwrap();
+        assert_eq!(ok.node_id, "n1");
+        assert_eq!(ok.max_volumes_per_node, 7);
+        assert_eq!(ok.accessible_topology["topology.x/zone"], "a");
+        assert!(node_info_of(answer("n1", 0, &[]))
+            .unwrap()
+            .accessible_topology
+            .is_empty());
+        assert!(node_info_of(answer("", 0, &[]))
+            .unwrap_err()
+            .contains("empty node ID"));
+        assert!(node_info_of(answer(&"n".repeat(257), 0, &[]))
+            .unwrap_err()
+            .contains("257 bytes"));
+        assert!(node_info_of(answer("n1", -1, &[]))
+            .unwrap_err()
+            .contains("negative"));
     }
 
     #[test]

@@ -19,6 +19,20 @@ pub struct DriverInfo {
     pub endpoint: PathBuf,
     /// The CSI versions it announced at registration (empty for `--csi-driver`).
     pub versions: Vec<String>,
+    /// Its `NodeGetInfo` answer at registration (`None` for `--csi-driver`).
+    pub node: Option<NodeInfo>,
+}
+
+/// A driver's `NodeGetInfo` answer, as the kubelet's node-info manager
+/// keeps it (CSINode, the Node's annotation and labels, the volume limit).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// The driver's ID of this node (`node_id`, never empty).
+    pub node_id: String,
+    /// Most volumes of this driver on the node; 0: no limit.
+    pub max_volumes_per_node: i64,
+    /// The node's topology segments (`accessible_topology`), key → value.
+    pub accessible_topology: BTreeMap<String, String>,
 }
 
 /// The set of registered CSI drivers, shared by the plugin watcher, the agent
@@ -50,6 +64,7 @@ impl Drivers {
                     name: name.to_string(),
                     endpoint: endpoint.clone(),
                     versions: Vec::new(),
+                    node: None,
                 },
             );
             return old.endpoint != *endpoint;
@@ -80,14 +95,26 @@ impl DriverRegistry {
     /// Registers (or re-registers, replacing the endpoint) driver `name`.
     /// From `--csi-driver NAME=SOCKET` or a plugin-registration handshake.
     pub fn register(&self, name: &str, endpoint: PathBuf, versions: Vec<String>) {
-        let info = DriverInfo {
+        self.register_driver(DriverInfo {
             name: name.to_string(),
             endpoint,
             versions,
-        };
-        tracing::info!(driver = name, endpoint = %info.endpoint.display(), versions = ?info.versions, "CSI driver registered");
-        self.lock().active.insert(name.to_string(), info);
+            node: None,
+        });
+    }
+
+    /// Registers (or re-registers) a driver with everything known of it:
+    /// the plugin watcher's registration, with the `NodeGetInfo` answer.
+    pub fn register_driver(&self, info: DriverInfo) {
+        tracing::info!(driver = %info.name, endpoint = %info.endpoint.display(), versions = ?info.versions, node = ?info.node, "CSI driver registered");
+        self.lock().active.insert(info.name.clone(), info);
         self.bump();
+    }
+
+    /// Driver `name`'s `NodeGetInfo` answer, if registered through the
+    /// plugin watcher.
+    pub fn node_info(&self, name: &str) -> Option<NodeInfo> {
+        self.lock().active.get(name).and_then(|i| i.node.clone())
     }
 
     /// Registers driver `name` at `endpoint` from the command line

@@ -4,7 +4,6 @@
 //! actual state of world and tells event listeners; the executor around it
 //! handles concurrency, backoff and metrics.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::unstack::unstack;
@@ -12,7 +11,7 @@ use crate::cache::actual_state_of_world::{
     DeviceMountState, ForeignMounts, MountedPod, VolumeMountState,
 };
 use crate::cache::out_of_band::OutOfBandLog;
-use crate::cache::world::{VolumeEvent, VolumeEventKind, World};
+use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, World};
 use crate::plugins::foreign::is_foreign;
 use crate::plugins::{
     DeviceMountRequest, DeviceUnmountRequest, MountRequest, NodeExpandRequest, UnmountRequest,
@@ -91,12 +90,16 @@ pub async fn mount_volume(
     };
     report(
         &world,
-        kind,
-        &pod,
-        &spec.name,
-        &volume,
-        path,
-        res.as_ref().err(),
+        VolumeEvent {
+            kind,
+            pod_uid: pod,
+            volume: spec.name.clone(),
+            volume_name: volume,
+            path,
+            error: res.as_ref().err().map(ToString::to_string),
+            operation: VolumeOperation::SetUp,
+            block: spec.is_block(),
+        },
     );
     res.map(|_| ())
 }
@@ -113,6 +116,7 @@ pub async fn unmount_volume(
 ) -> Result<(), VolumeError> {
     let outer = mounted.outer_volume_spec_name.clone();
     let path = mounted.path.clone();
+    let block = mounted.spec.is_block();
     let res = plugin
         .tear_down(UnmountRequest {
             pod_uid: pod.clone(),
@@ -134,12 +138,16 @@ pub async fn unmount_volume(
     };
     report(
         &world,
-        kind,
-        &pod,
-        &outer,
-        &volume,
-        Some(path),
-        res.as_ref().err(),
+        VolumeEvent {
+            kind,
+            pod_uid: pod.clone(),
+            volume: outer,
+            volume_name: volume,
+            path: Some(path),
+            error: res.as_ref().err().map(ToString::to_string),
+            operation: VolumeOperation::TearDown,
+            block,
+        },
     );
     if orphan {
         world.mark_pod_dirty(pod);
@@ -201,7 +209,20 @@ pub async fn mount_device(
     match &res {
         Ok(p) => tracing::info!(%volume, path = %p.display(), "device mounted"),
         Err(e) => {
-            tracing::warn!(%volume, error = %e, "mounting the device failed; will retry with backoff")
+            tracing::warn!(%volume, error = %e, "mounting the device failed; will retry with backoff");
+            let pods = world.dsw().volume(&volume).map_or_else(Vec::new, |v| {
+                v.pods
+                    .iter()
+                    .map(|(uid, p)| {
+                        (
+                            uid.clone(),
+                            p.outer_volume_spec_name.clone(),
+                            p.spec.is_block(),
+                        )
+                    })
+                    .collect()
+            });
+            report_to_pods(&world, &volume, VolumeOperation::MountDevice, pods, Err(e));
         }
     }
     res.map(|_| ())
@@ -265,7 +286,7 @@ pub async fn expand_volume(
     spec: Arc<VolumeSpec>,
     new_size: u64,
 ) -> Result<(), VolumeError> {
-    let (volume_path, device_mount_path) = {
+    let (volume_path, device_mount_path, pods) = {
         let asw = world.asw();
         let Some(v) = asw.volume(&volume) else {
             return Ok(());
@@ -278,7 +299,18 @@ pub async fn expand_volume(
         else {
             return Ok(());
         };
-        (path, v.device_mount_path.clone())
+        let pods = v
+            .pods
+            .iter()
+            .map(|(uid, m)| {
+                (
+                    uid.clone(),
+                    m.outer_volume_spec_name.clone(),
+                    m.spec.is_block(),
+                )
+            })
+            .collect::<Vec<_>>();
+        (path, v.device_mount_path.clone(), pods)
     };
     let ex = plugin
         .node_expandable()
@@ -299,6 +331,8 @@ pub async fn expand_volume(
         }
         Err(e) => tracing::warn!(%volume, error = %e, "expanding the volume failed"),
     }
+    let outcome = res.as_ref().map(|()| VolumeEventKind::Expanded);
+    report_to_pods(&world, &volume, VolumeOperation::NodeExpand, pods, outcome);
     res
 }
 
@@ -396,40 +430,48 @@ fn unstack_foreign(op: &ForeignMountRemoval) -> Result<(), VolumeError> {
                 ..op.mounted.clone()
             },
         );
-        op.world.emit(VolumeEvent {
-            kind: VolumeEventKind::LostOutOfBand,
-            pod_uid: op.pod.clone(),
-            volume: op.mounted.outer_volume_spec_name.clone(),
-            volume_name: op.volume.clone(),
-            path: Some(path.clone()),
-            error: None,
-        });
+        op.world.emit(VolumeEvent::lost(
+            op.pod.clone(),
+            op.mounted.outer_volume_spec_name.clone(),
+            op.volume.clone(),
+            path.clone(),
+        ));
     }
     Ok(())
 }
 
 /// Logs an outcome and delivers it to event listeners.
-fn report(
-    world: &World,
-    kind: VolumeEventKind,
-    pod: &PodUid,
-    outer: &str,
-    volume: &UniqueVolumeName,
-    path: Option<PathBuf>,
-    error: Option<&VolumeError>,
-) {
-    match error {
-        None => tracing::info!(pod = %pod, volume = outer, "volume {}", kind.as_str()),
+fn report(world: &World, ev: VolumeEvent) {
+    match &ev.error {
+        None => {
+            tracing::info!(pod = %ev.pod_uid, volume = ev.volume, "volume {}", ev.kind.as_str())
+        }
         Some(e) => {
-            tracing::warn!(pod = %pod, volume = outer, error = %e, "operation failed; will retry with backoff")
+            tracing::warn!(pod = %ev.pod_uid, volume = ev.volume, error = %e, "operation failed; will retry with backoff")
         }
     }
-    world.emit(VolumeEvent {
-        kind,
-        pod_uid: pod.clone(),
-        volume: outer.to_string(),
-        volume_name: volume.clone(),
-        path,
-        error: error.map(ToString::to_string),
-    });
+    world.emit(ev);
+}
+
+/// The outcome of a volume-wide operation (`MountDevice`, `NodeExpand`),
+/// told to each of `pods` (uid, the volume's name in the pod, block).
+fn report_to_pods(
+    world: &World,
+    volume: &UniqueVolumeName,
+    operation: VolumeOperation,
+    pods: Vec<(PodUid, String, bool)>,
+    res: Result<VolumeEventKind, &VolumeError>,
+) {
+    for (pod_uid, outer, block) in pods {
+        world.emit(VolumeEvent {
+            kind: *res.as_ref().unwrap_or(&VolumeEventKind::Failed),
+            pod_uid,
+            volume: outer,
+            volume_name: volume.clone(),
+            path: None,
+            error: res.as_ref().err().map(ToString::to_string),
+            operation,
+            block,
+        });
+    }
 }

@@ -38,7 +38,19 @@ use tokio::sync::watch;
 use crate::cache::actual_state_of_world::{
     ActualStateOfWorld, DeviceMountState, ForeignMounts, MountedPod, VolumeMountState,
 };
-pub use crate::cache::desired_state_of_world::NOT_REPORTED_IN_USE;
+pub use crate::cache::desired_state_of_world::{NOT_ATTACHED, NOT_REPORTED_IN_USE};
+
+/// What an attachable volume waits for before it is set up (the kubelet's
+/// `VerifyControllerAttachedVolume`); nothing by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttachWait {
+    /// Until the node status lists it in `volumesInUse`
+    /// (`MarkVolumesAsReportedInUse`).
+    pub reported_in_use: bool,
+    /// Until the Node's `status.volumesAttached` lists it
+    /// (`mark_volumes_attached`).
+    pub volumes_attached: bool,
+}
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, VolumeToMount};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
@@ -90,9 +102,8 @@ pub struct Reconciler {
     deferred_pod_dirs: Mutex<HashSet<PodUid>>,
     /// What the previous resyncs learnt.
     resync_state: Mutex<ResyncState>,
-    /// Set up an attachable volume only once it was reported in use in the
-    /// node status (see [`Reconciler::awaits_in_use_report`]).
-    wait_for_reported_in_use: bool,
+    /// What an attachable volume waits for (see [`Reconciler::attach_wait`]).
+    attach_wait: AttachWait,
 }
 
 enum Action {
@@ -227,7 +238,7 @@ impl Reconciler {
         pool: Arc<BlockingPool>,
         out_of_band: Arc<OutOfBandLog>,
         resync_period: Duration,
-        wait_for_reported_in_use: bool,
+        attach_wait: AttachWait,
     ) -> Arc<Self> {
         Arc::new(Self {
             world,
@@ -240,30 +251,38 @@ impl Reconciler {
             resync_period,
             deferred_pod_dirs: Mutex::default(),
             resync_state: Mutex::default(),
-            wait_for_reported_in_use,
+            attach_wait,
         })
     }
 
-    /// The kubelet's `VerifyControllerAttachedVolume` gate: with
-    /// `wait_for_reported_in_use`, an attachable volume (see
-    /// [`VolumePlugin::is_attachable`]) not attached yet (not in the actual
-    /// state) is not set up until the node status has listed it in use
-    /// (`MarkVolumesAsReportedInUse`, kept in the desired state); until
-    /// then it stays pending with [`NOT_REPORTED_IN_USE`]. Marking it wakes
-    /// the reconciler for it.
-    pub fn awaits_in_use_report(
+    /// The kubelet's `VerifyControllerAttachedVolume` gate: an attachable
+    /// volume (see [`VolumePlugin::is_attachable`]) not attached yet (not
+    /// in the actual state) is not set up, with [`AttachWait`]
+    /// `reported_in_use`, until the node status has listed it in use
+    /// (`MarkVolumesAsReportedInUse`), and with `volumes_attached`, until
+    /// the Node's `status.volumesAttached` lists it. Returns why it waits
+    /// ([`NOT_REPORTED_IN_USE`], [`NOT_ATTACHED`]), if it does. Marking it
+    /// wakes the reconciler for it.
+    pub fn attach_wait(
         &self,
         v: &UniqueVolumeName,
         dv: &VolumeToMount,
         asw: &ActualStateOfWorld,
-    ) -> bool {
-        self.wait_for_reported_in_use
-            && !dv.reported_in_use
-            && asw.volume(v).is_none()
-            && self
+    ) -> Option<&'static str> {
+        let w = self.attach_wait;
+        if !(w.reported_in_use || w.volumes_attached)
+            || asw.volume(v).is_some()
+            || !self
                 .plugins
                 .find_by_name(&dv.plugin_name)
                 .is_some_and(|p| p.is_attachable())
+        {
+            return None;
+        }
+        if w.reported_in_use && !dv.reported_in_use {
+            return Some(NOT_REPORTED_IN_USE);
+        }
+        (w.volumes_attached && !dv.attached).then_some(NOT_ATTACHED)
     }
 
     /// Runs until `shutdown` turns true. Reconstruction must have run first.
@@ -384,7 +403,7 @@ impl Reconciler {
                 continue;
             }
             let Some(dv) = dsw.volume(v) else { continue };
-            if self.awaits_in_use_report(v, dv, asw) {
+            if self.attach_wait(v, dv, asw).is_some() {
                 continue;
             }
             if self.mount_device_or_expand(v, dv, asw, pass) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::{LostVolume, Reconciler};
 use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
-use crate::cache::world::{VolumeEvent, VolumeEventKind};
+use crate::cache::world::VolumeEvent;
 use crate::plugins::VolumeError;
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::{MountTableWatch, Mounter};
@@ -206,14 +206,8 @@ impl Reconciler {
         }
         drop(asw);
         for (v, pod, outer, path) in lost {
-            self.world.emit(VolumeEvent {
-                kind: VolumeEventKind::LostOutOfBand,
-                pod_uid: pod,
-                volume: outer,
-                volume_name: v.clone(),
-                path: Some(path),
-                error: None,
-            });
+            self.world
+                .emit(VolumeEvent::lost(pod, outer, v.clone(), path));
             self.world.mark_dirty([v]);
         }
     }

@@ -48,7 +48,7 @@ use super::TracerContext;
 use crate::cache::actual_state_of_world::{ForeignMounts, MountedPod, VolumeMountState};
 use crate::cache::operations::{OperationStamp, OperationsView};
 use crate::cache::out_of_band::{DetectedBy, Detection, OutOfBandLog};
-use crate::cache::world::{VolumeEvent, VolumeEventKind, World};
+use crate::cache::world::{VolumeEvent, World};
 use crate::plugins::foreign::is_foreign;
 use crate::plugins::{VolumeError, VolumePluginMgr};
 use crate::sys::mount_table::{MountTable, MountTableView};
@@ -474,14 +474,12 @@ impl Checker {
                     tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name,
                         path = %m.path.display(), detected_by = c.origin.by.as_str(), cause,
                         "volume was unmounted behind the manager's back; setting it up again");
-                    self.world.emit(VolumeEvent {
-                        kind: VolumeEventKind::LostOutOfBand,
-                        pod_uid: c.pod,
-                        volume: m.outer_volume_spec_name,
-                        volume_name: c.volume.clone(),
-                        path: Some(m.path),
-                        error: None,
-                    });
+                    self.world.emit(VolumeEvent::lost(
+                        c.pod,
+                        m.outer_volume_spec_name,
+                        c.volume.clone(),
+                        m.path,
+                    ));
                 }
                 Finding::Foreign => {
                     tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name,

@@ -60,6 +60,12 @@ pub struct Config {
     /// and status says why. Off by default (the standalone agent has no
     /// node status); a kubelet fork that reports `volumesInUse` turns it on.
     pub wait_for_reported_in_use: bool,
+    /// Set up an attachable volume only once the Node's
+    /// `status.volumesAttached` lists it
+    /// ([`VolumeManager::mark_volumes_attached`]), as the kubelet's
+    /// `VerifyControllerAttachedVolume` does when the attach/detach
+    /// controller attaches. Off by default (needs a reader of the Node).
+    pub wait_for_volumes_attached: bool,
     /// Make ROOT's mount recursively shared when the manager is built (the
     /// kubelet's `setupDataDirs` → `MakeRShared`), so mounts made below
     /// ROOT reach the container runtime's mount namespace. Default: true.
@@ -79,6 +85,7 @@ impl Config {
             backoff: Backoff::default(),
             max_blocking_ops: 16,
             wait_for_reported_in_use: false,
+            wait_for_volumes_attached: false,
             make_root_shared: true,
             volume_stats_period: Duration::from_secs(60),
         }
@@ -285,7 +292,10 @@ impl VolumeManager {
             Arc::clone(&pool),
             Arc::clone(&out_of_band),
             config.resync_period,
-            config.wait_for_reported_in_use,
+            crate::reconciler::AttachWait {
+                reported_in_use: config.wait_for_reported_in_use,
+                volumes_attached: config.wait_for_volumes_attached,
+            },
         );
         let populator = Arc::new(Populator::new(
             Arc::clone(&world),
@@ -352,6 +362,12 @@ impl VolumeManager {
     /// moves (the C ABI caches answers by it).
     pub fn state_generation(&self) -> u64 {
         self.world.generation()
+    }
+
+    /// A receiver of the manager's generation, bumped whenever the desired
+    /// or actual state changes (what a node status reporter follows).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.world.subscribe()
     }
 
     /// The shared state (tests).
@@ -627,6 +643,15 @@ impl VolumeManager {
         self.world.mark_dirty(newly);
     }
 
+    /// The Node's `status.volumesAttached` (its `name`s) as just read:
+    /// with [`Config::wait_for_volumes_attached`], attachable volumes it
+    /// lists are set up (newly listed ones at once).
+    pub fn mark_volumes_attached(&self, names: Vec<UniqueVolumeName>) {
+        let names: crate::volume::FastSet<UniqueVolumeName> = names.into_iter().collect();
+        let newly = self.world.dsw_mut().mark_volumes_attached(names);
+        self.world.mark_dirty(newly);
+    }
+
     /// Whether a desired volume was reported in use at the last report.
     pub fn volume_is_reported_in_use(&self, name: &UniqueVolumeName) -> bool {
         self.world
@@ -689,6 +714,15 @@ impl VolumeManager {
                 volume: volume.to_string(),
             })?;
         Ok((plugin, Arc::clone(&m.spec), m.path.clone()))
+    }
+
+    /// The namespace and name of desired pod `uid` (what an event on the
+    /// pod refers to), if the pod is still desired.
+    pub fn pod_name(&self, uid: &PodUid) -> Option<(Arc<str>, Arc<str>)> {
+        self.world
+            .dsw()
+            .pod(uid)
+            .map(|p| (Arc::clone(&p.namespace), Arc::clone(&p.name)))
     }
 
     /// The kubelet's `VolumeIsAttached`.
@@ -1138,10 +1172,16 @@ mod tests {
     async fn manager_with(
         wait_for_reported_in_use: bool,
     ) -> (tempfile::TempDir, Arc<FakeMounter>, Arc<VolumeManager>) {
+        manager_with_config(|c| c.wait_for_reported_in_use = wait_for_reported_in_use).await
+    }
+
+    async fn manager_with_config(
+        f: impl FnOnce(&mut Config),
+    ) -> (tempfile::TempDir, Arc<FakeMounter>, Arc<VolumeManager>) {
         let t = tempfile::tempdir().unwrap();
         let fake = Arc::new(FakeMounter::default());
         let mut cfg = Config::new(t.path());
-        cfg.wait_for_reported_in_use = wait_for_reported_in_use;
+        f(&mut cfg);
         let vm = VolumeManager::new(cfg, fake.clone()).unwrap();
         vm.register_plugin(Arc::new(FakeAttachable)).unwrap();
         vm.start().await.unwrap();
@@ -1230,6 +1270,51 @@ mod tests {
         vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
         // Once attached, a report that leaves it out does not unmount it.
         vm.mark_volumes_as_reported_in_use(vec![]);
+        vm.wait_converged(Some(1), T).await.unwrap();
+        assert_eq!(vm.mounted_volumes_for_pod(&uid).len(), 2);
+    }
+
+    /// With both gates (a node agent that reports `volumesInUse` and reads
+    /// `volumesAttached`): reported in use is not enough, the Node's
+    /// `status.volumesAttached` must list the volume; then it is mounted at
+    /// once, and stays mounted when a later read leaves it out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attachable_volume_waits_for_volumes_attached() {
+        let (_t, fake, vm) = manager_with_config(|c| {
+            c.wait_for_reported_in_use = true;
+            c.wait_for_volumes_attached = true;
+        })
+        .await;
+        let uid = PodUid::new("a").unwrap();
+        vm.set_desired_pod(desired(
+            "a",
+            vec![("c", csi(Some(1))), ("m", memory_source())],
+        ));
+        until(&vm, |vm| vm.mounted_volumes_for_pod(&uid).len() == 1).await;
+        let in_use = vm.volumes_in_use();
+        vm.mark_volumes_as_reported_in_use(in_use.clone());
+        let error_of_c = |vm: &VolumeManager| {
+            vm.status().pods[0]
+                .volumes
+                .iter()
+                .find(|v| v.name == "c")
+                .and_then(|v| v.error.clone())
+        };
+        until(&vm, |vm| {
+            error_of_c(vm).as_deref() == Some(crate::reconciler::NOT_ATTACHED)
+        })
+        .await;
+        assert_eq!(fake.mounted().len(), 1, "only the emptyDir");
+        // Another volume attached changes nothing for it.
+        vm.mark_volumes_attached(vec![UniqueVolumeName::new("test/attachable/other")]);
+        assert_eq!(
+            error_of_c(&vm).as_deref(),
+            Some(crate::reconciler::NOT_ATTACHED)
+        );
+        vm.mark_volumes_attached(in_use.clone());
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        assert_eq!(error_of_c(&vm), None);
+        vm.mark_volumes_attached(vec![]);
         vm.wait_converged(Some(1), T).await.unwrap();
         assert_eq!(vm.mounted_volumes_for_pod(&uid).len(), 2);
     }

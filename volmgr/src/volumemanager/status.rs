@@ -135,6 +135,12 @@ impl VolumeManager {
                 r.driver_infos()
                     .into_iter()
                     .map(|d| CsiDriverStatus {
+                        node_id: d.node.as_ref().map(|n| n.node_id.clone()),
+                        max_volumes_per_node: d
+                            .node
+                            .as_ref()
+                            .map(|n| n.max_volumes_per_node)
+                            .filter(|m| *m > 0),
                         name: d.name,
                         endpoint: d.endpoint.display().to_string(),
                         versions: d.versions,
@@ -196,11 +202,12 @@ impl VolumeManager {
                     .record(name, None)
                     .filter(|d| d.kind == OperationKind::ExpandVolume)
                     .and_then(|d| d.last_error)
-                    // An attachable volume waiting to be reported in use.
+                    // An attachable volume waiting to be reported in use
+                    // or attached.
                     .or_else(|| {
                         dsw.volume(name)
-                            .filter(|dv| self.reconciler.awaits_in_use_report(name, dv, asw))
-                            .map(|_| crate::reconciler::NOT_REPORTED_IN_USE.to_string())
+                            .and_then(|dv| self.reconciler.attach_wait(name, dv, asw))
+                            .map(str::to_string)
                     })
             }),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use super::{VolumeManager, WaitError};
 use crate::cache::actual_state_of_world::VolumeMountState;
-use crate::reconciler::NOT_REPORTED_IN_USE;
 use crate::volume::{PodUid, UniqueVolumeName};
 
 /// Shortest pause between two convergence checks of a waiter.
@@ -193,13 +192,13 @@ impl VolumeManager {
                             .or_else(|| self.device_error(name));
                         Some(match err {
                             Some(e) => format!("{} (error: {e})", v.outer_name),
-                            None if dsw.volume(name).is_some_and(|dv| {
-                                self.reconciler.awaits_in_use_report(name, dv, &asw)
-                            }) =>
+                            None => match dsw
+                                .volume(name)
+                                .and_then(|dv| self.reconciler.attach_wait(name, dv, &asw))
                             {
-                                format!("{} (pending: {NOT_REPORTED_IN_USE})", v.outer_name)
-                            }
-                            None => format!("{} (pending)", v.outer_name),
+                                Some(why) => format!("{} (pending: {why})", v.outer_name),
+                                None => format!("{} (pending)", v.outer_name),
+                            },
                         })
                     }
                 },
