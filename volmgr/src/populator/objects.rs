@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
 
 use crate::populator::resolve::ObjectLookup;
 use crate::volume::PodUid;
@@ -22,6 +22,8 @@ pub enum ObjectKind {
     PersistentVolumeClaim,
     /// `v1.Secret`.
     Secret,
+    /// `v1.ConfigMap`.
+    ConfigMap,
 }
 
 /// Names one object (or, for [`ObjectRef::any_persistent_volume`], every PV).
@@ -63,6 +65,7 @@ impl fmt::Display for ObjectRef {
             ObjectKind::PersistentVolume => "PersistentVolume",
             ObjectKind::PersistentVolumeClaim => "PersistentVolumeClaim",
             ObjectKind::Secret => "Secret",
+            ObjectKind::ConfigMap => "ConfigMap",
         };
         if self.namespace.is_empty() {
             write!(f, "{kind} {}", self.name)
@@ -81,6 +84,8 @@ pub enum KubeObject {
     PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
     /// A Secret.
     Secret(Arc<Secret>),
+    /// A ConfigMap.
+    ConfigMap(Arc<ConfigMap>),
 }
 
 impl fmt::Debug for KubeObject {
@@ -96,6 +101,7 @@ impl KubeObject {
             Self::PersistentVolume(o) => (ObjectKind::PersistentVolume, &o.metadata),
             Self::PersistentVolumeClaim(o) => (ObjectKind::PersistentVolumeClaim, &o.metadata),
             Self::Secret(o) => (ObjectKind::Secret, &o.metadata),
+            Self::ConfigMap(o) => (ObjectKind::ConfigMap, &o.metadata),
         };
         let ns = meta
             .namespace
@@ -204,6 +210,16 @@ impl ObjectLookup for ObjectStore {
             _ => None,
         }
     }
+
+    fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        match self
+            .objects
+            .get(&ObjectRef::new(ObjectKind::ConfigMap, namespace, name))?
+        {
+            KubeObject::ConfigMap(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
 }
 
 /// An [`ObjectLookup`] that remembers every object asked for (found or not):
@@ -267,6 +283,11 @@ impl ObjectLookup for RecordingLookup<'_> {
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
         self.record(ObjectRef::new(ObjectKind::Secret, namespace, name));
         self.store.secret(namespace, name)
+    }
+
+    fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        self.record(ObjectRef::new(ObjectKind::ConfigMap, namespace, name));
+        self.store.config_map(namespace, name)
     }
 }
 
