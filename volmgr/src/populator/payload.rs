@@ -362,10 +362,12 @@ fn add_downward_api(
         let value = match (&it.field_ref, &it.resource_field_ref) {
             (Some(f), None) => field_value(ctx, &f.field_path)?,
             (None, Some(r)) => resource_value(ctx, r)?,
-            _ => return Err(invalid(format!(
+            _ => {
+                return Err(invalid(format!(
                 "downwardAPI item {:?}: exactly one of fieldRef and resourceFieldRef is required",
                 it.path
-            ))),
+            )))
+            }
         };
         insert(
             files,
