@@ -13,9 +13,13 @@
 //! and renames that over `..data`: one `rename(2)`, so a reader that opens
 //! `key` (through `..data`) sees either the old payload or the new one, never
 //! a mix, never a missing file. User-visible symlinks are added for new
-//! names, those of names gone are removed, then every other `..` entry (the
-//! old payload, a half-written one a crash left behind) is deleted. Nothing
-//! is rewritten when the payload is the same as what `..data` holds.
+//! names, those of names gone are removed, then every other `..` entry but
+//! the previous payload (older payloads, a half-written one a crash left
+//! behind) is deleted. The previous payload is kept until the next write so
+//! a reader that resolved `..data` just before the swap still finds its
+//! files (with the kubelet's immediate removal such a reader can get
+//! `ENOENT`). Nothing is rewritten when the payload is the same as what
+//! `..data` holds (and then the previous payload is removed too).
 //!
 //! Every call works relative to the volume directory's descriptor, never
 //! follows a symlink (`O_NOFOLLOW`, `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`)
@@ -91,7 +95,7 @@ pub fn validate_path(path: &str) -> Result<Vec<&str>, WriterError> {
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
-    if parts.iter().any(|c| *c == "..") {
+    if parts.contains(&"..") {
         return Err(bad("must not contain '..'"));
     }
     if parts.iter().any(|c| c.len() > MAX_FILE_NAME_LENGTH) {
@@ -209,9 +213,12 @@ pub fn write(
     };
     let visible: BTreeSet<&str> = clean.keys().filter_map(|p| p.split('/').next()).collect();
     update_user_visible(dir, &visible, owner)?;
-    let keep = match &outcome {
-        WriteOutcome::Written { dir } => OsString::from(dir),
-        WriteOutcome::Unchanged => old.unwrap_or_default(),
+    // After a swap the previous payload stays (until the next write): a
+    // reader that resolved `..data` just before the rename still finds its
+    // files. Everything older, and what a crash left, goes.
+    let keep: Vec<OsString> = match &outcome {
+        WriteOutcome::Written { dir } => std::iter::once(OsString::from(dir)).chain(old).collect(),
+        WriteOutcome::Unchanged => old.into_iter().collect(),
     };
     remove_stale(root, dir, &keep)?;
     Ok(outcome)
@@ -516,15 +523,15 @@ fn update_user_visible(
     sync_dir(dir)
 }
 
-/// Removes every `..` entry but `..data` and the payload `keep`: the old
-/// payload, and whatever a crash left behind (a half-written payload, a
+/// Removes every `..` entry but `..data` and the payloads in `keep`: older
+/// payloads, and whatever a crash left behind (a half-written payload, a
 /// `..data_tmp`).
-fn remove_stale(root: &RootDir, dir: &Target, keep: &OsStr) -> Result<(), WriterError> {
+fn remove_stale(root: &RootDir, dir: &Target, keep: &[OsString]) -> Result<(), WriterError> {
     let listing = open_self(dir)?;
     let entries = dirents::read_all(listing.as_fd()).map_err(|e| sys("getdents64", dir, ".", e))?;
     for e in entries {
         let n = e.name.as_bytes();
-        if !n.starts_with(b"..") || n == DATA_DIR_NAME.as_bytes() || e.name == keep {
+        if !n.starts_with(b"..") || n == DATA_DIR_NAME.as_bytes() || keep.contains(&e.name) {
             continue;
         }
         root.remove_all_at(dir, &e.name)?;
@@ -631,13 +638,16 @@ mod tests {
     fn an_update_swaps_payloads_and_removes_what_is_gone() {
         let (_d, root, dir) = setup();
         let v = dir.path().to_path_buf();
-        write(
+        let first = write(
             &root,
             &dir,
             &payload(&[("a", "1"), ("b", "2")]),
             Ownership::default(),
         )
         .unwrap();
+        let WriteOutcome::Written { dir: ts1 } = first else {
+            panic!()
+        };
         // Something not made by the writer is left alone.
         std::fs::write(v.join("mine"), "x").unwrap();
         let out = write(
@@ -650,13 +660,17 @@ mod tests {
         let WriteOutcome::Written { dir: ts } = out else {
             panic!()
         };
-        assert_eq!(
-            names(&v),
-            vec![ts, "..data".into(), "b".into(), "c".into(), "mine".into()]
-        );
+        // The previous payload stays until the next write.
+        let want = [&ts1, &ts, "..data", "b", "c", "mine"];
+        assert_eq!(names(&v), want.map(String::from).to_vec());
         assert_eq!(read(&v, "b"), "3");
         assert_eq!(read(&v, "c"), "4");
-        // An empty payload (optional and missing): only `..data` and its directory.
+        // An empty payload (optional and missing): `..data`, its directory
+        // and the previous one.
+        write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
+        assert_eq!(names(&v).len(), 4, "{:?}", names(&v));
+        assert!(!v.join(&ts1).exists());
+        // Nothing changed: nothing written, the previous payload goes.
         write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
         assert_eq!(names(&v).len(), 3, "{:?}", names(&v));
     }
@@ -766,50 +780,50 @@ mod tests {
 
     /// A reader (another thread) reading two keys always changed together
     /// never sees them disagree or missing while 1,000 updates swap in.
+    /// Updates are paced by the reader (each waits until a read that began
+    /// after the previous update finished), as real updates are seconds
+    /// apart: a reader never lags a whole update behind, so the payload it
+    /// resolved is the current or the previous one, both still there.
     #[test]
     fn readers_never_see_a_mix() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
         let (_d, root, dir) = setup();
         let v = dir.path().to_path_buf();
-        write(
-            &root,
-            &dir,
-            &payload(&[("x", "0"), ("y", "0")]),
-            Ownership::default(),
-        )
-        .unwrap();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let write_xy = |s: &str| {
+            let p = payload(&[("x", s), ("y", s)]);
+            write(&root, &dir, &p, Ownership::default()).unwrap();
+        };
+        write_xy("0");
+        let (stop, reads) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
         let reader = {
-            let (stop, v) = (Arc::clone(&stop), v.clone());
+            let (stop, reads, v) = (Arc::clone(&stop), Arc::clone(&reads), v.clone());
             std::thread::spawn(move || {
-                let mut reads = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                while !stop.load(SeqCst) {
                     // Resolve `..data` once, as a reader that opens the
                     // directory does: both keys from one payload.
                     let data = v.join(std::fs::read_link(v.join("..data")).unwrap());
-                    let x = std::fs::read_to_string(data.join("x"));
-                    let y = std::fs::read_to_string(data.join("y"));
-                    if let (Ok(x), Ok(y)) = (&x, &y) {
-                        assert_eq!(x, y, "mixed payload");
-                    }
-                    // Through the user-visible names: never missing.
+                    let x = std::fs::read_to_string(data.join("x")).expect("x missing");
+                    let y = std::fs::read_to_string(data.join("y")).expect("y missing");
+                    assert_eq!(x, y, "mixed payload");
+                    // Through the user-visible name.
                     std::fs::read_to_string(v.join("x")).expect("x missing");
-                    reads += 1;
+                    reads.fetch_add(1, SeqCst);
                 }
-                reads
             })
         };
         for i in 1..=1000 {
-            let s = i.to_string();
-            write(
-                &root,
-                &dir,
-                &payload(&[("x", &s), ("y", &s)]),
-                Ownership::default(),
-            )
-            .unwrap();
+            let seen = reads.load(SeqCst);
+            while reads.load(SeqCst) < seen + 2 && !reader.is_finished() {
+                std::thread::yield_now();
+            }
+            write_xy(&i.to_string());
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(reader.join().unwrap() > 0);
+        stop.store(true, SeqCst);
+        reader.join().unwrap();
+        assert!(reads.load(SeqCst) >= 2000);
         assert_eq!(read(&v, "x"), "1000");
     }
 

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::root_dir::{PathError, RelPath, RootDir};
-use crate::sys::{Mounter, MsFlags, TMPFS_MAGIC};
+use crate::sys::Mounter;
 use crate::util::sync::MutexExt;
 use crate::volume::{
     PayloadFile, PayloadKind, PayloadVolumeSource, PodUid, UniqueVolumeName, VolumeSource,
@@ -30,7 +30,7 @@ use crate::volume::{
 };
 
 use super::atomic_writer::{self, Ownership, WriteOutcome, WriterError};
-use super::empty_dir::tear_down_dir;
+use super::empty_dir::{mount_tmpfs_once, tear_down_dir};
 use super::token::{refresh_after, TokenError, TokenRefresh, TokenRequest};
 use super::{
     escape_plugin_name, BlockingPool, MountRequest, ReconstructedVolume, UnmountRequest,
@@ -224,24 +224,7 @@ fn set_up_sync(
 ) -> Result<(PathBuf, bool), VolumeError> {
     let mut mounted_now = false;
     if tmpfs {
-        let (target, created) = root.mkdir_mount_target(rel, 0o750)?;
-        if !created && mounter.is_mount_point(&target)? {
-            if mounter.fs_magic(&target)? != TMPFS_MAGIC {
-                return Err(VolumeError::InvalidSpec(format!(
-                    "{} is already a mount point of another file system than tmpfs",
-                    target.path().display()
-                )));
-            }
-        } else {
-            mounter.mount(
-                "tmpfs",
-                &target,
-                "tmpfs",
-                MsFlags::empty(),
-                Some("mode=0755"),
-            )?;
-            mounted_now = true;
-        }
+        mounted_now = mount_tmpfs_once(root, mounter, rel, Some("mode=0755"))?.1;
     } else {
         root.mkdir_all(rel, 0o755)?;
     }

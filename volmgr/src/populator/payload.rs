@@ -134,55 +134,41 @@ fn secret_data(s: &Secret) -> BTreeMap<String, Arc<[u8]>> {
     out
 }
 
-/// One configMap (volume or projection) into `files`.
-fn add_config_map(
-    ctx: &PayloadContext<'_>,
-    name: &str,
-    items: Option<&[KeyToPath]>,
-    default_mode: Option<i32>,
-    optional: bool,
-    files: &mut Files,
-) -> Result<(), VolumeSpecError> {
-    let what = format!("ConfigMap {}/{name}", ctx.namespace);
-    if name.is_empty() {
-        return Err(invalid("configMap.name is required"));
-    }
-    match objects(ctx, &what)?.config_map(ctx.namespace, name) {
-        Some(cm) => project_keys(
-            &config_map_data(&cm),
-            items,
-            default_mode,
-            optional,
-            &what,
-            files,
-        ),
-        None if optional => Ok(()),
-        None => Err(VolumeSpecError::Missing(format!("{what} not found"))),
-    }
+/// Which object a configMap or secret volume (or projection) reads.
+#[derive(Clone, Copy)]
+enum KeySource {
+    ConfigMap,
+    Secret,
 }
 
-/// One Secret (volume or projection) into `files`. Messages never quote values.
-fn add_secret(
+/// One configMap or Secret (volume or projection) into `files`. Messages
+/// never quote values.
+fn add_object_keys(
     ctx: &PayloadContext<'_>,
+    source: KeySource,
     name: &str,
     items: Option<&[KeyToPath]>,
     default_mode: Option<i32>,
     optional: bool,
     files: &mut Files,
 ) -> Result<(), VolumeSpecError> {
-    let what = format!("Secret {}/{name}", ctx.namespace);
+    let (kind, field) = match source {
+        KeySource::ConfigMap => ("ConfigMap", "configMap.name"),
+        KeySource::Secret => ("Secret", "secret.secretName"),
+    };
     if name.is_empty() {
-        return Err(invalid("secret.secretName is required"));
+        return Err(invalid(format!("{field} is required")));
     }
-    match objects(ctx, &what)?.secret(ctx.namespace, name) {
-        Some(s) => project_keys(
-            &secret_data(&s),
-            items,
-            default_mode,
-            optional,
-            &what,
-            files,
-        ),
+    let what = format!("{kind} {}/{name}", ctx.namespace);
+    let lookup = objects(ctx, &what)?;
+    let data = match source {
+        KeySource::ConfigMap => lookup
+            .config_map(ctx.namespace, name)
+            .map(|o| config_map_data(&o)),
+        KeySource::Secret => lookup.secret(ctx.namespace, name).map(|o| secret_data(&o)),
+    };
+    match data {
+        Some(d) => project_keys(&d, items, default_mode, optional, &what, files),
         None if optional => Ok(()),
         None => Err(VolumeSpecError::Missing(format!("{what} not found"))),
     }
@@ -313,41 +299,23 @@ fn resource_value(
         ("limits", None) => node_capacity(),
         _ => (0, 0),
     };
-    let value = match res {
-        "cpu" => {
-            let v = given
-                .map(quantity::parse_milli)
-                .transpose()
-                .map_err(bad)?
-                .unwrap_or(cpu);
-            let d = divisor
-                .map(quantity::parse_milli)
-                .transpose()
-                .map_err(bad)?
-                .unwrap_or(1000);
-            v.div_ceil(d.max(1))
-        }
-        "memory" | "ephemeral-storage" => {
-            let fallback = if res == "memory" { mem } else { 0 };
-            let v = given
-                .map(quantity::parse_bytes)
-                .transpose()
-                .map_err(bad)?
-                .unwrap_or(fallback);
-            let d = divisor
-                .map(quantity::parse_bytes)
-                .transpose()
-                .map_err(bad)?
-                .unwrap_or(1);
-            v.div_ceil(d.max(1))
-        }
-        _ => {
-            return Err(invalid(format!(
-                "resourceFieldRef: unsupported resource {:?}",
-                r.resource
-            )))
-        }
+    // (parser, unit of the divisor's default, value of an unset limit)
+    let (parse, unit, fallback): (fn(&str) -> Result<u64, quantity::QuantityError>, u64, u64) =
+        match res {
+            "cpu" => (quantity::parse_milli, 1000, cpu),
+            "memory" => (quantity::parse_bytes, 1, mem),
+            "ephemeral-storage" => (quantity::parse_bytes, 1, 0),
+            _ => {
+                return Err(invalid(format!(
+                    "resourceFieldRef: unsupported resource {:?}",
+                    r.resource
+                )))
+            }
+        };
+    let parse_or = |q: Option<&str>, default: u64| -> Result<u64, VolumeSpecError> {
+        Ok(q.map(parse).transpose().map_err(bad)?.unwrap_or(default))
     };
+    let value = parse_or(given, fallback)?.div_ceil(parse_or(divisor, unit)?.max(1));
     Ok(value.to_string())
 }
 
@@ -426,8 +394,9 @@ fn add_projection(
 ) -> Result<(), VolumeSpecError> {
     if let Some(cm) = &p.config_map {
         let optional = cm.optional.unwrap_or(false);
-        add_config_map(
+        add_object_keys(
             ctx,
+            KeySource::ConfigMap,
             &cm.name,
             cm.items.as_deref(),
             default_mode,
@@ -436,8 +405,9 @@ fn add_projection(
         )?;
     } else if let Some(s) = &p.secret {
         let optional = s.optional.unwrap_or(false);
-        add_secret(
+        add_object_keys(
             ctx,
+            KeySource::Secret,
             &s.name,
             s.items.as_deref(),
             default_mode,
@@ -469,8 +439,9 @@ pub(crate) fn payload_source(
     let mut files = Files::new();
     let res = if let Some(cm) = &v.config_map {
         let optional = cm.optional.unwrap_or(false);
-        add_config_map(
+        add_object_keys(
             ctx,
+            KeySource::ConfigMap,
             &cm.name,
             cm.items.as_deref(),
             cm.default_mode,
@@ -481,8 +452,9 @@ pub(crate) fn payload_source(
     } else if let Some(s) = &v.secret {
         let name = s.secret_name.as_deref().unwrap_or("");
         let optional = s.optional.unwrap_or(false);
-        add_secret(
+        add_object_keys(
             ctx,
+            KeySource::Secret,
             name,
             s.items.as_deref(),
             s.default_mode,

@@ -232,6 +232,28 @@ fn built_in_plugins(
     Ok(plugins)
 }
 
+/// What the payload plugins share; a token due for a refresh wakes the
+/// reconciler for its volume.
+fn payload_shared(
+    root: &Arc<RootDir>,
+    mounter: &Arc<dyn Mounter>,
+    pool: &Arc<BlockingPool>,
+    world: &Arc<World>,
+) -> PayloadShared {
+    let payload = PayloadShared {
+        root: Arc::clone(root),
+        mounter: Arc::clone(mounter),
+        pool: Arc::clone(pool),
+        tokens: Arc::new(TokenRefresh::default()),
+        states: Arc::new(PayloadStates::default()),
+    };
+    let world = Arc::clone(world);
+    payload
+        .tokens
+        .set_waker(Arc::new(move |v| world.mark_dirty([v])));
+    payload
+}
+
 /// Makes ROOT recursively shared when `config` asks, and says how it went
 /// (status `root_propagation`): `rshared` (done now), `shared` (its mount
 /// already was), `off` (not asked), or `not shared: <why>` (the manager
@@ -285,17 +307,7 @@ impl VolumeManager {
         let world = Arc::new(World::default());
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(BlockingPool::new(config.max_blocking_ops));
-        let payload = PayloadShared {
-            root: Arc::clone(&root),
-            mounter: Arc::clone(&mounter),
-            pool: Arc::clone(&pool),
-            tokens: Arc::new(TokenRefresh::default()),
-            states: Arc::new(PayloadStates::default()),
-        };
-        let waker_world = Arc::clone(&world);
-        payload
-            .tokens
-            .set_waker(Arc::new(move |v| waker_world.mark_dirty([v])));
+        let payload = payload_shared(&root, &mounter, &pool, &world);
         let plugins = built_in_plugins(&root, &mounter, &pool, &payload)?;
         let payload_metrics = Arc::clone(&payload.states);
         let executor =
