@@ -255,6 +255,9 @@ fn node_capacity() -> (u64, u64) {
     (cpus * 1000, mem)
 }
 
+/// A quantity parser of [`quantity`].
+type QuantityParser = fn(&str) -> Result<u64, quantity::QuantityError>;
+
 /// The kubelet's `ExtractContainerResourceValue`: the container's limit or
 /// request divided by `divisor` (default 1), rounded up.
 fn resource_value(
@@ -300,18 +303,17 @@ fn resource_value(
         _ => (0, 0),
     };
     // (parser, unit of the divisor's default, value of an unset limit)
-    let (parse, unit, fallback): (fn(&str) -> Result<u64, quantity::QuantityError>, u64, u64) =
-        match res {
-            "cpu" => (quantity::parse_milli, 1000, cpu),
-            "memory" => (quantity::parse_bytes, 1, mem),
-            "ephemeral-storage" => (quantity::parse_bytes, 1, 0),
-            _ => {
-                return Err(invalid(format!(
-                    "resourceFieldRef: unsupported resource {:?}",
-                    r.resource
-                )))
-            }
-        };
+    let (parse, unit, fallback): (QuantityParser, u64, u64) = match res {
+        "cpu" => (quantity::parse_milli, 1000, cpu),
+        "memory" => (quantity::parse_bytes, 1, mem),
+        "ephemeral-storage" => (quantity::parse_bytes, 1, 0),
+        _ => {
+            return Err(invalid(format!(
+                "resourceFieldRef: unsupported resource {:?}",
+                r.resource
+            )))
+        }
+    };
     let parse_or = |q: Option<&str>, default: u64| -> Result<u64, VolumeSpecError> {
         Ok(q.map(parse).transpose().map_err(bad)?.unwrap_or(default))
     };
