@@ -124,6 +124,19 @@ fn config_map_secret_and_downward_api_volumes_and_updates() {
             assert!(!is_tmpfs(&env, &cfg), "configMap on a tmpfs");
             assert_eq!(names(&opt), vec!["..data"], "optional and missing: empty");
             assert_eq!(read(&dapi.join("ns")).as_deref(), Some("test"));
+            let content = |vol: &str| {
+                let s = env.status();
+                let p = s.pods.iter().find(|p| p.uid == "uid-cm").unwrap();
+                p.volumes
+                    .iter()
+                    .find(|v| v.name == vol)
+                    .unwrap()
+                    .content
+                    .clone()
+                    .unwrap()
+            };
+            let first = content("cfg");
+            assert_eq!(first.writes, 1);
 
             // Updates while another process reads.
             let mut reader = start_reader(&cfg);
@@ -144,6 +157,9 @@ fn config_map_secret_and_downward_api_volumes_and_updates() {
                 String::from_utf8_lossy(&out.stdout)
             );
             assert!(n > 1, "no update happened while reading");
+            let last = content("cfg");
+            assert_eq!(last.writes, 1 + n as u64);
+            assert_ne!(last.generation, first.generation);
             assert_eq!(read(&cfg.join("y")), Some(n.to_string()));
             // The current payload and the previous one.
             let st = std::fs::read_dir(&cfg).unwrap().count();

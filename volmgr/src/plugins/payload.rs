@@ -85,6 +85,20 @@ impl PayloadStates {
         }
     }
 
+    /// `volume`'s content, for status.
+    pub fn content_status(
+        &self,
+        volume: &UniqueVolumeName,
+    ) -> Option<crate::status::ContentStatus> {
+        let m = self.0.locked();
+        let s = m.get(volume)?;
+        Some(crate::status::ContentStatus {
+            generation: s.generation.clone(),
+            writes: s.writes,
+            last_update: crate::cache::out_of_band::rfc3339(s.last_update),
+        })
+    }
+
     fn forget(&self, volume: &UniqueVolumeName) {
         self.0.locked().remove(volume);
     }
