@@ -38,10 +38,15 @@ pub fn isolated_with(name: &str, no_openat2: bool, body: impl FnOnce()) {
     let mut cmd = Command::new(exe);
     cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, name);
+    // Before fork: nothing is allocated in the child.
+    let tmp = std::env::temp_dir();
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             volmgr::sys::namespace::enter_private_mount_namespace()?;
+            // A bug that binds `/` or `/etc` into the test's directory
+            // must not let its clean-up delete the host's files.
+            volmgr::sys::namespace::make_host_read_only_but(&tmp)?;
             if no_openat2 {
                 volmgr::sys::seccomp::fail_openat2_with_enosys()?;
             }

@@ -56,10 +56,15 @@ pub fn run_in_child(name: &str, how: Child, body: impl FnOnce()) {
     if how == Child::NoOpenat2 {
         cmd.env(NO_OPENAT2_ENV, "1");
     }
+    // Before fork: nothing is allocated in the child.
+    let tmp = std::env::temp_dir();
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             crate::sys::namespace::enter_private_mount_namespace()?;
+            // A bug that binds `/` or `/etc` into the test's directory
+            // must not let its clean-up delete the host's files.
+            crate::sys::namespace::make_host_read_only_but(&tmp)?;
             if how == Child::NoOpenat2 {
                 crate::sys::seccomp::fail_openat2_with_enosys()?;
             }
