@@ -196,6 +196,20 @@ fn a_missing_config_map_is_an_error_until_it_is_created() {
             assert_eq!(env.wait_pod("uid-late", 30.0), 0, "{}", agent.log());
             let cfg = vol_dir(&env, "uid-late", "configmap", "cfg");
             assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
+            // Deleted while mounted: the volume keeps its content (as the
+            // kubelet does) and status says why it is not updated.
+            env.remove_manifest("cm.yaml");
+            env.wait_for("problem shown", || {
+                env.status()
+                    .errors
+                    .iter()
+                    .any(|e| e.error.contains("ConfigMap test/late not found"))
+            });
+            assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
+            assert_eq!(env.volume_state("uid-late", "cfg").unwrap().0, "mounted");
+            // Back with another value: updated in place.
+            env.write_manifest("cm.yaml", &config_map("late", &[("k", "w")]));
+            env.wait_for("updated", || read(&cfg.join("k")).as_deref() == Some("w"));
             assert!(agent.term());
         },
     );

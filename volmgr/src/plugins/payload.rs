@@ -405,3 +405,152 @@ impl VolumePlugin for PayloadPlugin {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::token::{Token, TokenSource};
+    use crate::sys::fake::FakeMounter;
+    use crate::volume::{PayloadFile, TokenProjection};
+    use std::time::Duration;
+
+    struct FixedTokens(Duration);
+
+    #[async_trait::async_trait]
+    impl TokenSource for FixedTokens {
+        async fn request(&self, req: &TokenRequest) -> Result<Token, TokenError> {
+            Ok(Token {
+                token: format!("tok-{}-{}", req.namespace, req.service_account),
+                expiration: SystemTime::now() + self.0,
+            })
+        }
+    }
+
+    fn setup(kind: PayloadKind) -> (tempfile::TempDir, PayloadShared, PayloadPlugin) {
+        let t = tempfile::tempdir().unwrap();
+        let shared = PayloadShared {
+            root: Arc::new(RootDir::open(t.path()).unwrap()),
+            mounter: Arc::new(FakeMounter::default()),
+            pool: Arc::new(BlockingPool::new(2)),
+            tokens: Arc::new(TokenRefresh::default()),
+            states: Arc::new(PayloadStates::default()),
+        };
+        let p = PayloadPlugin::new(kind, shared.clone());
+        (t, shared, p)
+    }
+
+    fn spec(kind: PayloadKind, value: &str, token: bool) -> Arc<VolumeSpec> {
+        let files = [(
+            "k".to_string(),
+            PayloadFile {
+                data: Arc::from(value.as_bytes()),
+                mode: 0o644,
+            },
+        )]
+        .into();
+        let tokens = match token {
+            false => Vec::new(),
+            true => vec![TokenProjection {
+                path: "token".into(),
+                audience: String::new(),
+                expiration_seconds: 3600,
+                namespace: "ns".into(),
+                service_account: "sa".into(),
+                pod_name: "p".into(),
+                pod_uid: "pod1".into(),
+                mode: 0o600,
+            }],
+        };
+        Arc::new(VolumeSpec {
+            name: "v".into(),
+            source: VolumeSource::Payload(Arc::new(PayloadVolumeSource {
+                kind,
+                files,
+                tokens,
+            })),
+        })
+    }
+
+    fn req(kind: PayloadKind, spec: Arc<VolumeSpec>) -> MountRequest {
+        let pod = PodUid::new("pod1").unwrap();
+        MountRequest {
+            volume_name: UniqueVolumeName::per_pod(plugin_name(kind), &pod, "v"),
+            pod_uid: pod,
+            spec,
+            fs_group: None,
+            selinux_label: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn config_map_set_up_update_and_tear_down() {
+        let (t, shared, p) = setup(PayloadKind::ConfigMap);
+        let kind = PayloadKind::ConfigMap;
+        let r = req(kind, spec(kind, "1", false));
+        let path = p.set_up(r.clone()).await.unwrap();
+        assert_eq!(
+            path,
+            t.path().join("pods/pod1/volumes/kubernetes.io~configmap/v")
+        );
+        assert_eq!(std::fs::read_to_string(path.join("k")).unwrap(), "1");
+        // The same payload again: nothing written.
+        p.set_up(r.clone()).await.unwrap();
+        let st = shared.states.content_status(&r.volume_name).unwrap();
+        assert_eq!(st.writes, 1);
+        let (a, b) = (spec(kind, "1", false), spec(kind, "2", false));
+        assert!(!p.requires_remount(&r.volume_name, &a, &a));
+        assert!(p.requires_remount(&r.volume_name, &a, &b));
+        p.set_up(req(kind, b)).await.unwrap();
+        assert_eq!(std::fs::read_to_string(path.join("k")).unwrap(), "2");
+        let st2 = shared.states.content_status(&r.volume_name).unwrap();
+        assert_eq!(st2.writes, 2);
+        assert_ne!(st.generation, st2.generation);
+        let text = shared.states.prometheus_text();
+        assert!(
+            text.contains(
+                "volmgr_payload_volume_writes_total{volume=\"kubernetes.io/configmap/pod1-v\""
+            ),
+            "{text}"
+        );
+        p.tear_down(UnmountRequest {
+            pod_uid: r.pod_uid.clone(),
+            volume_name: r.volume_name.clone(),
+            spec: r.spec.clone(),
+            path: path.clone(),
+        })
+        .await
+        .unwrap();
+        assert!(!path.exists());
+        assert!(shared.states.content_status(&r.volume_name).is_none());
+    }
+
+    #[tokio::test]
+    async fn tokens_need_a_source_and_are_refreshed() {
+        let kind = PayloadKind::Projected;
+        let (_t, shared, p) = setup(kind);
+        let r = req(kind, spec(kind, "1", true));
+        let e = p.set_up(r.clone()).await.unwrap_err().to_string();
+        assert!(e.contains("--token-file"), "{e}");
+        // A token that lives an hour: written, not due.
+        shared
+            .tokens
+            .set_source(Arc::new(FixedTokens(Duration::from_secs(3600))));
+        let path = p.set_up(r.clone()).await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(path.join("token")).unwrap(),
+            "tok-ns-sa"
+        );
+        assert!(!p.requires_remount(&r.volume_name, &r.spec, &r.spec));
+        // An expired one: due at once, and the waker is called for it.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        shared.tokens.set_waker(Arc::new(move |v| {
+            let _ = tx.send(v);
+        }));
+        shared
+            .tokens
+            .set_source(Arc::new(FixedTokens(Duration::ZERO)));
+        p.set_up(r.clone()).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap(), r.volume_name);
+        assert!(p.requires_remount(&r.volume_name, &r.spec, &r.spec));
+    }
+}
