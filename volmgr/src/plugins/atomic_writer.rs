@@ -325,38 +325,22 @@ fn list_files(
 /// A new `..<UTC timestamp>.<nanoseconds>` directory name (the kubelet's
 /// `..2006_01_02_15_04_05.` prefix).
 fn timestamp_name(attempt: u32) -> String {
-    let now = std::time::SystemTime::now()
+    let now = std::time::SystemTime::now();
+    let nanos = now
         .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "..{y:04}_{m:02}_{d:02}_{:02}_{:02}_{:02}.{:09}{}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        now.subsec_nanos(),
-        if attempt == 0 {
-            String::new()
-        } else {
-            format!("_{attempt}")
-        }
-    )
-}
-
-/// Days since 1970-01-01 → (year, month, day) (proleptic Gregorian).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
+        .unwrap_or_default()
+        .subsec_nanos();
+    // `2026-11-23T22:31:34.123Z` → `2026_11_23_22_31_34`.
+    let stamp: String = crate::cache::out_of_band::rfc3339(now)
+        .chars()
+        .take(19)
+        .map(|c| if c.is_ascii_digit() { c } else { '_' })
+        .collect();
+    let suffix = match attempt {
+        0 => String::new(),
+        n => format!("_{n}"),
+    };
+    format!("..{stamp}.{nanos:09}{suffix}")
 }
 
 /// Creates a new payload directory in `dir` and writes `clean` into it,
