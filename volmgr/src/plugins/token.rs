@@ -173,7 +173,8 @@ pub type RemountWaker = Arc<dyn Fn(UniqueVolumeName) + Send + Sync>;
 #[derive(Default)]
 pub struct TokenRefresh {
     source: RwLock<Option<Arc<dyn TokenSource>>>,
-    due: Mutex<HashMap<UniqueVolumeName, Instant>>,
+    /// When each volume's tokens are due, and the timer that wakes then.
+    due: Mutex<HashMap<UniqueVolumeName, (Instant, tokio::task::AbortHandle)>>,
     waker: OnceLock<RemountWaker>,
 }
 
@@ -196,17 +197,23 @@ impl TokenRefresh {
     /// Records that `volume`'s tokens must be replaced after `after`, and
     /// arms a timer that wakes the reconciler then (event driven: no
     /// polling). Must run inside the Tokio runtime.
+    /// A volume rescheduled (or forgotten) cancels its earlier timer.
     pub fn schedule(self: &Arc<Self>, volume: &UniqueVolumeName, after: Duration) {
         let at = Instant::now() + after;
-        self.due.locked().insert(volume.clone(), at);
         let (me, v) = (Arc::clone(self), volume.clone());
-        tokio::spawn(async move {
+        let timer = tokio::spawn(async move {
             tokio::time::sleep_until(at.into()).await;
-            let still = me.due.locked().get(&v) == Some(&at);
-            if let (true, Some(w)) = (still, me.waker.get()) {
+            if let Some(w) = me.waker.get() {
                 w(v);
             }
         });
+        let old = self
+            .due
+            .locked()
+            .insert(volume.clone(), (at, timer.abort_handle()));
+        if let Some((_, t)) = old {
+            t.abort();
+        }
     }
 
     /// Whether `volume`'s tokens are due for a refresh.
@@ -214,12 +221,14 @@ impl TokenRefresh {
         self.due
             .locked()
             .get(volume)
-            .is_some_and(|at| *at <= Instant::now())
+            .is_some_and(|(at, _)| *at <= Instant::now())
     }
 
     /// Forgets `volume` (torn down, or it holds no token any more).
     pub fn forget(&self, volume: &UniqueVolumeName) {
-        self.due.locked().remove(volume);
+        if let Some((_, t)) = self.due.locked().remove(volume) {
+            t.abort();
+        }
     }
 }
 
