@@ -17,6 +17,7 @@ use crate::api;
 use crate::limits::{serve_bounded, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
 use volmgr::csi::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
+use volmgr::plugins::token::FileTokenSource;
 use volmgr::populator::manifests::{ManifestsSource, SourceError};
 use volmgr::sys::linux::LinuxMounter;
 use volmgr::tracer::{self, TracerError, TracerMode};
@@ -51,6 +52,9 @@ pub struct AgentOptions {
     pub csi_drivers: Vec<(String, PathBuf)>,
     /// Which tracer keeps the actual state current between resyncs.
     pub tracer: TracerMode,
+    /// `--token-file DIR`: service account tokens by
+    /// `<namespace>/<service account>` ([`FileTokenSource`]).
+    pub token_dir: Option<PathBuf>,
 }
 
 /// Why the agent could not run.
@@ -99,6 +103,9 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.node_name = opts.node_name.clone();
     config.volume_stats_period = opts.volume_stats_period;
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    if let Some(dir) = &opts.token_dir {
+        vm.set_token_source(Arc::new(FileTokenSource::new(dir.clone())));
+    }
     let csi_registry = DriverRegistry::new();
     volumemanager::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
     for (name, socket) in &opts.csi_drivers {

@@ -67,6 +67,11 @@ struct AgentArgs {
     /// (the resync only), or `auto` (eBPF if it loads, else mountinfo).
     #[arg(long, default_value = "auto", env = "VOLMGR_TRACER")]
     tracer: TracerMode,
+    /// Service account tokens for projected serviceAccountToken volumes:
+    /// DIR/<namespace>/<service account> holds the token. Without it, such
+    /// a volume fails to set up.
+    #[arg(long, value_name = "DIR")]
+    token_file: Option<PathBuf>,
 }
 
 impl AgentArgs {
@@ -88,6 +93,7 @@ impl AgentArgs {
             volume_stats_period: self.volume_stats_period,
             csi_drivers: self.csi_drivers,
             tracer: self.tracer,
+            token_dir: self.token_file,
         }
     }
 }

@@ -462,7 +462,7 @@ fn bad_input_harms_only_its_own_pod() {
         assert!(verr("cm")
             .error
             .unwrap()
-            .contains("no volume plugin supports configMap"));
+            .contains("ConfigMap test/x not found"));
         assert_eq!(verr("cm").state, "error");
         let link = env.volume_state("uid-link", "m").unwrap();
         assert!(link.2.unwrap().contains("refusing to follow a symlink"));

@@ -486,7 +486,7 @@ pub unsafe extern "C" fn volmgr_pod_delete(
 }
 
 /// Adds or replaces an object pods' volumes refer to (`object_json`: a
-/// Kubernetes PersistentVolume, PersistentVolumeClaim or Secret, with its
+/// Kubernetes PersistentVolume, PersistentVolumeClaim, Secret or ConfigMap, with its
 /// `kind`), as a kubelet fork's informers see it: pods that read it are
 /// converted again (a claim now bound mounts its volume; a volume whose
 /// object changed keeps mounting what it resolves to). Another kind is

@@ -8,6 +8,17 @@ pub struct QuantityError(pub String);
 
 /// Parses `q` into bytes. Negative values and values above `u64::MAX` are errors.
 pub fn parse_bytes(q: &str) -> Result<u64, QuantityError> {
+    parse_scaled(q, 0)
+}
+
+/// Parses `q` into thousandths (the API's `MilliValue`, rounded up):
+/// `500m` → 500, `2` → 2000.
+pub fn parse_milli(q: &str) -> Result<u64, QuantityError> {
+    parse_scaled(q, 3)
+}
+
+/// `q` × 10^`exp10`, rounded up to a whole number.
+fn parse_scaled(q: &str, exp10_extra: i32) -> Result<u64, QuantityError> {
     let err = || QuantityError(q.to_string());
     let s = q.trim();
     let split = s
@@ -34,7 +45,7 @@ pub fn parse_bytes(q: &str) -> Result<u64, QuantityError> {
         _ => return Err(err()),
     };
     mantissa = mantissa.checked_mul(mul).ok_or_else(err)?;
-    scale -= exp10;
+    scale -= exp10 + exp10_extra;
     // value = mantissa / 10^scale, rounded up.
     while scale < 0 {
         mantissa = mantissa.checked_mul(10).ok_or_else(err)?;

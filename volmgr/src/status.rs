@@ -172,6 +172,21 @@ pub struct VolumeStatus {
     /// for mounted volumes whose plugin reports them.
     #[serde(default)]
     pub stats: Option<VolumeStatsStatus>,
+    /// For configMap, secret, downwardAPI and projected volumes set up: the
+    /// content generation and when it was last written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<ContentStatus>,
+}
+
+/// The content of a configMap, secret, downwardAPI or projected volume.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContentStatus {
+    /// The payload's content digest (changes with every new payload).
+    pub generation: String,
+    /// How many payloads were written (the first set-up included).
+    pub writes: u64,
+    /// When the last one was (RFC 3339, UTC).
+    pub last_update: String,
 }
 
 /// A volume's usage and health, as last collected (the kubelet's volume

@@ -236,7 +236,10 @@ pub enum VolumeSource {
     /// A `persistentVolumeClaim` bound to a local PersistentVolume
     /// (`spec.local`).
     Local(LocalVolumeSource),
-    /// Any other source (`configMap`, `nfs`, ...), kept as the API JSON so a
+    /// `configMap`, `secret`, `downwardAPI` or `projected`: files computed
+    /// from objects and the pod, written by the atomic writer.
+    Payload(Arc<PayloadVolumeSource>),
+    /// Any other source (`nfs`, `iscsi`, ...), kept as the API JSON so a
     /// plugin registered at run time (e.g. through the C ABI) can claim it.
     Other {
         /// The source's field name (`configMap`).
@@ -255,8 +258,120 @@ impl VolumeSource {
             Self::Csi(c) if c.ephemeral => "csi",
             Self::Csi(_) | Self::Local(_) => "persistentVolumeClaim",
             Self::Image { .. } => "image",
+            Self::Payload(p) => p.kind.as_str(),
             Self::Other { kind, .. } => kind,
         }
+    }
+}
+
+/// Which of the four payload volume types a [`PayloadVolumeSource`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PayloadKind {
+    /// `configMap` (on the pod's directory).
+    ConfigMap,
+    /// `secret` (on a tmpfs).
+    Secret,
+    /// `downwardAPI` (on the pod's directory).
+    DownwardApi,
+    /// `projected` (on a tmpfs).
+    Projected,
+}
+
+impl PayloadKind {
+    /// The API field name (`configMap`, `secret`, `downwardAPI`, `projected`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "configMap",
+            Self::Secret => "secret",
+            Self::DownwardApi => "downwardAPI",
+            Self::Projected => "projected",
+        }
+    }
+
+    /// Whether the volume lives on a tmpfs (the kubelet's memory-backed
+    /// wrapper: secret and projected), so its bytes never touch a disk.
+    pub fn on_tmpfs(self) -> bool {
+        matches!(self, Self::Secret | Self::Projected)
+    }
+}
+
+/// One file of a payload volume.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PayloadFile {
+    /// The contents.
+    pub data: Arc<[u8]>,
+    /// The file mode (permission bits; `defaultMode` or the item's `mode`).
+    pub mode: u32,
+}
+
+/// A projected `serviceAccountToken` source: not resolvable from objects,
+/// the token is requested from the [`TokenSource`] at set-up (the kubelet's
+/// TokenRequest bound to the pod).
+///
+/// [`TokenSource`]: crate::plugins::token::TokenSource
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TokenProjection {
+    /// Where the token is written (relative, checked).
+    pub path: String,
+    /// `audience` (empty: the API server's).
+    pub audience: String,
+    /// `expirationSeconds` (default 3600).
+    pub expiration_seconds: i64,
+    /// The pod's namespace.
+    pub namespace: String,
+    /// `spec.serviceAccountName` (default `default`).
+    pub service_account: String,
+    /// The pod's name (the token's bound object).
+    pub pod_name: String,
+    /// The pod's UID (the token's bound object).
+    pub pod_uid: String,
+    /// The file mode.
+    pub mode: u32,
+}
+
+/// A `configMap`, `secret`, `downwardAPI` or `projected` volume, resolved:
+/// every file with its bytes and mode, plus the token requests a projected
+/// volume makes at set-up. `Debug` prints paths, never bytes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PayloadVolumeSource {
+    /// Which volume type.
+    pub kind: PayloadKind,
+    /// Relative path (checked: no `..`, not absolute) → file.
+    pub files: std::collections::BTreeMap<String, PayloadFile>,
+    /// Service account tokens to request and write (projected only).
+    pub tokens: Vec<TokenProjection>,
+}
+
+impl PayloadVolumeSource {
+    /// A content digest (hex SHA-256 of paths, modes, bytes and token
+    /// requests): the volume's content generation.
+    pub fn digest(&self) -> String {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for (p, f) in &self.files {
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p.as_bytes());
+            h.update(f.mode.to_le_bytes());
+            h.update((f.data.len() as u64).to_le_bytes());
+            h.update(&f.data);
+        }
+        for t in &self.tokens {
+            h.update(format!("{t:?}").as_bytes());
+        }
+        h.finalize()[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+impl fmt::Debug for PayloadVolumeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PayloadVolumeSource")
+            .field("kind", &self.kind)
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .field("tokens", &self.tokens)
+            .finish()
     }
 }
 
@@ -386,10 +501,17 @@ pub struct VolumeSpec {
 
 impl VolumeSpec {
     /// The kubelet's `VolumeSpec.ReadOnly`: set for a read-only CSI volume
-    /// (claim, PV or inline `readOnly`); false for every other source (the
+    /// (claim, PV or inline `readOnly`) and for payload volumes (configMap,
+    /// secret, downwardAPI, projected); false for every other source (the
     /// containers' `volumeMounts[].readOnly` is per mount, not per volume).
     pub fn read_only(&self) -> bool {
-        matches!(&self.source, VolumeSource::Csi(c) if c.read_only)
+        match &self.source {
+            VolumeSource::Csi(c) => c.read_only,
+            // The kubelet's configMap, secret, downwardAPI and projected
+            // mounters are read-only to the pod.
+            VolumeSource::Payload(_) => true,
+            _ => false,
+        }
     }
 
     /// Whether the container runtime may relabel the volume for SELinux

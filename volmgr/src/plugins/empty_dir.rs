@@ -103,19 +103,9 @@ fn set_up_sync(
     let mut mounted_now = false;
     let target = match medium {
         StorageMedium::Memory => {
-            // The tmpfs of an earlier set-up may be there already.
-            let (target, created) = root.mkdir_mount_target(&rel, 0o750)?;
-            // A directory this call created cannot carry a mount yet.
-            if !created && mounter.is_mount_point(&target)? {
-                if mounter.fs_magic(&target)? != TMPFS_MAGIC {
-                    return Err(VolumeError::InvalidSpec(format!(
-                        "{} is already a mount point of another file system than tmpfs",
-                        target.path().display()
-                    )));
-                }
-            } else {
-                let data = size_limit.map(|s| format!("size={s}"));
-                mounter.mount("tmpfs", &target, "tmpfs", MsFlags::empty(), data.as_deref())?;
+            let data = size_limit.map(|s| format!("size={s}"));
+            let (target, mounted) = mount_tmpfs_once(root, mounter, &rel, data.as_deref())?;
+            if mounted {
                 mounted_now = true;
                 failpoint::hit("emptydir.after_mount");
             }
@@ -149,6 +139,30 @@ fn set_up_sync(
     }
     failpoint::hit("emptydir.after_setup");
     Ok(target.path().to_path_buf())
+}
+
+/// Makes directory `rel` and mounts a tmpfs (with `data`) on it, unless the
+/// tmpfs of an earlier set-up is there already. Returns the directory and
+/// whether this call mounted.
+pub(crate) fn mount_tmpfs_once(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    rel: &RelPath,
+    data: Option<&str>,
+) -> Result<(Target, bool), VolumeError> {
+    let (target, created) = root.mkdir_mount_target(rel, 0o750)?;
+    // A directory this call created cannot carry a mount yet.
+    if !created && mounter.is_mount_point(&target)? {
+        if mounter.fs_magic(&target)? != TMPFS_MAGIC {
+            return Err(VolumeError::InvalidSpec(format!(
+                "{} is already a mount point of another file system than tmpfs",
+                target.path().display()
+            )));
+        }
+        return Ok((target, false));
+    }
+    mounter.mount("tmpfs", &target, "tmpfs", MsFlags::empty(), data)?;
+    Ok((target, true))
 }
 
 /// The kubelet's `SetVolumeOwnership` as its emptyDir plugin calls it: the

@@ -1,13 +1,16 @@
 //! Volume plugins (the kubelet's `VolumePlugin`, `Mounter` and `Unmounter` in
 //! one trait) and the [`VolumePluginMgr`] that picks one for a volume.
 
+pub mod atomic_writer;
 pub mod csi;
 pub mod empty_dir;
 pub mod foreign;
 pub mod host_path;
 pub mod image;
 pub mod local;
+pub mod payload;
 pub mod stats;
+pub mod token;
 pub mod volume_ownership;
 
 use std::path::{Path, PathBuf};
@@ -275,6 +278,20 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// task each: on a storm of thousands, the per-task hand-offs and
     /// wake-ups cost more than the work. Default: no.
     fn runs_inline(&self, _spec: &VolumeSpec) -> bool {
+        false
+    }
+
+    /// The kubelet's `RequiresRemount`: whether a volume set up with
+    /// `mounted` must be set up again (on the mounted volume, the pod
+    /// keeps running) now that the desired spec is `desired` (configMap,
+    /// secret, downwardAPI and projected volumes: a new payload, or a token
+    /// due for a refresh). Default: no.
+    fn requires_remount(
+        &self,
+        _volume: &UniqueVolumeName,
+        _mounted: &VolumeSpec,
+        _desired: &VolumeSpec,
+    ) -> bool {
         false
     }
 

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::inotify::AddWatchFlags;
@@ -224,11 +224,17 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
             }
         }
         "Secret" => add_secret(v, doc, out),
+        "ConfigMap" => {
+            if let Some(o) = decode::<ConfigMap>(v, doc, "ConfigMap", out) {
+                add_named(KubeObject::ConfigMap(Arc::new(o)), doc, out);
+            }
+        }
         "List"
         | "PodList"
         | "PersistentVolumeList"
         | "PersistentVolumeClaimList"
-        | "SecretList" => add_list(v, &kind, doc, out),
+        | "SecretList"
+        | "ConfigMapList" => add_list(v, &kind, doc, out),
         "" => {
             out.errors.push(format!("document {doc}: missing \"kind\""));
             out.complete = false;

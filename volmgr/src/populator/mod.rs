@@ -13,6 +13,7 @@ mod desired_state_of_world_populator;
 mod local_pv;
 pub mod manifests;
 pub mod objects;
+pub mod payload;
 pub mod pod;
 pub mod resolve;
 pub mod resolver;

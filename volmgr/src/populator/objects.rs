@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
 
 use crate::populator::resolve::ObjectLookup;
 use crate::volume::PodUid;
@@ -22,6 +22,8 @@ pub enum ObjectKind {
     PersistentVolumeClaim,
     /// `v1.Secret`.
     Secret,
+    /// `v1.ConfigMap`.
+    ConfigMap,
 }
 
 /// Names one object (or, for [`ObjectRef::any_persistent_volume`], every PV).
@@ -63,6 +65,7 @@ impl fmt::Display for ObjectRef {
             ObjectKind::PersistentVolume => "PersistentVolume",
             ObjectKind::PersistentVolumeClaim => "PersistentVolumeClaim",
             ObjectKind::Secret => "Secret",
+            ObjectKind::ConfigMap => "ConfigMap",
         };
         if self.namespace.is_empty() {
             write!(f, "{kind} {}", self.name)
@@ -79,6 +82,7 @@ impl ObjectKind {
             "PersistentVolume" => Some(Self::PersistentVolume),
             "PersistentVolumeClaim" => Some(Self::PersistentVolumeClaim),
             "Secret" => Some(Self::Secret),
+            "ConfigMap" => Some(Self::ConfigMap),
             _ => None,
         }
     }
@@ -88,7 +92,9 @@ impl ObjectKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectDecodeError {
     /// A kind that is not followed (or no `kind`).
-    #[error("kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim and Secret are)")]
+    #[error(
+        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret and ConfigMap are)"
+    )]
     UnsupportedKind(String),
     /// Not a valid object of its kind. For a Secret, the message never
     /// quotes the document (it could quote a value).
@@ -113,6 +119,8 @@ pub enum KubeObject {
     PersistentVolumeClaim(Arc<PersistentVolumeClaim>),
     /// A Secret.
     Secret(Arc<Secret>),
+    /// A ConfigMap.
+    ConfigMap(Arc<ConfigMap>),
 }
 
 impl fmt::Debug for KubeObject {
@@ -149,6 +157,9 @@ impl KubeObject {
                     ))
                 })?))
             }
+            Some(ObjectKind::ConfigMap) => Self::ConfigMap(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
             None => return Err(ObjectDecodeError::UnsupportedKind(kind)),
         };
         let r = obj.reference();
@@ -164,6 +175,7 @@ impl KubeObject {
             Self::PersistentVolume(o) => (ObjectKind::PersistentVolume, &o.metadata),
             Self::PersistentVolumeClaim(o) => (ObjectKind::PersistentVolumeClaim, &o.metadata),
             Self::Secret(o) => (ObjectKind::Secret, &o.metadata),
+            Self::ConfigMap(o) => (ObjectKind::ConfigMap, &o.metadata),
         };
         let ns = meta
             .namespace
@@ -272,6 +284,16 @@ impl ObjectLookup for ObjectStore {
             _ => None,
         }
     }
+
+    fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        match self
+            .objects
+            .get(&ObjectRef::new(ObjectKind::ConfigMap, namespace, name))?
+        {
+            KubeObject::ConfigMap(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
 }
 
 /// An [`ObjectLookup`] that remembers every object asked for (found or not):
@@ -335,6 +357,11 @@ impl ObjectLookup for RecordingLookup<'_> {
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
         self.record(ObjectRef::new(ObjectKind::Secret, namespace, name));
         self.store.secret(namespace, name)
+    }
+
+    fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
+        self.record(ObjectRef::new(ObjectKind::ConfigMap, namespace, name));
+        self.store.config_map(namespace, name)
     }
 }
 

@@ -115,6 +115,7 @@ impl DesiredPod {
         }
         let used = used_volume_names(pod);
         let ctx = ResolveContext {
+            pod,
             uid: &uid,
             namespace: &namespace,
             name: &name,
@@ -206,6 +207,7 @@ fn used_volume_names(pod: &Pod) -> UsedVolumes<'_> {
 
 /// What resolving a pod's volumes needs to know about the pod.
 struct ResolveContext<'a> {
+    pod: &'a Pod,
     uid: &'a PodUid,
     namespace: &'a str,
     name: &'a str,
@@ -243,6 +245,15 @@ fn parse_source(
                 objects,
             );
         }
+    }
+    let payload_ctx = super::payload::PayloadContext {
+        pod: ctx.pod,
+        namespace: ctx.namespace,
+        uid: ctx.uid.as_str(),
+        objects: ctx.objects,
+    };
+    if let Some(res) = super::payload::payload_source(v, &payload_ctx) {
+        return res;
     }
     if let Some(ed) = &v.empty_dir {
         return empty_dir_source(ed);
@@ -358,8 +369,8 @@ pub fn inline_volume_handle(pod_uid: &PodUid, volume: &str) -> String {
 }
 
 /// Whether converting `pod` reads other objects (a used `persistentVolumeClaim`
-/// or generic `ephemeral` volume, or an inline `csi` volume with a
-/// `nodePublishSecretRef`), so a
+/// or generic `ephemeral` volume, a `configMap` or `secret` volume or
+/// projection, or an inline `csi` volume with a `nodePublishSecretRef`), so a
 /// source must re-resolve it when those objects change.
 pub fn needs_objects(pod: &Pod) -> bool {
     let used = used_volume_names(pod);
@@ -372,6 +383,7 @@ pub fn needs_objects(pod: &Pod) -> bool {
         .any(|v| {
             v.persistent_volume_claim.is_some()
                 || v.ephemeral.is_some()
+                || super::payload::reads_objects(v)
                 || v.csi
                     .as_ref()
                     .is_some_and(|c| c.node_publish_secret_ref.is_some())

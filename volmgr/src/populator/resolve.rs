@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
+};
 
 use crate::volume::CsiSecrets;
 
@@ -33,6 +35,11 @@ pub trait ObjectLookup {
     ) -> Option<Arc<PersistentVolume>>;
     /// Secret `namespace/name`.
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
+    /// ConfigMap `namespace/name` (configMap and projected volumes).
+    /// Default: none (a source without ConfigMaps).
+    fn config_map(&self, _namespace: &str, _name: &str) -> Option<Arc<ConfigMap>> {
+        None
+    }
     /// This node, for the node affinity of local PersistentVolumes. `None`
     /// (the default, and the manifests source) when the source does not
     /// know it: the check is then skipped.

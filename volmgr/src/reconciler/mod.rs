@@ -414,6 +414,7 @@ impl Reconciler {
                     Some(m) => {
                         m.state != VolumeMountState::Mounted
                             || m.spec.source.kind() != p.spec.source.kind()
+                            || self.requires_remount(v, &dv.plugin_name, &m.spec, &p.spec)
                     }
                     None => true,
                 };
@@ -433,6 +434,24 @@ impl Reconciler {
                 }
             }
         }
+    }
+
+    /// The kubelet's `RequiresRemount` check for a mounted volume: only
+    /// payload volumes (configMap, secret, downwardAPI, projected) are ever
+    /// set up again in place, so the plugin is asked only for them.
+    fn requires_remount(
+        &self,
+        v: &UniqueVolumeName,
+        plugin: &str,
+        mounted: &Arc<VolumeSpec>,
+        desired: &Arc<VolumeSpec>,
+    ) -> bool {
+        if !matches!(desired.source, crate::volume::VolumeSource::Payload(_)) {
+            return false;
+        }
+        self.plugins
+            .find_by_name(plugin)
+            .is_some_and(|p| p.requires_remount(v, mounted, desired))
     }
 
     /// The volume-wide part of phase 3: mounts the device first, once, for

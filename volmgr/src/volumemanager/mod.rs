@@ -27,6 +27,8 @@ use crate::plugins::empty_dir::EmptyDirPlugin;
 use crate::plugins::host_path::HostPathPlugin;
 use crate::plugins::image::ImagePlugin;
 use crate::plugins::local::LocalVolumePlugin;
+use crate::plugins::payload::{PayloadPlugin, PayloadShared, PayloadState, PayloadStates};
+use crate::plugins::token::{TokenRefresh, TokenSource};
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
 use crate::populator::pod::{DesiredPod, PodRejected};
 use crate::populator::{PodSink, Populator};
@@ -36,7 +38,7 @@ use crate::sys::root_dir::{PathError, RootDir};
 use crate::sys::{MountTableReader, Mounter};
 use crate::tracer::{TracerContext, TracerStatus};
 use crate::util::sync::MutexExt;
-use crate::volume::{PodUid, UniqueVolumeName};
+use crate::volume::{PayloadKind, PodUid, UniqueVolumeName};
 
 /// The status source under which start-up reconstruction problems show.
 pub const RECONSTRUCTION_SOURCE: &str = "reconstruction";
@@ -201,16 +203,27 @@ pub struct VolumeManager {
     stats_provider: Arc<stats::PluginStats>,
     /// The stats collection task, while started.
     stats_task: Mutex<Option<JoinHandle<()>>>,
+    /// What the configMap, secret, downwardAPI and projected plugins share.
+    payload: PayloadShared,
 }
 
-/// The plugins every manager has: emptyDir, hostPath, image and local
-/// volumes (CSI and host plugins are registered by their wiring).
+/// The plugins every manager has: emptyDir, hostPath, image, local,
+/// configMap, secret, downwardAPI and projected volumes (CSI and host plugins are registered by their wiring).
 fn built_in_plugins(
     root: &Arc<RootDir>,
     mounter: &Arc<dyn Mounter>,
     pool: &Arc<BlockingPool>,
+    payload: &PayloadShared,
 ) -> Result<Arc<VolumePluginMgr>, Error> {
     let plugins = Arc::new(VolumePluginMgr::default());
+    for kind in [
+        PayloadKind::ConfigMap,
+        PayloadKind::Secret,
+        PayloadKind::DownwardApi,
+        PayloadKind::Projected,
+    ] {
+        plugins.register(Arc::new(PayloadPlugin::new(kind, payload.clone())))?;
+    }
     plugins.register(Arc::new(EmptyDirPlugin::new(
         Arc::clone(root),
         Arc::clone(mounter),
@@ -224,6 +237,28 @@ fn built_in_plugins(
         Arc::clone(pool),
     )))?;
     Ok(plugins)
+}
+
+/// What the payload plugins share; a token due for a refresh wakes the
+/// reconciler for its volume.
+fn payload_shared(
+    root: &Arc<RootDir>,
+    mounter: &Arc<dyn Mounter>,
+    pool: &Arc<BlockingPool>,
+    world: &Arc<World>,
+) -> PayloadShared {
+    let payload = PayloadShared {
+        root: Arc::clone(root),
+        mounter: Arc::clone(mounter),
+        pool: Arc::clone(pool),
+        tokens: Arc::new(TokenRefresh::default()),
+        states: Arc::new(PayloadStates::default()),
+    };
+    let world = Arc::clone(world);
+    payload
+        .tokens
+        .set_waker(Arc::new(move |v| world.mark_dirty([v])));
+    payload
 }
 
 /// Makes ROOT recursively shared when `config` asks, and says how it went
@@ -279,7 +314,9 @@ impl VolumeManager {
         let world = Arc::new(World::default());
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(BlockingPool::new(config.max_blocking_ops));
-        let plugins = built_in_plugins(&root, &mounter, &pool)?;
+        let payload = payload_shared(&root, &mounter, &pool, &world);
+        let plugins = built_in_plugins(&root, &mounter, &pool, &payload)?;
+        let payload_metrics = Arc::clone(&payload.states);
         let executor =
             OperationExecutor::new(config.backoff, Arc::clone(&metrics), Arc::clone(&world));
         let out_of_band = Arc::new(OutOfBandLog::default());
@@ -330,6 +367,7 @@ impl VolumeManager {
             extra_metrics: Mutex::new(vec![
                 Arc::new(move || metrics_log.prometheus_text()),
                 Arc::new(move || tracer_metrics.prometheus_text()),
+                Arc::new(move || payload_metrics.prometheus_text()),
                 Arc::new(move || {
                     stats_metrics.prometheus_text(|v, p| stats::is_live(&stats_world, v, p))
                 }),
@@ -339,7 +377,21 @@ impl VolumeManager {
             stats,
             stats_provider,
             stats_task: Mutex::default(),
+            payload,
         }))
+    }
+
+    /// Sets where projected `serviceAccountToken` sources get their tokens
+    /// (the API source's TokenRequest, or `--token-file`). Without one, such
+    /// a volume fails to set up with a message saying so.
+    pub fn set_token_source(&self, source: Arc<dyn TokenSource>) {
+        self.payload.tokens.set_source(source);
+    }
+
+    /// The content generation and last update of every configMap, secret,
+    /// downwardAPI and projected volume set up.
+    pub fn payload_states(&self) -> std::collections::BTreeMap<UniqueVolumeName, PayloadState> {
+        self.payload.states.snapshot()
     }
 
     /// The configuration.

@@ -98,6 +98,7 @@ impl VolumeManager {
                     out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
                     last_out_of_band: oob.map(|o| o.1),
                     stats: self.stats.status_of(&m.volume_name, uid),
+                    content: None,
                 }
             })
             .collect()
@@ -170,6 +171,7 @@ impl VolumeManager {
                     out_of_band_changes: 0,
                     last_out_of_band: None,
                     stats: None,
+                    content: None,
                 }
             }
             Ok(n) => n,
@@ -213,6 +215,7 @@ impl VolumeManager {
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),
             stats: mount.and_then(|_| self.stats.status_of(name, uid)),
+            content: self.payload.states.content_status(name),
         }
     }
 

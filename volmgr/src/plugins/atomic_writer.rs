@@ -1,0 +1,872 @@
+//! The kubelet's atomic writer (`pkg/volume/util/atomic_writer.go`), with
+//! its on-disk layout, so tools that read configMap and secret volumes keep
+//! working:
+//!
+//! ```text
+//! <volume>/..2026_11_23_22_31_34.123456789/   the payload (a new one per change)
+//! <volume>/..data -> ..2026_11_23_22_31_34.123456789
+//! <volume>/key    -> ..data/key               one per top-level name
+//! ```
+//!
+//! An update writes the whole payload into a new `..<timestamp>` directory
+//! (files fsynced, then the directory), points a `..data_tmp` symlink at it
+//! and renames that over `..data`: one `rename(2)`, so a reader that opens
+//! `key` (through `..data`) sees either the old payload or the new one, never
+//! a mix, never a missing file. User-visible symlinks are added for new
+//! names, those of names gone are removed, then every other `..` entry but
+//! the previous payload (older payloads, a half-written one a crash left
+//! behind) is deleted. The previous payload is kept until the next write so
+//! a reader that resolved `..data` just before the swap still finds its
+//! files (with the kubelet's immediate removal such a reader can get
+//! `ENOENT`). Nothing is rewritten when the payload is the same as what
+//! `..data` holds (and then the previous payload is removed too).
+//!
+//! Every call works relative to the volume directory's descriptor, never
+//! follows a symlink (`O_NOFOLLOW`, `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`)
+//! and stays on the volume's mount: nothing outside the volume is touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fchmod, fstat, mkdirat, Mode};
+use nix::unistd::{fchown, fchownat, symlinkat, unlinkat, Gid, UnlinkatFlags};
+
+use crate::sys::beneath::{self, Last};
+use crate::sys::dirents::{self, EntryKind};
+use crate::sys::root_dir::{PathError, RootDir};
+use crate::sys::{SyscallError, Target};
+use crate::volume::PayloadFile;
+
+/// The symlink to the current payload directory.
+pub const DATA_DIR_NAME: &str = "..data";
+/// The symlink renamed over [`DATA_DIR_NAME`].
+const NEW_DATA_DIR_NAME: &str = "..data_tmp";
+/// The kubelet's limits on a payload path and on one of its components.
+const MAX_PATH_LENGTH: usize = 4096;
+const MAX_FILE_NAME_LENGTH: usize = 255;
+/// Most files (and directories) in one payload: bounds the work a hostile
+/// object can cause.
+pub const MAX_PAYLOAD_FILES: usize = 4096;
+
+/// Why a payload could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriterError {
+    /// A path in the payload is not allowed (absolute, `..`, too long).
+    #[error("invalid payload path {path:?}: {why}")]
+    InvalidPath {
+        /// The path.
+        path: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// A file of the volume could not be written or read.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    /// A directory of the volume could not be used.
+    #[error(transparent)]
+    Path(#[from] PathError),
+}
+
+/// Checks one payload path the kubelet's way (`validatePath`): not
+/// absolute, no `..` component, the first component not starting with
+/// `..`, within the length limits. Returns its components (empty and `.`
+/// components dropped, as `path.Clean` does).
+pub fn validate_path(path: &str) -> Result<Vec<&str>, WriterError> {
+    let bad = |why| WriterError::InvalidPath {
+        path: path.to_string(),
+        why,
+    };
+    if path.len() > MAX_PATH_LENGTH {
+        return Err(bad("longer than 4096 bytes"));
+    }
+    if path.starts_with('/') {
+        return Err(bad("must be a relative path"));
+    }
+    if path.contains('\0') {
+        return Err(bad("must not contain NUL"));
+    }
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if parts.contains(&"..") {
+        return Err(bad("must not contain '..'"));
+    }
+    if parts.iter().any(|c| c.len() > MAX_FILE_NAME_LENGTH) {
+        return Err(bad("a component is longer than 255 bytes"));
+    }
+    match parts.first() {
+        None => Err(bad("must not be empty")),
+        Some(first) if first.starts_with("..") => Err(bad("must not start with '..'")),
+        Some(_) => Ok(parts),
+    }
+}
+
+/// Checks every path of a payload, and that no file is also a directory
+/// of another (`a` and `a/b`). Returns the payload keyed by cleaned path.
+fn clean_payload(
+    payload: &BTreeMap<String, PayloadFile>,
+) -> Result<BTreeMap<String, &PayloadFile>, WriterError> {
+    if payload.len() > MAX_PAYLOAD_FILES {
+        return Err(WriterError::InvalidPath {
+            path: String::new(),
+            why: "more than 4096 files",
+        });
+    }
+    let mut out = BTreeMap::new();
+    let mut dirs = BTreeSet::new();
+    for (p, f) in payload {
+        let parts = validate_path(p)?;
+        for i in 1..parts.len() {
+            dirs.insert(parts[..i].join("/"));
+        }
+        if out.insert(parts.join("/"), f).is_some() {
+            return Err(WriterError::InvalidPath {
+                path: p.clone(),
+                why: "given twice",
+            });
+        }
+    }
+    if let Some(p) = dirs.iter().find(|d| out.contains_key(*d)) {
+        return Err(WriterError::InvalidPath {
+            path: p.clone(),
+            why: "is both a file and a directory",
+        });
+    }
+    Ok(out)
+}
+
+/// Ownership applied to what is written: the kubelet's
+/// `SetVolumeOwnership` for a read-only volume (group `fsGroup`, files
+/// `| 0440`, directories `| 02550`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ownership {
+    /// `fsGroup`, if the pod sets one.
+    pub fs_group: Option<u32>,
+}
+
+impl Ownership {
+    fn file_mode(self, mode: u32) -> u32 {
+        let mode = mode & 0o7777;
+        match self.fs_group {
+            Some(_) => mode | 0o440,
+            None => mode,
+        }
+    }
+
+    fn dir_mode(self, mode: u32) -> u32 {
+        match self.fs_group {
+            Some(_) => mode | 0o2550,
+            None => mode,
+        }
+    }
+
+    fn apply(self, fd: BorrowedFd<'_>, mode: u32, what: &Path) -> Result<(), SyscallError> {
+        if let Some(gid) = self.fs_group {
+            fchown(fd, None, Some(Gid::from_raw(gid)))
+                .map_err(|e| SyscallError::new("fchown", what, e))?;
+        }
+        fchmod(fd, Mode::from_bits_truncate(mode)).map_err(|e| SyscallError::new("fchmod", what, e))
+    }
+}
+
+/// What [`write`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The payload was already there: nothing was rewritten.
+    Unchanged,
+    /// A new payload directory was written and swapped in.
+    Written {
+        /// Its name (`..<timestamp>`).
+        dir: String,
+    },
+}
+
+/// The kubelet's `AtomicWriter.Write`: makes the volume directory `dir`
+/// (opened beneath ROOT) hold exactly `payload`.
+pub fn write(
+    root: &RootDir,
+    dir: &Target,
+    payload: &BTreeMap<String, PayloadFile>,
+    owner: Ownership,
+) -> Result<WriteOutcome, WriterError> {
+    let clean = clean_payload(payload)?;
+    let old = current_payload_dir(dir)?;
+    let unchanged = match &old {
+        Some(old) => same_payload(dir, old, &clean)?,
+        None => false,
+    };
+    let outcome = if unchanged {
+        WriteOutcome::Unchanged
+    } else {
+        let ts = write_payload_dir(dir, &clean, owner)?;
+        swap_data_link(dir, &ts)?;
+        WriteOutcome::Written {
+            dir: ts.to_string_lossy().into_owned(),
+        }
+    };
+    let visible: BTreeSet<&str> = clean.keys().filter_map(|p| p.split('/').next()).collect();
+    update_user_visible(dir, &visible, owner)?;
+    // After a swap the previous payload stays (until the next write): a
+    // reader that resolved `..data` just before the rename still finds its
+    // files. Everything older, and what a crash left, goes.
+    let keep: Vec<OsString> = match &outcome {
+        WriteOutcome::Written { dir } => std::iter::once(OsString::from(dir)).chain(old).collect(),
+        WriteOutcome::Unchanged => old.into_iter().collect(),
+    };
+    remove_stale(root, dir, &keep)?;
+    Ok(outcome)
+}
+
+/// The payload directory `..data` points at, if any (and only if it is a
+/// `..` name in the volume directory itself).
+fn current_payload_dir(dir: &Target) -> Result<Option<OsString>, WriterError> {
+    match nix::fcntl::readlinkat(dir.as_fd(), DATA_DIR_NAME) {
+        Ok(t) if t.as_bytes().starts_with(b"..") && !t.as_bytes().contains(&b'/') => Ok(Some(t)),
+        Ok(_) => Ok(None),
+        Err(Errno::ENOENT) | Err(Errno::EINVAL) => Ok(None),
+        Err(e) => Err(sys("readlinkat", dir, DATA_DIR_NAME, e).into()),
+    }
+}
+
+fn sys(call: &'static str, dir: &Target, name: impl AsRef<OsStr>, e: Errno) -> SyscallError {
+    SyscallError::new(call, dir.path().join(name.as_ref()), e)
+}
+
+/// Whether payload directory `old` holds exactly `clean` (same paths, bytes
+/// and modes; ownership is not compared).
+fn same_payload(
+    dir: &Target,
+    old: &OsStr,
+    clean: &BTreeMap<String, &PayloadFile>,
+) -> Result<bool, WriterError> {
+    let old_fd = match beneath::open(dir.as_fd(), Path::new(old), dir_flags(), Last::OnSameMount) {
+        Ok(fd) => fd,
+        // Gone, or replaced by something else than a directory: rewrite.
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => return Ok(false),
+        Err(e) => return Err(sys("open", dir, old, e).into()),
+    };
+    let mut listed = BTreeSet::new();
+    if !list_files(old_fd.as_fd(), "", &mut listed)? {
+        return Ok(false);
+    }
+    if listed.len() != clean.len() || listed.iter().any(|p| !clean.contains_key(p)) {
+        return Ok(false);
+    }
+    for (p, f) in clean {
+        let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = beneath::open(old_fd.as_fd(), Path::new(p), flags, Last::OnSameMount)
+            .map_err(|e| sys("open", dir, Path::new(old).join(p), e))?;
+        let st = fstat(&fd).map_err(|e| sys("fstat", dir, p, e))?;
+        if st.st_mode & 0o7777 != f.mode & 0o7777 || st.st_size as usize != f.data.len() {
+            return Ok(false);
+        }
+        let mut have = Vec::with_capacity(f.data.len());
+        std::fs::File::from(fd)
+            .take(f.data.len() as u64 + 1)
+            .read_to_end(&mut have)
+            .map_err(|e| SyscallError::io("read", dir.path().join(p), e))?;
+        if have[..] != f.data[..] {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn dir_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC
+}
+
+/// Adds the relative paths of the regular files under `fd` to `out`.
+/// Returns `false` (stop: not the same payload) on anything else than
+/// regular files and directories, or past [`MAX_PAYLOAD_FILES`].
+fn list_files(
+    fd: BorrowedFd<'_>,
+    prefix: &str,
+    out: &mut BTreeSet<String>,
+) -> Result<bool, WriterError> {
+    let entries =
+        dirents::read_all(fd).map_err(|e| SyscallError::new("getdents64", Path::new(prefix), e))?;
+    for e in entries {
+        let Some(name) = e.name.to_str() else {
+            return Ok(false);
+        };
+        let rel = if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if out.len() > MAX_PAYLOAD_FILES {
+            return Ok(false);
+        }
+        match e.kind {
+            EntryKind::Dir => {
+                let sub = beneath::open(fd, Path::new(name), dir_flags(), Last::OnSameMount)
+                    .map_err(|e| SyscallError::new("open", Path::new(&rel), e))?;
+                if !list_files(sub.as_fd(), &rel, out)? {
+                    return Ok(false);
+                }
+            }
+            EntryKind::Other => {
+                out.insert(rel);
+            }
+            EntryKind::Symlink | EntryKind::Unknown => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
+/// A new `..<UTC timestamp>.<nanoseconds>` directory name (the kubelet's
+/// `..2006_01_02_15_04_05.` prefix).
+fn timestamp_name(attempt: u32) -> String {
+    let now = std::time::SystemTime::now();
+    let nanos = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    // `2026-11-23T22:31:34.123Z` → `2026_11_23_22_31_34`.
+    let stamp: String = crate::cache::out_of_band::rfc3339(now)
+        .chars()
+        .take(19)
+        .map(|c| if c.is_ascii_digit() { c } else { '_' })
+        .collect();
+    let suffix = match attempt {
+        0 => String::new(),
+        n => format!("_{n}"),
+    };
+    format!("..{stamp}.{nanos:09}{suffix}")
+}
+
+/// Creates a new payload directory in `dir` and writes `clean` into it,
+/// every file and directory synced. Returns its name.
+fn write_payload_dir(
+    dir: &Target,
+    clean: &BTreeMap<String, &PayloadFile>,
+    owner: Ownership,
+) -> Result<OsString, WriterError> {
+    let mut attempt = 0;
+    let name = loop {
+        let name = timestamp_name(attempt);
+        match mkdirat(dir.as_fd(), name.as_str(), Mode::from_bits_truncate(0o700)) {
+            Ok(()) => break name,
+            Err(Errno::EEXIST) if attempt < 100 => attempt += 1,
+            Err(e) => return Err(sys("mkdirat", dir, &name, e).into()),
+        }
+    };
+    let ts = open_dir_at(dir.as_fd(), Path::new(&name)).map_err(|e| sys("open", dir, &name, e))?;
+    let mut dirs: BTreeMap<String, OwnedFd> = BTreeMap::new();
+    for (p, f) in clean {
+        let (parent, file) = match p.rsplit_once('/') {
+            Some((parent, file)) => (Some(parent), file),
+            None => (None, p.as_str()),
+        };
+        let pfd = match parent {
+            None => ts.as_fd(),
+            Some(parent) => {
+                if !dirs.contains_key(parent) {
+                    let fd = make_dirs(ts.as_fd(), parent, owner)
+                        .map_err(|e| sys("mkdirat", dir, Path::new(&name).join(parent), e))?;
+                    dirs.insert(parent.to_string(), fd);
+                }
+                dirs.get(parent).map_or(ts.as_fd(), |fd| fd.as_fd())
+            }
+        };
+        write_file(pfd, file, f, owner)
+            .map_err(|e| sys("write", dir, Path::new(&name).join(p), e))?;
+    }
+    for fd in dirs.values() {
+        nix::unistd::fsync(fd).map_err(|e| sys("fsync", dir, &name, e))?;
+    }
+    owner.apply(ts.as_fd(), owner.dir_mode(0o755), &dir.path().join(&name))?;
+    nix::unistd::fsync(&ts).map_err(|e| sys("fsync", dir, &name, e))?;
+    Ok(OsString::from(name))
+}
+
+fn open_dir_at(parent: BorrowedFd<'_>, name: &Path) -> Result<OwnedFd, Errno> {
+    beneath::open(parent, name, dir_flags(), Last::OnSameMount)
+}
+
+/// Creates the directories of `rel` (a checked path) under `ts`, each
+/// 0755 (plus ownership), and opens the last.
+fn make_dirs(ts: BorrowedFd<'_>, rel: &str, owner: Ownership) -> Result<OwnedFd, Errno> {
+    let mut path = std::path::PathBuf::new();
+    let mut last = None;
+    for c in rel.split('/') {
+        path.push(c);
+        match mkdirat(ts, &path, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        let fd = open_dir_at(ts, &path)?;
+        owner
+            .apply(fd.as_fd(), owner.dir_mode(0o755), &path)
+            .map_err(|e| Errno::from_raw(e.errno().unwrap_or(libc::EIO)))?;
+        last = Some(fd);
+    }
+    last.ok_or(Errno::EINVAL)
+}
+
+fn write_file(
+    parent: BorrowedFd<'_>,
+    name: &str,
+    f: &PayloadFile,
+    owner: Ownership,
+) -> Result<(), Errno> {
+    let flags =
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::openat(parent, name, flags, Mode::from_bits_truncate(0o600))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(&f.data)
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    owner
+        .apply(file.as_fd(), owner.file_mode(f.mode), Path::new(name))
+        .map_err(|e| Errno::from_raw(e.errno().unwrap_or(libc::EIO)))?;
+    file.sync_all()
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+}
+
+/// Points `..data` at `ts` with one rename of a fresh `..data_tmp` symlink,
+/// then syncs the volume directory.
+fn swap_data_link(dir: &Target, ts: &OsStr) -> Result<(), WriterError> {
+    match unlinkat(dir.as_fd(), NEW_DATA_DIR_NAME, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(sys("unlinkat", dir, NEW_DATA_DIR_NAME, e).into()),
+    }
+    symlinkat(ts, dir.as_fd(), NEW_DATA_DIR_NAME)
+        .map_err(|e| sys("symlinkat", dir, NEW_DATA_DIR_NAME, e))?;
+    crate::failpoint::hit("atomic_writer.before_swap");
+    nix::fcntl::renameat(dir.as_fd(), NEW_DATA_DIR_NAME, dir.as_fd(), DATA_DIR_NAME)
+        .map_err(|e| sys("renameat", dir, DATA_DIR_NAME, e))?;
+    sync_dir(dir)
+}
+
+/// The volume directory opened for reading (`dir` is an `O_PATH` descriptor).
+fn open_self(dir: &Target) -> Result<OwnedFd, WriterError> {
+    Ok(
+        nix::fcntl::openat(dir.as_fd(), ".", dir_flags(), Mode::empty())
+            .map_err(|e| sys("open", dir, ".", e))?,
+    )
+}
+
+fn sync_dir(dir: &Target) -> Result<(), WriterError> {
+    let fd = open_self(dir)?;
+    nix::unistd::fsync(&fd).map_err(|e| sys("fsync", dir, ".", e))?;
+    Ok(())
+}
+
+/// Adds a `name -> ..data/name` symlink for each visible name that has
+/// none, and removes the symlinks into `..data/` of names no longer in the
+/// payload. Other entries (not made by the writer) are left alone.
+fn update_user_visible(
+    dir: &Target,
+    visible: &BTreeSet<&str>,
+    owner: Ownership,
+) -> Result<(), WriterError> {
+    let listing = open_self(dir)?;
+    let entries = dirents::read_all(listing.as_fd()).map_err(|e| sys("getdents64", dir, ".", e))?;
+    let present: BTreeSet<OsString> = entries.iter().map(|e| e.name.clone()).collect();
+    for name in visible {
+        if present.contains(OsStr::new(name)) {
+            continue;
+        }
+        let target = format!("{DATA_DIR_NAME}/{name}");
+        symlinkat(target.as_str(), dir.as_fd(), *name)
+            .map_err(|e| sys("symlinkat", dir, name, e))?;
+        if let Some(gid) = owner.fs_group {
+            fchownat(
+                dir.as_fd(),
+                *name,
+                None,
+                Some(Gid::from_raw(gid)),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| sys("fchownat", dir, name, e))?;
+        }
+    }
+    for e in entries.iter().filter(|e| e.kind == EntryKind::Symlink) {
+        let name = e.name.as_bytes();
+        let wanted = std::str::from_utf8(name).is_ok_and(|s| visible.contains(s));
+        if name.starts_with(b"..") || wanted {
+            continue;
+        }
+        let ours = nix::fcntl::readlinkat(dir.as_fd(), e.name.as_os_str())
+            .is_ok_and(|t| t.as_bytes().starts_with(b"..data/"));
+        if ours {
+            match unlinkat(dir.as_fd(), e.name.as_os_str(), UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(err) => return Err(sys("unlinkat", dir, &e.name, err).into()),
+            }
+        }
+    }
+    sync_dir(dir)
+}
+
+/// Removes every `..` entry but `..data` and the payloads in `keep`: older
+/// payloads, and whatever a crash left behind (a half-written payload, a
+/// `..data_tmp`).
+fn remove_stale(root: &RootDir, dir: &Target, keep: &[OsString]) -> Result<(), WriterError> {
+    let listing = open_self(dir)?;
+    let entries = dirents::read_all(listing.as_fd()).map_err(|e| sys("getdents64", dir, ".", e))?;
+    for e in entries {
+        let n = e.name.as_bytes();
+        if !n.starts_with(b"..") || n == DATA_DIR_NAME.as_bytes() || keep.contains(&e.name) {
+            continue;
+        }
+        root.remove_all_at(dir, &e.name)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::sync::Arc;
+
+    use crate::sys::root_dir::RelPath;
+
+    fn file(data: &str, mode: u32) -> PayloadFile {
+        PayloadFile {
+            data: Arc::from(data.as_bytes()),
+            mode,
+        }
+    }
+
+    fn payload(items: &[(&str, &str)]) -> BTreeMap<String, PayloadFile> {
+        items
+            .iter()
+            .map(|(p, d)| (p.to_string(), file(d, 0o644)))
+            .collect()
+    }
+
+    fn setup() -> (tempfile::TempDir, RootDir, Target) {
+        let d = tempfile::tempdir().unwrap();
+        let root = RootDir::open(d.path()).unwrap();
+        let dir = root
+            .mkdir_all(&RelPath::new(["vol"]).unwrap(), 0o755)
+            .unwrap();
+        (d, root, dir)
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn read(dir: &Path, p: &str) -> String {
+        std::fs::read_to_string(dir.join(p)).unwrap()
+    }
+
+    #[test]
+    fn writes_the_kubelet_layout_and_rewrites_nothing_unchanged() {
+        let (_d, root, dir) = setup();
+        let p = payload(&[("a", "1"), ("sub/dir/b", "2")]);
+        let WriteOutcome::Written { dir: ts } =
+            write(&root, &dir, &p, Ownership::default()).unwrap()
+        else {
+            panic!("not written");
+        };
+        let v = dir.path();
+        assert!(ts.starts_with("..20"), "{ts}");
+        assert_eq!(
+            names(v),
+            vec![ts.clone(), "..data".into(), "a".into(), "sub".into()]
+        );
+        assert_eq!(
+            std::fs::read_link(v.join("..data")).unwrap(),
+            Path::new(&ts)
+        );
+        assert_eq!(
+            std::fs::read_link(v.join("a")).unwrap(),
+            Path::new("..data/a")
+        );
+        assert_eq!(
+            std::fs::read_link(v.join("sub")).unwrap(),
+            Path::new("..data/sub")
+        );
+        assert_eq!(read(v, "a"), "1");
+        assert_eq!(read(v, "sub/dir/b"), "2");
+        let mode = std::fs::metadata(v.join("a")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o644);
+        // The same payload again: nothing rewritten.
+        assert_eq!(
+            write(&root, &dir, &p, Ownership::default()).unwrap(),
+            WriteOutcome::Unchanged
+        );
+        assert_eq!(
+            std::fs::read_link(v.join("..data")).unwrap(),
+            Path::new(&ts)
+        );
+        // A mode change is a change.
+        let mut p2 = p.clone();
+        p2.insert("a".into(), file("1", 0o400));
+        assert!(matches!(
+            write(&root, &dir, &p2, Ownership::default()).unwrap(),
+            WriteOutcome::Written { .. }
+        ));
+        let mode = std::fs::metadata(v.join("a")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o400);
+    }
+
+    #[test]
+    fn an_update_swaps_payloads_and_removes_what_is_gone() {
+        let (_d, root, dir) = setup();
+        let v = dir.path().to_path_buf();
+        let first = write(
+            &root,
+            &dir,
+            &payload(&[("a", "1"), ("b", "2")]),
+            Ownership::default(),
+        )
+        .unwrap();
+        let WriteOutcome::Written { dir: ts1 } = first else {
+            panic!()
+        };
+        // Something not made by the writer is left alone.
+        std::fs::write(v.join("mine"), "x").unwrap();
+        let out = write(
+            &root,
+            &dir,
+            &payload(&[("b", "3"), ("c", "4")]),
+            Ownership::default(),
+        )
+        .unwrap();
+        let WriteOutcome::Written { dir: ts } = out else {
+            panic!()
+        };
+        // The previous payload stays until the next write.
+        let want = [&ts1, &ts, "..data", "b", "c", "mine"];
+        assert_eq!(names(&v), want.map(String::from).to_vec());
+        assert_eq!(read(&v, "b"), "3");
+        assert_eq!(read(&v, "c"), "4");
+        // An empty payload (optional and missing): `..data`, its directory
+        // and the previous one.
+        write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
+        assert_eq!(names(&v).len(), 4, "{:?}", names(&v));
+        assert!(!v.join(&ts1).exists());
+        // Nothing changed: nothing written, the previous payload goes.
+        write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
+        assert_eq!(names(&v).len(), 3, "{:?}", names(&v));
+    }
+
+    #[test]
+    fn paths_are_checked() {
+        for bad in ["../x", "/abs", "..x", "a/../b", "", "..data/x"] {
+            assert!(validate_path(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(validate_path("a/./b//c").unwrap(), vec!["a", "b", "c"]);
+        assert!(validate_path("a..b/..c").is_ok());
+        let (_d, root, dir) = setup();
+        let e = write(
+            &root,
+            &dir,
+            &payload(&[("a", "1"), ("a/b", "2")]),
+            Ownership::default(),
+        );
+        assert!(matches!(e, Err(WriterError::InvalidPath { .. })), "{e:?}");
+        let e = write(
+            &root,
+            &dir,
+            &payload(&[("x/../../../etc/passwd", "1")]),
+            Ownership::default(),
+        );
+        assert!(matches!(e, Err(WriterError::InvalidPath { .. })), "{e:?}");
+        assert!(
+            names(dir.path()).is_empty(),
+            "nothing written: {:?}",
+            names(dir.path())
+        );
+    }
+
+    #[test]
+    fn symlinks_planted_in_the_volume_are_never_followed() {
+        let (d, root, dir) = setup();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("victim"), "keep").unwrap();
+        let v = dir.path().to_path_buf();
+        // `..data` pointing outside, and a stale payload dir that is a symlink.
+        std::os::unix::fs::symlink(outside.path(), v.join("..data")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), v.join("..2020_01_01_00_00_00.1")).unwrap();
+        write(
+            &root,
+            &dir,
+            &payload(&[("victim", "new")]),
+            Ownership::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("victim")).unwrap(),
+            "keep"
+        );
+        assert_eq!(read(&v, "victim"), "new");
+        assert!(!v.join("..2020_01_01_00_00_00.1").exists());
+        // A payload directory swapped for a symlink to the outside.
+        let ts = std::fs::read_link(v.join("..data")).unwrap();
+        std::fs::remove_dir_all(v.join(&ts)).unwrap();
+        std::os::unix::fs::symlink(outside.path(), v.join(&ts)).unwrap();
+        write(
+            &root,
+            &dir,
+            &payload(&[("victim", "newer")]),
+            Ownership::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.path().join("victim")).unwrap(),
+            "keep"
+        );
+        assert_eq!(read(&v, "victim"), "newer");
+        assert_eq!(names(outside.path()), vec!["victim".to_string()]);
+        drop(d);
+    }
+
+    #[test]
+    fn fs_group_owns_and_group_reads() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: needs root to chown");
+            return;
+        }
+        let (_d, root, dir) = setup();
+        let p: BTreeMap<_, _> = [
+            ("k".to_string(), file("v", 0o600)),
+            ("d/k".to_string(), file("v", 0o400)),
+        ]
+        .into();
+        write(
+            &root,
+            &dir,
+            &p,
+            Ownership {
+                fs_group: Some(4321),
+            },
+        )
+        .unwrap();
+        let v = dir.path();
+        for (f, want) in [("k", 0o640), ("d/k", 0o440)] {
+            let m = std::fs::metadata(v.join(f)).unwrap();
+            assert_eq!(m.gid(), 4321, "{f}");
+            assert_eq!(m.mode() & 0o7777, want, "{f}");
+        }
+        let d = std::fs::metadata(v.join("d")).unwrap();
+        assert_eq!((d.gid(), d.mode() & 0o7777), (4321, 0o2755));
+        assert_eq!(std::fs::symlink_metadata(v.join("k")).unwrap().gid(), 4321);
+    }
+
+    /// A reader (another thread) reading two keys always changed together
+    /// never sees them disagree or missing while 1,000 updates swap in.
+    /// Updates are paced by the reader (each waits until a read that began
+    /// after the previous update finished), as real updates are seconds
+    /// apart: a reader never lags a whole update behind, so the payload it
+    /// resolved is the current or the previous one, both still there.
+    #[test]
+    fn readers_never_see_a_mix() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        let (_d, root, dir) = setup();
+        let v = dir.path().to_path_buf();
+        let write_xy = |s: &str| {
+            let p = payload(&[("x", s), ("y", s)]);
+            write(&root, &dir, &p, Ownership::default()).unwrap();
+        };
+        write_xy("0");
+        let (stop, reads) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let reader = {
+            let (stop, reads, v) = (Arc::clone(&stop), Arc::clone(&reads), v.clone());
+            std::thread::spawn(move || {
+                while !stop.load(SeqCst) {
+                    // Resolve `..data` once, as a reader that opens the
+                    // directory does: both keys from one payload.
+                    let data = v.join(std::fs::read_link(v.join("..data")).unwrap());
+                    let x = std::fs::read_to_string(data.join("x")).expect("x missing");
+                    let y = std::fs::read_to_string(data.join("y")).expect("y missing");
+                    assert_eq!(x, y, "mixed payload");
+                    // Through the user-visible name.
+                    std::fs::read_to_string(v.join("x")).expect("x missing");
+                    reads.fetch_add(1, SeqCst);
+                }
+            })
+        };
+        for i in 1..=1000 {
+            let seen = reads.load(SeqCst);
+            while reads.load(SeqCst) < seen + 2 && !reader.is_finished() {
+                std::thread::yield_now();
+            }
+            write_xy(&i.to_string());
+        }
+        stop.store(true, SeqCst);
+        reader.join().unwrap();
+        assert!(reads.load(SeqCst) >= 2000);
+        assert_eq!(read(&v, "x"), "1000");
+    }
+
+    const CRASH_ENV: &str = "VOLMGR_WRITER_CRASH_DIR";
+
+    /// Killed (abort, as `kill -9`) after the new payload is written and
+    /// before the swap: the volume holds the old payload, and the next write
+    /// removes the half-done one.
+    #[test]
+    fn a_crash_before_the_swap_leaves_the_old_payload() {
+        if let Some(d) = std::env::var_os(CRASH_ENV) {
+            let root = RootDir::open(Path::new(&d)).unwrap();
+            let dir = root.open_dir(&RelPath::new(["vol"]).unwrap()).unwrap();
+            write(
+                &root,
+                &dir,
+                &payload(&[("x", "new"), ("y", "new")]),
+                Ownership::default(),
+            )
+            .unwrap();
+            panic!("the failpoint did not fire");
+        }
+        let (d, root, dir) = setup();
+        let v = dir.path().to_path_buf();
+        write(
+            &root,
+            &dir,
+            &payload(&[("x", "old"), ("y", "old")]),
+            Ownership::default(),
+        )
+        .unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "plugins::atomic_writer::tests::a_crash_before_the_swap_leaves_the_old_payload",
+                "--exact",
+                "--nocapture",
+            ])
+            .env(CRASH_ENV, d.path())
+            .env("VOLMGR_FAILPOINTS", "atomic_writer.before_swap")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("failpoint atomic_writer.before_swap")
+        );
+        assert_eq!((read(&v, "x"), read(&v, "y")), ("old".into(), "old".into()));
+        assert_eq!(
+            names(&v).len(),
+            6,
+            "half-written payload and ..data_tmp left: {:?}",
+            names(&v)
+        );
+        write(
+            &root,
+            &dir,
+            &payload(&[("x", "old"), ("y", "old")]),
+            Ownership::default(),
+        )
+        .unwrap();
+        assert_eq!(names(&v).len(), 4, "{:?}", names(&v));
+    }
+}

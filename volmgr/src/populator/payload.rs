@@ -1,0 +1,738 @@
+//! Resolving `configMap`, `secret`, `downwardAPI` and `projected` volumes
+//! into their files, with the kubelet's semantics (`configmap.MakePayload`,
+//! `secret.MakePayload`, `downwardapi.CollectData`, `projected.collectData`):
+//! `items` (key → path, per-item `mode`), `defaultMode` (0644 when unset),
+//! `optional` (a missing object or key is an error naming it, unless
+//! optional: then it is left out and the volume is mounted without it),
+//! `binaryData` and Secret `data` as bytes, downwardAPI `fieldRef`
+//! (metadata.name, namespace, uid, labels, annotations, in the kubelet's
+//! `key="value"` format) and `resourceFieldRef` (container limits and
+//! requests divided by `divisor`, rounded up; an unset limit is the node's
+//! allocatable, taken here as the node's capacity: online CPUs and
+//! `MemTotal`). Paths are checked by the atomic writer's rules.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{
+    ConfigMap, DownwardAPIVolumeFile, KeyToPath, Pod, ResourceFieldSelector, Secret,
+    ServiceAccountTokenProjection, VolumeProjection,
+};
+
+use super::resolve::{invalid, ObjectLookup, VolumeSpecError};
+use crate::plugins::atomic_writer::validate_path;
+use crate::quantity;
+use crate::volume::{PayloadFile, PayloadKind, PayloadVolumeSource, TokenProjection, VolumeSource};
+
+/// The API's default `defaultMode` (0644).
+const DEFAULT_MODE: i32 = 0o644;
+/// The API's default token `expirationSeconds`.
+const DEFAULT_TOKEN_EXPIRATION: i64 = 3600;
+
+/// What resolving needs of the pod.
+pub(crate) struct PayloadContext<'a> {
+    /// The whole pod (downwardAPI, token binding).
+    pub(crate) pod: &'a Pod,
+    /// Its namespace (defaulted).
+    pub(crate) namespace: &'a str,
+    /// Its UID.
+    pub(crate) uid: &'a str,
+    /// The objects, when the source has them.
+    pub(crate) objects: Option<&'a dyn ObjectLookup>,
+}
+
+type Files = BTreeMap<String, PayloadFile>;
+
+fn mode_of(mode: Option<i32>, default: Option<i32>) -> Result<u32, VolumeSpecError> {
+    let m = mode.or(default).unwrap_or(DEFAULT_MODE);
+    if !(0..=0o777).contains(&m) {
+        return Err(invalid(format!("mode {m:#o} is out of range (0 to 0777)")));
+    }
+    Ok(m as u32)
+}
+
+fn insert(
+    files: &mut Files,
+    path: &str,
+    data: Arc<[u8]>,
+    mode: u32,
+) -> Result<(), VolumeSpecError> {
+    validate_path(path).map_err(|e| invalid(e.to_string()))?;
+    files.insert(path.to_string(), PayloadFile { data, mode });
+    Ok(())
+}
+
+fn objects<'a>(
+    ctx: &PayloadContext<'a>,
+    what: &str,
+) -> Result<&'a dyn ObjectLookup, VolumeSpecError> {
+    ctx.objects.ok_or_else(|| {
+        VolumeSpecError::Unsupported(format!(
+            "{what} cannot be read (this source has no objects)"
+        ))
+    })
+}
+
+/// The kubelet's `MakePayload` for a configMap or Secret: every key (no
+/// `items`), or the listed keys at their paths.
+fn project_keys(
+    data: &BTreeMap<String, Arc<[u8]>>,
+    items: Option<&[KeyToPath]>,
+    default_mode: Option<i32>,
+    optional: bool,
+    what: &str,
+    files: &mut Files,
+) -> Result<(), VolumeSpecError> {
+    let items = items.unwrap_or_default();
+    if items.is_empty() {
+        for (k, v) in data {
+            insert(files, k, Arc::clone(v), mode_of(None, default_mode)?)?;
+        }
+        return Ok(());
+    }
+    for it in items {
+        let Some(v) = data.get(&it.key) else {
+            if optional {
+                continue;
+            }
+            return Err(VolumeSpecError::Missing(format!(
+                "{what} has no key {:?}",
+                it.key
+            )));
+        };
+        insert(
+            files,
+            &it.path,
+            Arc::clone(v),
+            mode_of(it.mode, default_mode)?,
+        )?;
+    }
+    Ok(())
+}
+
+fn config_map_data(cm: &ConfigMap) -> BTreeMap<String, Arc<[u8]>> {
+    let mut out: BTreeMap<String, Arc<[u8]>> = BTreeMap::new();
+    for (k, v) in cm.binary_data.iter().flatten() {
+        out.insert(k.clone(), Arc::from(&v.0[..]));
+    }
+    for (k, v) in cm.data.iter().flatten() {
+        out.insert(k.clone(), Arc::from(v.as_bytes()));
+    }
+    out
+}
+
+fn secret_data(s: &Secret) -> BTreeMap<String, Arc<[u8]>> {
+    let mut out: BTreeMap<String, Arc<[u8]>> = BTreeMap::new();
+    for (k, v) in s.data.iter().flatten() {
+        out.insert(k.clone(), Arc::from(&v.0[..]));
+    }
+    // `stringData` is merged into `data` by an API server; the manifests
+    // directory may hold it unmerged.
+    for (k, v) in s.string_data.iter().flatten() {
+        out.insert(k.clone(), Arc::from(v.as_bytes()));
+    }
+    out
+}
+
+/// Which object a configMap or secret volume (or projection) reads.
+#[derive(Clone, Copy)]
+enum KeySource {
+    ConfigMap,
+    Secret,
+}
+
+/// One configMap or Secret (volume or projection) into `files`. Messages
+/// never quote values.
+fn add_object_keys(
+    ctx: &PayloadContext<'_>,
+    source: KeySource,
+    name: &str,
+    items: Option<&[KeyToPath]>,
+    default_mode: Option<i32>,
+    optional: bool,
+    files: &mut Files,
+) -> Result<(), VolumeSpecError> {
+    let (kind, field) = match source {
+        KeySource::ConfigMap => ("ConfigMap", "configMap.name"),
+        KeySource::Secret => ("Secret", "secret.secretName"),
+    };
+    if name.is_empty() {
+        return Err(invalid(format!("{field} is required")));
+    }
+    let what = format!("{kind} {}/{name}", ctx.namespace);
+    let lookup = objects(ctx, &what)?;
+    let data = match source {
+        KeySource::ConfigMap => lookup
+            .config_map(ctx.namespace, name)
+            .map(|o| config_map_data(&o)),
+        KeySource::Secret => lookup.secret(ctx.namespace, name).map(|o| secret_data(&o)),
+    };
+    match data {
+        Some(d) => project_keys(&d, items, default_mode, optional, &what, files),
+        None if optional => Ok(()),
+        None => Err(VolumeSpecError::Missing(format!("{what} not found"))),
+    }
+}
+
+/// Go's `%q` of a string (what the kubelet's `FormatMap` prints).
+fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The kubelet's `fieldpath.FormatMap`: `key="value"` lines, keys sorted.
+pub fn format_map(m: &BTreeMap<String, String>) -> String {
+    m.iter()
+        .map(|(k, v)| format!("{k}={}", go_quote(v)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The kubelet's `ExtractFieldPathAsString` for the fields a downwardAPI
+/// volume may use.
+fn field_value(ctx: &PayloadContext<'_>, path: &str) -> Result<String, VolumeSpecError> {
+    let meta = &ctx.pod.metadata;
+    let empty = BTreeMap::new();
+    let labels = meta.labels.as_ref().unwrap_or(&empty);
+    let annotations = meta.annotations.as_ref().unwrap_or(&empty);
+    let subscript = |prefix: &str| -> Option<String> {
+        let rest = path.strip_prefix(prefix)?.strip_prefix("['")?;
+        rest.strip_suffix("']").map(str::to_string)
+    };
+    Ok(match path {
+        "metadata.name" => meta.name.clone().unwrap_or_default(),
+        "metadata.namespace" => ctx.namespace.to_string(),
+        "metadata.uid" => ctx.uid.to_string(),
+        "metadata.labels" => format_map(labels),
+        "metadata.annotations" => format_map(annotations),
+        _ => {
+            if let Some(k) = subscript("metadata.labels") {
+                labels.get(&k).cloned().unwrap_or_default()
+            } else if let Some(k) = subscript("metadata.annotations") {
+                annotations.get(&k).cloned().unwrap_or_default()
+            } else {
+                return Err(invalid(format!(
+                    "downwardAPI fieldRef {path:?} is not supported (metadata.name, metadata.namespace, metadata.uid, metadata.labels, metadata.annotations and their ['key'] forms are)"
+                )));
+            }
+        }
+    })
+}
+
+/// The node's capacity, standing in for its allocatable: (CPU millicores,
+/// memory bytes).
+fn node_capacity() -> (u64, u64) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024;
+    (cpus * 1000, mem)
+}
+
+/// A quantity parser of [`quantity`].
+type QuantityParser = fn(&str) -> Result<u64, quantity::QuantityError>;
+
+/// The kubelet's `ExtractContainerResourceValue`: the container's limit or
+/// request divided by `divisor` (default 1), rounded up.
+fn resource_value(
+    ctx: &PayloadContext<'_>,
+    r: &ResourceFieldSelector,
+) -> Result<String, VolumeSpecError> {
+    let container_name = r.container_name.as_deref().unwrap_or("");
+    let spec = ctx.pod.spec.as_ref();
+    let container = spec
+        .into_iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .find(|c| c.name == container_name)
+        .ok_or_else(|| {
+            invalid(format!(
+                "resourceFieldRef: container {container_name:?} not found"
+            ))
+        })?;
+    let (kind, res) = r.resource.split_once('.').ok_or_else(|| {
+        invalid(format!(
+            "resourceFieldRef: unsupported resource {:?}",
+            r.resource
+        ))
+    })?;
+    let resources = container.resources.as_ref();
+    let list = match kind {
+        "limits" => resources.and_then(|x| x.limits.as_ref()),
+        "requests" => resources.and_then(|x| x.requests.as_ref()),
+        _ => None,
+    };
+    let given = list.and_then(|l| l.get(res)).map(|q| q.0.as_str());
+    let bad = |e: quantity::QuantityError| invalid(format!("resourceFieldRef {}: {e}", r.resource));
+    let divisor = r
+        .divisor
+        .as_ref()
+        .map(|q| q.0.as_str())
+        .filter(|d| !d.is_empty() && *d != "0");
+    let (cpu, mem) = match (kind, given) {
+        ("limits", None) => node_capacity(),
+        _ => (0, 0),
+    };
+    // (parser, unit of the divisor's default, value of an unset limit)
+    let (parse, unit, fallback): (QuantityParser, u64, u64) = match res {
+        "cpu" => (quantity::parse_milli, 1000, cpu),
+        "memory" => (quantity::parse_bytes, 1, mem),
+        "ephemeral-storage" => (quantity::parse_bytes, 1, 0),
+        _ => {
+            return Err(invalid(format!(
+                "resourceFieldRef: unsupported resource {:?}",
+                r.resource
+            )))
+        }
+    };
+    let parse_or = |q: Option<&str>, default: u64| -> Result<u64, VolumeSpecError> {
+        Ok(q.map(parse).transpose().map_err(bad)?.unwrap_or(default))
+    };
+    let value = parse_or(given, fallback)?.div_ceil(parse_or(divisor, unit)?.max(1));
+    Ok(value.to_string())
+}
+
+/// downwardAPI items (volume or projection) into `files`.
+fn add_downward_api(
+    ctx: &PayloadContext<'_>,
+    items: Option<&[DownwardAPIVolumeFile]>,
+    default_mode: Option<i32>,
+    files: &mut Files,
+) -> Result<(), VolumeSpecError> {
+    for it in items.unwrap_or_default() {
+        let value = match (&it.field_ref, &it.resource_field_ref) {
+            (Some(f), None) => field_value(ctx, &f.field_path)?,
+            (None, Some(r)) => resource_value(ctx, r)?,
+            _ => {
+                return Err(invalid(format!(
+                "downwardAPI item {:?}: exactly one of fieldRef and resourceFieldRef is required",
+                it.path
+            )))
+            }
+        };
+        insert(
+            files,
+            &it.path,
+            Arc::from(value.as_bytes()),
+            mode_of(it.mode, default_mode)?,
+        )?;
+    }
+    Ok(())
+}
+
+/// A projected `serviceAccountToken`: requested at set-up.
+fn token_projection(
+    ctx: &PayloadContext<'_>,
+    t: &ServiceAccountTokenProjection,
+    default_mode: Option<i32>,
+) -> Result<TokenProjection, VolumeSpecError> {
+    validate_path(&t.path).map_err(|e| invalid(e.to_string()))?;
+    let expiration_seconds = t.expiration_seconds.unwrap_or(DEFAULT_TOKEN_EXPIRATION);
+    if expiration_seconds <= 0 {
+        return Err(invalid(
+            "serviceAccountToken.expirationSeconds must be positive",
+        ));
+    }
+    let spec = ctx.pod.spec.as_ref();
+    Ok(TokenProjection {
+        path: t.path.clone(),
+        audience: t.audience.clone().unwrap_or_default(),
+        expiration_seconds,
+        namespace: ctx.namespace.to_string(),
+        service_account: spec
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into()),
+        pod_name: ctx.pod.metadata.name.clone().unwrap_or_default(),
+        pod_uid: ctx.uid.to_string(),
+        mode: mode_of(None, default_mode)?,
+    })
+}
+
+fn payload(kind: PayloadKind, files: Files, tokens: Vec<TokenProjection>) -> VolumeSource {
+    VolumeSource::Payload(Arc::new(PayloadVolumeSource {
+        kind,
+        files,
+        tokens,
+    }))
+}
+
+/// One projected source into `files` (or `tokens`).
+fn add_projection(
+    ctx: &PayloadContext<'_>,
+    p: &VolumeProjection,
+    default_mode: Option<i32>,
+    files: &mut Files,
+    tokens: &mut Vec<TokenProjection>,
+) -> Result<(), VolumeSpecError> {
+    if let Some(cm) = &p.config_map {
+        let optional = cm.optional.unwrap_or(false);
+        add_object_keys(
+            ctx,
+            KeySource::ConfigMap,
+            &cm.name,
+            cm.items.as_deref(),
+            default_mode,
+            optional,
+            files,
+        )?;
+    } else if let Some(s) = &p.secret {
+        let optional = s.optional.unwrap_or(false);
+        add_object_keys(
+            ctx,
+            KeySource::Secret,
+            &s.name,
+            s.items.as_deref(),
+            default_mode,
+            optional,
+            files,
+        )?;
+    } else if let Some(d) = &p.downward_api {
+        add_downward_api(ctx, d.items.as_deref(), default_mode, files)?;
+    } else if let Some(t) = &p.service_account_token {
+        tokens.push(token_projection(ctx, t, default_mode)?);
+    } else if p.cluster_trust_bundle.is_some() || p.pod_certificate.is_some() {
+        return Err(VolumeSpecError::Unsupported(
+            "projected clusterTrustBundle and podCertificate sources are not supported yet".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Resolves a `configMap`, `secret`, `downwardAPI` or `projected` volume;
+/// `None` for any other volume, and for one that reads objects when the
+/// source has none (kept whole for a host plugin, as before).
+pub(crate) fn payload_source(
+    v: &k8s_openapi::api::core::v1::Volume,
+    ctx: &PayloadContext<'_>,
+) -> Option<Result<VolumeSource, VolumeSpecError>> {
+    if ctx.objects.is_none() && reads_objects(v) {
+        return None;
+    }
+    let mut files = Files::new();
+    let res = if let Some(cm) = &v.config_map {
+        let optional = cm.optional.unwrap_or(false);
+        add_object_keys(
+            ctx,
+            KeySource::ConfigMap,
+            &cm.name,
+            cm.items.as_deref(),
+            cm.default_mode,
+            optional,
+            &mut files,
+        )
+        .map(|()| payload(PayloadKind::ConfigMap, files, Vec::new()))
+    } else if let Some(s) = &v.secret {
+        let name = s.secret_name.as_deref().unwrap_or("");
+        let optional = s.optional.unwrap_or(false);
+        add_object_keys(
+            ctx,
+            KeySource::Secret,
+            name,
+            s.items.as_deref(),
+            s.default_mode,
+            optional,
+            &mut files,
+        )
+        .map(|()| payload(PayloadKind::Secret, files, Vec::new()))
+    } else if let Some(d) = &v.downward_api {
+        add_downward_api(ctx, d.items.as_deref(), d.default_mode, &mut files)
+            .map(|()| payload(PayloadKind::DownwardApi, files, Vec::new()))
+    } else if let Some(p) = &v.projected {
+        let mut tokens = Vec::new();
+        p.sources
+            .iter()
+            .flatten()
+            .try_for_each(|s| add_projection(ctx, s, p.default_mode, &mut files, &mut tokens))
+            .map(|()| payload(PayloadKind::Projected, files, tokens))
+    } else {
+        return None;
+    };
+    Some(res)
+}
+
+/// Whether volume `v` reads objects (a configMap or Secret, directly or
+/// projected).
+pub(crate) fn reads_objects(v: &k8s_openapi::api::core::v1::Volume) -> bool {
+    v.config_map.is_some()
+        || v.secret.is_some()
+        || v.projected.as_ref().is_some_and(|p| {
+            p.sources
+                .iter()
+                .flatten()
+                .any(|s| s.config_map.is_some() || s.secret.is_some())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::populator::objects::{KubeObject, ObjectStore};
+    use crate::populator::pod::{needs_objects, DesiredPod};
+
+    fn store() -> ObjectStore {
+        let mut s = ObjectStore::default();
+        let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cm", "namespace": "ns"},
+            "data": {"a": "1", "b": "2"},
+            "binaryData": {"bin": "AAEC"}
+        }))
+        .unwrap();
+        s.insert(KubeObject::ConfigMap(Arc::new(cm)));
+        let root_ca: ConfigMap = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "kube-root-ca.crt", "namespace": "ns"},
+            "data": {"ca.crt": "CA"}
+        }))
+        .unwrap();
+        s.insert(KubeObject::ConfigMap(Arc::new(root_ca)));
+        let sec: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "s", "namespace": "ns"},
+            "data": {"k": "aHVudGVyMg=="}
+        }))
+        .unwrap();
+        s.insert(KubeObject::Secret(Arc::new(sec)));
+        s
+    }
+
+    fn resolve(
+        volume: serde_json::Value,
+        objects: &ObjectStore,
+    ) -> Result<PayloadVolumeSource, VolumeSpecError> {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u-1",
+                         "labels": {"b": "x\"y", "a": "1"}, "annotations": {"n": "l1\nl2"}},
+            "spec": {"serviceAccountName": "sa", "volumes": [volume],
+                     "containers": [{"name": "c", "image": "i",
+                                     "resources": {"limits": {"memory": "64Mi"}, "requests": {"cpu": "250m"}},
+                                     "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}
+        }))
+        .unwrap();
+        let reads = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap()[0]
+            .config_map
+            .is_some();
+        assert!(!reads || needs_objects(&pod));
+        let d = DesiredPod::from_pod_with(&pod, Some(objects)).unwrap();
+        match d.volumes[0].source.clone()? {
+            VolumeSource::Payload(p) => Ok((*p).clone()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn files(p: &PayloadVolumeSource) -> Vec<(String, String, u32)> {
+        p.files
+            .iter()
+            .map(|(k, f)| {
+                (
+                    k.clone(),
+                    String::from_utf8_lossy(&f.data).into_owned(),
+                    f.mode,
+                )
+            })
+            .collect()
+    }
+
+    fn s(a: &str, b: &str, m: u32) -> (String, String, u32) {
+        (a.into(), b.into(), m)
+    }
+
+    #[test]
+    fn config_map_keys_items_modes_and_optional() {
+        let o = store();
+        let p = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "cm"}}),
+            &o,
+        )
+        .unwrap();
+        assert_eq!(p.kind, PayloadKind::ConfigMap);
+        assert_eq!(
+            files(&p),
+            vec![
+                s("a", "1", 0o644),
+                s("b", "2", 0o644),
+                s("bin", "\0\u{1}\u{2}", 0o644)
+            ]
+        );
+        let p = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "cm", "defaultMode": 0o400,
+                "items": [{"key": "a", "path": "dir/x"}, {"key": "b", "path": "y", "mode": 0o600}]}}),
+            &o,
+        )
+        .unwrap();
+        assert_eq!(files(&p), vec![s("dir/x", "1", 0o400), s("y", "2", 0o600)]);
+        let items = serde_json::json!([{"key": "nope", "path": "z"}, {"key": "a", "path": "a"}]);
+        let e = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "cm", "items": items}}),
+            &o,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, VolumeSpecError::Missing(m) if m.contains("ConfigMap ns/cm has no key \"nope\"")),
+            "{e}"
+        );
+        let p = resolve(serde_json::json!({"name": "v", "configMap": {"name": "cm", "items": items, "optional": true}}), &o).unwrap();
+        assert_eq!(files(&p), vec![s("a", "1", 0o644)]);
+        let e = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "gone"}}),
+            &o,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            VolumeSpecError::Missing("ConfigMap ns/gone not found".into())
+        );
+        let p = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "gone", "optional": true}}),
+            &o,
+        )
+        .unwrap();
+        assert!(p.files.is_empty());
+        for bad in ["../x", "/x", "..x"] {
+            let v = serde_json::json!({"name": "v", "configMap": {"name": "cm", "items": [{"key": "a", "path": bad}]}});
+            assert!(
+                matches!(resolve(v, &o), Err(VolumeSpecError::Invalid(_))),
+                "{bad}"
+            );
+        }
+        let v =
+            serde_json::json!({"name": "v", "configMap": {"name": "cm", "defaultMode": 0o1777}});
+        assert!(matches!(resolve(v, &o), Err(VolumeSpecError::Invalid(_))));
+    }
+
+    #[test]
+    fn secret_bytes_and_errors_without_values() {
+        let o = store();
+        let p = resolve(
+            serde_json::json!({"name": "v", "secret": {"secretName": "s", "defaultMode": 0o440}}),
+            &o,
+        )
+        .unwrap();
+        assert_eq!(p.kind, PayloadKind::Secret);
+        assert_eq!(files(&p), vec![s("k", "hunter2", 0o440)]);
+        assert!(!format!("{p:?}").contains("hunter2"));
+        let e = resolve(
+            serde_json::json!({"name": "v", "secret": {"secretName": "x"}}),
+            &o,
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "Secret ns/x not found");
+    }
+
+    #[test]
+    fn downward_api_fields_and_resources() {
+        let o = store();
+        let items = serde_json::json!([
+            {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+            {"path": "ns", "fieldRef": {"fieldPath": "metadata.namespace"}},
+            {"path": "uid", "fieldRef": {"fieldPath": "metadata.uid"}},
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+            {"path": "ann", "fieldRef": {"fieldPath": "metadata.annotations"}, "mode": 0o400},
+            {"path": "one", "fieldRef": {"fieldPath": "metadata.labels['a']"}},
+            {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory", "divisor": "1M"}},
+            {"path": "cpu", "resourceFieldRef": {"containerName": "c", "resource": "requests.cpu"}},
+            {"path": "mcpu", "resourceFieldRef": {"containerName": "c", "resource": "requests.cpu", "divisor": "1m"}}
+        ]);
+        let p = resolve(
+            serde_json::json!({"name": "v", "downwardAPI": {"items": items}}),
+            &o,
+        )
+        .unwrap();
+        assert_eq!(p.kind, PayloadKind::DownwardApi);
+        let f: BTreeMap<_, _> = files(&p).into_iter().map(|(k, v, m)| (k, (v, m))).collect();
+        assert_eq!(f["name"].0, "p");
+        assert_eq!(f["ns"].0, "ns");
+        assert_eq!(f["uid"].0, "u-1");
+        assert_eq!(f["labels"].0, "a=\"1\"\nb=\"x\\\"y\"");
+        assert_eq!(f["ann"], ("n=\"l1\\nl2\"".to_string(), 0o400));
+        assert_eq!(f["one"].0, "1");
+        // 64Mi / 1M = 67.108864 → 68 (rounded up); 250m → 1 core; 250 millicores.
+        assert_eq!(
+            (
+                f["mem"].0.as_str(),
+                f["cpu"].0.as_str(),
+                f["mcpu"].0.as_str()
+            ),
+            ("68", "1", "250")
+        );
+        // An unset limit is the node's capacity.
+        let items = serde_json::json!([{"path": "c", "resourceFieldRef": {"containerName": "c", "resource": "limits.cpu", "divisor": "1m"}}]);
+        let p = resolve(
+            serde_json::json!({"name": "v", "downwardAPI": {"items": items}}),
+            &o,
+        )
+        .unwrap();
+        let cpus = std::thread::available_parallelism().unwrap().get() * 1000;
+        assert_eq!(files(&p)[0].1, cpus.to_string());
+        let items = serde_json::json!([{"path": "x", "fieldRef": {"fieldPath": "spec.nodeName"}}]);
+        let e = resolve(
+            serde_json::json!({"name": "v", "downwardAPI": {"items": items}}),
+            &o,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("spec.nodeName"), "{e}");
+    }
+
+    /// The volume every API-admitted pod gets.
+    #[test]
+    fn kube_api_access_projected_volume() {
+        let o = store();
+        let v = serde_json::json!({"name": "v", "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+        ]}});
+        let p = resolve(v, &o).unwrap();
+        assert_eq!(p.kind, PayloadKind::Projected);
+        assert_eq!(
+            files(&p),
+            vec![s("ca.crt", "CA", 0o644), s("namespace", "ns", 0o644)]
+        );
+        assert_eq!(
+            p.tokens,
+            vec![TokenProjection {
+                path: "token".into(),
+                audience: String::new(),
+                expiration_seconds: 3607,
+                namespace: "ns".into(),
+                service_account: "sa".into(),
+                pod_name: "p".into(),
+                pod_uid: "u-1".into(),
+                mode: 0o644,
+            }]
+        );
+        let v = serde_json::json!({"name": "v", "projected": {"sources": [
+            {"clusterTrustBundle": {"signerName": "x", "path": "b"}}]}});
+        assert!(matches!(
+            resolve(v, &o),
+            Err(VolumeSpecError::Unsupported(_))
+        ));
+    }
+}
