@@ -99,14 +99,15 @@ static void out_of_band(const char *root, const char *host, const char *tracer) 
   volmgr_free(vm);
 }
 
-/* A host plugin: handles configMap volumes by writing the spec to a file. */
+/* A host plugin: handles nfs volumes (which volmgr has no plugin for) by
+ * writing the spec to a file. */
 struct fake_plugin {
   atomic_int setups, teardowns, fail_next;
 };
 
 static bool fp_can_support(void *userdata, const char *spec_json) {
   (void)userdata;
-  return strstr(spec_json, "\"configMap\"") != NULL;
+  return strstr(spec_json, "\"nfs\"") != NULL;
 }
 
 static volmgr_status fp_set_up(void *userdata, const char *spec_json, const char *target_dir, char *err,
@@ -160,7 +161,7 @@ static void host_plugin(volmgr *vm, const char *root) {
   EXPECT(volmgr_pod_upsert(vm,
                            "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"cm\",\"uid\":\"pod-3\"},"
                            "\"spec\":{\"containers\":[{\"name\":\"c\",\"volumeMounts\":[{\"name\":\"cfg\",\"mountPath\":\"/c\"}]}],"
-                           "\"volumes\":[{\"name\":\"cfg\",\"configMap\":{\"name\":\"settings\"}}]}}"),
+                           "\"volumes\":[{\"name\":\"cfg\",\"nfs\":{\"server\":\"nfs.example.com\",\"path\":\"/settings\"}}]}}"),
          VOLMGR_OK);
   /* Two injected failures, then success after the backoff. */
   EXPECT(volmgr_wait_for_attach_and_mount(vm, "pod-3", 20000), VOLMGR_OK);

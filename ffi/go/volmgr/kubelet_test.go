@@ -144,7 +144,8 @@ func TestEventsOnAChannel(t *testing.T) {
 	}
 }
 
-// goPlugin claims configMap volumes and writes a file in place of one.
+// goPlugin claims nfs volumes (volmgr has no plugin for them) and writes a
+// file in place of one.
 type goPlugin struct {
 	mu        sync.Mutex
 	failFirst int
@@ -154,7 +155,7 @@ type goPlugin struct {
 
 func (p *goPlugin) Name() string { return "example.com/go-configmap" }
 
-func (p *goPlugin) CanSupport(spec []byte) bool { return strings.Contains(string(spec), `"configMap"`) }
+func (p *goPlugin) CanSupport(spec []byte) bool { return strings.Contains(string(spec), `"nfs"`) }
 
 func (p *goPlugin) SetUp(spec []byte, dir string) error {
 	p.mu.Lock()
@@ -185,7 +186,7 @@ func TestGoHostPlugin(t *testing.T) {
 	}
 	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"cm","namespace":"go","uid":"cm"},` +
 		`"spec":{"containers":[{"name":"c","volumeMounts":[{"name":"cfg","mountPath":"/cfg"}]}],` +
-		`"volumes":[{"name":"cfg","configMap":{"name":"x"}}]}}`
+		`"volumes":[{"name":"cfg","nfs":{"server":"nfs.example.com","path":"/x"}}]}}`
 	if err := m.UpsertPod([]byte(pod)); err != nil {
 		t.Fatal(err)
 	}
