@@ -8,6 +8,7 @@ pub mod host_path;
 pub mod image;
 pub mod local;
 pub mod stats;
+pub mod subpath;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -30,6 +31,9 @@ pub enum VolumeError {
     /// A system call failed.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// A container's subPath could not be set up.
+    #[error(transparent)]
+    SubPath(#[from] subpath::SubPathError),
     /// A plugin implemented outside Rust (C ABI) reported an error.
     #[error("plugin {plugin}: {message}")]
     Plugin {

@@ -15,6 +15,7 @@ pub mod manifests;
 pub mod objects;
 pub mod pod;
 pub mod resolve;
+mod sub_paths;
 pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};

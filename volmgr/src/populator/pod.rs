@@ -20,7 +20,7 @@ pub use super::resolve::{ObjectLookup, VolumeSpecError};
 use crate::quantity;
 use crate::volume::{
     check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, HostPathType, PodUid,
-    StorageMedium, VolumeSource,
+    StorageMedium, SubPath, VolumeSource,
 };
 
 /// A pod rejected as a whole (it never gets any volume).
@@ -45,6 +45,9 @@ pub struct PodVolume {
     pub name: String,
     /// The parsed source, or a per-volume error.
     pub source: Result<VolumeSource, VolumeSpecError>,
+    /// The containers' `volumeMounts` of it with a `subPath` (or an
+    /// expanded `subPathExpr`), in container and index order.
+    pub sub_paths: Vec<SubPath>,
 }
 
 /// The part of a pod the volume manager cares about.
@@ -114,6 +117,7 @@ impl DesiredPod {
             }
         }
         let used = used_volume_names(pod);
+        let mut sub_paths = super::sub_paths::sub_paths_of(pod, &uid);
         let ctx = ResolveContext {
             uid: &uid,
             namespace: &namespace,
@@ -126,9 +130,17 @@ impl DesiredPod {
             .flatten()
             .filter_map(|v| {
                 let usage = used.usage(&v.name)?;
+                let (source, sub_paths) = match sub_paths.remove(&v.name) {
+                    Some(Err(e)) => (Err(invalid(e)), Vec::new()),
+                    // The runtime mounts an image volume, subPaths included.
+                    Some(Ok(_)) if v.image.is_some() => (parse_source(v, usage, &ctx), Vec::new()),
+                    Some(Ok(list)) => (parse_source(v, usage, &ctx), list),
+                    None => (parse_source(v, usage, &ctx), Vec::new()),
+                };
                 Some(PodVolume {
                     name: v.name.clone(),
-                    source: parse_source(v, usage, &ctx),
+                    source,
+                    sub_paths,
                 })
             })
             .collect();

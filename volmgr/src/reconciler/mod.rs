@@ -42,13 +42,13 @@ pub use crate::cache::desired_state_of_world::NOT_REPORTED_IN_USE;
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, VolumeToMount};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
-use crate::operationexecutor::generator::{self, ForeignMountRemoval};
+use crate::operationexecutor::generator::{self, ForeignMountRemoval, SubPathMounts};
 use crate::operationexecutor::{NotStarted, OperationExecutor, OperationKind};
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePlugin, VolumePluginMgr};
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
 use crate::util::sync::MutexExt;
-use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{FastSet, PodUid, SubPath, UniqueVolumeName, VolumeSpec};
 use resync::ResyncState;
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -114,6 +114,7 @@ enum Action {
         pod: PodUid,
         plugin: Arc<str>,
         req: MountRequest,
+        sub_paths: Vec<SubPath>,
     },
     MountDevice {
         volume: UniqueVolumeName,
@@ -410,6 +411,7 @@ impl Reconciler {
                             fs_group: p.fs_group,
                             selinux_label: p.selinux_label.clone(),
                         },
+                        sub_paths: p.sub_paths.clone(),
                     });
                 }
             }
@@ -581,14 +583,17 @@ impl Reconciler {
                 let body = generator::remove_foreign_mounts(op);
                 self.prepare(&volume, pod, kind, label, body)
             }
-            Action::Mount { req, .. } => {
-                let body = generator::mount_volume(world, plugin, plugin_name, req);
+            Action::Mount { req, sub_paths, .. } => {
+                let subs = self.sub_path_mounts(sub_paths);
+                let body = generator::mount_volume(world, plugin, plugin_name, req, subs);
                 self.prepare(&volume, pod, kind, label, body)
             }
             Action::Unmount {
                 mounted, pod: upod, ..
             } => {
-                let body = generator::unmount_volume(world, plugin, volume.clone(), upod, mounted);
+                let subs = self.sub_path_mounts(Vec::new());
+                let body =
+                    generator::unmount_volume(world, plugin, volume.clone(), upod, mounted, subs);
                 self.prepare(&volume, pod, kind, label, body)
             }
             Action::MountDevice { spec, .. } => {
@@ -604,6 +609,15 @@ impl Reconciler {
                 let body = generator::expand_volume(world, plugin, volume.clone(), spec, new_size);
                 self.prepare(&volume, None, kind, label, body)
             }
+        }
+    }
+
+    /// What a mount or unmount needs for `subs`, the subPath bind mounts.
+    fn sub_path_mounts(&self, subs: Vec<SubPath>) -> SubPathMounts {
+        SubPathMounts {
+            root: Arc::clone(&self.root),
+            mounter: Arc::clone(&self.mounter),
+            subs,
         }
     }
 
