@@ -401,3 +401,316 @@ fn unmount_entry(
     root.remove_all_at(cdir, entry)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sys::linux::LinuxMounter;
+    use crate::sys::test_child::{bind, run_in_child, tree, unmount, Child};
+    use std::os::unix::fs::{symlink, MetadataExt};
+
+    /// A ROOT with one pod volume (a directory), and a directory outside.
+    struct Fixture {
+        t: tempfile::TempDir,
+        root: RootDir,
+        pod: PodUid,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            let t = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(t.path().join("outside/etc")).unwrap();
+            std::fs::write(t.path().join("outside/etc/secret"), b"s").unwrap();
+            let vol = t
+                .path()
+                .join("root/pods/u1/volumes/kubernetes.io~empty-dir/v");
+            std::fs::create_dir_all(&vol).unwrap();
+            let root = RootDir::open(&t.path().join("root")).unwrap();
+            Self {
+                t,
+                root,
+                pod: PodUid::new("u1").unwrap(),
+            }
+        }
+        fn vol(&self) -> PathBuf {
+            self.root
+                .path()
+                .join("pods/u1/volumes/kubernetes.io~empty-dir/v")
+        }
+        fn outside(&self) -> PathBuf {
+            self.t.path().join("outside")
+        }
+        fn set_up(&self, subs: &[SubPath]) -> Result<Vec<PathBuf>, VolumeError> {
+            set_up_sub_paths(&self.root, &LinuxMounter, &self.pod, "v", &self.vol(), subs)
+        }
+        fn clean(&self) {
+            clean_sub_paths(&self.root, &LinuxMounter, &self.pod, "v").unwrap();
+        }
+        /// The mounts below `volume-subpaths`, with the inode each shows.
+        fn binds(&self) -> Vec<(PathBuf, (u64, u64))> {
+            let dir = self.root.path().join("pods/u1").join(SUBPATHS_DIR);
+            crate::sys::mountinfo::read_self()
+                .unwrap()
+                .into_iter()
+                .filter(|m| m.mount_point.starts_with(&dir))
+                .map(|m| {
+                    let st = std::fs::metadata(&m.mount_point).unwrap();
+                    (m.mount_point, (st.dev(), st.ino()))
+                })
+                .collect()
+        }
+    }
+
+    fn sub(container: &str, index: usize, path: &str) -> SubPath {
+        SubPath {
+            container: container.into(),
+            index,
+            path: path.into(),
+        }
+    }
+
+    fn ino(p: &Path) -> (u64, u64) {
+        let st = std::fs::symlink_metadata(p).unwrap();
+        (st.dev(), st.ino())
+    }
+
+    /// A directory, a file, a missing path (made with the root's mode) and
+    /// the root itself are bound; again is a no-op; clean-up unmounts and
+    /// removes everything, so the pod directory can go.
+    fn binds_and_cleans() {
+        let f = Fixture::new();
+        let vol = f.vol();
+        std::fs::create_dir_all(vol.join("a/b")).unwrap();
+        std::fs::write(vol.join("file"), b"data").unwrap();
+        std::fs::set_permissions(&vol, std::os::unix::fs::PermissionsExt::from_mode(0o2775))
+            .unwrap();
+        let subs = [
+            sub("c", 0, "a/b"),
+            sub("c", 2, "file"),
+            sub("c", 3, "new/x/y"),
+            sub("d", 0, "./a//"),
+        ];
+        let paths = f.set_up(&subs).unwrap();
+        let base = f.root.path().join("pods/u1/volume-subpaths/v");
+        assert_eq!(
+            paths,
+            ["c/0", "c/2", "c/3", "d/0"].map(|p| base.join(p)).to_vec()
+        );
+        let want = [
+            vol.join("a/b"),
+            vol.join("file"),
+            vol.join("new/x/y"),
+            vol.join("a"),
+        ];
+        let binds = f.binds();
+        assert_eq!(binds.len(), 4, "{binds:?}");
+        for (p, w) in paths.iter().zip(&want) {
+            assert_eq!(ino(p), ino(w), "{}", p.display());
+        }
+        assert_eq!(std::fs::read(base.join("c/2")).unwrap(), b"data");
+        std::fs::write(base.join("c/3/through"), b"x").unwrap();
+        assert!(vol.join("new/x/y/through").exists());
+        let mode = std::fs::metadata(vol.join("new/x")).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o2775, "made with the volume root's mode");
+
+        // Again (a retry, a restart): nothing stacked.
+        assert_eq!(f.set_up(&subs).unwrap(), paths);
+        assert_eq!(f.binds().len(), 4);
+
+        // Clean-up from what is on disk (as after kill -9: a new RootDir).
+        let again = RootDir::open(f.root.path()).unwrap();
+        clean_sub_paths(&again, &LinuxMounter, &f.pod, "v").unwrap();
+        assert!(f.binds().is_empty());
+        assert!(!f.root.path().join("pods/u1/volume-subpaths").exists());
+        assert!(vol.join("new/x/y/through").exists(), "the volume is intact");
+        again
+            .remove_all(&RelPath::new(["pods", "u1"]).unwrap())
+            .unwrap();
+        // Nothing there: fine.
+        f.clean();
+    }
+
+    #[test]
+    fn sub_paths_are_bound_and_cleaned() {
+        let name = crate::test_name!("sub_paths_are_bound_and_cleaned");
+        run_in_child(name, Child::PrivateMounts, binds_and_cleans);
+    }
+
+    /// CVE-2017-1002101: symlinks the pod made in its volume, to `/`, to
+    /// `/etc`, to a directory outside, relative ones climbing out, on the
+    /// last component or on the way (where a missing directory would be
+    /// made through it): all refused with the kubelet's message, nothing
+    /// bound, nothing outside changed.
+    fn symlinks_refused() {
+        let f = Fixture::new();
+        let vol = f.vol();
+        symlink("/", vol.join("root")).unwrap();
+        symlink("/etc", vol.join("etc")).unwrap();
+        symlink(f.outside().join("etc"), vol.join("out")).unwrap();
+        std::fs::create_dir(vol.join("d")).unwrap();
+        symlink("../../../../../../../..", vol.join("d/up")).unwrap();
+        symlink("../d", vol.join("inside")).unwrap();
+        let before = tree(&f.outside());
+        for path in [
+            "root",
+            "root/etc",
+            "etc",
+            "etc/passwd",
+            "out",
+            "out/secret",
+            "out/new/dir",
+            "d/up",
+            "d/up/etc",
+            "d/up/new",
+            "inside",
+        ] {
+            let err = f.set_up(&[sub("c", 0, path)]).unwrap_err().to_string();
+            assert!(
+                err.contains("subPath") && err.contains("symlink"),
+                "{path}: {err}"
+            );
+            assert!(err.contains("container \"c\""), "{path}: {err}");
+            assert!(f.binds().is_empty(), "{path}: bound {:?}", f.binds());
+        }
+        assert_eq!(tree(&f.outside()), before);
+        f.clean();
+    }
+
+    #[test]
+    fn cve_2017_1002101_symlinks_in_the_volume_are_refused() {
+        let name = crate::test_name!("cve_2017_1002101_symlinks_in_the_volume_are_refused");
+        run_in_child(name, Child::PrivateMounts, symlinks_refused);
+    }
+
+    /// CVE-2021-25741: another thread swaps the volume's `x` (a directory
+    /// holding `y`) with a symlink to a directory outside holding its own
+    /// `y` (`RENAME_EXCHANGE`, in a tight loop) while subPath `x/y` is set
+    /// up `iterations` times: every bind shows the volume's `y`, never the
+    /// outside one; refusals are fine.
+    fn swaps_never_bind_outside(iterations: usize) {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+        let f = Fixture::new();
+        let vol = f.vol();
+        std::fs::create_dir_all(vol.join("x/y")).unwrap();
+        std::fs::create_dir_all(f.outside().join("y")).unwrap();
+        symlink(f.outside(), vol.join("swap")).unwrap();
+        let inside = ino(&vol.join("x/y"));
+        let outside = ino(&f.outside().join("y"));
+        let (stop, swaps) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let (mut bound, mut refused) = (0, 0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(SeqCst) {
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &vol.join("x"),
+                        nix::fcntl::AT_FDCWD,
+                        &vol.join("swap"),
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
+                    swaps.fetch_add(1, SeqCst);
+                }
+            });
+            // Stops the attacker also when an assertion below fails (the
+            // scope would otherwise wait for it forever).
+            struct StopOnDrop<'a>(&'a AtomicBool);
+            impl Drop for StopOnDrop<'_> {
+                fn drop(&mut self) {
+                    self.0.store(true, SeqCst);
+                }
+            }
+            let _stop = StopOnDrop(&stop);
+            for _ in 0..iterations {
+                match f.set_up(&[sub("c", 0, "x/y")]) {
+                    Ok(_) => bound += 1,
+                    Err(_) => refused += 1,
+                }
+                for (p, shown) in f.binds() {
+                    assert_ne!(
+                        shown,
+                        outside,
+                        "{} shows the outside directory",
+                        p.display()
+                    );
+                    assert_eq!(shown, inside, "{} shows something else", p.display());
+                }
+                f.clean();
+            }
+        });
+        println!(
+            "CVE-2021-25741 replay: {iterations} set-ups, {bound} bound (all to the volume), {refused} refused, {} swaps",
+            swaps.load(SeqCst)
+        );
+        assert!(bound > 0 && refused > 0, "the race was not exercised");
+        assert!(tree(&f.outside())
+            .iter()
+            .all(|(p, _)| p.starts_with("etc") || p == Path::new("y")));
+    }
+
+    #[test]
+    fn cve_2021_25741_symlink_swaps_never_bind_outside() {
+        let name = crate::test_name!("cve_2021_25741_symlink_swaps_never_bind_outside");
+        run_in_child(name, Child::PrivateMounts, || {
+            swaps_never_bind_outside(3000)
+        });
+    }
+
+    /// A mount nested inside the volume is crossed, as the kubelet's
+    /// `doSafeOpen` does (the bind shows what is mounted there); a symlink
+    /// beyond it is still refused. `..` and absolute paths never get as far
+    /// as opening anything.
+    fn nested_mounts_and_bad_paths() {
+        let f = Fixture::new();
+        let vol = f.vol();
+        let other = f.t.path().join("other");
+        std::fs::create_dir_all(other.join("sub")).unwrap();
+        symlink("/", other.join("root")).unwrap();
+        std::fs::create_dir(vol.join("mnt")).unwrap();
+        bind(&other, &vol.join("mnt"));
+        let paths = f.set_up(&[sub("c", 0, "mnt/sub")]).unwrap();
+        assert_eq!(ino(&paths[0]), ino(&other.join("sub")));
+        let err = f.set_up(&[sub("c", 1, "mnt/root")]).unwrap_err();
+        assert!(err.to_string().contains("symlink"), "{err}");
+        f.clean();
+        unmount(&vol.join("mnt"));
+        for (path, want) in [
+            ("/etc", "must not be an absolute path"),
+            ("..", "must not contain '..'"),
+            ("a/../../etc", "must not contain '..'"),
+        ] {
+            let err = f.set_up(&[sub("c", 0, path)]).unwrap_err().to_string();
+            assert!(err.contains(want), "{path}: {err}");
+        }
+        assert!(f.binds().is_empty());
+        assert!(!vol.join("a").exists(), "nothing made");
+    }
+
+    #[test]
+    fn nested_mounts_are_crossed_and_bad_paths_refused() {
+        let name = crate::test_name!("nested_mounts_are_crossed_and_bad_paths_refused");
+        run_in_child(name, Child::PrivateMounts, nested_mounts_and_bad_paths);
+    }
+
+    /// The same where `openat2` fails with `ENOSYS`: the fallback walk.
+    mod without_openat2 {
+        use crate::sys::test_child::{run_in_child, Child};
+
+        macro_rules! again {
+            ($($name:ident $(($arg:expr))?),* $(,)?) => {$(
+                #[test]
+                fn $name() {
+                    let name = concat!(module_path!(), "::", stringify!($name));
+                    run_in_child(name, Child::NoOpenat2, || super::$name($($arg)?));
+                }
+            )*};
+        }
+
+        again!(
+            binds_and_cleans,
+            symlinks_refused,
+            swaps_never_bind_outside(1000),
+            nested_mounts_and_bad_paths,
+        );
+    }
+}
