@@ -39,6 +39,8 @@ have_sbin() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "
 # CAP_SYS_RESOURCE, which some containers drop.
 { have_sbin mkfs.xfs && have_sbin xfs_growfs; } || need_pkgs+=(xfsprogs)
 have_sbin blkid || need_pkgs+=(util-linux)
+# valgrind: the C consumer also runs under memcheck (tests/c/run.sh).
+command -v valgrind >/dev/null 2>&1 || need_pkgs+=(valgrind)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   apt_install "${need_pkgs[@]}"
 fi

@@ -15,17 +15,15 @@ use tokio::sync::watch;
 
 use crate::api;
 use crate::limits::{serve_bounded, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
-use volmgr::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
 use volmgr::csi::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
 use volmgr::populator::manifests::{ManifestsSource, SourceError};
 use volmgr::sys::linux::LinuxMounter;
-use volmgr::sys::root_dir::RelPath;
 use volmgr::tracer::{self, TracerError, TracerMode};
 use volmgr::volumemanager::{self, Config, VolumeManager};
 
 /// The kubelet's plugin registration directory under ROOT.
-pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
+pub use volmgr::volumemanager::csi::PLUGINS_REGISTRY_DIR;
 
 /// Agent settings (from the command line).
 #[derive(Debug, Clone)]
@@ -138,7 +136,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             tracing::info!(%addr, "serving Prometheus metrics on /metrics");
         }
     }
-    let watcher_task = start_plugin_watcher(&vm, &csi_registry, stop_rx.clone())?;
+    let watcher_task =
+        volumemanager::csi::watch_plugins_registry(&vm, &csi_registry, stop_rx.clone())?;
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
     let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
@@ -190,49 +189,6 @@ fn serve_clients(
     let metrics =
         metrics.map(|l| tokio::spawn(serve_metrics(l, Arc::clone(vm), limits, stop.clone())));
     (api, metrics)
-}
-
-/// Creates `ROOT/plugins_registry` and follows it for CSI drivers that
-/// register through the kubelet's plugin registration API. Registration
-/// problems show in status (`errors`, by socket).
-fn start_plugin_watcher(
-    vm: &Arc<VolumeManager>,
-    registry: &Arc<DriverRegistry>,
-    stop: watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>, AgentError> {
-    let rel = RelPath::new([PLUGINS_REGISTRY_DIR]).map_err(|e| AgentError::Io {
-        what: PLUGINS_REGISTRY_DIR.into(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
-    let dir = vm
-        .root()
-        .mkdir_all(&rel, 0o750)
-        .map_err(|e| AgentError::Io {
-            what: format!("creating {}", vm.root().abs(&rel).display()),
-            source: std::io::Error::other(e.to_string()),
-        })?
-        .path()
-        .to_path_buf();
-    let weak = Arc::downgrade(vm);
-    let sink: ProblemSink = Arc::new(move |socket, problem| {
-        if let Some(vm) = weak.upgrade() {
-            vm.set_source_problems(
-                &socket.display().to_string(),
-                problem.into_iter().collect(),
-                vec![],
-            );
-        }
-    });
-    let watcher = PluginWatcher::new(dir.clone(), Arc::clone(registry), WatcherConfig::default())
-        .with_problem_sink(sink);
-    let vm = Arc::clone(vm);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = watcher.run(stop).await {
-            // Drivers given with --csi-driver still work.
-            tracing::error!(error = %e, "plugin watcher stopped");
-            vm.set_source_problems(&dir.display().to_string(), vec![e.to_string()], vec![]);
-        }
-    }))
 }
 
 /// Creates ROOT if missing, mode 0750 whatever the umask (the kubelet's

@@ -34,6 +34,9 @@ fn agent_lines(out: &mut String, s: &Status) {
         s.synced, s.tracer, s.tracer_reason
     );
     let _ = writeln!(out, "root propagation: {}", s.root_propagation);
+    if !s.path_resolution.is_empty() {
+        let _ = writeln!(out, "path resolution: {}", s.path_resolution);
+    }
     for e in &s.errors {
         let _ = writeln!(out, "error: {}: {}", P(&e.source), P(&e.error));
     }

@@ -831,3 +831,44 @@ fn client_speaks_every_rpc_and_redials_a_moved_driver() {
         );
     });
 }
+
+/// The pod's fsGroup on CSI volumes, as the kubelet applies it for a
+/// driver without `VOLUME_MOUNT_GROUP` and without a CSIDriver object
+/// (policy `ReadWriteOnceWithFSType`): a ReadWriteOnce ext4 volume gets the
+/// group on every entry (its root setgid) after publish; a ReadWriteMany
+/// one is left as the driver made it.
+#[test]
+fn fs_group_is_applied_to_read_write_once_volumes_only() {
+    isolated(
+        "fs_group_is_applied_to_read_write_once_volumes_only",
+        || {
+            use std::os::unix::fs::MetadataExt;
+            let env = Env::new();
+            let driver = start_driver(&env);
+            let rwo = pv_yaml("pv-rwo", "vol-rwo", "64Mi", false, "")
+                .replace("ReadWriteMany", "ReadWriteOnce");
+            env.write_manifest("rwo.yaml", &rwo);
+            env.write_manifest("rwx.yaml", &pv_yaml("pv-rwx", "vol-rwx", "64Mi", false, ""));
+            let pod = pod_yaml("p", "uid-fsg", &["pv-rwo", "pv-rwx"])
+                .replace("spec:\n", "spec:\n  securityContext: {fsGroup: 3456}\n");
+            env.write_manifest("pod.yaml", &pod);
+            let agent = start_agent(&env, &driver, &[]);
+            assert_eq!(env.wait_pod("uid-fsg", 60.0), 0, "{}", agent.log());
+            let rwo = publish_path(&env, "uid-fsg", "pv-rwo");
+            let root = std::fs::metadata(&rwo).unwrap();
+            assert_eq!(root.gid(), 3456, "{}", agent.log());
+            assert_eq!(root.mode() & 0o2070, 0o2070, "root mode {:o}", root.mode());
+            // mkfs.ext4 made lost+found: the walk reached it too.
+            assert_eq!(
+                std::fs::metadata(rwo.join("lost+found")).unwrap().gid(),
+                3456
+            );
+            let rwx = std::fs::metadata(publish_path(&env, "uid-fsg", "pv-rwx")).unwrap();
+            assert_ne!(rwx.gid(), 3456, "a ReadWriteMany volume was changed");
+            env.remove_manifest("pod.yaml");
+            env.wait_for("pod torn down", || !env.root.join("pods/uid-fsg").exists());
+            assert_nothing_leaked(&env, &driver);
+            assert!(agent.term());
+        },
+    );
+}

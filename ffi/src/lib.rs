@@ -13,10 +13,12 @@ mod boundary;
 pub mod error;
 pub mod manager;
 pub mod plugin;
+pub mod volume_list;
 
 pub use error::*;
 pub use manager::*;
 pub use plugin::*;
+pub use volume_list::*;
 
 #[cfg(test)]
 mod header_tests {

@@ -7,12 +7,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::cache::world::VolumeEvent;
+use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
 use volmgr_core::sys::linux::LinuxMounter;
 use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
-use volmgr_core::volumemanager::{Config, ResizeError, VolumeManager, WaitError};
+use volmgr_core::volumemanager::{csi, Config, ResizeError, VolumeManager, WaitError};
 
 use crate::boundary::{guard, guard_value, out_arg, str_arg, to_c_string, try_ffi};
 use crate::error::*;
@@ -29,7 +30,7 @@ pub struct volmgr {
     /// generation it was built at: kubelets ask for the same pods' volumes
     /// again and again, and between changes the answer is the same.
     volume_lists: Mutex<volmgr_core::volume::FastMap<(String, bool), (u64, std::ffi::CString)>>,
-    /// Stops the tracer's tasks.
+    /// Stops the tracer's and the plugin watcher's tasks.
     tracer_stop: tokio::sync::watch::Sender<bool>,
 }
 
@@ -74,6 +75,32 @@ struct NewConfig {
     wait_for_reported_in_use: bool,
     #[serde(default)]
     make_root_shared: bool,
+    #[serde(default)]
+    csi: Option<CsiConfig>,
+}
+
+/// The `"csi"` key of `volmgr_new`'s JSON.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CsiConfig {
+    /// Follow `ROOT/plugins_registry` for drivers that register through the
+    /// kubelet's plugin registration API (node-driver-registrar).
+    #[serde(default = "default_true")]
+    watch_plugins_registry: bool,
+    /// Drivers by name → CSI socket path, used without registration.
+    #[serde(default)]
+    drivers: std::collections::BTreeMap<String, std::path::PathBuf>,
+    /// Deadline of each CSI call (the kubelet's is 2 minutes).
+    #[serde(default = "default_csi_timeout_ms")]
+    timeout_ms: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_csi_timeout_ms() -> u64 {
+    120_000
 }
 
 fn default_tracer() -> String {
@@ -106,7 +133,7 @@ fn build_config(cfg: &NewConfig) -> Config {
 ///
 /// # Safety
 /// `vm` is NULL or a live handle from `volmgr_new`.
-unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_status> {
+pub(crate) unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_status> {
     if vm.is_null() {
         return Err(fail(VOLMGR_ERR_INVALID_ARGUMENT, "volmgr handle is NULL"));
     }
@@ -138,8 +165,14 @@ fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 /// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
 ///   "wait_for_sources_ready": false, "wait_for_reported_in_use": false,
-///   "make_root_shared": false}`
-/// (only `root_dir` is required).
+///   "make_root_shared": false,
+///   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
+///           "timeout_ms": 120000}}`
+/// (only `root_dir` is required). With `"csi"`, the kubelet's CSI plugin is
+/// installed as `volmgr agent` installs it: drivers named in `drivers` are
+/// called on their socket at once, and with `watch_plugins_registry` (the
+/// default) drivers that register through `ROOT/plugins_registry`
+/// (node-driver-registrar) are added and removed as they come and go.
 /// With `wait_for_sources_ready`, nothing is torn down until
 /// `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
 /// pods first). With `wait_for_reported_in_use`, an attachable volume (CSI)
@@ -189,9 +222,13 @@ pub unsafe extern "C" fn volmgr_new(
         let (tracer_stop, stop_rx) = tokio::sync::watch::channel(false);
         try_ffi!({
             let _enter = rt.enter();
-            tracer::start_in_host(mode, vm.tracer_context(), stop_rx, THREAD_NAME)
+            tracer::start_in_host(mode, vm.tracer_context(), stop_rx.clone(), THREAD_NAME)
                 .map_err(|e| fail(VOLMGR_ERR_UNSUPPORTED, format!("tracer {mode}: {e}")))
         });
+        if let Some(csi) = &cfg.csi {
+            let _enter = rt.enter();
+            try_ffi!(install_csi(&vm, csi, stop_rx));
+        }
         let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();
         let sink = Arc::clone(&events);
         vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
@@ -216,6 +253,45 @@ pub unsafe extern "C" fn volmgr_new(
         unsafe { *out = Box::into_raw(h) };
         VOLMGR_OK
     })
+}
+
+/// Installs the CSI plugin per the `"csi"` config: fixed drivers, and the
+/// plugin registry watcher if asked. Runs within the handle's runtime.
+fn install_csi(
+    vm: &Arc<VolumeManager>,
+    csi: &CsiConfig,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), volmgr_status> {
+    if csi.timeout_ms == 0 {
+        return Err(fail(
+            VOLMGR_ERR_INVALID_ARGUMENT,
+            "csi.timeout_ms must be positive",
+        ));
+    }
+    let registry = DriverRegistry::new();
+    csi::install(
+        vm,
+        Arc::clone(&registry),
+        Duration::from_millis(csi.timeout_ms),
+    )
+    .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("csi: {e}")))?;
+    for (name, socket) in &csi.drivers {
+        if name.is_empty() || !socket.is_absolute() {
+            return Err(fail(
+                VOLMGR_ERR_INVALID_ARGUMENT,
+                format!("csi.drivers: {name:?} needs a name and an absolute socket path"),
+            ));
+        }
+        registry.register_fixed(name, socket.clone());
+    }
+    if csi.watch_plugins_registry {
+        // The task ends with the handle's runtime (or `stop`).
+        drop(
+            csi::watch_plugins_registry(vm, &registry, stop)
+                .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("csi: {e}")))?,
+        );
+    }
+    Ok(())
 }
 
 fn event_json(ev: &VolumeEvent) -> String {

@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Builds tests/c/flow.c against include/volmgr.h and libvolmgr.a with
-# -Wall -Wextra -Werror and AddressSanitizer (+ LeakSanitizer, which also
-# sees Rust's allocations: they go through malloc), and runs it inside a
-# private mount namespace. Valgrind 3.19 (Debian 12) cannot be used: it
-# does not know openat2(2) and fails it with ENOSYS. Needs root (it
-# mounts); prints why it skips otherwise.
+# Builds the C consumers (tests/c/flow.c, tests/c/csi_flow.c) against
+# include/volmgr.h and libvolmgr.a with -Wall -Wextra -Werror and
+# AddressSanitizer (+ LeakSanitizer, which also sees Rust's allocations: they
+# go through malloc), and runs them inside private mount namespaces: the
+# flow as is, as on a 4.18 kernel (tests/c/older_kernel.c: the system calls
+# added since fail with ENOSYS), and under valgrind (which fails openat2
+# with ENOSYS too); the CSI flow with the in-repo test driver. Needs root
+# (it mounts); prints why it skips otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "$(id -u)" -ne 0 ]; then
   echo "SKIP tests/c: needs root to create a private mount namespace"
   exit 0
 fi
-cargo build -q -p volmgr-ffi
+cargo build -q -p volmgr-ffi -p volmgr-csi-driver
 out=$(mktemp -d /tmp/volmgr-c.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+# Detach the loop devices the test driver attached to its images, even when
+# a check failed, then remove everything.
+cleanup() {
+  for img in "$out"/csi-state/images/*; do
+    [ -e "$img" ] || continue
+    losetup -j "$img" | cut -d: -f1 | xargs -r -n1 losetup -d || true
+  done
+  rm -rf "$out"
+}
+trap cleanup EXIT
 # The native libraries Rust's staticlib needs (`--print native-static-libs`).
 libs=$(cargo rustc -q -p volmgr-ffi --lib --crate-type staticlib -- --print native-static-libs 2>&1 \
   | sed -n 's/.*native-static-libs: //p' | tail -n 1)
@@ -24,8 +35,35 @@ if [ "$documented" != "$libs" ]; then
   echo "c flow: 0 passed, 1 failed"
   exit 1
 fi
-gcc -std=c11 -Wall -Wextra -Werror -g -O1 -fsanitize=address -fno-omit-frame-pointer \
-  -Iinclude tests/c/flow.c target/debug/libvolmgr.a $libs -o "$out/flow"
+for prog in flow csi_flow; do
+  gcc -std=c11 -Wall -Wextra -Werror -g -O1 -fsanitize=address -fno-omit-frame-pointer \
+    -Iinclude -Itests/c "tests/c/$prog.c" target/debug/libvolmgr.a $libs -o "$out/$prog"
+done
+# The same flow without AddressSanitizer, for valgrind.
+gcc -std=c11 -Wall -Wextra -Werror -g -O1 -Iinclude -Itests/c tests/c/flow.c \
+  target/debug/libvolmgr.a $libs -o "$out/flow-plain"
+gcc -std=c11 -Wall -Wextra -Werror -O1 tests/c/older_kernel.c -o "$out/older_kernel"
 mkdir -p "$out/root" "$out/host"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
   unshare --mount --propagation private -- "$out/flow" "$out/root" "$out/host"
+# As on a 4.18 kernel (RHEL 8): openat2, listmount and the new mount API
+# fail with ENOSYS; volmgr falls back and says so in status.
+mkdir -p "$out/old-root" "$out/old-host"
+VOLMGR_C_EXPECT_OPENAT_WALK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
+  unshare --mount --propagation private -- "$out/older_kernel" "$out/flow" "$out/old-root" "$out/old-host"
+# Under valgrind (memcheck), which does not know openat2 either.
+if command -v valgrind >/dev/null; then
+  mkdir -p "$out/vg-root" "$out/vg-host"
+  VOLMGR_C_EXPECT_OPENAT_WALK=1 unshare --mount --propagation private -- \
+    valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+    --suppressions=tests/c/valgrind.supp \
+    "$out/flow-plain" "$out/vg-root" "$out/vg-host"
+else
+  echo "SKIP c flow under valgrind: valgrind is not installed"
+fi
+# CSI through the C ABI: the test driver registers through the plugin
+# registry, as node-driver-registrar would.
+mkdir -p "$out/csi-root" "$out/csi-state"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
+  unshare --mount --propagation private -- "$out/csi_flow" "$out/csi-root" \
+  "$PWD/target/debug/volmgr-csi-driver" "$out/csi-state"

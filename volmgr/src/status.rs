@@ -41,6 +41,11 @@ pub struct Status {
     /// (its mount already was), `off` (not asked), or `not shared: <why>`.
     #[serde(default)]
     pub root_propagation: String,
+    /// How paths under ROOT are opened: `openat2` (RESOLVE_BENEATH), or
+    /// `openat walk` where the kernel lacks `openat2` (before 5.6, or a
+    /// seccomp profile); empty before the first open.
+    #[serde(default)]
+    pub path_resolution: String,
 }
 
 /// One registered CSI driver.

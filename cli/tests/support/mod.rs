@@ -22,10 +22,16 @@ pub fn isolated(name: &str, body: impl FnOnce()) {
     isolated_with(name, false, body)
 }
 
-/// Like [`isolated`], and with `no_openat2` under a seccomp filter that
-/// makes `openat2` fail with `ENOSYS` (as before Linux 5.6), inherited by
-/// every process the body starts (the agent included).
-pub fn isolated_with(name: &str, no_openat2: bool, body: impl FnOnce()) {
+/// With this set (scripts/test.sh does, for a second run of the end-to-end
+/// suites), every isolated test runs as [`isolated_with`]`(.., true, ..)`.
+pub const OLDER_KERNEL_ENV: &str = "VOLMGR_TEST_OLDER_KERNEL";
+
+/// Like [`isolated`], and with `older_kernel` under a seccomp filter that
+/// makes the system calls added since Linux 4.18 (`openat2`, `listmount`,
+/// the new mount API, ...) fail with `ENOSYS`, inherited by every process
+/// the body starts (the agent included).
+pub fn isolated_with(name: &str, older_kernel: bool, body: impl FnOnce()) {
+    let older_kernel = older_kernel || std::env::var_os(OLDER_KERNEL_ENV).is_some();
     if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
         body();
         return;
@@ -38,12 +44,17 @@ pub fn isolated_with(name: &str, no_openat2: bool, body: impl FnOnce()) {
     let mut cmd = Command::new(exe);
     cmd.args([name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, name);
+    // Before fork: nothing is allocated in the child.
+    let tmp = std::env::temp_dir();
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             volmgr::sys::namespace::enter_private_mount_namespace()?;
-            if no_openat2 {
-                volmgr::sys::seccomp::fail_openat2_with_enosys()?;
+            // A bug that binds `/` or `/etc` into the test's directory
+            // must not let its clean-up delete the host's files.
+            volmgr::sys::namespace::make_host_read_only_but(&tmp)?;
+            if older_kernel {
+                volmgr::sys::seccomp::emulate_older_kernel()?;
             }
             Ok(())
         });

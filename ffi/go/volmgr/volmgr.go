@@ -129,6 +129,24 @@ type Config struct {
 	// MarkVolumesAsReportedInUse has listed them, as the kubelet does
 	// (the node status must list a volume in volumesInUse first).
 	WaitForReportedInUse bool `json:"wait_for_reported_in_use,omitempty"`
+	// MakeRootShared makes RootDir recursively shared, as volmgr agent
+	// does; a kubelet fork leaves it off (the kubelet's setupDataDirs does
+	// it).
+	MakeRootShared bool `json:"make_root_shared,omitempty"`
+	// CSI installs the kubelet's CSI plugin; nil: no CSI volumes.
+	CSI *CSIConfig `json:"csi,omitempty"`
+}
+
+// CSIConfig is volmgr_new's "csi" key.
+type CSIConfig struct {
+	// WatchPluginsRegistry follows RootDir/plugins_registry for drivers
+	// that register through node-driver-registrar (the kubelet's plugin
+	// watcher).
+	WatchPluginsRegistry bool `json:"watch_plugins_registry"`
+	// Drivers are called without registration: name -> CSI socket path.
+	Drivers map[string]string `json:"drivers,omitempty"`
+	// TimeoutMs bounds each CSI call; 0 is the kubelet's 2 minutes.
+	TimeoutMs uint64 `json:"timeout_ms,omitempty"`
 }
 
 // MountedVolume is one entry of GetMountedVolumesForPod: what the kubelet's

@@ -178,6 +178,20 @@ func TestFullFlow(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	bad := &CSIConfig{Drivers: map[string]string{"d": "relative.sock"}}
+	if _, err := New(Config{RootDir: t.TempDir(), Tracer: "off", CSI: bad}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a relative CSI socket path: %v", err)
+	}
+	csi := &CSIConfig{WatchPluginsRegistry: true, Drivers: map[string]string{"d": "/run/d.sock"}}
+	root := t.TempDir()
+	withCSI, err := New(Config{RootDir: root, Tracer: "off", CSI: csi})
+	if err != nil {
+		t.Fatalf("CSI config: %v", err)
+	}
+	withCSI.Close()
+	if st, err := os.Stat(root + "/plugins_registry"); err != nil || !st.IsDir() {
+		t.Fatalf("plugins_registry not created: %v", err)
+	}
 	if _, err := New(Config{RootDir: "/tmp", Tracer: "bogus"}); !errors.Is(err, ErrInvalidArgument) ||
 		!strings.Contains(err.Error(), "unknown tracer") {
 		t.Fatalf("bogus tracer: %v", err)
@@ -198,7 +212,7 @@ func TestErrors(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err := m.WaitForAttachAndMount(ctx, "go-bad")
+	err = m.WaitForAttachAndMount(ctx, "go-bad")
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "hostPath type check failed") {
 		t.Fatalf("timeout: %v", err)
 	}

@@ -66,6 +66,9 @@ pub struct NodeCapabilities {
     pub volume_stats: bool,
     /// `VOLUME_CONDITION`: NodeGetVolumeStats answers carry a volume condition.
     pub volume_condition: bool,
+    /// `VOLUME_MOUNT_GROUP`: the driver applies the pod's fsGroup itself
+    /// (`volume_mount_group` of stage and publish).
+    pub volume_mount_group: bool,
 }
 
 struct Dialled {
@@ -276,6 +279,7 @@ impl CsiClients {
                 Ok(Type::ExpandVolume) => caps.expand = true,
                 Ok(Type::GetVolumeStats) => caps.volume_stats = true,
                 Ok(Type::VolumeCondition) => caps.volume_condition = true,
+                Ok(Type::VolumeMountGroup) => caps.volume_mount_group = true,
                 _ => {}
             }
         }

@@ -9,6 +9,7 @@
 //! tear-down if present.
 
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
 use crate::volume::{PodUid, StorageMedium, VolumeSource, VolumeSpec};
 
+use super::volume_ownership::{self, FsGroupChangePolicy};
 use super::{
     escape_plugin_name, BlockingPool, MountRequest, ReconstructedVolume,
     ResizableEphemeralVolumePlugin, UnmountRequest, VolumeError, VolumePlugin,
@@ -149,20 +151,19 @@ fn set_up_sync(
     Ok(target.path().to_path_buf())
 }
 
-/// The kubelet's `SetVolumeOwnership` for a new volume: group `fsGroup`,
-/// group-writable, setgid so new files inherit the group.
+/// The kubelet's `SetVolumeOwnership` as its emptyDir plugin calls it: the
+/// whole volume, whatever the pod's `fsGroupChangePolicy` (the kubelet
+/// passes none), so files a restarted container finds get the group too.
 fn set_volume_ownership(target: &crate::sys::Target, gid: i64) -> Result<(), VolumeError> {
     let gid = u32::try_from(gid)
         .map_err(|_| VolumeError::InvalidSpec(format!("fsGroup {gid} is out of range")))?;
-    let p = target.proc_path();
-    std::os::unix::fs::chown(&p, None, Some(gid))
-        .map_err(|e| SyscallError::io("chown", target.path(), e))?;
-    let mode = std::fs::metadata(&p)
-        .map_err(|e| SyscallError::io("stat", target.path(), e))?
-        .permissions()
-        .mode();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode | 0o2070))
-        .map_err(|e| SyscallError::io("chmod", target.path(), e))?;
+    volume_ownership::set_volume_ownership(
+        target.as_fd(),
+        target.path(),
+        gid,
+        false,
+        FsGroupChangePolicy::Always,
+    )?;
     Ok(())
 }
 

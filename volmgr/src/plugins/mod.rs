@@ -9,6 +9,7 @@ pub mod image;
 pub mod local;
 pub mod stats;
 pub mod subpath;
+pub mod volume_ownership;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};

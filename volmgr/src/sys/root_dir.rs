@@ -44,6 +44,7 @@ use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
 use crate::sys::beneath::{self, Last};
+use crate::sys::dir_walk::{DirWalk, Step};
 use crate::sys::{dirents, mount_id, SyscallError, Target};
 use crate::util::sync::MutexExt;
 
@@ -584,7 +585,7 @@ const MAX_RELISTS: usize = 1000;
 fn open_subdir(
     parent: BorrowedFd<'_>,
     name: &OsStr,
-    abs: &Path,
+    abs: &dyn Fn() -> PathBuf,
 ) -> Result<Option<OwnedFd>, Result<Errno, PathError>> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW;
     match beneath::open(parent, Path::new(name), flags, Last::OnSameMount) {
@@ -592,18 +593,20 @@ fn open_subdir(
         Err(Errno::ENOENT) => Ok(None),
         // A symlink (O_NOFOLLOW/RESOLVE_NO_SYMLINKS) or a plain file.
         Err(e @ (Errno::ENOTDIR | Errno::ELOOP)) => Err(Ok(e)),
-        Err(Errno::EXDEV) => Err(Err(PathError::MountInside {
-            path: abs.to_path_buf(),
-        })),
-        Err(e) => Err(Err(SyscallError::new(beneath::call_name(), abs, e).into())),
+        Err(Errno::EXDEV) => Err(Err(PathError::MountInside { path: abs() })),
+        Err(e) => Err(Err(SyscallError::new(beneath::call_name(), abs(), e).into())),
     }
 }
 
 /// Unlinks the non-directory `name` under `parent` (never following it).
-fn unlink_file(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<(), PathError> {
+fn unlink_file(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    abs: &dyn Fn() -> PathBuf,
+) -> Result<(), PathError> {
     match unlinkat(parent, name, UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => Ok(()),
-        Err(e) => Err(SyscallError::new("unlinkat", abs, e).into()),
+        Err(e) => Err(SyscallError::new("unlinkat", abs(), e).into()),
     }
 }
 
@@ -623,115 +626,85 @@ enum Rmdir {
 /// point, a plugin's directory), and one call replaces an open, a listing,
 /// a close and the same call. A mount point is refused (EBUSY), as the walk
 /// refuses to enter one.
-fn try_rmdir(parent: BorrowedFd<'_>, name: &OsStr, abs: &Path) -> Result<Rmdir, PathError> {
+fn try_rmdir(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    abs: &dyn Fn() -> PathBuf,
+) -> Result<Rmdir, PathError> {
     match unlinkat(parent, name, UnlinkatFlags::RemoveDir) {
         Ok(()) | Err(Errno::ENOENT) => Ok(Rmdir::Gone),
         Err(Errno::ENOTDIR) => Ok(Rmdir::NotADir),
-        Err(Errno::EBUSY) => Err(PathError::MountInside {
-            path: abs.to_path_buf(),
-        }),
+        Err(Errno::EBUSY) => Err(PathError::MountInside { path: abs() }),
         Err(_) => Ok(Rmdir::NotEmpty),
     }
 }
 
-/// A directory [`remove_tree`] is emptying.
-struct Frame {
-    /// Its name in the directory below it on the stack (or the tree's parent).
-    name: OsString,
-    /// Its absolute path (for errors).
-    abs: PathBuf,
-    /// The open directory.
-    fd: OwnedFd,
-    /// Listed entries not yet removed.
-    pending: Vec<dirents::DirEntry>,
-    /// The last listing reached the end of the directory.
-    listed_all: bool,
-    /// How many times it was listed again after an `ENOTEMPTY`.
-    relists: usize,
-}
-
-impl Frame {
-    /// The open directory `fd`, with its first batch of entries listed.
-    fn open(name: OsString, abs: PathBuf, fd: OwnedFd) -> Result<Self, PathError> {
-        let first = list_batch(&fd, &abs)?;
-        Ok(Self {
-            name,
-            abs,
-            fd,
-            pending: first.entries,
-            listed_all: first.at_end,
-            relists: 0,
-        })
-    }
-
-    /// Lists the next batch of entries.
-    fn list_more(&mut self) -> Result<(), PathError> {
-        let more = list_batch(&self.fd, &self.abs)?;
-        self.listed_all = more.at_end || more.entries.is_empty();
-        self.pending = more.entries;
-        Ok(())
-    }
-}
-
-/// The next batch of entries of the open directory `fd` at `abs`.
-fn list_batch(fd: &OwnedFd, abs: &Path) -> Result<dirents::Batch, PathError> {
-    dirents::read_batch(fd.as_fd())
-        .map_err(|e| PathError::from(SyscallError::new("getdents64", abs, e)))
-}
-
-/// Iterative post-order deletion of `parent/name`, so a deep tree cannot
-/// exhaust the stack. Directories are read with `getdents64`, whose entry
-/// types spare a `stat` per entry; each directory is opened once, with
-/// `RESOLVE_NO_XDEV`, so the walk never enters another mount. Subdirectories
-/// are first simply removed (see [`try_rmdir`]), and so is `name` itself when
-/// the caller expects it empty (`likely_empty`).
+/// Iterative post-order deletion of `parent/name` through a [`DirWalk`]
+/// (bounded stack, descriptors and memory however deep the tree).
+/// Directories are read with `getdents64`, whose entry types spare a `stat`
+/// per entry; each directory is opened with `RESOLVE_NO_XDEV`, so the walk
+/// never enters another mount. Subdirectories are first simply removed (see
+/// [`try_rmdir`]), and so is `name` itself when the caller expects it empty
+/// (`likely_empty`).
 fn remove_tree(
     parent: BorrowedFd<'_>,
     name: OsString,
     abs: &Path,
     likely_empty: bool,
 ) -> Result<(), PathError> {
+    let abs_fn = || abs.to_path_buf();
     if likely_empty {
-        match try_rmdir(parent, &name, abs)? {
+        match try_rmdir(parent, &name, &abs_fn)? {
             Rmdir::Gone => return Ok(()),
-            Rmdir::NotADir => return unlink_file(parent, &name, abs),
+            Rmdir::NotADir => return unlink_file(parent, &name, &abs_fn),
             Rmdir::NotEmpty => {}
         }
     }
-    let fd = match open_subdir(parent, &name, abs) {
+    let fd = match open_subdir(parent, &name, &abs_fn) {
         Ok(Some(fd)) => fd,
         Ok(None) => return Ok(()),
-        Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, abs),
+        Err(Ok(_not_a_dir)) => return unlink_file(parent, &name, &abs_fn),
         Err(Err(e)) => return Err(e),
     };
-    let mut stack = vec![Frame::open(name, abs.to_path_buf(), fd)?];
-    while let Some(top) = stack.last_mut() {
-        if let Some(child) = top.pending.pop() {
-            if let Some(dir) = remove_entry(top, child)? {
-                stack.push(dir);
+    let mut walk = DirWalk::new(abs, fd)?;
+    let mut relists = 0;
+    while let Some(step) = walk.next_step()? {
+        match step {
+            Step::Entry(child) => {
+                if let Some((name, fd)) = remove_entry(&walk, child)? {
+                    walk.enter(name, fd)?;
+                }
             }
-            continue;
-        }
-        // Every listed entry is gone. A big directory is read a batch at a
-        // time; entries may also have appeared meanwhile (rmdir then says
-        // ENOTEMPTY): list again, a bounded number of times.
-        if !top.listed_all {
-            top.list_more()?;
-            continue;
-        }
-        if rmdir_emptied(&mut stack, parent)? {
-            stack.pop();
+            Step::DirDone => {
+                // Every listed entry is gone; entries may have appeared
+                // meanwhile (rmdir then says ENOTEMPTY): list again, a
+                // bounded number of times.
+                if rmdir_emptied(&mut walk, parent, &name)? {
+                    walk.leave()?;
+                } else if relists < MAX_RELISTS {
+                    relists += 1;
+                    walk.relist()?;
+                } else {
+                    return Err(
+                        SyscallError::new("unlinkat", walk.path(None), Errno::ENOTEMPTY).into(),
+                    );
+                }
+            }
         }
     }
     Ok(())
 }
 
-/// Removes the listed entry `child` of `dir`: a file is unlinked, an empty
-/// directory removed; a directory with entries is opened and returned, to
-/// be emptied first.
-fn remove_entry(dir: &Frame, child: dirents::DirEntry) -> Result<Option<Frame>, PathError> {
-    let child_abs = dir.abs.join(&child.name);
-    let fd = dir.fd.as_fd();
+/// Removes the listed entry `child` of the walk's current directory: a file
+/// is unlinked, an empty directory removed; a directory with entries is
+/// opened and returned, to be emptied first.
+fn remove_entry(
+    walk: &DirWalk,
+    child: dirents::DirEntry,
+) -> Result<Option<(OsString, OwnedFd)>, PathError> {
+    let fd = walk.dir()?;
+    // Paths only matter for errors: built only then.
+    let child_abs = || walk.path(Some(&child.name));
     if child.kind != dirents::EntryKind::Dir && child.kind != dirents::EntryKind::Unknown {
         unlink_file(fd, &child.name, &child_abs)?;
         return Ok(None);
@@ -745,32 +718,32 @@ fn remove_entry(dir: &Frame, child: dirents::DirEntry) -> Result<Option<Frame>, 
         Rmdir::NotEmpty => {}
     }
     match open_subdir(fd, &child.name, &child_abs) {
-        Ok(Some(child_fd)) => Frame::open(child.name, child_abs, child_fd).map(Some),
+        Ok(Some(child_fd)) => Ok(Some((child.name, child_fd))),
         Ok(None) => Ok(None),
         Err(Ok(_not_a_dir)) => unlink_file(fd, &child.name, &child_abs).map(|()| None),
         Err(Err(e)) => Err(e),
     }
 }
 
-/// Removes the emptied directory on top of `stack` (its parent is the frame
-/// below it, or `parent`): `Ok(true)` when it is gone, `Ok(false)` when
-/// entries appeared meanwhile and it is to be listed again.
-fn rmdir_emptied(stack: &mut [Frame], parent: BorrowedFd<'_>) -> Result<bool, PathError> {
-    let Some((top, below)) = stack.split_last_mut() else {
-        return Ok(true);
+/// Removes the emptied current directory of the walk (through its parent
+/// on the walk, or `parent`/`root_name` for the tree's root): `Ok(true)`
+/// when it is gone, `Ok(false)` when entries appeared meanwhile.
+fn rmdir_emptied(
+    walk: &mut DirWalk,
+    parent: BorrowedFd<'_>,
+    root_name: &OsStr,
+) -> Result<bool, PathError> {
+    let result = match walk.parent()? {
+        Some((name, dir)) => unlinkat(dir, name, UnlinkatFlags::RemoveDir),
+        None => unlinkat(parent, root_name, UnlinkatFlags::RemoveDir),
     };
-    let dir_parent = below.last().map_or(parent, |f| f.fd.as_fd());
-    match unlinkat(dir_parent, top.name.as_os_str(), UnlinkatFlags::RemoveDir) {
+    match result {
         Ok(()) | Err(Errno::ENOENT) => Ok(true),
-        Err(Errno::ENOTEMPTY | Errno::EEXIST) if top.relists < MAX_RELISTS => {
-            top.relists += 1;
-            top.listed_all = false;
-            Ok(false)
-        }
+        Err(Errno::ENOTEMPTY | Errno::EEXIST) => Ok(false),
         Err(Errno::EBUSY) => Err(PathError::MountInside {
-            path: top.abs.clone(),
+            path: walk.path(None),
         }),
-        Err(e) => Err(SyscallError::new("unlinkat", &top.abs, e).into()),
+        Err(e) => Err(SyscallError::new("unlinkat", walk.path(None), e).into()),
     }
 }
 
@@ -843,6 +816,47 @@ mod tests {
         assert!(!r.path().join("pods/u").exists());
         assert!(outside.path().join("keep").exists());
         r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+    }
+
+    /// Makes a chain of `depth` directories `d/d/d/...` under `dir` (longer
+    /// than PATH_MAX: made relative to descriptors), with a file at the end.
+    fn deep_chain(dir: &Path, depth: usize) {
+        let mut fd: OwnedFd = std::fs::File::open(dir).unwrap().into();
+        for _ in 0..depth {
+            mkdirat(&fd, "d", Mode::from_bits_truncate(0o755)).unwrap();
+            let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+            fd = nix::fcntl::openat(&fd, "d", flags, Mode::empty()).unwrap();
+        }
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_CLOEXEC;
+        drop(nix::fcntl::openat(&fd, "f", flags, Mode::from_bits_truncate(0o644)).unwrap());
+    }
+
+    /// A pod can build a directory chain far deeper than the open-file
+    /// limit: tear-down still removes it, with a bounded number of
+    /// descriptors and memory in proportion to the depth.
+    #[test]
+    fn remove_all_deletes_chains_deeper_than_the_descriptor_limit() {
+        crate::sys::test_child::run_in_child(
+            crate::test_name!("remove_all_deletes_chains_deeper_than_the_descriptor_limit"),
+            crate::sys::test_child::Child::PrivateMounts,
+            || {
+                // Far below the depth, as on a node with a low limit.
+                let limit = libc::rlimit {
+                    rlim_cur: 256,
+                    rlim_max: 256,
+                };
+                // SAFETY: a plain struct for setrlimit.
+                assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+                let (_t, r) = root();
+                let vol = r.path().join("pods/u/volumes/v");
+                std::fs::create_dir_all(&vol).unwrap();
+                // The adversarial run's 5,000 levels made every tear-down
+                // fail with EMFILE.
+                deep_chain(&vol, 5_000);
+                r.remove_all(&RelPath::new(["pods", "u"]).unwrap()).unwrap();
+                assert!(!r.path().join("pods/u").exists());
+            },
+        );
     }
 
     #[test]

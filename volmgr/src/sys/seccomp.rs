@@ -1,6 +1,8 @@
-//! A seccomp filter that makes `openat2(2)` fail with `ENOSYS`, as it does
-//! on kernels before 5.6 and under valgrind: how tests exercise the
-//! fallback of [`beneath`](super::beneath) on a kernel that has `openat2`.
+//! A seccomp filter that makes the system calls newer kernels added fail
+//! with `ENOSYS`, as they do on older kernels (RHEL 8's 4.18), under
+//! valgrind and under some container runtimes' seccomp profiles: how tests
+//! exercise the fallbacks (the openat walk of [`beneath`](super::beneath),
+//! the mount table read without `listmount`) on a kernel that has them all.
 
 use nix::errno::Errno;
 
@@ -40,31 +42,60 @@ const fn jump_eq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
     }
 }
 
+/// The system calls an older kernel lacks, by the numbers shared by every
+/// architecture since their tables were unified (all are 424 or later):
+/// `open_tree`, `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`
+/// (5.2), `openat2` (5.6), `mount_setattr` (5.12), `fchmodat2` (6.6),
+/// `statmount`, `listmount` (6.8).
+pub const NEWER_SYSCALLS: [u32; 11] = [428, 429, 430, 431, 432, 433, 437, 442, 452, 457, 458];
+
 /// Installs, for the calling thread and every process it starts, a filter
-/// under which `openat2` fails with `ENOSYS` (the rest is allowed; a
-/// system call of another architecture's ABI is let through untouched).
-/// Sets `PR_SET_NO_NEW_PRIVS` first. Only async-signal-safe system calls
-/// are made, so this may run in a `Command::pre_exec` hook. Fails with
-/// `ENOTSUP` on an architecture it does not know.
-pub fn fail_openat2_with_enosys() -> nix::Result<()> {
+/// under which every call of [`NEWER_SYSCALLS`] fails with `ENOSYS`, as on a
+/// 4.18 kernel: see [`fail_with_enosys`].
+pub fn emulate_older_kernel() -> nix::Result<()> {
+    fail_with_enosys(&NEWER_SYSCALLS)
+}
+
+/// The most system calls [`fail_with_enosys`] takes.
+const MAX_FILTERED: usize = 16;
+
+/// Installs, for the calling thread and every process it starts, a filter
+/// under which the system calls numbered `nrs` (of the native ABI) fail with
+/// `ENOSYS` (the rest is allowed; a system call of another architecture's
+/// ABI is let through untouched). Sets `PR_SET_NO_NEW_PRIVS` first. Only
+/// async-signal-safe system calls are made and nothing is allocated, so this
+/// may run in a `Command::pre_exec` hook. Fails with `ENOTSUP` on an
+/// architecture it does not know, `EINVAL` with more than 16 calls.
+pub fn fail_with_enosys(nrs: &[u32]) -> nix::Result<()> {
     let Some(arch) = AUDIT_ARCH else {
         return Err(Errno::ENOTSUP);
     };
-    let nr = libc::SYS_openat2 as u32;
+    if nrs.len() > MAX_FILTERED {
+        return Err(Errno::EINVAL);
+    }
     let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
     let ret = libc::BPF_RET | libc::BPF_K;
-    let filter = [
-        stmt(load, DATA_ARCH),
-        // Another ABI's numbers mean other calls: allow.
-        jump_eq(arch, 1, 0),
-        stmt(ret, libc::SECCOMP_RET_ALLOW),
-        stmt(load, DATA_NR),
-        jump_eq(nr, 0, 1),
-        stmt(ret, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-        stmt(ret, libc::SECCOMP_RET_ALLOW),
-    ];
+    let allow = stmt(ret, libc::SECCOMP_RET_ALLOW);
+    let mut filter = [allow; MAX_FILTERED + 6];
+    filter[0] = stmt(load, DATA_ARCH);
+    // Another ABI's numbers mean other calls: allow.
+    filter[1] = jump_eq(arch, 1, 0);
+    filter[2] = allow;
+    filter[3] = stmt(load, DATA_NR);
+    let mut len = 4;
+    let n = nrs.len();
+    for (i, nr) in nrs.iter().enumerate() {
+        // Matched: jump over the remaining tests and the "allow" to the
+        // ENOSYS return.
+        let skip = u8::try_from(n - i).map_err(|_| Errno::EINVAL)?;
+        filter[len] = jump_eq(*nr, skip, 0);
+        len += 1;
+    }
+    filter[len] = allow;
+    filter[len + 1] = stmt(ret, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32);
+    len += 2;
     let prog = libc::sock_fprog {
-        len: filter.len() as u16,
+        len: len as u16,
         filter: filter.as_ptr().cast_mut(),
     };
     // SAFETY: PR_SET_NO_NEW_PRIVS takes plain integers.
@@ -86,4 +117,38 @@ pub fn fail_openat2_with_enosys() -> nix::Result<()> {
         return Err(Errno::last());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sys::test_child::{run_in_child, Child};
+
+    /// Under the filter every newer call fails with ENOSYS, before looking
+    /// at its arguments (bad ones would be EFAULT or EINVAL otherwise), and
+    /// older calls still work.
+    #[test]
+    fn the_older_kernel_filter_fails_exactly_the_newer_calls() {
+        run_in_child(
+            crate::test_name!("the_older_kernel_filter_fails_exactly_the_newer_calls"),
+            Child::NoOpenat2,
+            || {
+                for nr in super::NEWER_SYSCALLS {
+                    // SAFETY: the filter answers before the kernel reads
+                    // the (null) arguments.
+                    let rc = unsafe { libc::syscall(libc::c_long::from(nr), 0, 0, 0, 0, 0) };
+                    assert_eq!(rc, -1, "system call {nr}");
+                    assert_eq!(nix::errno::Errno::last(), nix::errno::Errno::ENOSYS, "{nr}");
+                }
+                assert!(std::fs::metadata("/").is_ok(), "statx still works");
+                // The child harness checks the openat2 fallback was used.
+                let root = std::fs::File::open("/").unwrap();
+                let _ = crate::sys::beneath::open(
+                    std::os::fd::AsFd::as_fd(&root),
+                    std::path::Path::new("tmp"),
+                    nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+                    crate::sys::beneath::Last::MayBeMountRoot,
+                );
+            },
+        );
+    }
 }

@@ -17,9 +17,10 @@ const NO_OPENAT2_ENV: &str = "VOLMGR_UNIT_TEST_NO_OPENAT2";
 pub enum Child {
     /// A private mount namespace (`/` recursively private).
     PrivateMounts,
-    /// The same, and `openat2` failing with `ENOSYS` (a seccomp filter),
-    /// as on kernels before 5.6: the child checks that the fallback was
-    /// used.
+    /// The same, and `openat2` (with every other call of
+    /// [`NEWER_SYSCALLS`](crate::sys::seccomp::NEWER_SYSCALLS)) failing with
+    /// `ENOSYS` (a seccomp filter), as on a 4.18 kernel: the child checks
+    /// that the openat2 fallback was used.
     NoOpenat2,
 }
 
@@ -56,12 +57,17 @@ pub fn run_in_child(name: &str, how: Child, body: impl FnOnce()) {
     if how == Child::NoOpenat2 {
         cmd.env(NO_OPENAT2_ENV, "1");
     }
+    // Before fork: nothing is allocated in the child.
+    let tmp = std::env::temp_dir();
     // SAFETY: only async-signal-safe syscalls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             crate::sys::namespace::enter_private_mount_namespace()?;
+            // A bug that binds `/` or `/etc` into the test's directory
+            // must not let its clean-up delete the host's files.
+            crate::sys::namespace::make_host_read_only_but(&tmp)?;
             if how == Child::NoOpenat2 {
-                crate::sys::seccomp::fail_openat2_with_enosys()?;
+                crate::sys::seccomp::emulate_older_kernel()?;
             }
             Ok(())
         });

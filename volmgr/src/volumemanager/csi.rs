@@ -5,10 +5,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use super::{Error, VolumeManager};
 use crate::csi::client::CsiClients;
+use crate::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
 use crate::csi::registry::DriverRegistry;
 use crate::plugins::csi::CsiPlugin;
+use crate::sys::root_dir::RelPath;
+
+/// The kubelet's plugin registration directory under ROOT
+/// (`ROOT/plugins_registry`), where node-driver-registrar puts its socket.
+pub const PLUGINS_REGISTRY_DIR: &str = "plugins_registry";
 
 /// Registers the `kubernetes.io/csi` plugin on `vm`, calling the drivers of
 /// `registry` with `timeout` per call: adds `csi_operations_seconds` to the
@@ -43,6 +51,42 @@ pub fn install(
         }
     });
     Ok(clients)
+}
+
+/// Creates `ROOT/plugins_registry` (mode 0750) and follows it for CSI
+/// drivers that register through the kubelet's plugin registration API,
+/// until `stop`. Registration problems show in status (`errors`, by
+/// socket); if the watcher itself stops, that shows under the directory,
+/// and drivers registered otherwise (`register_fixed`) keep working. Call
+/// from within the tokio runtime.
+pub fn watch_plugins_registry(
+    vm: &Arc<VolumeManager>,
+    registry: &Arc<DriverRegistry>,
+    stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let rel = RelPath::new([PLUGINS_REGISTRY_DIR])?;
+    let dir = vm.root().mkdir_all(&rel, 0o750)?.path().to_path_buf();
+    let weak = Arc::downgrade(vm);
+    let sink: ProblemSink = Arc::new(move |socket, problem| {
+        if let Some(vm) = weak.upgrade() {
+            vm.set_source_problems(
+                &socket.display().to_string(),
+                problem.into_iter().collect(),
+                vec![],
+            );
+        }
+    });
+    let watcher = PluginWatcher::new(dir.clone(), Arc::clone(registry), WatcherConfig::default())
+        .with_problem_sink(sink);
+    let weak = Arc::downgrade(vm);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = watcher.run(stop).await {
+            tracing::error!(error = %e, "plugin watcher stopped");
+            if let Some(vm) = weak.upgrade() {
+                vm.set_source_problems(&dir.display().to_string(), vec![e.to_string()], vec![]);
+            }
+        }
+    }))
 }
 
 #[cfg(test)]

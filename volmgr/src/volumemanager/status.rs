@@ -28,6 +28,11 @@ impl VolumeManager {
             tracer_stats,
             out_of_band: self.out_of_band.recent(),
             root_propagation: self.root_propagation.clone(),
+            path_resolution: match crate::sys::beneath::openat2_in_use() {
+                Some(true) => "openat2".into(),
+                Some(false) => "openat walk".into(),
+                None => String::new(),
+            },
         }
     }
 

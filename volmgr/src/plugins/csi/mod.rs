@@ -35,6 +35,7 @@
 pub mod errors;
 
 pub(in crate::plugins) mod block;
+mod fs_group;
 mod layout;
 mod stage;
 mod stats;
@@ -44,7 +45,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::csi::client::CsiClients;
+use crate::csi::client::{CsiClients, NodeCapabilities};
 use crate::csi::proto::csi;
 use crate::plugins::{
     escape_plugin_name, DeviceMountableVolumePlugin, MountRequest, NodeExpandRequest,
@@ -150,12 +151,17 @@ impl CsiPlugin {
         }
     }
 
+    /// The driver's node capabilities (asked once per connection).
+    async fn capabilities(&self, driver: &str) -> Result<NodeCapabilities, VolumeError> {
+        match self.clients.node_capabilities(driver).await {
+            Ok(c) => Ok(c),
+            Err(e) => classify(CsiOp::Query, e).map(|()| NodeCapabilities::default()),
+        }
+    }
+
     /// Whether the driver stages volumes (asked once per connection).
     async fn stages(&self, driver: &str) -> Result<bool, VolumeError> {
-        match self.clients.node_capabilities(driver).await {
-            Ok(c) => Ok(c.stage_unstage),
-            Err(e) => classify(CsiOp::Query, e).map(|()| false),
-        }
+        Ok(self.capabilities(driver).await?.stage_unstage)
     }
 }
 
@@ -174,6 +180,12 @@ fn spec_vol_id<'a>(spec: &'a VolumeSpec, src: &'a CsiVolumeSource) -> &'a str {
 
 /// The volume capability of the requests.
 fn capability(src: &CsiVolumeSource) -> csi::VolumeCapability {
+    capability_with_group(src, String::new())
+}
+
+/// The volume capability, with `volume_mount_group` (the pod's fsGroup, for
+/// drivers with `VOLUME_MOUNT_GROUP`; empty otherwise).
+fn capability_with_group(src: &CsiVolumeSource, mount_group: String) -> csi::VolumeCapability {
     use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType};
     let mode = match src.access_mode {
         CsiAccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
@@ -188,7 +200,7 @@ fn capability(src: &CsiVolumeSource) -> csi::VolumeCapability {
         CsiVolumeMode::Filesystem => AccessType::Mount(csi::volume_capability::MountVolume {
             fs_type: src.fs_type.clone().unwrap_or_default(),
             mount_flags: src.mount_options.clone(),
-            volume_mount_group: String::new(),
+            volume_mount_group: mount_group,
         }),
     };
     csi::VolumeCapability {
@@ -268,7 +280,8 @@ impl VolumePlugin for CsiPlugin {
     async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
         let src = source(&req.spec)?;
         let layout = publish_layout(&req.pod_uid, &req.spec, src)?;
-        let stages = self.stages(&src.driver).await?;
+        let caps = self.capabilities(&src.driver).await?;
+        let stages = caps.stage_unstage;
         let staging = if stages && !src.ephemeral {
             path_string(self.abs(&stage_layout(&req.spec, src)?.target))?
         } else {
@@ -296,7 +309,10 @@ impl VolumePlugin for CsiPlugin {
             publish_context: HashMap::new(),
             staging_target_path: staging,
             target_path: path_string(target.clone())?,
-            volume_capability: Some(capability(src)),
+            volume_capability: Some(capability_with_group(
+                src,
+                fs_group::mount_group(&req, src, caps),
+            )),
             readonly: src.read_only,
             secrets: secrets(&src.node_publish_secrets),
             volume_context: context(src),
@@ -313,6 +329,7 @@ impl VolumePlugin for CsiPlugin {
                 r => r?,
             }
         }
+        fs_group::apply(&req, src, caps, &target).await?;
         // Block: the record holds the pod's name of the volume (the link
         // is named after the PV), for reconstruction.
         let record = match &layout.pod_link {

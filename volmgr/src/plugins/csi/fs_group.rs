@@ -1,0 +1,138 @@
+//! The pod's `fsGroup` on a CSI volume, as the kubelet's `csiMountMgr`
+//! applies it: handed to a driver with the `VOLUME_MOUNT_GROUP` node
+//! capability (`volume_mount_group`), otherwise applied by the manager
+//! after NodePublishVolume when the driver's fsGroupPolicy allows
+//! (`supportsFSGroup`: without a CSIDriver object the policy is
+//! `ReadWriteOnceWithFSType` — a file system type, and a ReadWriteOnce or
+//! inline volume).
+
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use crate::csi::client::NodeCapabilities;
+use crate::plugins::volume_ownership::{set_volume_ownership, FsGroupChangePolicy};
+use crate::plugins::{MountRequest, VolumeError};
+use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource};
+
+/// `volume_mount_group` for NodePublishVolume: the fsGroup when the driver
+/// applies it itself, else empty.
+pub(super) fn mount_group(
+    req: &MountRequest,
+    src: &CsiVolumeSource,
+    caps: NodeCapabilities,
+) -> String {
+    match (req.fs_group, caps.volume_mount_group, src.volume_mode) {
+        (Some(gid), true, CsiVolumeMode::Filesystem) => gid.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The kubelet's `supportsFSGroup` under the default policy
+/// (`ReadWriteOnceWithFSType`): not read-only, a file system type given,
+/// and a ReadWriteOnce(Pod) or inline volume.
+fn manager_applies(src: &CsiVolumeSource) -> bool {
+    let single_writer = matches!(
+        src.access_mode,
+        CsiAccessMode::SingleNodeWriter | CsiAccessMode::SingleNodeSingleWriter
+    );
+    src.volume_mode == CsiVolumeMode::Filesystem
+        && !src.read_only
+        && src.fs_type.as_deref().is_some_and(|t| !t.is_empty())
+        && (single_writer || src.ephemeral)
+}
+
+/// After a successful NodePublishVolume at `target`: gives the volume the
+/// pod's fsGroup unless the driver did or the policy says not to. The
+/// volume is mounted by then, so a failure leaves it uncertain (it is
+/// cleaned up or retried), as in the kubelet.
+pub(super) async fn apply(
+    req: &MountRequest,
+    src: &CsiVolumeSource,
+    caps: NodeCapabilities,
+    target: &Path,
+) -> Result<(), VolumeError> {
+    let Some(gid) = req.fs_group else {
+        return Ok(());
+    };
+    if caps.volume_mount_group || !manager_applies(src) {
+        return Ok(());
+    }
+    let gid = u32::try_from(gid)
+        .map_err(|_| VolumeError::InvalidSpec(format!("fsGroup {gid} is out of range")))?;
+    let target = target.to_path_buf();
+    let walk = tokio::task::spawn_blocking(move || {
+        let dir = std::fs::File::open(&target)
+            .map_err(|e| crate::sys::SyscallError::io("open", &target, e))?;
+        set_volume_ownership(
+            dir.as_fd(),
+            &target,
+            gid,
+            false,
+            FsGroupChangePolicy::Always,
+        )
+    })
+    .await
+    .map_err(|e| VolumeError::Internal(format!("fsGroup walk: {e}")))?;
+    match walk {
+        Ok(_) => Ok(()),
+        Err(e) => Err(VolumeError::Uncertain(format!(
+            "applyFSGroup failed for volume {}: {e}",
+            src.volume_handle
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn src(access_mode: CsiAccessMode, fs: Option<&str>, read_only: bool) -> CsiVolumeSource {
+        CsiVolumeSource {
+            driver: "d".into(),
+            volume_handle: "h".into(),
+            ephemeral: false,
+            pv_name: Some("pv".into()),
+            claim_name: None,
+            read_only,
+            fs_type: fs.map(String::from),
+            volume_mode: CsiVolumeMode::Filesystem,
+            access_mode,
+            volume_attributes: Default::default(),
+            mount_options: vec![],
+            capacity_bytes: None,
+            node_stage_secrets: None,
+            node_publish_secrets: None,
+            node_expand_secrets: None,
+            supplemental_gid: None,
+        }
+    }
+
+    #[test]
+    fn the_default_policy_needs_an_fs_type_and_a_single_writer() {
+        assert!(manager_applies(&src(
+            CsiAccessMode::SingleNodeWriter,
+            Some("ext4"),
+            false
+        )));
+        assert!(manager_applies(&src(
+            CsiAccessMode::SingleNodeSingleWriter,
+            Some("xfs"),
+            false
+        )));
+        assert!(!manager_applies(&src(
+            CsiAccessMode::SingleNodeWriter,
+            None,
+            false
+        )));
+        assert!(!manager_applies(&src(
+            CsiAccessMode::SingleNodeWriter,
+            Some("ext4"),
+            true
+        )));
+        assert!(!manager_applies(&src(
+            CsiAccessMode::MultiNodeMultiWriter,
+            Some("ext4"),
+            false
+        )));
+    }
+}
