@@ -24,6 +24,16 @@
 #define VOLMGR_PLUGIN_ERROR_LEN 1024
 
 /**
+ * A volume certainly mounted for the pod.
+ */
+#define VOLMGR_VOLUME_MOUNTED 0
+
+/**
+ * A volume whose mount state is uncertain (an operation was interrupted).
+ */
+#define VOLMGR_VOLUME_UNCERTAIN 1
+
+/**
  * Result of every call. Values are stable: retired values are never reused.
  */
 enum volmgr_status
@@ -121,6 +131,69 @@ typedef struct {
   volmgr_status (*tear_down)(void *userdata, const char *target_dir, char *err, uintptr_t err_len);
 } volmgr_plugin;
 
+/**
+ * One volume of a pod: what the kubelet's `container.VolumeInfo` needs.
+ * Every string is NUL-terminated and lives in the list's arena.
+ */
+typedef struct {
+  /**
+   * The volume's name in the pod spec.
+   */
+  const char *outer_volume_spec_name;
+  /**
+   * The unique volume name.
+   */
+  const char *volume_name;
+  /**
+   * The plugin (`kubernetes.io/empty-dir`, ...).
+   */
+  const char *plugin;
+  /**
+   * Where the volume is (for a raw block volume, the device file).
+   */
+  const char *path;
+  /**
+   * For a volume in `volumeDevices`, the device file to hand to the
+   * runtime; NULL otherwise.
+   */
+  const char *block_device_path;
+  /**
+   * `VOLMGR_VOLUME_MOUNTED` or `VOLMGR_VOLUME_UNCERTAIN`.
+   */
+  uint32_t state;
+  /**
+   * The volume's own read-only flag (a read-only CSI volume).
+   */
+  bool read_only;
+  /**
+   * Whether the runtime may relabel it for SELinux.
+   */
+  bool selinux_relabel;
+} volmgr_mounted_volume;
+
+/**
+ * A pod's volumes, sorted by `outer_volume_spec_name`. Free with
+ * `volmgr_volume_list_free`.
+ */
+typedef struct {
+  /**
+   * `len` entries.
+   */
+  const volmgr_mounted_volume *volumes;
+  /**
+   * How many.
+   */
+  uintptr_t len;
+  /**
+   * The bytes every string of the entries points into.
+   */
+  const char *arena;
+  /**
+   * The arena's size in bytes.
+   */
+  uintptr_t arena_len;
+} volmgr_volume_list;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -137,8 +210,14 @@ const char *volmgr_last_error(void);
  * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
  *   "wait_for_sources_ready": false, "wait_for_reported_in_use": false,
- *   "make_root_shared": false}`
- * (only `root_dir` is required).
+ *   "make_root_shared": false,
+ *   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
+ *           "timeout_ms": 120000}}`
+ * (only `root_dir` is required). With `"csi"`, the kubelet's CSI plugin is
+ * installed as `volmgr agent` installs it: drivers named in `drivers` are
+ * called on their socket at once, and with `watch_plugins_registry` (the
+ * default) drivers that register through `ROOT/plugins_registry`
+ * (node-driver-registrar) are added and removed as they come and go.
  * With `wait_for_sources_ready`, nothing is torn down until
  * `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
  * pods first). With `wait_for_reported_in_use`, an attachable volume (CSI)
@@ -305,12 +384,15 @@ volmgr_status volmgr_resize_ephemeral_volume(volmgr *vm,
 /**
  * The kubelet's `GetMountedVolumesForPod`: a JSON array of
  * `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state",
- * "read_only", "selinux_relabel", "block_device_path"}` for the volumes
+ * "read_only", "selinux_relabel", "block_device_path", "sub_paths"}` for the volumes
  * certainly mounted (empty for an unknown pod). `read_only` is the volume's
  * own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
  * may relabel it (true for emptyDir, false when unknown), and
  * `block_device_path` the device file of a raw block volume
- * (`volumeDevices`), null otherwise. `*out_json` is
+ * (`volumeDevices`), null otherwise. `sub_paths` lists the containers'
+ * subPath bind mounts of a mounted volume, `[{"container", "index",
+ * "sub_path", "path"}]`, `path` being what the runtime binds
+ * (`ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`). `*out_json` is
  * owned by the caller (`volmgr_string_free`).
  *
  * # Safety
@@ -419,6 +501,29 @@ void volmgr_string_free(char *s);
  * `volmgr_plugin` whose `name` is a NUL-terminated string.
  */
 volmgr_status volmgr_register_plugin(volmgr *vm, const volmgr_plugin *vtable, void *userdata);
+
+/**
+ * The kubelet's `GetMountedVolumesForPod` (with `uncertain`,
+ * `GetPossiblyMountedVolumesForPod`) as an array of structs: the same
+ * entries as `volmgr_get_mounted_volumes_for_pod`'s JSON, without JSON.
+ * `*out` is owned by the caller (`volmgr_volume_list_free`); an unknown
+ * pod gives an empty list.
+ *
+ * # Safety
+ * `vm` live or NULL; `pod_uid` a string or NULL; `out` writable or NULL.
+ */
+volmgr_status volmgr_get_volume_list_for_pod(volmgr *vm,
+                                             const char *pod_uid,
+                                             bool uncertain,
+                                             volmgr_volume_list **out);
+
+/**
+ * Frees a list from `volmgr_get_volume_list_for_pod` (NULL is a no-op).
+ *
+ * # Safety
+ * `list` is NULL or from `volmgr_get_volume_list_for_pod`, not freed before.
+ */
+void volmgr_volume_list_free(volmgr_volume_list *list);
 
 #ifdef __cplusplus
 }  // extern "C"

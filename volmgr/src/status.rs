@@ -166,6 +166,23 @@ pub struct VolumeStatus {
     /// for mounted volumes whose plugin reports them.
     #[serde(default)]
     pub stats: Option<VolumeStatsStatus>,
+    /// The containers' subPath bind mounts of the volume (once it is
+    /// mounted), which the container runtime binds.
+    #[serde(default)]
+    pub sub_paths: Vec<SubPathStatus>,
+}
+
+/// A container's subPath bind mount of a volume.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SubPathStatus {
+    /// The container.
+    pub container: String,
+    /// The index of the `volumeMount` in the container's `volumeMounts`.
+    pub index: usize,
+    /// The path inside the volume.
+    pub sub_path: String,
+    /// The bind mount, `ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`.
+    pub path: String,
 }
 
 /// A volume's usage and health, as last collected (the kubelet's volume

@@ -461,6 +461,22 @@ mod tests {
         }
     }
 
+    /// Whatever a failing test left mounted below the temporary directory
+    /// is detached before the directory is deleted: deletion must never
+    /// reach through a bind (of `/`, in a broken build) to other files.
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let Ok(table) = crate::sys::mountinfo::read_self() else {
+                return;
+            };
+            for m in table.iter().rev() {
+                if m.mount_point.starts_with(self.t.path()) {
+                    let _ = nix::mount::umount2(&m.mount_point, nix::mount::MntFlags::MNT_DETACH);
+                }
+            }
+        }
+    }
+
     fn sub(container: &str, index: usize, path: &str) -> SubPath {
         SubPath {
             container: container.into(),
