@@ -383,6 +383,25 @@ pub fn clean_sub_paths(
     Ok(())
 }
 
+/// Cleans the subPath entries of every volume of `pod` (for a pod that is
+/// neither desired nor has a volume the actual state knows: e.g. the binds
+/// of a hostPath volume, which reconstruction cannot find, after `kill -9`).
+pub fn clean_pod_sub_paths(
+    root: &RootDir,
+    mounter: &dyn Mounter,
+    pod: &PodUid,
+) -> Result<(), VolumeError> {
+    let dir = RelPath::new(["pods", pod.as_str(), SUBPATHS_DIR])?;
+    for volume in root.read_dir(&dir)? {
+        let Some(volume) = volume.to_str() else {
+            // Not a name volmgr makes: left for remove_all to refuse or take.
+            continue;
+        };
+        clean_sub_paths(root, mounter, pod, volume)?;
+    }
+    Ok(())
+}
+
 /// Unmounts everything stacked on `cdir/entry`, then removes it.
 fn unmount_entry(
     root: &RootDir,

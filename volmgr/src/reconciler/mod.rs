@@ -44,6 +44,7 @@ use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
 use crate::operationexecutor::generator::{self, ForeignMountRemoval, SubPathMounts};
 use crate::operationexecutor::{NotStarted, OperationExecutor, OperationKind};
+use crate::plugins::subpath;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePlugin, VolumePluginMgr};
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
@@ -668,11 +669,13 @@ impl Reconciler {
                 .collect()
         };
         for uid in eligible {
-            let root = Arc::clone(&self.root);
+            let (root, mounter) = (Arc::clone(&self.root), Arc::clone(&self.mounter));
             let u = uid.clone();
             // Inline: what is left of a pod whose volumes are all torn down
-            // is a few directories (and small files of its containers).
+            // is a few directories (and small files of its containers), and
+            // the subPath binds of volumes no one found again at start-up.
             let op = async move {
+                subpath::clean_pod_sub_paths(&root, mounter.as_ref(), &u)?;
                 let rel = RelPath::new(["pods", u.as_str()])?;
                 root.remove_all(&rel)?;
                 tracing::debug!(pod = %u, "removed orphaned pod directory");
