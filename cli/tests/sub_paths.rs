@@ -11,8 +11,9 @@ use std::path::Path;
 
 use support::{isolated, Env};
 
+#[allow(clippy::expect_used)]
 fn ino(p: &Path) -> (u64, u64) {
-    let st = std::fs::metadata(p).unwrap();
+    let st = std::fs::metadata(p).expect("stat");
     (st.dev(), st.ino())
 }
 
