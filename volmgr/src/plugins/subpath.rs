@@ -729,19 +729,7 @@ mod tests {
 
     /// The same where `openat2` fails with `ENOSYS`: the fallback walk.
     mod without_openat2 {
-        use crate::sys::test_child::{run_in_child, Child};
-
-        macro_rules! again {
-            ($($name:ident $(($arg:expr))?),* $(,)?) => {$(
-                #[test]
-                fn $name() {
-                    let name = concat!(module_path!(), "::", stringify!($name));
-                    run_in_child(name, Child::NoOpenat2, || super::$name($($arg)?));
-                }
-            )*};
-        }
-
-        again!(
+        crate::again_without_openat2!(
             binds_and_cleans,
             symlinks_refused,
             swaps_never_bind_outside(1000),
