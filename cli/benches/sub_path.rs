@@ -26,11 +26,6 @@ use volmgr::sys::linux::LinuxMounter;
 use volmgr::sys::root_dir::RootDir;
 use volmgr::volume::{PodUid, SubPath};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn plain_binds(vol: &Path, targets: &Path, n: usize) {
     for i in 0..n {
         let t = targets.join(i.to_string());
@@ -62,15 +57,7 @@ fn main() {
         .unwrap();
     let root = RootDir::open(&base.path().join("root")).unwrap();
     let vol = root.path().join("pods/u/volumes/kubernetes.io~empty-dir/v");
-    std::fs::create_dir_all(&vol).unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &vol,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .unwrap();
+    common::mount_tmpfs(&vol);
     let pod = PodUid::new("u").unwrap();
     let subs: Vec<SubPath> = (0..n)
         .map(|i| SubPath {
@@ -84,11 +71,8 @@ fn main() {
     clean_sub_paths(&root, &LinuxMounter, &pod, "v").unwrap();
     let targets = base.path().join("plain");
     println!(
-        "machine: nproc={} kernel={}; {n} containers, one subPath each, tmpfs, {rounds} rounds",
-        std::thread::available_parallelism().map_or(1, |c| c.get()),
-        std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim(),
+        "machine: {}; {n} containers, one subPath each, tmpfs, {rounds} rounds",
+        common::machine()
     );
     let mut t = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..rounds {
@@ -116,7 +100,7 @@ fn main() {
         clean_sub_paths(&root, &LinuxMounter, &pod, "v").unwrap();
         t[2].push(s.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
-    let plain = median(t[0].clone());
+    let plain = common::median(t[0].clone());
     for (name, v) in [
         "plain bind",
         "volmgr subPath set-up",
@@ -125,7 +109,7 @@ fn main() {
     .iter()
     .zip(t)
     {
-        let m = median(v);
+        let m = common::median(v);
         println!(
             "{name:<26} median {m:>8.1} us per container  ({:.2}x plain bind)",
             m / plain
