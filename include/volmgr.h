@@ -412,12 +412,15 @@ volmgr_status volmgr_resize_ephemeral_volume(volmgr *vm,
 /**
  * The kubelet's `GetMountedVolumesForPod`: a JSON array of
  * `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state",
- * "read_only", "selinux_relabel", "block_device_path"}` for the volumes
+ * "read_only", "selinux_relabel", "block_device_path", "sub_paths"}` for the volumes
  * certainly mounted (empty for an unknown pod). `read_only` is the volume's
  * own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
  * may relabel it (true for emptyDir, false when unknown), and
  * `block_device_path` the device file of a raw block volume
- * (`volumeDevices`), null otherwise. `*out_json` is
+ * (`volumeDevices`), null otherwise. `sub_paths` lists the containers'
+ * subPath bind mounts of a mounted volume, `[{"container", "index",
+ * "sub_path", "path"}]`, `path` being what the runtime binds
+ * (`ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`). `*out_json` is
  * owned by the caller (`volmgr_string_free`).
  *
  * # Safety

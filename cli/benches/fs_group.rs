@@ -61,11 +61,6 @@ fn volmgr_walk(vol: &Path, policy: FsGroupChangePolicy) -> u64 {
     c.changed
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     if !common::in_private_mount_namespace() {
         return;
@@ -80,22 +75,11 @@ fn main() {
         .tempdir()
         .unwrap();
     let vol = base.path().join("vol");
-    std::fs::create_dir_all(&vol).unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &vol,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .unwrap();
+    common::mount_tmpfs(&vol);
     populate(&vol, files);
     println!(
-        "machine: nproc={} kernel={}; {files} files in {} directories on tmpfs, {rounds} rounds",
-        std::thread::available_parallelism().map_or(1, |c| c.get()),
-        std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim(),
+        "machine: {}; {files} files in {} directories on tmpfs, {rounds} rounds",
+        common::machine(),
         files.div_ceil(PER_DIR)
     );
     let mut t = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
@@ -120,9 +104,9 @@ fn main() {
         "volmgr, none change",
         "volmgr, OnRootMismatch (root matches)",
     ];
-    let kubelet = median(t[0].clone());
+    let kubelet = common::median(t[0].clone());
     for (name, v) in names.iter().zip(t) {
-        let m = median(v);
+        let m = common::median(v);
         println!(
             "{name:<40} median {m:>9.2} ms  ({:.2}x kubelet-style)",
             m / kubelet

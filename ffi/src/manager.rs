@@ -756,6 +756,10 @@ struct VolumeJson<'a> {
     /// For a raw block volume (`volumeDevices`): the device file to hand to
     /// the runtime (the kubelet's `BlockVolumeMapper` path); else null.
     block_device_path: Option<std::borrow::Cow<'a, str>>,
+    /// The containers' subPath bind mounts of the volume:
+    /// `[{"container", "index", "sub_path", "path"}]` (`path` is what the
+    /// runtime binds into the container).
+    sub_paths: &'a [volmgr_core::status::SubPathStatus],
 }
 
 /// The pod's volumes as a JSON array, sorted by name, built under the actual
@@ -765,6 +769,10 @@ fn volumes_json(
     uid: &str,
     uncertain: bool,
 ) -> Result<std::ffi::CString, volmgr_status> {
+    // Before the actual state's lock: the desired state's is taken first.
+    let subs = volmgr_core::volume::PodUid::new(uid)
+        .map(|u| vm.sub_paths_of_pod(&u))
+        .unwrap_or_default();
     vm.with_actual_state(|asw| {
         let mut rows: Vec<VolumeJson<'_>> = asw
             .mounts_of_pod(uid)
@@ -781,6 +789,9 @@ fn volumes_json(
                 read_only: m.spec.read_only(),
                 selinux_relabel: m.spec.supports_selinux_relabel(),
                 block_device_path: m.spec.is_block().then(|| m.path.to_string_lossy()),
+                sub_paths: subs
+                    .get(&m.outer_volume_spec_name)
+                    .map_or(&[], Vec::as_slice),
             })
             .collect();
         rows.sort_unstable_by(|a, b| a.outer_volume_spec_name.cmp(b.outer_volume_spec_name));
@@ -865,12 +876,15 @@ unsafe fn pod_query(
 
 /// The kubelet's `GetMountedVolumesForPod`: a JSON array of
 /// `{"outer_volume_spec_name", "volume_name", "plugin", "path", "state",
-/// "read_only", "selinux_relabel", "block_device_path"}` for the volumes
+/// "read_only", "selinux_relabel", "block_device_path", "sub_paths"}` for the volumes
 /// certainly mounted (empty for an unknown pod). `read_only` is the volume's
 /// own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
 /// may relabel it (true for emptyDir, false when unknown), and
 /// `block_device_path` the device file of a raw block volume
-/// (`volumeDevices`), null otherwise. `*out_json` is
+/// (`volumeDevices`), null otherwise. `sub_paths` lists the containers'
+/// subPath bind mounts of a mounted volume, `[{"container", "index",
+/// "sub_path", "path"}]`, `path` being what the runtime binds
+/// (`ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`). `*out_json` is
 /// owned by the caller (`volmgr_string_free`).
 ///
 /// # Safety

@@ -176,6 +176,10 @@ pub struct VolumeStatus {
     /// content generation and when it was last written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<ContentStatus>,
+    /// The containers' subPath bind mounts of the volume (once it is
+    /// mounted), which the container runtime binds.
+    #[serde(default)]
+    pub sub_paths: Vec<SubPathStatus>,
 }
 
 /// The content of a configMap, secret, downwardAPI or projected volume.
@@ -187,6 +191,19 @@ pub struct ContentStatus {
     pub writes: u64,
     /// When the last one was (RFC 3339, UTC).
     pub last_update: String,
+}
+
+/// A container's subPath bind mount of a volume.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SubPathStatus {
+    /// The container.
+    pub container: String,
+    /// The index of the `volumeMount` in the container's `volumeMounts`.
+    pub index: usize,
+    /// The path inside the volume.
+    pub sub_path: String,
+    /// The bind mount, `ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`.
+    pub path: String,
 }
 
 /// A volume's usage and health, as last collected (the kubelet's volume

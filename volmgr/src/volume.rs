@@ -115,6 +115,20 @@ pub fn check_volume_name(name: &str) -> Result<(), NameError> {
     }
 }
 
+/// One `volumeMount` with a `subPath` (or an expanded `subPathExpr`): the
+/// container, the mount's index in its `volumeMounts`, and the path inside
+/// the volume that the container sees there. The bind mount for it is
+/// `ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SubPath {
+    /// The container's name (a DNS label, so a path component).
+    pub container: String,
+    /// The index of the `volumeMount` in the container's `volumeMounts`.
+    pub index: usize,
+    /// The path inside the volume (relative, without `..`).
+    pub path: String,
+}
+
 /// The kubelet's `UniqueVolumeName`: the key of a volume in both worlds.
 /// For volumes that are not attachable it includes the pod
 /// (`kubernetes.io/empty-dir/<podUID>-<volume>`).

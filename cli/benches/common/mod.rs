@@ -64,3 +64,33 @@ where
 {
     flags.get(name).map_or(default, |v| v.parse().unwrap())
 }
+
+/// The median of `v` (not empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Mounts a tmpfs on `dir` (made first).
+pub fn mount_tmpfs(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount tmpfs");
+}
+
+/// `nproc=N kernel=K`, for the first line of a benchmark's output.
+pub fn machine() -> String {
+    format!(
+        "nproc={} kernel={}",
+        std::thread::available_parallelism().map_or(1, |c| c.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    )
+}

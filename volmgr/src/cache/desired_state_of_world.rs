@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{FastMap, FastSet, PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{FastMap, FastSet, PodUid, SubPath, UniqueVolumeName, VolumeSpec};
 
 /// A pod that needs a volume, with what the mount needs to know.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,6 +19,9 @@ pub struct PodToMount {
     pub fs_group: Option<i64>,
     /// SELinux label.
     pub selinux_label: Option<Arc<str>>,
+    /// The containers' subPath uses of the volume, bind-mounted after its
+    /// set-up.
+    pub sub_paths: Vec<SubPath>,
 }
 
 /// Why an attachable volume waits, when the manager sets such volumes up
@@ -265,6 +268,7 @@ mod tests {
                     }),
                     fs_group: None,
                     selinux_label: None,
+                    sub_paths: vec![],
                 },
             ));
         }

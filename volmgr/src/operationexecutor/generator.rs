@@ -4,6 +4,7 @@
 //! actual state of world and tells event listeners; the executor around it
 //! handles concurrency, backoff and metrics.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::unstack::unstack;
@@ -13,6 +14,7 @@ use crate::cache::actual_state_of_world::{
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, World};
 use crate::plugins::foreign::is_foreign;
+use crate::plugins::subpath;
 use crate::plugins::{
     DeviceMountRequest, DeviceUnmountRequest, MountRequest, NodeExpandRequest, UnmountRequest,
     VolumeError, VolumePlugin,
@@ -21,16 +23,31 @@ use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::root_dir::RootDir;
 use crate::sys::Mounter;
 use crate::volume::VolumeSpec;
-use crate::volume::{PodUid, UniqueVolumeName};
+use crate::volume::{PodUid, SubPath, UniqueVolumeName};
 
-/// `MountVolume`: set the volume up for the pod. Success records it mounted;
-/// an uncertain failure records it uncertain (so it is set up again, or torn
-/// down if no longer wanted); a certain failure changes nothing.
+/// The subPath bind mounts of a pod's volume
+/// ([`subpath`](crate::plugins::subpath)): made after its set-up, removed
+/// before its tear-down.
+pub struct SubPathMounts {
+    /// ROOT.
+    pub root: Arc<RootDir>,
+    /// The mounter.
+    pub mounter: Arc<dyn Mounter>,
+    /// The containers' uses (empty for a tear-down: what is on disk goes).
+    pub subs: Vec<SubPath>,
+}
+
+/// `MountVolume`: set the volume up for the pod, then its subPaths.
+/// Success records it mounted; an uncertain failure records it uncertain
+/// (so it is set up again, or torn down if no longer wanted), and so does a
+/// failure of the subPaths (the volume is set up: its path is recorded); a
+/// certain failure of the set-up changes nothing.
 pub async fn mount_volume(
     world: Arc<World>,
     plugin: Arc<dyn VolumePlugin>,
     plugin_name: Arc<str>,
     req: MountRequest,
+    subs: SubPathMounts,
 ) -> Result<(), VolumeError> {
     let (volume, pod, spec) = (
         req.volume_name.clone(),
@@ -46,44 +63,29 @@ pub async fn mount_volume(
         // looked: nothing to do now, the next pass mounts the device first.
         return Ok(());
     }
-    let res = plugin.set_up(req).await;
+    let (res, set_up) = match plugin.set_up(req).await {
+        Ok(path) if subs.subs.is_empty() => (Ok(path.clone()), Some(path)),
+        Ok(path) => {
+            let r = bind_sub_paths(subs, pod.clone(), spec.name.clone(), path.clone()).await;
+            (r.map(|_| path.clone()), Some(path))
+        }
+        Err(e) => (Err(e), None),
+    };
     // Before the lock: a syscall or two.
     let mount_id = match &res {
         Ok(_) => plugin.mount_id(&pod, &spec),
         Err(_) => None,
     };
-    {
-        let mut asw = world.asw_mut();
-        if let Err(VolumeError::NeedsDeviceMount(_)) = &res {
-            // Stage again before the next set-up.
-            if asw.device_mount_state(&volume) == DeviceMountState::Mounted {
-                asw.set_device_mount_state(&volume, DeviceMountState::Uncertain);
-            }
-        }
-        let known_path = || asw.pod_mount(&volume, &pod).map(|m| m.path.clone());
-        let outcome = match &res {
-            Ok(path) => Some((path.clone(), VolumeMountState::Mounted)),
-            Err(e) if e.is_uncertain() => Some((
-                known_path().unwrap_or_default(),
-                VolumeMountState::Uncertain,
-            )),
-            Err(_) => None,
-        };
-        if let Some((path, state)) = outcome {
-            asw.mark_volume_as_attached(&volume, plugin_name);
-            asw.mark_volume_as_mounted(
-                &volume,
-                &pod,
-                MountedPod {
-                    outer_volume_spec_name: spec.name.clone(),
-                    spec: Arc::clone(&spec),
-                    path,
-                    state,
-                    mount_id,
-                },
-            );
-        }
-    }
+    record_mount(
+        &world,
+        &res,
+        set_up,
+        plugin_name,
+        &volume,
+        &pod,
+        &spec,
+        mount_id,
+    );
     let (kind, path) = match &res {
         Ok(p) => (VolumeEventKind::Mounted, Some(p.clone())),
         Err(_) => (VolumeEventKind::Failed, None),
@@ -104,7 +106,77 @@ pub async fn mount_volume(
     res.map(|_| ())
 }
 
-/// `UnmountVolume`: tear the pod's volume down. Success removes it from the
+/// The subPath bind mounts of `volume` of `pod`, set up at `path`.
+async fn bind_sub_paths(
+    subs: SubPathMounts,
+    pod: PodUid,
+    volume: String,
+    path: PathBuf,
+) -> Result<Vec<PathBuf>, VolumeError> {
+    tokio::task::spawn_blocking(move || {
+        subpath::set_up_sub_paths(
+            &subs.root,
+            subs.mounter.as_ref(),
+            &pod,
+            &volume,
+            &path,
+            &subs.subs,
+        )
+    })
+    .await
+    .map_err(VolumeError::from)
+    .and_then(|r| r)
+}
+
+/// Records the outcome of a set-up (see [`mount_volume`]); `set_up` is the
+/// path when the plugin's set-up itself succeeded.
+#[allow(clippy::too_many_arguments)]
+fn record_mount(
+    world: &World,
+    res: &Result<PathBuf, VolumeError>,
+    set_up: Option<PathBuf>,
+    plugin_name: Arc<str>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    spec: &Arc<VolumeSpec>,
+    mount_id: Option<u64>,
+) {
+    let mut asw = world.asw_mut();
+    if let Err(VolumeError::NeedsDeviceMount(_)) = res {
+        // Stage again before the next set-up.
+        if asw.device_mount_state(volume) == DeviceMountState::Mounted {
+            asw.set_device_mount_state(volume, DeviceMountState::Uncertain);
+        }
+    }
+    let known_path = || asw.pod_mount(volume, pod).map(|m| m.path.clone());
+    let outcome = match (res, set_up) {
+        (Ok(path), _) => Some((path.clone(), VolumeMountState::Mounted)),
+        (Err(e), _) if e.is_uncertain() => Some((
+            known_path().unwrap_or_default(),
+            VolumeMountState::Uncertain,
+        )),
+        // Set up, but not its subPaths.
+        (Err(_), Some(path)) => Some((path, VolumeMountState::Uncertain)),
+        (Err(_), None) => None,
+    };
+    if let Some((path, state)) = outcome {
+        asw.mark_volume_as_attached(volume, plugin_name);
+        asw.mark_volume_as_mounted(
+            volume,
+            pod,
+            MountedPod {
+                outer_volume_spec_name: spec.name.clone(),
+                spec: Arc::clone(spec),
+                path,
+                state,
+                mount_id,
+            },
+        );
+    }
+}
+
+/// `UnmountVolume`: tear the pod's volume down, its subPath bind mounts
+/// first (those on disk: also those a previous run left). Success removes it from the
 /// actual state and, if it was the pod's last volume, queues the pod's
 /// directory for clean-up.
 pub async fn unmount_volume(
@@ -113,18 +185,31 @@ pub async fn unmount_volume(
     volume: UniqueVolumeName,
     pod: PodUid,
     mounted: MountedPod,
+    subs: SubPathMounts,
 ) -> Result<(), VolumeError> {
     let outer = mounted.outer_volume_spec_name.clone();
     let path = mounted.path.clone();
     let block = mounted.spec.is_block();
-    let res = plugin
-        .tear_down(UnmountRequest {
-            pod_uid: pod.clone(),
-            volume_name: volume.clone(),
-            spec: mounted.spec,
-            path: mounted.path,
-        })
-        .await;
+    let (p, o) = (pod.clone(), outer.clone());
+    let cleaned = tokio::task::spawn_blocking(move || {
+        subpath::clean_sub_paths(&subs.root, subs.mounter.as_ref(), &p, &o)
+    })
+    .await
+    .map_err(VolumeError::from)
+    .and_then(|r| r);
+    let res = match cleaned {
+        Ok(()) => {
+            plugin
+                .tear_down(UnmountRequest {
+                    pod_uid: pod.clone(),
+                    volume_name: volume.clone(),
+                    spec: mounted.spec,
+                    path: mounted.path,
+                })
+                .await
+        }
+        Err(e) => Err(e),
+    };
     let mut orphan = false;
     if res.is_ok() {
         let mut asw = world.asw_mut();

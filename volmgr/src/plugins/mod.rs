@@ -10,6 +10,7 @@ pub mod image;
 pub mod local;
 pub mod payload;
 pub mod stats;
+pub mod subpath;
 pub mod token;
 pub mod volume_ownership;
 
@@ -34,6 +35,9 @@ pub enum VolumeError {
     /// A system call failed.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// A container's subPath could not be set up.
+    #[error(transparent)]
+    SubPath(#[from] subpath::SubPathError),
     /// A plugin implemented outside Rust (C ABI) reported an error.
     #[error("plugin {plugin}: {message}")]
     Plugin {

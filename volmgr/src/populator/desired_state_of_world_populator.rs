@@ -141,6 +141,7 @@ impl Populator {
                     spec,
                     fs_group: pod.fs_group,
                     selinux_label: selinux.clone(),
+                    sub_paths: v.sub_paths,
                 };
                 mounts.push((name, plugin_name, to_mount));
             }

@@ -17,6 +17,7 @@ pub mod payload;
 pub mod pod;
 pub mod resolve;
 pub mod resolver;
+mod sub_paths;
 pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};

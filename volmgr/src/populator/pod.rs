@@ -20,7 +20,7 @@ pub use super::resolve::{ObjectLookup, VolumeSpecError};
 use crate::quantity;
 use crate::volume::{
     check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, HostPathType, PodUid,
-    StorageMedium, VolumeSource,
+    StorageMedium, SubPath, VolumeSource,
 };
 
 /// A pod rejected as a whole (it never gets any volume).
@@ -45,6 +45,9 @@ pub struct PodVolume {
     pub name: String,
     /// The parsed source, or a per-volume error.
     pub source: Result<VolumeSource, VolumeSpecError>,
+    /// The containers' `volumeMounts` of it with a `subPath` (or an
+    /// expanded `subPathExpr`), in container and index order.
+    pub sub_paths: Vec<SubPath>,
 }
 
 /// The part of a pod the volume manager cares about.
@@ -113,7 +116,6 @@ impl DesiredPod {
                 return Err(reject(format!("duplicate volume name {:?}", v.name)));
             }
         }
-        let used = used_volume_names(pod);
         let ctx = ResolveContext {
             pod,
             uid: &uid,
@@ -121,18 +123,7 @@ impl DesiredPod {
             name: &name,
             objects,
         };
-        let volumes = spec
-            .and_then(|s| s.volumes.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|v| {
-                let usage = used.usage(&v.name)?;
-                Some(PodVolume {
-                    name: v.name.clone(),
-                    source: parse_source(v, usage, &ctx),
-                })
-            })
-            .collect();
+        let volumes = pod_volumes(pod, &ctx);
         let sc = spec.and_then(|s| s.security_context.as_ref());
         let selinux_label = sc.and_then(|c| c.se_linux_options.as_ref()).map(|o| {
             [&o.user, &o.role, &o.type_, &o.level]
@@ -158,6 +149,34 @@ impl DesiredPod {
             terminated,
         })
     }
+}
+
+/// The pod's volumes used by a container, each with its source (or why it
+/// cannot be used) and its subPath uses.
+fn pod_volumes(pod: &Pod, ctx: &ResolveContext<'_>) -> Vec<PodVolume> {
+    let used = used_volume_names(pod);
+    let mut sub_paths = super::sub_paths::sub_paths_of(pod, ctx.uid);
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|v| {
+            let usage = used.usage(&v.name)?;
+            let (source, sub_paths) = match sub_paths.remove(&v.name) {
+                Some(Err(e)) => (Err(invalid(e)), Vec::new()),
+                // The runtime mounts an image volume, subPaths included.
+                Some(Ok(_)) if v.image.is_some() => (parse_source(v, usage, ctx), Vec::new()),
+                Some(Ok(list)) => (parse_source(v, usage, ctx), list),
+                None => (parse_source(v, usage, ctx), Vec::new()),
+            };
+            Some(PodVolume {
+                name: v.name.clone(),
+                source,
+                sub_paths,
+            })
+        })
+        .collect()
 }
 
 /// The volumes referenced by containers, and how.

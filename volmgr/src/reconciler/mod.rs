@@ -54,13 +54,14 @@ pub struct AttachWait {
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, VolumeToMount};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
-use crate::operationexecutor::generator::{self, ForeignMountRemoval};
+use crate::operationexecutor::generator::{self, ForeignMountRemoval, SubPathMounts};
 use crate::operationexecutor::{NotStarted, OperationExecutor, OperationKind};
+use crate::plugins::subpath;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePlugin, VolumePluginMgr};
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
 use crate::util::sync::MutexExt;
-use crate::volume::{FastSet, PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{FastSet, PodUid, SubPath, UniqueVolumeName, VolumeSpec};
 use resync::ResyncState;
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -125,6 +126,7 @@ enum Action {
         pod: PodUid,
         plugin: Arc<str>,
         req: MountRequest,
+        sub_paths: Vec<SubPath>,
     },
     MountDevice {
         volume: UniqueVolumeName,
@@ -430,6 +432,7 @@ impl Reconciler {
                             fs_group: p.fs_group,
                             selinux_label: p.selinux_label.clone(),
                         },
+                        sub_paths: p.sub_paths.clone(),
                     });
                 }
             }
@@ -619,14 +622,17 @@ impl Reconciler {
                 let body = generator::remove_foreign_mounts(op);
                 self.prepare(&volume, pod, kind, label, body)
             }
-            Action::Mount { req, .. } => {
-                let body = generator::mount_volume(world, plugin, plugin_name, req);
+            Action::Mount { req, sub_paths, .. } => {
+                let subs = self.sub_path_mounts(sub_paths);
+                let body = generator::mount_volume(world, plugin, plugin_name, req, subs);
                 self.prepare(&volume, pod, kind, label, body)
             }
             Action::Unmount {
                 mounted, pod: upod, ..
             } => {
-                let body = generator::unmount_volume(world, plugin, volume.clone(), upod, mounted);
+                let subs = self.sub_path_mounts(Vec::new());
+                let body =
+                    generator::unmount_volume(world, plugin, volume.clone(), upod, mounted, subs);
                 self.prepare(&volume, pod, kind, label, body)
             }
             Action::MountDevice { spec, .. } => {
@@ -642,6 +648,15 @@ impl Reconciler {
                 let body = generator::expand_volume(world, plugin, volume.clone(), spec, new_size);
                 self.prepare(&volume, None, kind, label, body)
             }
+        }
+    }
+
+    /// What a mount or unmount needs for `subs`, the subPath bind mounts.
+    fn sub_path_mounts(&self, subs: Vec<SubPath>) -> SubPathMounts {
+        SubPathMounts {
+            root: Arc::clone(&self.root),
+            mounter: Arc::clone(&self.mounter),
+            subs,
         }
     }
 
@@ -692,11 +707,13 @@ impl Reconciler {
                 .collect()
         };
         for uid in eligible {
-            let root = Arc::clone(&self.root);
+            let (root, mounter) = (Arc::clone(&self.root), Arc::clone(&self.mounter));
             let u = uid.clone();
             // Inline: what is left of a pod whose volumes are all torn down
-            // is a few directories (and small files of its containers).
+            // is a few directories (and small files of its containers), and
+            // the subPath binds of volumes no one found again at start-up.
             let op = async move {
+                subpath::clean_pod_sub_paths(&root, mounter.as_ref(), &u)?;
                 let rel = RelPath::new(["pods", u.as_str()])?;
                 root.remove_all(&rel)?;
                 tracing::debug!(pod = %u, "removed orphaned pod directory");

@@ -39,6 +39,11 @@ pub enum Last {
     /// then of the mounted directory (a volume's mount: an emptyDir's
     /// tmpfs, a CSI target). The components before it never are.
     MayBeMountRoot,
+    /// Any component may be a mount point (a mount nested inside a
+    /// volume, which the kubelet's `doSafeOpen` crosses for a subPath):
+    /// still never a symlink nor `..`, so never out of the tree below the
+    /// starting directory.
+    MayCrossMounts,
 }
 
 fn resolve(last: Last) -> ResolveFlag {
@@ -47,7 +52,7 @@ fn resolve(last: Last) -> ResolveFlag {
         | ResolveFlag::RESOLVE_NO_MAGICLINKS;
     match last {
         Last::OnSameMount => beneath | ResolveFlag::RESOLVE_NO_XDEV,
-        Last::MayBeMountRoot => beneath,
+        Last::MayBeMountRoot | Last::MayCrossMounts => beneath,
     }
 }
 
@@ -80,7 +85,7 @@ pub fn call_name() -> &'static str {
 /// with `flags` (plus `O_CLOEXEC`). With [`Last::MayBeMountRoot`], `path`
 /// must be a single component.
 pub fn open(dir: BorrowedFd<'_>, path: &Path, flags: OFlag, last: Last) -> Result<OwnedFd, Errno> {
-    debug_assert!(last == Last::OnSameMount || path.components().count() == 1);
+    debug_assert!(last != Last::MayBeMountRoot || path.components().count() == 1);
     let known = OPENAT2.load(Ordering::Relaxed);
     if known != NO {
         match open_openat2(dir, path, flags, last) {
@@ -136,7 +141,12 @@ fn walk(dir: BorrowedFd<'_>, path: &Path, flags: OFlag, last: Last) -> Result<Ow
             OFlag::O_PATH | OFlag::O_DIRECTORY
         };
         let fd = open_one(parent, name, step)?;
-        if !(is_last && last == Last::MayBeMountRoot) {
+        let may_cross = match last {
+            Last::OnSameMount => false,
+            Last::MayBeMountRoot => is_last,
+            Last::MayCrossMounts => true,
+        };
+        if !may_cross {
             check_mount(fd.as_fd(), want)?;
         }
         cur = Some(fd);

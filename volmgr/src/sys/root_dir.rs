@@ -1106,19 +1106,7 @@ mod tests {
     /// fails with `ENOSYS` (kernels before 5.6, valgrind): the fallback walk
     /// keeps the same rules.
     mod without_openat2 {
-        use crate::sys::test_child::{run_in_child, Child};
-
-        macro_rules! again {
-            ($($name:ident $(($arg:expr))?),* $(,)?) => {$(
-                #[test]
-                fn $name() {
-                    let name = concat!(module_path!(), "::", stringify!($name));
-                    run_in_child(name, Child::NoOpenat2, || super::$name($($arg)?));
-                }
-            )*};
-        }
-
-        again!(
+        crate::again_without_openat2!(
             mkdir_all_creates_and_reopens,
             refuses_symlinks_anywhere_on_the_path,
             remove_all_deletes_deep_trees_without_following_links,

@@ -32,6 +32,25 @@ macro_rules! test_name {
     };
 }
 
+/// For each test body `name` (a function of the enclosing module's parent,
+/// with an optional argument), a test that runs it once more in a child
+/// where `openat2` fails with `ENOSYS` ([`Child::NoOpenat2`]). Invoke it
+/// inside a `mod without_openat2` of the tests module.
+#[macro_export]
+macro_rules! again_without_openat2 {
+    ($($name:ident $(($arg:expr))?),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            let name = concat!(module_path!(), "::", stringify!($name));
+            $crate::sys::test_child::run_in_child(
+                name,
+                $crate::sys::test_child::Child::NoOpenat2,
+                || super::$name($($arg)?),
+            );
+        }
+    )*};
+}
+
 /// Runs `body` in a child set up as `how`; `name` is the test's full path as
 /// [`test_name!`] gives it. Skips (printing why) when not root.
 pub fn run_in_child(name: &str, how: Child, body: impl FnOnce()) {

@@ -1,10 +1,11 @@
 //! Small helpers every layer uses: lock recovery ([`sync`]), the shutdown
 //! signal of long-running tasks ([`shutdown`]), the monotonic clock
 //! ([`clock`]), the Prometheus text exposition ([`prometheus`]), printable
-//! untrusted text ([`escape`]).
+//! untrusted text ([`escape`]), `$(VAR)` references ([`expansion`]).
 
 pub mod clock;
 pub mod escape;
+pub mod expansion;
 
 pub mod prometheus;
 pub mod shutdown;

@@ -1208,6 +1208,7 @@ mod tests {
                 .map(|(n, s)| crate::populator::pod::PodVolume {
                     name: n.into(),
                     source: Ok(s),
+                    sub_paths: vec![],
                 })
                 .collect(),
             terminated: false,

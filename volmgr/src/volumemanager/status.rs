@@ -4,7 +4,10 @@ use super::VolumeManager;
 use crate::cache::actual_state_of_world::{ActualStateOfWorld, VolumeMountState};
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodVolumeEntry};
 use crate::operationexecutor::{OperationKind, OperationRecord};
-use crate::status::{CsiDriverStatus, PodStatus, SourceError, Status, VolumeStatus};
+use std::collections::HashMap;
+
+use crate::plugins::subpath;
+use crate::status::{CsiDriverStatus, PodStatus, SourceError, Status, SubPathStatus, VolumeStatus};
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
 
@@ -99,6 +102,7 @@ impl VolumeManager {
                     last_out_of_band: oob.map(|o| o.1),
                     stats: self.stats.status_of(&m.volume_name, uid),
                     content: None,
+                    sub_paths: Vec::new(),
                 }
             })
             .collect()
@@ -172,6 +176,7 @@ impl VolumeManager {
                     last_out_of_band: None,
                     stats: None,
                     content: None,
+                    sub_paths: Vec::new(),
                 }
             }
             Ok(n) => n,
@@ -216,7 +221,53 @@ impl VolumeManager {
             last_out_of_band: oob.map(|o| o.1),
             stats: mount.and_then(|_| self.stats.status_of(name, uid)),
             content: self.payload.states.content_status(name),
+            sub_paths: match mount.map(|m| m.state) {
+                Some(VolumeMountState::Mounted) => self.sub_path_statuses(dsw, name, uid),
+                _ => Vec::new(),
+            },
         }
+    }
+
+    /// The subPath bind mounts the desired state asks for `uid`'s `volume`.
+    fn sub_path_statuses(
+        &self,
+        dsw: &DesiredStateOfWorld,
+        volume: &UniqueVolumeName,
+        uid: &PodUid,
+    ) -> Vec<SubPathStatus> {
+        let Some(p) = dsw.volume(volume).and_then(|v| v.pods.get(uid)) else {
+            return Vec::new();
+        };
+        p.sub_paths
+            .iter()
+            .filter_map(|s| {
+                let rel = subpath::sub_path_rel(uid, &p.outer_volume_spec_name, s).ok()?;
+                Some(SubPathStatus {
+                    container: s.container.clone(),
+                    index: s.index,
+                    sub_path: s.path.clone(),
+                    path: self.root.abs(&rel).display().to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Per volume (by its name in the pod), the subPath bind mounts of
+    /// `uid`'s mounted volumes (for the C ABI's volume lists).
+    pub fn sub_paths_of_pod(&self, uid: &PodUid) -> HashMap<String, Vec<SubPathStatus>> {
+        let dsw = self.world.dsw();
+        let Some(entry) = dsw.pod(uid) else {
+            return HashMap::new();
+        };
+        entry
+            .volumes
+            .iter()
+            .filter_map(|v| {
+                let name = v.volume.as_ref().ok()?;
+                let subs = self.sub_path_statuses(&dsw, name, uid);
+                (!subs.is_empty()).then(|| (v.outer_name.clone(), subs))
+            })
+            .collect()
     }
 
     /// Prometheus text.
