@@ -24,6 +24,11 @@
 #define VOLMGR_PLUGIN_ERROR_LEN 1024
 
 /**
+ * The largest token a callback may return (bytes, NUL excluded).
+ */
+#define VOLMGR_MAX_TOKEN_BYTES (64 * 1024)
+
+/**
  * A volume certainly mounted for the pod.
  */
 #define VOLMGR_VOLUME_MOUNTED 0
@@ -130,6 +135,25 @@ typedef struct {
    */
   volmgr_status (*tear_down)(void *userdata, const char *target_dir, char *err, uintptr_t err_len);
 } volmgr_plugin;
+
+/**
+ * Asked for a service account token bound to a pod. `request_json` is
+ * `{"namespace", "service_account", "audience", "expiration_seconds",
+ * "pod_name", "pod_uid"}` (the TokenRequest to make: `spec.audiences`,
+ * `spec.expirationSeconds`, `spec.boundObjectRef`). On success the callback
+ * writes the token, NUL-terminated, into `token_buf` (`token_buf_len`
+ * bytes, `VOLMGR_MAX_TOKEN_BYTES + 1`), its expiration as Unix seconds into
+ * `*expiration_unix`, and returns 0 (`VOLMGR_OK`); any other value is an
+ * error on the volume (retried with backoff). (An `int32_t`, not a
+ * `volmgr_status`: a value outside the enum stays well defined.) Called on a volmgr blocking
+ * thread, never two at once for the same volume; it may block (a request
+ * to the API server), but not on volmgr's blocking calls.
+ */
+typedef int32_t (*volmgr_token_callback)(void *userdata,
+                                         const char *request_json,
+                                         char *token_buf,
+                                         uintptr_t token_buf_len,
+                                         int64_t *expiration_unix);
 
 /**
  * One volume of a pod: what the kubelet's `container.VolumeInfo` needs.
@@ -321,7 +345,7 @@ volmgr_status volmgr_pod_delete(volmgr *vm, const char *pod_uid);
 
 /**
  * Adds or replaces an object pods' volumes refer to (`object_json`: a
- * Kubernetes PersistentVolume, PersistentVolumeClaim or Secret, with its
+ * Kubernetes PersistentVolume, PersistentVolumeClaim, Secret or ConfigMap, with its
  * `kind`), as a kubelet fork's informers see it: pods that read it are
  * converted again (a claim now bound mounts its volume; a volume whose
  * object changed keeps mounting what it resolves to). Another kind is
@@ -529,6 +553,19 @@ void volmgr_string_free(char *s);
  * `volmgr_plugin` whose `name` is a NUL-terminated string.
  */
 volmgr_status volmgr_register_plugin(volmgr *vm, const volmgr_plugin *vtable, void *userdata);
+
+/**
+ * Sets the callback that gives projected `serviceAccountToken` sources
+ * their tokens (see `volmgr_token_callback`). Set it before pods with such
+ * volumes are upserted; without it, such a volume is an error saying no
+ * token source is configured. Setting it again replaces it; it cannot be
+ * cleared (NULL is `VOLMGR_ERR_INVALID_ARGUMENT`). `userdata` is passed back
+ * unchanged and must stay usable from volmgr's threads until `volmgr_free`.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `cb` is NULL or a valid function.
+ */
+volmgr_status volmgr_set_token_callback(volmgr *vm, volmgr_token_callback cb, void *userdata);
 
 /**
  * The kubelet's `GetMountedVolumesForPod` (with `uncertain`,

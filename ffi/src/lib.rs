@@ -13,11 +13,13 @@ mod boundary;
 pub mod error;
 pub mod manager;
 pub mod plugin;
+pub mod token;
 pub mod volume_list;
 
 pub use error::*;
 pub use manager::*;
 pub use plugin::*;
+pub use token::*;
 pub use volume_list::*;
 
 #[cfg(test)]

@@ -181,6 +181,62 @@ static void host_plugin(volmgr *vm, const char *root) {
   CHECK(fopen(path, "r") == NULL, "volume directory removed");
 }
 
+/* A kubelet fork's TokenRequest client, as a callback. */
+static atomic_int token_calls;
+
+static int32_t give_token(void *userdata, const char *request_json, char *buf, size_t len,
+                          int64_t *expiration_unix) {
+  (void)userdata;
+  atomic_fetch_add(&token_calls, 1);
+  if (strstr(request_json, "\"service_account\":\"builder\"") == NULL ||
+      strstr(request_json, "\"audience\":\"vault\"") == NULL || strstr(request_json, "\"pod_uid\":\"proj-1\"") == NULL) {
+    return VOLMGR_ERR_NOT_FOUND;
+  }
+  snprintf(buf, len, "token-for-builder");
+  *expiration_unix = (int64_t)time(NULL) + 3600;
+  return VOLMGR_OK;
+}
+
+/* The standard kube-api-access volume of every API pod, from C: a token
+ * from the callback, ca.crt from a ConfigMap upserted as an object, the
+ * namespace from the downward API. */
+static void projected(const char *root) {
+  char config[1024], path[2048], text[256];
+  volmgr *vm = NULL;
+  snprintf(config, sizeof config, "{\"root_dir\":\"%s/projected\",\"tracer\":\"off\"}", root);
+  EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
+  if (vm == NULL) return;
+  EXPECT(volmgr_set_token_callback(vm, NULL, NULL), VOLMGR_ERR_INVALID_ARGUMENT);
+  EXPECT(volmgr_set_token_callback(vm, give_token, NULL), VOLMGR_OK);
+  EXPECT(volmgr_start(vm), VOLMGR_OK);
+  EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"kube-root-ca.crt\","
+                                  "\"namespace\":\"c\"},\"data\":{\"ca.crt\":\"THE-CA\"}}"),
+         VOLMGR_OK);
+  EXPECT(volmgr_pod_upsert(
+             vm, "{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"p\",\"namespace\":\"c\",\"uid\":\"proj-1\"},"
+                 "\"spec\":{\"serviceAccountName\":\"builder\",\"containers\":[{\"name\":\"c\",\"volumeMounts\":[{\"name\":\"api\","
+                 "\"mountPath\":\"/var/run/secrets/kubernetes.io/serviceaccount\"}]}],\"volumes\":[{\"name\":\"api\",\"projected\":{"
+                 "\"sources\":[{\"serviceAccountToken\":{\"path\":\"token\",\"audience\":\"vault\",\"expirationSeconds\":3607}},"
+                 "{\"configMap\":{\"name\":\"kube-root-ca.crt\",\"items\":[{\"key\":\"ca.crt\",\"path\":\"ca.crt\"}]}},"
+                 "{\"downwardAPI\":{\"items\":[{\"path\":\"namespace\",\"fieldRef\":{\"fieldPath\":\"metadata.namespace\"}}]}}]}}]}}"),
+         VOLMGR_OK);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "proj-1", 20000), VOLMGR_OK);
+  const char *files[][2] = {{"token", "token-for-builder"}, {"ca.crt", "THE-CA"}, {"namespace", "c"}};
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/projected/pods/proj-1/volumes/kubernetes.io~projected/api/%s", root, files[i][0]);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(strcmp(text, files[i][1]) == 0, "%s holds %s, got %s", files[i][0], files[i][1], text);
+  }
+  CHECK(atomic_load(&token_calls) >= 1, "the token came from the callback");
+  EXPECT(volmgr_pod_delete(vm, "proj-1"), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_unmount(vm, "proj-1", 20000), VOLMGR_OK);
+  EXPECT(volmgr_stop(vm), VOLMGR_OK);
+  volmgr_free(vm);
+}
+
 #define THREADS 16
 #define ROUNDS 40
 
@@ -467,6 +523,7 @@ int main(int argc, char **argv) {
   EXPECT(volmgr_start(vm), VOLMGR_OK);
   volmgr_free(vm);
 
+  projected(root);
   thread_safety(root, host);
   out_of_band(root, host, "mountinfo");
   out_of_band(root, host, "ebpf");
