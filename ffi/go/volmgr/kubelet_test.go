@@ -234,7 +234,7 @@ func TestGoHostPluginUncertain(t *testing.T) {
 	}
 	pod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"u","namespace":"go","uid":"u"},` +
 		`"spec":{"containers":[{"name":"c","volumeMounts":[{"name":"s","mountPath":"/s"}]}],` +
-		`"volumes":[{"name":"s","secret":{"secretName":"x"}}]}}`
+		`"volumes":[{"name":"s","iscsi":{"targetPortal":"10.0.0.1:3260","iqn":"iqn.x","lun":0}}]}}`
 	if err := m.UpsertPod([]byte(pod)); err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ type uncertainPlugin struct {
 }
 
 func (p *uncertainPlugin) Name() string              { return "example.com/uncertain" }
-func (p *uncertainPlugin) CanSupport(s []byte) bool  { return strings.Contains(string(s), `"secret"`) }
+func (p *uncertainPlugin) CanSupport(s []byte) bool  { return strings.Contains(string(s), `"iscsi"`) }
 func (p *uncertainPlugin) TearDown(dir string) error { return nil }
 func (p *uncertainPlugin) SetUp(spec []byte, dir string) error {
 	p.mu.Lock()
