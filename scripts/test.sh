@@ -23,6 +23,9 @@ echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
+echo "== end-to-end suites again as on a 4.18 kernel (openat2, listmount, fchmodat2, new mount API: ENOSYS)"
+VOLMGR_TEST_OLDER_KERNEL=1 cargo test -p volmgr-cli --test agent --test hardening --test volume_kinds \
+  --test config_volumes --test sub_paths --test csi 2>&1 | tee -a "$log"
 echo "== C consumer (include/volmgr.h + libvolmgr.a, AddressSanitizer, real mounts)"
 ./tests/c/run.sh 2>&1 | tee -a "$log"
 echo "== Go package (cgo)"

@@ -26,12 +26,18 @@ pub fn isolated(name: &str, body: impl FnOnce()) {
 /// suites), every isolated test runs as [`isolated_with`]`(.., true, ..)`.
 pub const OLDER_KERNEL_ENV: &str = "VOLMGR_TEST_OLDER_KERNEL";
 
+/// Whether a test asked to run as on an older kernel (`asked`) does, or
+/// every test does ([`OLDER_KERNEL_ENV`]).
+pub fn runs_as_older_kernel(asked: bool) -> bool {
+    asked || std::env::var_os(OLDER_KERNEL_ENV).is_some()
+}
+
 /// Like [`isolated`], and with `older_kernel` under a seccomp filter that
 /// makes the system calls added since Linux 4.18 (`openat2`, `listmount`,
 /// the new mount API, ...) fail with `ENOSYS`, inherited by every process
 /// the body starts (the agent included).
 pub fn isolated_with(name: &str, older_kernel: bool, body: impl FnOnce()) {
-    let older_kernel = older_kernel || std::env::var_os(OLDER_KERNEL_ENV).is_some();
+    let older_kernel = runs_as_older_kernel(older_kernel);
     if std::env::var(CHILD_ENV).as_deref() == Ok(name) {
         body();
         return;

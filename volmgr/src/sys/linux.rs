@@ -10,7 +10,6 @@ use nix::mount::MntFlags;
 
 use std::path::Path;
 
-use nix::fcntl::{OpenHow, ResolveFlag};
 
 use super::mount_id;
 use super::mountinfo::{self, MountInfo, MountInfoError};
@@ -247,18 +246,28 @@ fn open_dir(path: &Path) -> Result<Target, SyscallError> {
 }
 
 /// Opens an absolute path on the node outside ROOT (a local
-/// PersistentVolume's directory or device) as a [`Target`]: `O_PATH`,
-/// `openat2` with `RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, so no
-/// component, the last included, may be a symlink. Nothing is created.
+/// PersistentVolume's directory or device) as a [`Target`]: `O_PATH`, no
+/// component, the last included, may be a symlink (nor `..`); mounts on the
+/// way are fine. `openat2(RESOLVE_NO_SYMLINKS)` below `/`, or where the
+/// kernel lacks it the checked component walk of
+/// [`beneath`](crate::sys::beneath). Nothing is created.
 pub fn open_host_path(path: &Path) -> Result<Target, SyscallError> {
-    let fd = nix::fcntl::openat2(
-        nix::fcntl::AT_FDCWD,
-        path,
-        OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    let root = nix::fcntl::open(
+        "/",
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
     )
-    .map_err(|e| SyscallError::new("openat2", path, e))?;
+    .map_err(|e| SyscallError::new("open", "/", e))?;
+    let rel = path
+        .strip_prefix("/")
+        .map_err(|_| SyscallError::new("open", path, nix::errno::Errno::EINVAL))?;
+    let fd = crate::sys::beneath::open(
+        root.as_fd(),
+        rel,
+        OFlag::O_PATH,
+        crate::sys::beneath::Last::MayCrossMounts,
+    )
+    .map_err(|e| SyscallError::new(crate::sys::beneath::call_name(), path, e))?;
     Ok(Target::new(fd, path.to_path_buf()))
 }
 
