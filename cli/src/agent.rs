@@ -13,8 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api;
 use crate::limits::{serve_bounded, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
+use crate::{api, apiserver};
 use volmgr::csi::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
 use volmgr::plugins::token::FileTokenSource;
@@ -55,6 +55,13 @@ pub struct AgentOptions {
     /// `--token-file DIR`: service account tokens by
     /// `<namespace>/<service account>` ([`FileTokenSource`]).
     pub token_dir: Option<PathBuf>,
+    /// `--kubeconfig FILE`: talk to that API server (without it, to the
+    /// cluster's own when running in a pod).
+    pub kubeconfig: Option<PathBuf>,
+    /// `--report-volumes-in-use`: this agent owns the Node's
+    /// `status.volumesInUse` (and sets attachable volumes up only once
+    /// reported there).
+    pub report_volumes_in_use: bool,
 }
 
 /// Why the agent could not run.
@@ -63,6 +70,9 @@ pub enum AgentError {
     /// Building or starting the manager failed.
     #[error(transparent)]
     Manager(#[from] volumemanager::Error),
+    /// The API server cannot be used.
+    #[error(transparent)]
+    Api(#[from] apiserver::client::ClientError),
     /// Another agent holds ROOT.
     #[error("another volmgr agent is running on {0} (lock held on volmgr.lock)")]
     Locked(PathBuf),
@@ -102,10 +112,10 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.backoff = opts.backoff;
     config.node_name = opts.node_name.clone();
     config.volume_stats_period = opts.volume_stats_period;
+    config.wait_for_reported_in_use = opts.report_volumes_in_use;
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
-    if let Some(dir) = &opts.token_dir {
-        vm.set_token_source(Arc::new(FileTokenSource::new(dir.clone())));
-    }
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let kube = connect_api(&opts, &vm, &stop_rx).await?;
     let csi_registry = DriverRegistry::new();
     volumemanager::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
     for (name, socket) in &opts.csi_drivers {
@@ -119,7 +129,6 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
         });
     }
-    let (stop_tx, stop_rx) = watch::channel(false);
     // Before the manager starts: nothing done to the mount table after
     // reconstruction read it goes unseen.
     let tracer =
@@ -145,6 +154,9 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let watcher_task =
         volumemanager::csi::watch_plugins_registry(&vm, &csi_registry, stop_rx.clone())?;
+    if let Some(client) = kube {
+        spawn_node_components(&opts, client, &vm, &csi_registry, &stop_rx);
+    }
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
     let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
@@ -173,6 +185,63 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let _ = std::fs::remove_file(api::socket_path(&root));
     result
+}
+
+/// The API server client, if the agent is to use one (`--kubeconfig`, or
+/// in a pod), with what must be in place before the manager starts: the
+/// service account token source (TokenRequest, unless `--token-file`
+/// supplies tokens) and the events on pods.
+async fn connect_api(
+    opts: &AgentOptions,
+    vm: &Arc<VolumeManager>,
+    stop: &watch::Receiver<bool>,
+) -> Result<Option<kube::Client>, AgentError> {
+    let client = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
+        Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)
+    } else {
+        None
+    };
+    match (&opts.token_dir, &client) {
+        (Some(dir), _) => vm.set_token_source(Arc::new(FileTokenSource::new(dir.clone()))),
+        (None, Some(c)) => {
+            vm.set_token_source(Arc::new(apiserver::token::ApiTokenSource::new(c.clone())))
+        }
+        (None, None) => {}
+    }
+    if let Some(c) = &client {
+        let events = apiserver::events::EventConfig::default();
+        apiserver::events::start(c.clone(), &opts.node_name, vm, events, stop.clone());
+        tracing::info!(node = %opts.node_name, "using the API server (events, CSINode, tokens)");
+    }
+    Ok(client)
+}
+
+/// The node's API objects kept by the agent: CSINode and the CSI node
+/// annotations for registered drivers, and with `--report-volumes-in-use`
+/// the Node's `status.volumesInUse`.
+fn spawn_node_components(
+    opts: &AgentOptions,
+    client: kube::Client,
+    vm: &Arc<VolumeManager>,
+    registry: &Arc<DriverRegistry>,
+    stop: &watch::Receiver<bool>,
+) {
+    let node = opts.node_name.clone();
+    tokio::spawn(apiserver::csinode::run(
+        client.clone(),
+        node.clone(),
+        Arc::clone(registry),
+        stop.clone(),
+    ));
+    if opts.report_volumes_in_use {
+        tokio::spawn(apiserver::node_status::run(
+            client,
+            node,
+            Arc::clone(vm),
+            apiserver::node_status::NodeStatusConfig::default(),
+            stop.clone(),
+        ));
+    }
 }
 
 /// Serves the local API and (if bound) the metrics endpoint, under one

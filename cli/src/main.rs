@@ -25,6 +25,13 @@ struct Cli {
     command: Command,
 }
 
+/// The host name, the default `--node-name`.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// `volmgr agent`'s flags.
 #[derive(clap::Args, Debug)]
 struct AgentArgs {
@@ -49,8 +56,9 @@ struct AgentArgs {
     /// Longest retry delay.
     #[arg(long, default_value = "122s", value_parser = parse_positive_duration)]
     backoff_max: Duration,
-    /// This node's name.
-    #[arg(long, default_value = "")]
+    /// This node's name (default: the host name); also `nodeName` in CSI
+    /// vol_data.json.
+    #[arg(long, default_value_t = host_name())]
     node_name: String,
     /// Deadline of each CSI call (the kubelet uses 2 minutes).
     #[arg(long, default_value = "120s", value_parser = parse_positive_duration)]
@@ -72,6 +80,15 @@ struct AgentArgs {
     /// a volume fails to set up.
     #[arg(long, value_name = "DIR")]
     token_file: Option<PathBuf>,
+    /// Use the API server of this kubeconfig (its current context) for
+    /// events, CSINode and service account tokens. Without it, the
+    /// cluster's own API server when running in a pod.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Own the Node's status.volumesInUse (off next to a kubelet that
+    /// reports it); attachable volumes are then set up once reported.
+    #[arg(long)]
+    report_volumes_in_use: bool,
 }
 
 impl AgentArgs {
@@ -94,6 +111,8 @@ impl AgentArgs {
             csi_drivers: self.csi_drivers,
             tracer: self.tracer,
             token_dir: self.token_file,
+            kubeconfig: self.kubeconfig,
+            report_volumes_in_use: self.report_volumes_in_use,
         }
     }
 }

@@ -1,9 +1,12 @@
-//! The Kubernetes API server side of the node agent (kube-rs): the node's
-//! CSINode object and CSI annotations, events on pods, and the Node's
-//! `status.volumesInUse`.
+//! The Kubernetes API server side of the node agent (kube-rs): the client
+//! (`--kubeconfig` or in-cluster), the node's CSINode object and CSI
+//! annotations, events on pods, the Node's `status.volumesInUse`, and
+//! service account tokens by TokenRequest.
 
+pub mod client;
 pub mod csinode;
 pub mod events;
 #[cfg(test)]
 mod fake;
 pub mod node_status;
+pub mod token;

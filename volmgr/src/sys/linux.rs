@@ -10,7 +10,6 @@ use nix::mount::MntFlags;
 
 use std::path::Path;
 
-
 use super::mount_id;
 use super::mountinfo::{self, MountInfo, MountInfoError};
 use super::{
