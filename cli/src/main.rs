@@ -120,7 +120,7 @@ impl AgentArgs {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the node agent on a manifests directory.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Show the agent's status.
     Status {
         /// Root directory of the agent.
