@@ -587,3 +587,24 @@ mod tests {
         assert!(!format!("{:?}", VolumeSource::Csi(src)).contains("hunter2"));
     }
 }
+
+/// The pod's `spec.securityContext.fsGroupChangePolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsGroupChangePolicy {
+    /// `Always` (the default): walk the whole volume.
+    #[default]
+    Always,
+    /// `OnRootMismatch`: walk only if the root's group or bits differ.
+    OnRootMismatch,
+}
+
+impl FsGroupChangePolicy {
+    /// From the API's value (`None` or anything unknown is `Always`, as the
+    /// kubelet treats it).
+    pub fn from_api(v: Option<&str>) -> Self {
+        match v {
+            Some("OnRootMismatch") => Self::OnRootMismatch,
+            _ => Self::Always,
+        }
+    }
+}

@@ -17,6 +17,8 @@ pub struct PodToMount {
     pub spec: Arc<VolumeSpec>,
     /// `fsGroup`.
     pub fs_group: Option<i64>,
+    /// `fsGroupChangePolicy`.
+    pub fs_group_change_policy: crate::volume::FsGroupChangePolicy,
     /// SELinux label.
     pub selinux_label: Option<Arc<str>>,
     /// The containers' subPath uses of the volume, bind-mounted after its
@@ -267,6 +269,7 @@ mod tests {
                         },
                     }),
                     fs_group: None,
+                    fs_group_change_policy: Default::default(),
                     selinux_label: None,
                     sub_paths: vec![],
                 },

@@ -425,6 +425,7 @@ mod tests {
                 },
             }),
             fs_group: None,
+            fs_group_change_policy: Default::default(),
             selinux_label: None,
         }
     }

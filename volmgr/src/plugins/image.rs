@@ -87,6 +87,7 @@ mod tests {
             volume_name: name.clone(),
             spec: spec(),
             fs_group: Some(5),
+            fs_group_change_policy: Default::default(),
             selinux_label: None,
         };
         assert_eq!(p.set_up(req.clone()).await.unwrap(), PathBuf::new());

@@ -115,6 +115,8 @@ pub struct MountRequest {
     pub spec: Arc<VolumeSpec>,
     /// `fsGroup` to give the volume's root.
     pub fs_group: Option<i64>,
+    /// `fsGroupChangePolicy`: whether a matching root skips the walk.
+    pub fs_group_change_policy: crate::volume::FsGroupChangePolicy,
     /// SELinux label the pod runs with.
     pub selinux_label: Option<Arc<str>>,
 }

@@ -478,6 +478,7 @@ mod tests {
             pod_uid: pod,
             spec,
             fs_group: None,
+            fs_group_change_policy: Default::default(),
             selinux_label: None,
         }
     }

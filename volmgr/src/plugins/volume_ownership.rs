@@ -27,26 +27,7 @@ use crate::sys::beneath::{self, Last};
 use crate::sys::dir_walk::{DirWalk, Step};
 use crate::sys::{dirents, SyscallError};
 
-/// The pod's `spec.securityContext.fsGroupChangePolicy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FsGroupChangePolicy {
-    /// `Always` (the default): walk the whole volume.
-    #[default]
-    Always,
-    /// `OnRootMismatch`: walk only if the root's group or bits differ.
-    OnRootMismatch,
-}
-
-impl FsGroupChangePolicy {
-    /// From the API's value (`None` or anything unknown is `Always`, as the
-    /// kubelet treats it).
-    pub fn from_api(v: Option<&str>) -> Self {
-        match v {
-            Some("OnRootMismatch") => Self::OnRootMismatch,
-            _ => Self::Always,
-        }
-    }
-}
+pub use crate::volume::FsGroupChangePolicy;
 
 /// What [`set_volume_ownership`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -140,6 +140,7 @@ impl Populator {
                     outer_volume_spec_name: v.name,
                     spec,
                     fs_group: pod.fs_group,
+                    fs_group_change_policy: pod.fs_group_change_policy,
                     selinux_label: selinux.clone(),
                     sub_paths: v.sub_paths,
                 };

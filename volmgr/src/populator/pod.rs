@@ -61,6 +61,8 @@ pub struct DesiredPod {
     pub name: String,
     /// `spec.securityContext.fsGroup`.
     pub fs_group: Option<i64>,
+    /// `spec.securityContext.fsGroupChangePolicy`.
+    pub fs_group_change_policy: crate::volume::FsGroupChangePolicy,
     /// `spec.securityContext.supplementalGroups`.
     pub supplemental_groups: Vec<i64>,
     /// `spec.securityContext.seLinuxOptions` as a `user:role:type:level` label.
@@ -141,6 +143,9 @@ impl DesiredPod {
             namespace,
             name,
             fs_group: sc.and_then(|c| c.fs_group),
+            fs_group_change_policy: crate::volume::FsGroupChangePolicy::from_api(
+                sc.and_then(|c| c.fs_group_change_policy.as_deref()),
+            ),
             supplemental_groups: sc
                 .and_then(|c| c.supplemental_groups.clone())
                 .unwrap_or_default(),

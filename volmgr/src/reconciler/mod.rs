@@ -430,6 +430,7 @@ impl Reconciler {
                             volume_name: v.clone(),
                             spec: Arc::clone(&p.spec),
                             fs_group: p.fs_group,
+                            fs_group_change_policy: p.fs_group_change_policy,
                             selinux_label: p.selinux_label.clone(),
                         },
                         sub_paths: p.sub_paths.clone(),

@@ -1201,6 +1201,7 @@ mod tests {
             namespace: "ns".into(),
             name: uid.into(),
             fs_group: Some(7),
+            fs_group_change_policy: Default::default(),
             supplemental_groups: vec![9],
             selinux_label: None,
             volumes: vols

@@ -4,13 +4,13 @@
 //! after NodePublishVolume when the driver's fsGroupPolicy allows
 //! (`supportsFSGroup`: without a CSIDriver object the policy is
 //! `ReadWriteOnceWithFSType` — a file system type, and a ReadWriteOnce or
-//! inline volume).
+//! inline volume), honouring the pod's `fsGroupChangePolicy`.
 
 use std::os::fd::AsFd;
 use std::path::Path;
 
 use crate::csi::client::NodeCapabilities;
-use crate::plugins::volume_ownership::{set_volume_ownership, FsGroupChangePolicy};
+use crate::plugins::volume_ownership::set_volume_ownership;
 use crate::plugins::{MountRequest, VolumeError};
 use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource};
 
@@ -60,16 +60,11 @@ pub(super) async fn apply(
     let gid = u32::try_from(gid)
         .map_err(|_| VolumeError::InvalidSpec(format!("fsGroup {gid} is out of range")))?;
     let target = target.to_path_buf();
+    let policy = req.fs_group_change_policy;
     let walk = tokio::task::spawn_blocking(move || {
         let dir = std::fs::File::open(&target)
             .map_err(|e| crate::sys::SyscallError::io("open", &target, e))?;
-        set_volume_ownership(
-            dir.as_fd(),
-            &target,
-            gid,
-            false,
-            FsGroupChangePolicy::Always,
-        )
+        set_volume_ownership(dir.as_fd(), &target, gid, false, policy)
     })
     .await
     .map_err(|e| VolumeError::Internal(format!("fsGroup walk: {e}")))?;
