@@ -288,26 +288,18 @@ func TestConcurrentGoroutines(t *testing.T) {
 }
 
 // Per-call costs (see BENCHMARKS.md): a read for a pod with 10 mounted
-// volumes, an upsert of an unchanged pod, and a bare cgo call.
+// volumes (through the struct list, and through the JSON call and
+// encoding/json, side by side), an upsert of an unchanged pod, and a bare
+// cgo call.
 func BenchmarkGetMountedVolumesForPod(b *testing.B) {
-	m, _, host := newManager(b)
-	if err := m.UpsertPod(podJSON("bench", host, 9)); err != nil {
-		b.Fatal(err)
-	}
-	if err := m.WaitForAttachAndMount(context.Background(), "bench"); err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		v, err := m.GetMountedVolumesForPod("bench")
-		if err != nil || len(v) != 10 {
-			b.Fatal(len(v), err)
-		}
-	}
+	benchVolumeList(b, (*Manager).GetMountedVolumesForPod)
 }
 
-// The same query through the JSON call and encoding/json, side by side.
 func BenchmarkGetMountedVolumesForPodJSON(b *testing.B) {
+	benchVolumeList(b, (*Manager).volumeListJSON)
+}
+
+func benchVolumeList(b *testing.B, list func(*Manager, string) ([]MountedVolume, error)) {
 	m, _, host := newManager(b)
 	if err := m.UpsertPod(podJSON("bench", host, 9)); err != nil {
 		b.Fatal(err)
@@ -317,7 +309,7 @@ func BenchmarkGetMountedVolumesForPodJSON(b *testing.B) {
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		v, err := m.volumeListJSON("bench")
+		v, err := list(m, "bench")
 		if err != nil || len(v) != 10 {
 			b.Fatal(len(v), err)
 		}
