@@ -116,11 +116,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let kube = connect_api(&opts, &vm, &stop_rx).await?;
-    let csi_registry = DriverRegistry::new();
-    volumemanager::csi::install(&vm, Arc::clone(&csi_registry), opts.csi_timeout)?;
-    for (name, socket) in &opts.csi_drivers {
-        csi_registry.register_fixed(name, socket.clone());
-    }
+    let csi_registry = install_csi(&opts, &vm)?;
     let root = vm.root().path().to_path_buf();
     let _lock = lock_root(&root)?;
     if !opts.manifests.is_dir() {
@@ -185,6 +181,19 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let _ = std::fs::remove_file(api::socket_path(&root));
     result
+}
+
+/// The CSI plugin, with the drivers given by `--csi-driver`.
+fn install_csi(
+    opts: &AgentOptions,
+    vm: &Arc<VolumeManager>,
+) -> Result<Arc<DriverRegistry>, AgentError> {
+    let registry = DriverRegistry::new();
+    volumemanager::csi::install(vm, Arc::clone(&registry), opts.csi_timeout)?;
+    for (name, socket) in &opts.csi_drivers {
+        registry.register_fixed(name, socket.clone());
+    }
+    Ok(registry)
 }
 
 /// The API server client, if the agent is to use one (`--kubeconfig`, or
