@@ -1,7 +1,7 @@
 //! `volmgr agent`: the volume manager as a standalone node agent, fed by a
-//! manifests directory, serving status on a Unix socket and Prometheus
-//! metrics over HTTP. SIGTERM/SIGINT stop it cleanly and leave mounts in
-//! place, as the kubelet does.
+//! manifests directory and/or the Kubernetes API server's pods, serving
+//! status on a Unix socket and Prometheus metrics over HTTP. SIGTERM/SIGINT
+//! stop it cleanly and leave mounts in place, as the kubelet does.
 
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -31,8 +31,9 @@ pub use volmgr::volumemanager::csi::PLUGINS_REGISTRY_DIR;
 pub struct AgentOptions {
     /// ROOT.
     pub root: PathBuf,
-    /// The manifests directory.
-    pub manifests: PathBuf,
+    /// The manifests directory (with the API server: static pods next to
+    /// the API's).
+    pub manifests: Option<PathBuf>,
     /// Where to serve `/metrics`.
     pub metrics_addr: Option<SocketAddr>,
     /// Safety-net resync period.
@@ -88,6 +89,9 @@ pub enum AgentError {
     /// The manifests source failed.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// Neither `--manifests` nor an API server.
+    #[error("no source of pods: give --manifests DIR, --kubeconfig FILE, or run in a pod")]
+    NoSource,
     /// The tracer asked for could not start.
     #[error("--tracer {mode}: {source}")]
     Tracer {
@@ -106,6 +110,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
+    check_sources(&opts)?;
     create_root(&opts.root)?;
     let mut config = Config::new(&opts.root);
     config.resync_period = opts.resync_period;
@@ -119,12 +124,6 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let csi_registry = install_csi(&opts, &vm)?;
     let root = vm.root().path().to_path_buf();
     let _lock = lock_root(&root)?;
-    if !opts.manifests.is_dir() {
-        return Err(AgentError::Io {
-            what: format!("manifests directory {}", opts.manifests.display()),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
-        });
-    }
     // Before the manager starts: nothing done to the mount table after
     // reconstruction read it goes unseen.
     let tracer =
@@ -150,14 +149,13 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let watcher_task =
         volumemanager::csi::watch_plugins_registry(&vm, &csi_registry, stop_rx.clone())?;
-    if let Some(client) = kube {
-        spawn_node_components(&opts, client, &vm, &csi_registry, &stop_rx);
+    if let Some(client) = &kube {
+        spawn_node_components(&opts, client.clone(), &vm, &csi_registry, &stop_rx);
     }
     vm.start().await?;
-    tracing::info!(root = %root.display(), manifests = %opts.manifests.display(), "agent started");
+    tracing::info!(root = %root.display(), manifests = ?opts.manifests, api = kube.is_some(), "agent started");
     let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
-    let source = ManifestsSource::new(opts.manifests.clone(), vm.pod_sink(), opts.rescan_period);
-    let mut source_task = tokio::spawn(source.run(stop_rx.clone()));
+    let mut source_task = spawn_sources(&opts, kube, &vm, &stop_rx);
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io("installing the SIGTERM handler"))?;
@@ -167,7 +165,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         _ = term.recv() => { tracing::info!("SIGTERM: stopping, mounts stay in place"); Ok(()) }
         _ = int.recv() => { tracing::info!("SIGINT: stopping, mounts stay in place"); Ok(()) }
         r = &mut source_task => match r {
-            Ok(Err(e)) => Err(AgentError::from(e)),
+            Ok(Err(e)) => Err(e),
             _ => Ok(()),
         },
     };
@@ -181,6 +179,61 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let _ = std::fs::remove_file(api::socket_path(&root));
     result
+}
+
+/// Checks that the agent has a source of pods, and that `--manifests`
+/// names a directory.
+fn check_sources(opts: &AgentOptions) -> Result<(), AgentError> {
+    match &opts.manifests {
+        None if !apiserver::client::api_requested(opts.kubeconfig.as_deref()) => {
+            Err(AgentError::NoSource)
+        }
+        Some(dir) if !dir.is_dir() => Err(AgentError::Io {
+            what: format!("manifests directory {}", dir.display()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Starts the sources of pods: the manifests directory and the API
+/// server's pods, each with its own handle on the desired state (populated
+/// once both delivered their pods). The task ends when they stop, or
+/// early with the manifests source's error.
+fn spawn_sources(
+    opts: &AgentOptions,
+    kube: Option<kube::Client>,
+    vm: &Arc<VolumeManager>,
+    stop: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), AgentError>> {
+    let count = usize::from(opts.manifests.is_some()) + usize::from(kube.is_some());
+    let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count);
+    let api = kube.zip(sinks.pop()).map(|(client, sink)| {
+        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sink);
+        tokio::spawn(source.run(stop.clone()))
+    });
+    let manifests = opts.manifests.clone().zip(sinks.pop()).map(|(dir, sink)| {
+        let source = ManifestsSource::new(dir, sink, opts.rescan_period);
+        tokio::spawn(source.run(stop.clone()))
+    });
+    tokio::spawn(async move {
+        let manifests = async {
+            match manifests {
+                Some(t) => match t.await {
+                    Ok(r) => r.map_err(AgentError::from),
+                    Err(_) => Ok(()),
+                },
+                None => Ok(()),
+            }
+        };
+        let api = async {
+            if let Some(t) = api {
+                let _ = t.await;
+            }
+            Ok::<(), AgentError>(())
+        };
+        tokio::try_join!(manifests, api).map(|_| ())
+    })
 }
 
 /// The CSI plugin, with the drivers given by `--csi-driver`.
@@ -220,7 +273,7 @@ async fn connect_api(
     if let Some(c) = &client {
         let events = apiserver::events::EventConfig::default();
         apiserver::events::start(c.clone(), &opts.node_name, vm, events, stop.clone());
-        tracing::info!(node = %opts.node_name, "using the API server (events, CSINode, tokens)");
+        tracing::info!(node = %opts.node_name, "using the API server (pods, objects, events, CSINode, tokens)");
     }
     Ok(client)
 }

@@ -38,9 +38,10 @@ struct AgentArgs {
     /// Root directory (the kubelet's /var/lib/kubelet).
     #[arg(long)]
     root: PathBuf,
-    /// Directory of pod manifests (YAML or JSON).
+    /// Directory of pod manifests (YAML or JSON): the only source of pods
+    /// without an API server, static pods next to the API's with one.
     #[arg(long)]
-    manifests: PathBuf,
+    manifests: Option<PathBuf>,
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9110).
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
@@ -119,7 +120,7 @@ impl AgentArgs {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the node agent on a manifests directory.
+    /// Run the node agent on a manifests directory and/or the API server's pods.
     Agent(Box<AgentArgs>),
     /// Show the agent's status.
     Status {

@@ -1,5 +1,5 @@
 //! The Kubernetes API server side of the node agent (kube-rs): the client
-//! (`--kubeconfig` or in-cluster), the node's CSINode object and CSI
+//! (`--kubeconfig` or in-cluster), the node's pods and the objects they read, the node's CSINode object and CSI
 //! annotations, events on pods, the Node's `status.volumesInUse`, and
 //! service account tokens by TokenRequest.
 
@@ -9,4 +9,5 @@ pub mod events;
 #[cfg(test)]
 mod fake;
 pub mod node_status;
+pub mod pods;
 pub mod token;

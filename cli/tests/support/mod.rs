@@ -141,6 +141,20 @@ impl Env {
 
     /// Starts the agent, `configure` adjusting its command first.
     pub fn start_agent_with(&self, extra: &[&str], configure: impl FnOnce(&mut Command)) -> Agent {
+        let manifests = self.manifests.clone();
+        self.start_agent_cmd(extra, |cmd| {
+            cmd.arg("--manifests").arg(manifests);
+            configure(cmd)
+        })
+    }
+
+    /// Starts the agent with no source of pods but what `extra` gives
+    /// (e.g. `--kubeconfig`).
+    pub fn start_agent_without_manifests(&self, extra: &[&str]) -> Agent {
+        self.start_agent_cmd(extra, |_| {})
+    }
+
+    fn start_agent_cmd(&self, extra: &[&str], configure: impl FnOnce(&mut Command)) -> Agent {
         static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = self.dir.path().join(format!("agent-{n}.log"));
@@ -149,8 +163,6 @@ impl Env {
         cmd.arg("agent")
             .arg("--root")
             .arg(&self.root)
-            .arg("--manifests")
-            .arg(&self.manifests)
             .args(["--backoff-initial", "100ms", "--backoff-max", "1s"])
             .args(extra)
             .env("RUST_LOG", "volmgr=debug")

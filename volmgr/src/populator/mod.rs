@@ -17,11 +17,13 @@ pub mod payload;
 pub mod pod;
 pub mod resolve;
 pub mod resolver;
+mod shared_sink;
 mod sub_paths;
 pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 pub use resolver::PodResolver;
+pub use shared_sink::share_sink;
 
 use crate::cache::world::WakeHold;
 use crate::volume::PodUid;

@@ -1,0 +1,470 @@
+//! The Kubernetes API as a source of pods, as the kubelet's API pod source
+//! and its desired-state populator use it:
+//!
+//! - the node's pods by a kube-rs watcher with
+//!   `fieldSelector=spec.nodeName=NODE` (list, then watch from the list's
+//!   resourceVersion with bookmarks; a relist after `410 Gone`; backoff with
+//!   jitter on errors). A relist ends with the full set of pods: a pod not in
+//!   it was deleted meanwhile and is torn down; the others are converted
+//!   again only if their spec or metadata changed, so nothing is mounted
+//!   twice. An API server that is down or answers 5xx tears nothing down;
+//!   volumes of pods no source knows are only cleaned once the first list
+//!   came through.
+//! - A pod's volumes are torn down when the pod is deleted, when its phase
+//!   is `Succeeded` or `Failed`, or when its deletion was requested and
+//!   none of its containers runs any more (the kubelet's `notRunning`).
+//! - The objects the pods read (PersistentVolumeClaims, PersistentVolumes,
+//!   Secrets, ConfigMaps) each by its own watch with
+//!   `fieldSelector=metadata.name=NAME` in its namespace: what the node
+//!   authorizer lets a node's credentials read, never a cluster-wide list.
+//!   A watch starts when a pod first refers to the object and stops when no
+//!   pod does; a change re-resolves exactly the pods that read the object
+//!   ([`PodResolver`]).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures_util::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ContainerStatus, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use volmgr::populator::objects::{KubeObject, ObjectKind, ObjectRef};
+use volmgr::populator::{PodResolver, PodSink};
+use volmgr::volume::PodUid;
+
+/// How many watch events are applied under one hold of the reconciler's
+/// wake-ups (a burst of pods is one reconciler pass, not one per pod).
+const BATCH: usize = 256;
+
+/// What an object's watch found.
+#[derive(Debug)]
+enum ObjectUpdate {
+    /// The object as it is now.
+    Present(KubeObject),
+    /// The object does not exist (deleted, or not created yet).
+    Absent,
+}
+
+/// A pod this source delivered.
+struct KnownPod {
+    /// `namespace/name`, for status.
+    key: String,
+    /// The pod as converted (status and bookkeeping fields cleared), to
+    /// skip updates that change nothing a volume depends on.
+    converted: Arc<Pod>,
+    /// Whether it was rejected as a whole (its problem shows in status).
+    rejected: bool,
+}
+
+/// The API pod source (see the module documentation).
+pub struct ApiPodSource {
+    client: Client,
+    node: String,
+    sink: Arc<dyn PodSink>,
+    resolver: PodResolver,
+    /// Delivered pods by `metadata.uid`.
+    pods: HashMap<String, KnownPod>,
+    /// During a (re)list: the pods listed so far.
+    relist: Option<HashSet<String>>,
+    /// Whether the first list came through.
+    populated: bool,
+    /// One watch per referenced object.
+    watches: HashMap<ObjectRef, JoinHandle<()>>,
+    updates_tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
+    updates_rx: mpsc::Receiver<(ObjectRef, ObjectUpdate)>,
+}
+
+impl ApiPodSource {
+    /// A source of the pods bound to `node`, writing to `sink`.
+    pub fn new(client: Client, node: &str, sink: Arc<dyn PodSink>) -> Self {
+        let (updates_tx, updates_rx) = mpsc::channel(1024);
+        Self {
+            client,
+            node: node.to_string(),
+            resolver: PodResolver::new(Arc::clone(&sink)),
+            sink,
+            pods: HashMap::new(),
+            relist: None,
+            populated: false,
+            watches: HashMap::new(),
+            updates_tx,
+            updates_rx,
+        }
+    }
+
+    /// Follows the node's pods and the objects they read until `shutdown`.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
+        let mut pods = watcher::watcher(api, config).default_backoff().boxed();
+        tracing::info!(node = %self.node, "following the node's pods on the API server");
+        loop {
+            tokio::select! {
+                () = volmgr::util::shutdown::requested(&mut shutdown) => break,
+                ev = pods.next() => {
+                    let Some(ev) = ev else { break };
+                    let _hold = self.sink.hold_wakes();
+                    self.on_pod_event(ev);
+                    for _ in 1..BATCH {
+                        match pods.next().now_or_never() {
+                            Some(Some(ev)) => self.on_pod_event(ev),
+                            _ => break,
+                        }
+                    }
+                    self.sync_watches();
+                }
+                Some((r, update)) = self.updates_rx.recv() => {
+                    let _hold = self.sink.hold_wakes();
+                    self.on_object(r, update);
+                    while let Ok((r, update)) = self.updates_rx.try_recv() {
+                        self.on_object(r, update);
+                    }
+                    self.sync_watches();
+                }
+            }
+        }
+        for (_, task) in self.watches.drain() {
+            task.abort();
+        }
+    }
+
+    fn on_pod_event(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
+        match ev {
+            Ok(Event::Init) => self.relist = Some(HashSet::new()),
+            Ok(Event::InitApply(pod)) => {
+                if let (Some(listed), Some(uid)) = (&mut self.relist, &pod.metadata.uid) {
+                    listed.insert(uid.clone());
+                }
+                self.apply_pod(pod);
+            }
+            Ok(Event::InitDone) => self.finish_relist(),
+            Ok(Event::Apply(pod)) => self.apply_pod(pod),
+            Ok(Event::Delete(pod)) => {
+                if let Some(uid) = &pod.metadata.uid {
+                    self.remove_pod(uid);
+                }
+            }
+            // The watcher retries with backoff; nothing is torn down.
+            Err(e) => tracing::warn!(node = %self.node, error = %e, "pod watch failed; retrying"),
+        }
+    }
+
+    /// The end of a (re)list: pods not listed are gone.
+    fn finish_relist(&mut self) {
+        let Some(listed) = self.relist.take() else {
+            return;
+        };
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|uid| !listed.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            tracing::info!(pod = %uid, "pod gone from the API server's list");
+            self.remove_pod(&uid);
+        }
+        if !self.populated {
+            self.populated = true;
+            tracing::info!(
+                pods = self.pods.len(),
+                "initial pod list from the API server done"
+            );
+            self.sink.set_populated();
+        }
+    }
+
+    fn apply_pod(&mut self, pod: Pod) {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
+        if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(self.node.as_str()) {
+            // Not (or no longer) this node's.
+            self.remove_pod(&uid);
+            return;
+        }
+        if is_terminated(&pod) {
+            self.remove_pod(&uid);
+            return;
+        }
+        let converted = Arc::new(for_conversion(pod));
+        if self
+            .pods
+            .get(&uid)
+            .is_some_and(|k| k.converted == converted)
+        {
+            return;
+        }
+        let key = pod_key(&converted);
+        let was_rejected = self.pods.get(&uid).is_some_and(|k| k.rejected);
+        let rejected = match self.resolver.upsert_pod(Arc::clone(&converted)) {
+            Ok(_) => {
+                if was_rejected {
+                    self.sink.set_source_problems(&key, vec![], vec![]);
+                }
+                false
+            }
+            Err(r) => {
+                tracing::warn!(pod = %key, reason = %r.reason, "pod rejected");
+                self.sink.set_source_problems(&key, vec![], vec![r]);
+                true
+            }
+        };
+        self.pods.insert(
+            uid,
+            KnownPod {
+                key,
+                converted,
+                rejected,
+            },
+        );
+    }
+
+    fn remove_pod(&mut self, uid: &str) {
+        let Some(known) = self.pods.remove(uid) else {
+            return;
+        };
+        if known.rejected {
+            self.sink.set_source_problems(&known.key, vec![], vec![]);
+        }
+        if let Ok(uid) = PodUid::new(uid) {
+            tracing::info!(pod = %known.key, %uid, "pod removed: tearing its volumes down");
+            self.resolver.delete_pod(&uid);
+        }
+    }
+
+    fn on_object(&mut self, r: ObjectRef, update: ObjectUpdate) {
+        if !self.watches.contains_key(&r) {
+            // A late message from a watch just dropped.
+            return;
+        }
+        match update {
+            ObjectUpdate::Present(obj) if obj.reference() == r => {
+                self.resolver.upsert_object(obj);
+            }
+            ObjectUpdate::Present(obj) => {
+                tracing::warn!(object = %r, got = %obj.reference(), "watch answered another object; ignored");
+            }
+            ObjectUpdate::Absent => {
+                self.resolver.delete_object(&r);
+            }
+        }
+    }
+
+    /// Starts a watch for every object a pod reads that has none, and
+    /// stops those no pod reads any more (forgetting their objects).
+    fn sync_watches(&mut self) {
+        let wanted: BTreeSet<ObjectRef> = self
+            .resolver
+            .referenced_objects()
+            .into_iter()
+            .filter(|r| !r.name.is_empty())
+            .collect();
+        let dropped: Vec<ObjectRef> = self
+            .watches
+            .keys()
+            .filter(|r| !wanted.contains(*r))
+            .cloned()
+            .collect();
+        for r in dropped {
+            if let Some(task) = self.watches.remove(&r) {
+                task.abort();
+            }
+            self.resolver.remove_object(&r);
+            tracing::debug!(object = %r, "no pod reads it any more: watch stopped");
+        }
+        for r in wanted {
+            if !self.watches.contains_key(&r) {
+                tracing::debug!(object = %r, "watching");
+                let task = tokio::spawn(watch_object(
+                    self.client.clone(),
+                    r.clone(),
+                    self.updates_tx.clone(),
+                ));
+                self.watches.insert(r, task);
+            }
+        }
+    }
+}
+
+/// `namespace/name` of a pod.
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// The pod without what changes all the time and no volume depends on
+/// (status, resourceVersion, managed fields): two updates that differ only
+/// there convert to the same desired pod.
+fn for_conversion(mut pod: Pod) -> Pod {
+    pod.status = None;
+    pod.metadata.resource_version = None;
+    pod.metadata.managed_fields = None;
+    pod.metadata.generation = None;
+    pod
+}
+
+/// The kubelet's terminated pod: phase `Succeeded` or `Failed`, or its
+/// deletion requested and no container running (every container status
+/// terminated or waiting; none reported counts as none running).
+pub fn is_terminated(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return true;
+    }
+    if pod.metadata.deletion_timestamp.is_none() {
+        return false;
+    }
+    let statuses = status.into_iter().flat_map(|s| {
+        let lists: [&Option<Vec<ContainerStatus>>; 3] = [
+            &s.init_container_statuses,
+            &s.container_statuses,
+            &s.ephemeral_container_statuses,
+        ];
+        lists.into_iter().flatten().flatten()
+    });
+    for c in statuses {
+        let state = c.state.as_ref();
+        let stopped = state.is_some_and(|s| s.terminated.is_some() || s.waiting.is_some());
+        if !stopped {
+            return false;
+        }
+    }
+    true
+}
+
+/// Follows one object by name until the task is aborted.
+async fn watch_object(client: Client, r: ObjectRef, tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>) {
+    match r.kind {
+        ObjectKind::PersistentVolume => {
+            let api = Api::<PersistentVolume>::all(client);
+            follow(api, r, tx, |o| KubeObject::PersistentVolume(Arc::new(o))).await
+        }
+        ObjectKind::PersistentVolumeClaim => {
+            let api = Api::<PersistentVolumeClaim>::namespaced(client, &r.namespace);
+            follow(api, r, tx, |o| {
+                KubeObject::PersistentVolumeClaim(Arc::new(o))
+            })
+            .await
+        }
+        ObjectKind::Secret => {
+            let api = Api::<Secret>::namespaced(client, &r.namespace);
+            follow(api, r, tx, |o| KubeObject::Secret(Arc::new(o))).await
+        }
+        ObjectKind::ConfigMap => {
+            let api = Api::<ConfigMap>::namespaced(client, &r.namespace);
+            follow(api, r, tx, |o| KubeObject::ConfigMap(Arc::new(o))).await
+        }
+    }
+}
+
+/// Lists and watches the one object `r` names, sending what it finds.
+async fn follow<K>(
+    api: Api<K>,
+    r: ObjectRef,
+    tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
+    wrap: fn(K) -> KubeObject,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", r.name));
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let mut listed: Option<K> = None;
+    while let Some(ev) = events.next().await {
+        let update = match ev {
+            Ok(Event::Init) => {
+                listed = None;
+                continue;
+            }
+            Ok(Event::InitApply(o)) => {
+                listed = Some(o);
+                continue;
+            }
+            Ok(Event::InitDone) => match listed.take() {
+                Some(o) => ObjectUpdate::Present(wrap(o)),
+                None => ObjectUpdate::Absent,
+            },
+            Ok(Event::Apply(o)) => ObjectUpdate::Present(wrap(o)),
+            Ok(Event::Delete(_)) => ObjectUpdate::Absent,
+            Err(e) => {
+                tracing::warn!(object = %r, error = %e, "watch failed; retrying");
+                continue;
+            }
+        };
+        if tx.send((r.clone(), update)).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn terminated_as_the_kubelet_decides() {
+        let running = json!({"state": {"running": {}}, "name": "c", "image": "i", "ready": true, "restartCount": 0, "imageID": "", "containerID": ""});
+        let exited = json!({"state": {"terminated": {"exitCode": 0}}, "name": "c", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""});
+        let waiting = json!({"state": {"waiting": {}}, "name": "w", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""});
+        let p = |phase: &str, deleting: bool, statuses: Vec<serde_json::Value>| {
+            let mut meta = json!({"name": "p", "uid": "u"});
+            if deleting {
+                meta["deletionTimestamp"] = json!("2026-11-24T00:00:00Z");
+            }
+            pod(
+                json!({"metadata": meta, "status": {"phase": phase, "containerStatuses": statuses}}),
+            )
+        };
+        assert!(!is_terminated(&p("Running", false, vec![running.clone()])));
+        assert!(is_terminated(&p("Succeeded", false, vec![])));
+        assert!(is_terminated(&p("Failed", false, vec![running.clone()])));
+        assert!(
+            !is_terminated(&p("Running", true, vec![running.clone(), exited.clone()])),
+            "a container still runs: its volumes stay"
+        );
+        assert!(is_terminated(&p("Running", true, vec![exited, waiting])));
+        assert!(is_terminated(&p("Pending", true, vec![])));
+        assert!(!is_terminated(&p("Pending", false, vec![])));
+    }
+
+    #[test]
+    fn status_only_updates_convert_the_same() {
+        let a = pod(
+            json!({"metadata": {"name": "p", "uid": "u", "resourceVersion": "1"},
+            "spec": {"containers": []}, "status": {"phase": "Pending"}}),
+        );
+        let b = pod(
+            json!({"metadata": {"name": "p", "uid": "u", "resourceVersion": "2"},
+            "spec": {"containers": []}, "status": {"phase": "Running"}}),
+        );
+        assert_eq!(for_conversion(a.clone()), for_conversion(b));
+        let c = pod(
+            json!({"metadata": {"name": "p", "uid": "u", "labels": {"a": "b"}},
+            "spec": {"containers": []}}),
+        );
+        assert_ne!(
+            for_conversion(a),
+            for_conversion(c),
+            "labels feed downwardAPI volumes"
+        );
+    }
+}

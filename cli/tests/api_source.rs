@@ -1,0 +1,346 @@
+//! End-to-end tests of the Kubernetes API as the agent's source of pods:
+//! the real agent, through kube-rs, against an in-process HTTPS fake API
+//! server (`support/fake_apiserver.rs`) that lists and watches with
+//! resource versions and bookmarks, answers `410 Gone` after a compaction,
+//! can be taken down (503), and refuses what the node authorizer refuses a
+//! node's credentials. Each test runs in a private mount namespace.
+
+// Test-only code: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+#[path = "support/fake_apiserver.rs"]
+mod fake_apiserver;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fake_apiserver::FakeApiServer;
+use serde_json::{json, Value};
+use support::{isolated, Agent, Env};
+
+const NODE: &str = "node-a";
+
+/// A pod bound to `node` with the given volumes, each mounted by its one
+/// container.
+fn pod(name: &str, uid: &str, node: &str, volumes: Value) -> Value {
+    let mounts: Vec<Value> = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| json!({"name": v["name"], "mountPath": format!("/m/{}", v["name"].as_str().unwrap())}))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "test", "uid": uid},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i", "volumeMounts": mounts}],
+                 "volumes": volumes},
+        "status": {"phase": "Running"}
+    })
+}
+
+fn memory_pod(name: &str, uid: &str, node: &str) -> Value {
+    pod(
+        name,
+        uid,
+        node,
+        json!([{"name": "scratch", "emptyDir": {"medium": "Memory"}}]),
+    )
+}
+
+struct Cluster {
+    env: Env,
+    api: FakeApiServer,
+    kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    fn new() -> Self {
+        let env = Env::new();
+        let api = FakeApiServer::start();
+        let kubeconfig = api.write_kubeconfig(env.dir.path());
+        Self {
+            env,
+            api,
+            kubeconfig,
+        }
+    }
+
+    /// The agent on the API alone (no `--manifests`).
+    fn start_agent(&self) -> Agent {
+        self.env.start_agent_without_manifests(&[
+            "--kubeconfig",
+            self.kubeconfig.to_str().unwrap(),
+            "--node-name",
+            NODE,
+        ])
+    }
+
+    fn scratch(&self, uid: &str) -> PathBuf {
+        self.env.empty_dir(uid, "scratch")
+    }
+
+    fn state(&self, uid: &str, vol: &str) -> Option<String> {
+        self.env.volume_state(uid, vol).map(|s| s.0)
+    }
+
+    fn wait_mounted(&self, uid: &str, vol: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.env.volume_state(uid, vol);
+            if s.as_ref().is_some_and(|s| s.0 == "mounted") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gave up waiting for {uid}/{vol} mounted; last state {s:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_gone(&self, uid: &str) {
+        let dir = self.env.root.join("pods").join(uid);
+        self.env
+            .wait_for(&format!("pod {uid} torn down"), || !dir.exists());
+    }
+
+    /// No request was refused by the node authorizer, and every list or
+    /// watch of secrets or configmaps named its object.
+    fn assert_node_authorizer_content(&self) {
+        for r in self.api.requests() {
+            assert_ne!(r.status, 403, "refused: {r:?}");
+            if r.method == "GET"
+                && (r.path.ends_with("/secrets") || r.path.ends_with("/configmaps"))
+            {
+                assert!(r.query.contains("metadata.name"), "{r:?}");
+            }
+        }
+    }
+}
+
+/// A pod bound to this node is mounted, another node's is ignored; a
+/// configMap volume follows its object; a claim bound late is mounted once
+/// bound; a pod that succeeded is torn down; and nothing the node
+/// authorizer refuses was ever asked for.
+#[test]
+fn api_pods_are_mounted_and_follow_their_objects() {
+    isolated("api_pods_are_mounted_and_follow_their_objects", || {
+        let c = Cluster::new();
+        c.api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": "test"}, "data": {"mode": "one"}}));
+        let mine = pod(
+            "mine",
+            "a1111111-0000-0000-0000-000000000001",
+            NODE,
+            json!([{"name": "scratch", "emptyDir": {"medium": "Memory"}},
+                   {"name": "conf", "configMap": {"name": "settings"}}]),
+        );
+        c.api.apply(mine.clone());
+        c.api.apply(memory_pod(
+            "theirs",
+            "b2222222-0000-0000-0000-000000000002",
+            "node-b",
+        ));
+        let _agent = c.start_agent();
+        let uid = "a1111111-0000-0000-0000-000000000001";
+        c.wait_mounted(uid, "scratch");
+        c.wait_mounted(uid, "conf");
+        assert_eq!(c.env.mount_count(&c.scratch(uid)), 1);
+        let conf = c
+            .env
+            .root
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~configmap/conf/mode");
+        assert_eq!(std::fs::read_to_string(&conf).unwrap(), "one");
+        assert!(
+            !c.env
+                .root
+                .join("pods/b2222222-0000-0000-0000-000000000002")
+                .exists(),
+            "another node's pod was set up"
+        );
+
+        // The configMap changes: the file follows.
+        c.api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": "test"}, "data": {"mode": "two"}}));
+        c.env.wait_for("configMap update in the volume", || {
+            std::fs::read_to_string(&conf).ok().as_deref() == Some("two")
+        });
+
+        // A claim bound after the pod arrives.
+        c.api.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "test"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Pending"}}));
+        let claimer = "c3333333-0000-0000-0000-000000000003";
+        c.api.apply(pod(
+            "claimer",
+            claimer,
+            NODE,
+            json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]),
+        ));
+        c.env.wait_for("the unbound claim reported", || {
+            c.env
+                .volume_state(claimer, "data")
+                .is_some_and(|(state, _, _)| state != "mounted")
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert_ne!(c.state(claimer, "data").as_deref(), Some("mounted"));
+        let host = c.env.dir.path().join("host-data");
+        std::fs::create_dir_all(&host).unwrap();
+        c.api
+            .apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-data"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "local": {"path": host.to_str().unwrap()},
+                     "claimRef": {"namespace": "test", "name": "data"}},
+            "status": {"phase": "Bound"}}));
+        c.api.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "test"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
+                     "volumeName": "pv-data"},
+            "status": {"phase": "Bound"}}));
+        c.wait_mounted(claimer, "data");
+
+        // The first pod's phase becomes Succeeded: its volumes go.
+        let mut done = mine;
+        done["status"]["phase"] = json!("Succeeded");
+        c.api.apply(done);
+        c.wait_gone(uid);
+        assert_eq!(c.env.mount_count(&c.scratch(uid)), 0);
+        c.assert_node_authorizer_content();
+        c.env.assert_outside_untouched();
+    });
+}
+
+/// While the API server is down (503, watches cut) nothing is torn down;
+/// a pod created meanwhile is mounted after recovery. A compaction (410 on
+/// the next watch) while a pod is deleted without the watch seeing it: the
+/// relist tears that pod down and mounts nothing twice.
+#[test]
+fn api_outage_and_relist_after_410() {
+    isolated("api_outage_and_relist_after_410", || {
+        let c = Cluster::new();
+        let a = "d4444444-0000-0000-0000-000000000004";
+        let b = "e5555555-0000-0000-0000-000000000005";
+        let k = "f6666666-0000-0000-0000-000000000006";
+        c.api.apply(memory_pod("a", a, NODE));
+        c.api.apply(memory_pod("keep", k, NODE));
+        let _agent = c.start_agent();
+        c.wait_mounted(a, "scratch");
+        c.wait_mounted(k, "scratch");
+
+        c.api.set_unavailable(true);
+        c.api.apply(memory_pod("b", b, NODE));
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            c.env.mount_count(&c.scratch(a)),
+            1,
+            "torn down during an outage"
+        );
+        c.api.set_unavailable(false);
+        c.wait_mounted(b, "scratch");
+        assert!(
+            c.api.requests().iter().any(|r| r.status == 503),
+            "the outage was not seen"
+        );
+
+        // Deleted while the watch misses it, then the history compacted.
+        c.api.delete("Pod", "test", "a", true);
+        c.api.expire_watches();
+        c.wait_gone(a);
+        for uid in [b, k] {
+            assert_eq!(c.env.mount_count(&c.scratch(uid)), 1, "{uid}");
+            assert_eq!(c.state(uid, "scratch").as_deref(), Some("mounted"));
+        }
+        c.assert_node_authorizer_content();
+    });
+}
+
+/// kill -9 of the agent, then a restart while the API server is down:
+/// nothing is torn down (the desired state is not populated without a
+/// list); once it is back, nothing is remounted.
+#[test]
+fn api_restart_after_kill9_remounts_nothing() {
+    isolated("api_restart_after_kill9_remounts_nothing", || {
+        let c = Cluster::new();
+        let uid = "a7777777-0000-0000-0000-000000000007";
+        c.api.apply(memory_pod("p", uid, NODE));
+        let agent = c.start_agent();
+        c.wait_mounted(uid, "scratch");
+        let marker = c.scratch(uid).join("data");
+        std::fs::write(&marker, "kept").unwrap();
+        agent.kill9();
+
+        c.api.set_unavailable(true);
+        let agent = c.start_agent();
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            c.env.mount_count(&c.scratch(uid)),
+            1,
+            "torn down without a list"
+        );
+        c.api.set_unavailable(false);
+        c.env.wait_synced();
+        c.wait_mounted(uid, "scratch");
+        assert_eq!(c.env.mount_count(&c.scratch(uid)), 1, "mounted twice");
+        assert_eq!(std::fs::read_to_string(&marker).unwrap(), "kept");
+
+        // The pod is deleted for good (a DELETED event): torn down.
+        c.api.delete("Pod", "test", "p", false);
+        c.wait_gone(uid);
+        assert!(agent.term());
+    });
+}
+
+/// Pods from the API and from the manifests directory side by side (the
+/// kubelet's static pods): both are mounted, and removing the manifest
+/// tears down only its pod.
+#[test]
+fn api_and_manifests_together() {
+    isolated("api_and_manifests_together", || {
+        let c = Cluster::new();
+        let from_api = "a8888888-0000-0000-0000-000000000008";
+        let static_pod = "b9999999-0000-0000-0000-000000000009";
+        c.api.apply(memory_pod("api", from_api, NODE));
+        c.env.write_manifest(
+            "static.yaml",
+            &support::pod_yaml(
+                "static",
+                static_pod,
+                &[("scratch", "emptyDir: {medium: Memory}")],
+            ),
+        );
+        let _agent = c.env.start_agent(&[
+            "--kubeconfig",
+            c.kubeconfig.to_str().unwrap(),
+            "--node-name",
+            NODE,
+        ]);
+        c.wait_mounted(from_api, "scratch");
+        c.wait_mounted(static_pod, "scratch");
+        c.env.remove_manifest("static.yaml");
+        c.wait_gone(static_pod);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(c.state(from_api, "scratch").as_deref(), Some("mounted"));
+    });
+}
+
+/// Without `--manifests` and without an API server, the agent says what
+/// it needs.
+#[test]
+fn agent_without_a_source_of_pods_says_so() {
+    let env = Env::new();
+    let out = std::process::Command::new(support::volmgr_bin())
+        .args(["agent", "--root"])
+        .arg(&env.root)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no source of pods"), "{err}");
+}

@@ -1,0 +1,697 @@
+//! An in-process HTTPS fake of the Kubernetes API server, speaking the REST
+//! subset the agent uses, for driving the real agent (through kube-rs)
+//! end to end:
+//!
+//! - list and watch of a collection with `resourceVersion`, bookmarks,
+//!   `timeoutSeconds`, `fieldSelector` (`metadata.name`, `metadata.namespace`,
+//!   `spec.nodeName`, any dotted field); a watch from a compacted version
+//!   gets `410 Gone` (an `ERROR` event, as the real server sends it);
+//! - get, create (POST), replace (PUT), merge patch (PATCH, `/status` too)
+//!   and delete of single objects (events, Node status, CSINode);
+//! - the node authorizer's rule for node credentials: a list or watch of
+//!   pods without `spec.nodeName=`, or of secrets, configmaps, claims,
+//!   volumes or service accounts without `metadata.name=`, is `403`;
+//! - an outage switch (every request `503`, open watches cut), and every
+//!   request recorded.
+//!
+//! TLS with a self-signed certificate for 127.0.0.1 (rcgen); the test
+//! writes a kubeconfig that trusts it.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// One request the fake answered.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub status: u16,
+}
+
+#[derive(Debug, Clone)]
+struct Change {
+    rv: u64,
+    resource: String,
+    namespace: String,
+    kind: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    /// (resource, namespace, name) → object.
+    objects: BTreeMap<(String, String, String), Value>,
+    log: Vec<Change>,
+    /// Watches from a version below this get 410.
+    compacted: u64,
+    unavailable: bool,
+    requests: Vec<Recorded>,
+}
+
+/// The fake server (stops with its runtime when dropped).
+pub struct FakeApiServer {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    /// Bumped on every change; a second channel cuts open watches.
+    changed: watch::Sender<u64>,
+    cut: watch::Sender<u64>,
+    ca_pem: String,
+    _runtime: tokio::runtime::Runtime,
+}
+
+/// The collection a kind lives in.
+pub fn resource_of(kind: &str) -> String {
+    match kind {
+        "Pod" => "pods".into(),
+        "PersistentVolume" => "persistentvolumes".into(),
+        "PersistentVolumeClaim" => "persistentvolumeclaims".into(),
+        "Secret" => "secrets".into(),
+        "ConfigMap" => "configmaps".into(),
+        "Node" => "nodes".into(),
+        "ServiceAccount" => "serviceaccounts".into(),
+        "CSINode" => "csinodes".into(),
+        "Event" => "events".into(),
+        other => format!("{}s", other.to_lowercase()),
+    }
+}
+
+fn kind_of(resource: &str) -> &'static str {
+    match resource {
+        "pods" => "Pod",
+        "persistentvolumes" => "PersistentVolume",
+        "persistentvolumeclaims" => "PersistentVolumeClaim",
+        "secrets" => "Secret",
+        "configmaps" => "ConfigMap",
+        "nodes" => "Node",
+        "serviceaccounts" => "ServiceAccount",
+        "csinodes" => "CSINode",
+        "events" => "Event",
+        _ => "Object",
+    }
+}
+
+/// Resources a node credential may list or watch only by name.
+const BY_NAME_ONLY: [&str; 5] = [
+    "secrets",
+    "configmaps",
+    "persistentvolumeclaims",
+    "persistentvolumes",
+    "serviceaccounts",
+];
+
+impl FakeApiServer {
+    /// Starts the fake on 127.0.0.1 (a free port).
+    pub fn start() -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let key = rcgen::generate_simple_self_signed(vec![
+            "127.0.0.1".to_string(),
+            "localhost".to_string(),
+        ])
+        .unwrap();
+        let ca_pem = key.cert.pem();
+        let cert = key.cert.der().clone();
+        let private = tokio_rustls::rustls::pki_types::PrivateKeyDer::Pkcs8(
+            key.key_pair.serialize_der().into(),
+        );
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let tls = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], private)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let (changed, _) = watch::channel(0u64);
+        let (cut, _) = watch::channel(0u64);
+        let server = Server {
+            state: Arc::clone(&state),
+            changed: changed.clone(),
+            cut: cut.clone(),
+        };
+        runtime.spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, server) = (acceptor.clone(), server.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |req| {
+                        let server = server.clone();
+                        async move { Ok::<_, Infallible>(server.handle(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            state,
+            changed,
+            cut,
+            ca_pem,
+            _runtime: runtime,
+        }
+    }
+
+    /// Writes a kubeconfig for this server (a bearer token, the fake's CA)
+    /// into `dir`; returns its path.
+    pub fn write_kubeconfig(&self, dir: &Path) -> PathBuf {
+        let ca = dir.join("fake-apiserver-ca.pem");
+        std::fs::write(&ca, &self.ca_pem).unwrap();
+        let file = dir.join("kubeconfig");
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: https://{}\n    certificate-authority: {}\nusers:\n- name: node\n  user:\n    token: node-token\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: node\ncurrent-context: fake\n",
+                self.addr,
+                ca.display()
+            ),
+        )
+        .unwrap();
+        file
+    }
+
+    /// Creates or replaces an object (by its `kind`, namespace and name).
+    pub fn apply(&self, object: Value) {
+        let resource = resource_of(object["kind"].as_str().unwrap());
+        let mut s = self.state.lock().unwrap();
+        store(&mut s, &resource, object);
+        drop(s);
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Deletes an object, with a `DELETED` event (`silently`: without one,
+    /// as if the watch missed it).
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str, silently: bool) {
+        let resource = resource_of(kind);
+        let mut s = self.state.lock().unwrap();
+        let key = (resource.clone(), namespace.to_string(), name.to_string());
+        if let Some(mut obj) = s.objects.remove(&key) {
+            s.rv += 1;
+            let rv = s.rv;
+            obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+            if !silently {
+                s.log.push(Change {
+                    rv,
+                    resource,
+                    namespace: namespace.to_string(),
+                    kind: "DELETED",
+                    object: obj,
+                });
+            }
+        }
+        drop(s);
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// Compacts the history: every open watch ends with `410 Gone`, and a
+    /// watch from an earlier version gets it too (the client relists).
+    pub fn expire_watches(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.rv += 1;
+        s.compacted = s.rv;
+        drop(s);
+        self.cut.send_modify(|v| *v += 1);
+    }
+
+    /// Every request answered `503` while set; open watches are cut.
+    pub fn set_unavailable(&self, down: bool) {
+        self.state.lock().unwrap().unavailable = down;
+        self.cut.send_modify(|v| *v += 1);
+    }
+
+    /// The object stored, if any.
+    pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let key = (resource_of(kind), namespace.to_string(), name.to_string());
+        self.state.lock().unwrap().objects.get(&key).cloned()
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().unwrap().requests.clone()
+    }
+}
+
+fn store(s: &mut State, resource: &str, mut object: Value) -> Value {
+    s.rv += 1;
+    let rv = s.rv;
+    let ns = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let key = (resource.to_string(), ns.clone(), name.clone());
+    let kind = if s.objects.contains_key(&key) {
+        "MODIFIED"
+    } else {
+        "ADDED"
+    };
+    if object["metadata"]["uid"].is_null() {
+        object["metadata"]["uid"] = json!(format!("fake-uid-{rv}"));
+    }
+    object["metadata"]["resourceVersion"] = json!(rv.to_string());
+    s.objects.insert(key, object.clone());
+    s.log.push(Change {
+        rv,
+        resource: resource.to_string(),
+        namespace: ns,
+        kind,
+        object: object.clone(),
+    });
+    object
+}
+
+/// What a path names.
+#[derive(Debug)]
+struct Target {
+    resource: String,
+    /// `None`: all namespaces (or cluster-scoped).
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+fn parse_path(path: &str) -> Option<Target> {
+    let rest = path.strip_prefix("/api/v1/").or_else(|| {
+        let r = path.strip_prefix("/apis/")?;
+        let mut it = r.splitn(3, '/');
+        it.next()?;
+        it.next()?;
+        it.next()
+    })?;
+    let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let (namespace, segs) = match segs.as_slice() {
+        ["namespaces", ns, tail @ ..] if !tail.is_empty() => (Some(ns.to_string()), tail.to_vec()),
+        _ => (None, segs),
+    };
+    let seg = |i: usize| segs.get(i).map(|s| s.to_string());
+    Some(Target {
+        resource: seg(0)?,
+        namespace,
+        name: seg(1),
+        subresource: seg(2),
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query_map(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+/// Whether `obj` matches a field selector (`a.b=v,c.d!=w`).
+fn matches(selector: &str, obj: &Value) -> bool {
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let (field, want, negate) = if let Some((f, v)) = term.split_once("!=") {
+            (f, v, true)
+        } else if let Some((f, v)) = term.split_once("==") {
+            (f, v, false)
+        } else if let Some((f, v)) = term.split_once('=') {
+            (f, v, false)
+        } else {
+            return false;
+        };
+        let mut v = obj;
+        for part in field.split('.') {
+            v = &v[part];
+        }
+        let got = v.as_str().unwrap_or("");
+        (got == want) != negate
+    })
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .unwrap()
+}
+
+fn status_response(code: u16, reason: &str, message: &str) -> Response<Body> {
+    json_response(
+        StatusCode::from_u16(code).unwrap(),
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": reason, "code": code}),
+    )
+}
+
+/// JSON merge patch (RFC 7386); strategic merge patches are applied the same way.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+#[derive(Clone)]
+struct Server {
+    state: Arc<Mutex<State>>,
+    changed: watch::Sender<u64>,
+    cut: watch::Sender<u64>,
+}
+
+impl Server {
+    async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let resp = self.route(&method, &path, &query_map(&query), &body);
+        self.state.lock().unwrap().requests.push(Recorded {
+            method: method.to_string(),
+            path,
+            query,
+            status: resp.status().as_u16(),
+        });
+        resp
+    }
+
+    fn route(
+        &self,
+        method: &Method,
+        path: &str,
+        q: &BTreeMap<String, String>,
+        body: &[u8],
+    ) -> Response<Body> {
+        if self.state.lock().unwrap().unavailable {
+            return status_response(503, "ServiceUnavailable", "the fake API server is down");
+        }
+        let Some(t) = parse_path(path) else {
+            return status_response(404, "NotFound", "no such path");
+        };
+        let selector = q.get("fieldSelector").cloned().unwrap_or_default();
+        match (method, &t.name) {
+            (&Method::GET, None) => {
+                if let Some(refused) = node_authorizer(&t.resource, &selector) {
+                    return refused;
+                }
+                if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
+                    self.watch(t, selector, q)
+                } else {
+                    self.list(&t, &selector)
+                }
+            }
+            (&Method::GET, Some(name)) => {
+                let key = (
+                    t.resource.clone(),
+                    t.namespace.clone().unwrap_or_default(),
+                    name.clone(),
+                );
+                match self.state.lock().unwrap().objects.get(&key) {
+                    Some(o) => json_response(StatusCode::OK, o),
+                    None => status_response(
+                        404,
+                        "NotFound",
+                        &format!("{} {name} not found", t.resource),
+                    ),
+                }
+            }
+            (&Method::POST, None) => {
+                let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+                    return status_response(400, "BadRequest", "not JSON");
+                };
+                if let Some(ns) = &t.namespace {
+                    obj["metadata"]["namespace"] = json!(ns);
+                }
+                if obj["metadata"]["name"].is_null() {
+                    let prefix = obj["metadata"]["generateName"]
+                        .as_str()
+                        .unwrap_or("x")
+                        .to_string();
+                    let n = self.state.lock().unwrap().rv + 1;
+                    obj["metadata"]["name"] = json!(format!("{prefix}{n}"));
+                }
+                let mut s = self.state.lock().unwrap();
+                let out = store(&mut s, &t.resource, obj);
+                drop(s);
+                self.changed.send_modify(|v| *v += 1);
+                json_response(StatusCode::CREATED, &out)
+            }
+            (&Method::PUT | &Method::PATCH, Some(name)) => {
+                let key = (
+                    t.resource.clone(),
+                    t.namespace.clone().unwrap_or_default(),
+                    name.clone(),
+                );
+                let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+                    return status_response(400, "BadRequest", "not JSON");
+                };
+                let mut s = self.state.lock().unwrap();
+                let obj = match (method, s.objects.get(&key)) {
+                    (&Method::PUT, _) => patch,
+                    (_, Some(old)) => {
+                        let mut o = old.clone();
+                        merge(&mut o, &patch);
+                        o
+                    }
+                    (_, None) => {
+                        return status_response(
+                            404,
+                            "NotFound",
+                            &format!("{} {name} not found", t.resource),
+                        )
+                    }
+                };
+                let out = store(&mut s, &t.resource, obj);
+                drop(s);
+                self.changed.send_modify(|v| *v += 1);
+                let _ = &t.subresource;
+                json_response(StatusCode::OK, &out)
+            }
+            (&Method::DELETE, Some(name)) => {
+                let key = (
+                    t.resource.clone(),
+                    t.namespace.clone().unwrap_or_default(),
+                    name.clone(),
+                );
+                let mut s = self.state.lock().unwrap();
+                match s.objects.remove(&key) {
+                    Some(mut obj) => {
+                        s.rv += 1;
+                        let rv = s.rv;
+                        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+                        s.log.push(Change {
+                            rv,
+                            resource: t.resource.clone(),
+                            namespace: key.1.clone(),
+                            kind: "DELETED",
+                            object: obj.clone(),
+                        });
+                        drop(s);
+                        self.changed.send_modify(|v| *v += 1);
+                        json_response(StatusCode::OK, &obj)
+                    }
+                    None => status_response(404, "NotFound", "not found"),
+                }
+            }
+            _ => status_response(405, "MethodNotAllowed", "not supported by the fake"),
+        }
+    }
+
+    fn list(&self, t: &Target, selector: &str) -> Response<Body> {
+        let s = self.state.lock().unwrap();
+        let items: Vec<Value> = s
+            .objects
+            .iter()
+            .filter(|((r, ns, _), o)| {
+                r == &t.resource
+                    && t.namespace.as_ref().is_none_or(|want| want == ns)
+                    && matches(selector, o)
+            })
+            .map(|(_, o)| o.clone())
+            .collect();
+        json_response(
+            StatusCode::OK,
+            &json!({"apiVersion": "v1", "kind": format!("{}List", kind_of(&t.resource)),
+                    "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}),
+        )
+    }
+
+    fn watch(&self, t: Target, selector: String, q: &BTreeMap<String, String>) -> Response<Body> {
+        let from: u64 = q
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+        let timeout = q
+            .get("timeoutSeconds")
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_secs(300), Duration::from_secs);
+        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let (state, mut changed, mut cut) = (
+            Arc::clone(&self.state),
+            self.changed.subscribe(),
+            self.cut.subscribe(),
+        );
+        cut.mark_unchanged();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut cursor = from;
+            let line = |v: Value| Bytes::from(format!("{v}\n"));
+            if from < state.lock().unwrap().compacted {
+                let _ = tx.send(line(gone())).await;
+                return;
+            }
+            loop {
+                changed.mark_unchanged();
+                let (events, rv) = {
+                    let s = state.lock().unwrap();
+                    let events: Vec<Change> = s
+                        .log
+                        .iter()
+                        .filter(|c| {
+                            c.rv > cursor
+                                && c.resource == t.resource
+                                && t.namespace.as_ref().is_none_or(|n| n == &c.namespace)
+                                && matches(&selector, &c.object)
+                        })
+                        .cloned()
+                        .collect();
+                    (events, s.rv)
+                };
+                for c in events {
+                    cursor = c.rv;
+                    if tx
+                        .send(line(json!({"type": c.kind, "object": c.object})))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                cursor = cursor.max(rv);
+                tokio::select! {
+                    _ = changed.changed() => {}
+                    _ = cut.changed() => {
+                        // An outage ends the stream; a compaction with 410.
+                        let compacted = state.lock().unwrap().compacted;
+                        if cursor < compacted {
+                            let _ = tx.send(line(gone())).await;
+                        }
+                        return;
+                    }
+                    _ = tokio::time::sleep(Duration::from_millis(500)), if bookmarks => {
+                        let bm = json!({"type": "BOOKMARK", "object": {"kind": kind_of(&t.resource), "apiVersion": "v1",
+                                         "metadata": {"resourceVersion": cursor.to_string()}}});
+                        if tx.send(line(bm)).await.is_err() {
+                            return;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(deadline) => return,
+                }
+            }
+        });
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv()
+                .await
+                .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+        });
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap()
+    }
+}
+
+fn gone() -> Value {
+    json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}})
+}
+
+/// The node authorizer's answer to a list or watch, if it refuses it.
+fn node_authorizer(resource: &str, selector: &str) -> Option<Response<Body>> {
+    let needs = if resource == "pods" {
+        "spec.nodeName="
+    } else if BY_NAME_ONLY.contains(&resource) {
+        "metadata.name="
+    } else {
+        return None;
+    };
+    if selector.contains(needs) {
+        return None;
+    }
+    Some(status_response(
+        403,
+        "Forbidden",
+        &format!("{resource} is forbidden: a node may only list or watch them with {needs}NAME"),
+    ))
+}
