@@ -296,6 +296,58 @@ fn api_restart_after_kill9_remounts_nothing() {
     });
 }
 
+/// A pod whose configMap does not exist: the volume fails, a `FailedMount`
+/// event (events.k8s.io/v1) names the missing object on the pod; once the
+/// configMap is created, the volume is mounted with its data.
+#[test]
+fn api_missing_config_map_is_a_failed_mount_then_mounted() {
+    isolated(
+        "api_missing_config_map_is_a_failed_mount_then_mounted",
+        || {
+            let c = Cluster::new();
+            let uid = "ab000000-0000-0000-0000-00000000000a";
+            c.api.apply(pod(
+                "waits",
+                uid,
+                NODE,
+                json!([{"name": "conf", "configMap": {"name": "later"}}]),
+            ));
+            let _agent = c.start_agent();
+            let found = || {
+                c.api.objects_of("Event").iter().any(|e| {
+                    e["reason"] == "FailedMount"
+                        && e["regarding"]["uid"] == uid
+                        && e["note"].as_str().is_some_and(|n| n.contains("later"))
+                })
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !found() {
+                if std::time::Instant::now() > deadline {
+                    let reqs: Vec<_> = c.api.requests();
+                    panic!(
+                        "no FailedMount event: stored {:?}, requests {reqs:?}, volume {:?}",
+                        c.api.objects_of("Event"),
+                        c.env.volume_state(uid, "conf")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_ne!(c.state(uid, "conf").as_deref(), Some("mounted"));
+            c.api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "later", "namespace": "test"}, "data": {"k": "v"}}));
+            c.wait_mounted(uid, "conf");
+            let file = c
+                .env
+                .root
+                .join("pods")
+                .join(uid)
+                .join("volumes/kubernetes.io~configmap/conf/k");
+            assert_eq!(std::fs::read_to_string(file).unwrap(), "v");
+            c.assert_node_authorizer_content();
+        },
+    );
+}
+
 /// Pods from the API and from the manifests directory side by side (the
 /// kubelet's static pods): both are mounted, and removing the manifest
 /// tears down only its pod.

@@ -258,6 +258,17 @@ impl FakeApiServer {
         self.state.lock().unwrap().objects.get(&key).cloned()
     }
 
+    /// Every stored object of a kind (e.g. the events the agent created).
+    pub fn objects_of(&self, kind: &str) -> Vec<Value> {
+        let resource = resource_of(kind);
+        let s = self.state.lock().unwrap();
+        s.objects
+            .iter()
+            .filter(|((r, _, _), _)| *r == resource)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
     /// Every request so far.
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().unwrap().requests.clone()
@@ -614,12 +625,11 @@ impl Server {
                 changed.mark_unchanged();
                 let (events, rv) = {
                     let s = state.lock().unwrap();
-                    let events: Vec<Change> = s
-                        .log
+                    let start = s.log.partition_point(|c| c.rv <= cursor);
+                    let events: Vec<Change> = s.log[start..]
                         .iter()
                         .filter(|c| {
-                            c.rv > cursor
-                                && c.resource == t.resource
+                            c.resource == t.resource
                                 && t.namespace.as_ref().is_none_or(|n| n == &c.namespace)
                                 && matches(&selector, &c.object)
                         })

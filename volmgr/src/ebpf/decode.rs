@@ -316,7 +316,9 @@ pub fn errno_name(ret: i64) -> Option<String> {
     if ret >= 0 {
         return None;
     }
-    let e = i32::try_from(-ret).ok()?;
+    // `checked_neg`: -i64::MIN does not exist (a corrupt record must not
+    // panic the decoder).
+    let e = i32::try_from(ret.checked_neg()?).ok()?;
     Some(format!("{:?}", nix::errno::Errno::from_raw(e)))
 }
 
@@ -394,6 +396,18 @@ pub fn ret_text(ret: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errno_of_any_return_value() {
+        assert_eq!(errno_name(-2).as_deref(), Some("ENOENT"));
+        assert_eq!(errno_name(0), None);
+        assert_eq!(
+            errno_name(i64::MIN),
+            None,
+            "no overflow on a corrupt record"
+        );
+        assert_eq!(errno_name(-(1 << 40)), None);
+    }
 
     #[test]
     fn bind_and_move_are_not_confused() {

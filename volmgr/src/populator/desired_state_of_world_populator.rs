@@ -9,11 +9,11 @@ use k8s_openapi::api::core::v1::Pod;
 use super::pod::{DesiredPod, PodRejected};
 use super::PodSink;
 use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
-use crate::cache::world::{WakeHold, World};
+use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHold, World};
 use crate::operationexecutor::OperationExecutor;
 use crate::plugins::VolumePluginMgr;
 use crate::util::sync::MutexExt;
-use crate::volume::{FastMap, PodUid, VolumeSpec};
+use crate::volume::{FastMap, PodUid, UniqueVolumeName, VolumeSpec};
 
 /// Deleted pods remembered for status before the list is first pruned.
 const DEPARTING_PRUNE_MIN: usize = 1024;
@@ -117,6 +117,19 @@ impl Populator {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume cannot be mounted");
+                    // The kubelet's FailedMount for a volume it cannot
+                    // even start to set up (a missing object, an
+                    // unsupported source).
+                    self.world.emit(VolumeEvent {
+                        kind: VolumeEventKind::Failed,
+                        pod_uid: pod.uid.clone(),
+                        volume: v.name.clone(),
+                        volume_name: UniqueVolumeName::new(format!("unresolved/{}", v.name)),
+                        path: None,
+                        error: Some(e.clone()),
+                        operation: VolumeOperation::SetUp,
+                        block: false,
+                    });
                     entry.volumes.push(PodVolumeEntry {
                         outer_name: v.name,
                         plugin_name: None,

@@ -103,13 +103,7 @@ pub fn read(path: &Path) -> Result<Vec<MountInfo>, MountInfoError> {
     let mut buf = Vec::with_capacity(hint + hint / 8 + 4096);
     file.read_to_end(&mut buf).map_err(err)?;
     LAST_READ_BYTES.store(buf.len(), Ordering::Relaxed);
-    let text = String::from_utf8(buf).map_err(|e| {
-        err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            e.utf8_error(),
-        ))
-    })?;
-    parse(&text)
+    parse(&escape_invalid_utf8(buf))
 }
 
 /// Parses the text of a mountinfo file.
@@ -208,22 +202,79 @@ fn unescape_string(field: &str) -> Result<String, &'static str> {
     Ok(unescape(field)?.to_string_lossy().into_owned())
 }
 
-/// Escapes a path the way the kernel does in mountinfo (for tests and tools).
+/// Escapes a path the way the kernel does in mountinfo (for tests and
+/// tools): space, tab, newline and backslash as `\ooo`. Bytes that are not
+/// UTF-8 (the kernel writes them raw) are `\ooo` too, so the text is a
+/// `String` that [`parse`] turns back into the same path.
 pub fn escape(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut out = String::new();
-    for &b in path.as_os_str().as_bytes() {
-        match b {
-            b' ' | b'\t' | b'\n' | b'\\' => out.push_str(&format!("\\{b:03o}")),
-            _ => out.push(char::from(b)),
+    for chunk in path.as_os_str().as_bytes().utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                ' ' | '\t' | '\n' | '\\' => push_octal(&mut out, c as u8),
+                _ => out.push(c),
+            }
+        }
+        for &b in chunk.invalid() {
+            push_octal(&mut out, b);
         }
     }
     out
 }
 
+fn push_octal(out: &mut String, b: u8) {
+    use std::fmt::Write;
+    let _ = write!(out, "\\{b:03o}");
+}
+
+/// The text of a mountinfo file whose bytes may not all be UTF-8 (a mount
+/// point is any byte string): invalid bytes become `\ooo` escapes, which
+/// the path fields' unescaping turns back into the same bytes. One odd
+/// mount point never makes the whole table unreadable.
+pub fn escape_invalid_utf8(buf: Vec<u8>) -> String {
+    match String::from_utf8(buf) {
+        Ok(s) => s,
+        Err(e) => {
+            let bytes = e.into_bytes();
+            let mut out = String::with_capacity(bytes.len() + 64);
+            for chunk in bytes.utf8_chunks() {
+                out.push_str(chunk.valid());
+                for &b in chunk.invalid() {
+                    push_octal(&mut out, b);
+                }
+            }
+            out
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mount point that is not UTF-8, or not ASCII, survives the escape
+    /// and the parse; a file holding such a line is read whole.
+    #[test]
+    fn non_utf8_and_non_ascii_mount_points_round_trip() {
+        use std::os::unix::ffi::OsStrExt;
+        for raw in [&b"/mnt/caf\xc3\xa9 x"[..], &b"/mnt/\xff\xfe\\n"[..]] {
+            let path = Path::new(std::ffi::OsStr::from_bytes(raw));
+            let line = format!("1 0 0:1 / {} rw - tmpfs t rw", escape(path));
+            assert_eq!(parse_line(&line).unwrap().mount_point, path, "{line}");
+        }
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("mountinfo");
+        let mut text = b"1 0 0:1 / / rw - tmpfs t rw\n2 1 0:2 / /mnt/".to_vec();
+        text.extend_from_slice(b"\xff\xfe rw - tmpfs u rw\n");
+        std::fs::write(&file, text).unwrap();
+        let table = read(&file).unwrap();
+        assert_eq!(table.len(), 2);
+        assert_eq!(
+            table[1].mount_point.as_os_str().as_bytes(),
+            b"/mnt/\xff\xfe"
+        );
+    }
 
     #[test]
     fn parses_the_man_page_example() {
@@ -297,9 +348,10 @@ mod tests {
         let table = read(&f).unwrap();
         assert_eq!(table.len(), 5000);
         assert_eq!(table[4999].mount_point, Path::new("/m/d4999"));
-        // Not UTF-8: a read error, as with read_to_string.
+        // Not UTF-8: read, the path's bytes kept (not a read error that
+        // would hide every other mount).
         std::fs::write(&f, b"1 0 0:1 / /\xff rw - tmpfs none rw\n").unwrap();
-        assert!(matches!(read(&f), Err(MountInfoError::Read { .. })));
+        assert_eq!(read(&f).unwrap().len(), 1);
     }
 
     #[test]

@@ -180,11 +180,11 @@ fn origin() -> Origin {
 /// every change).
 fn read_keys(root: &Path) -> Result<HashSet<MountKey>, mountinfo::MountInfoError> {
     let path = Path::new(mountinfo::SELF_MOUNTINFO);
-    let text = std::fs::read_to_string(path).map_err(|source| mountinfo::MountInfoError::Read {
+    let bytes = std::fs::read(path).map_err(|source| mountinfo::MountInfoError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(keys(root, &text))
+    Ok(keys(root, &mountinfo::escape_invalid_utf8(bytes)))
 }
 
 fn keys(root: &Path, text: &str) -> HashSet<MountKey> {
