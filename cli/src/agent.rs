@@ -207,14 +207,15 @@ fn spawn_sources(
     stop: &watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<Result<(), AgentError>> {
     let count = usize::from(opts.manifests.is_some()) + usize::from(kube.is_some());
-    let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count);
-    let api = kube.zip(sinks.pop()).map(|(client, sink)| {
-        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sink);
-        tokio::spawn(source.run(stop.clone()))
+    let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count).into_iter();
+    // One sink per source present (`count` of them).
+    let api = kube.and_then(|client| {
+        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?);
+        Some(tokio::spawn(source.run(stop.clone())))
     });
-    let manifests = opts.manifests.clone().zip(sinks.pop()).map(|(dir, sink)| {
-        let source = ManifestsSource::new(dir, sink, opts.rescan_period);
-        tokio::spawn(source.run(stop.clone()))
+    let manifests = opts.manifests.clone().and_then(|dir| {
+        let source = ManifestsSource::new(dir, sinks.next()?, opts.rescan_period);
+        Some(tokio::spawn(source.run(stop.clone())))
     });
     tokio::spawn(async move {
         let manifests = async {

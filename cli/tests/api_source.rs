@@ -348,6 +348,55 @@ fn api_missing_config_map_is_a_failed_mount_then_mounted() {
     );
 }
 
+/// A pod's CSI driver's CSIDriver object is watched by name (cluster
+/// scoped) and its changes re-resolve the pod: a driver that does not list
+/// `Ephemeral` gets no inline volume until its object says it may.
+#[test]
+fn api_csidriver_is_followed_by_name() {
+    isolated("api_csidriver_is_followed_by_name", || {
+        let c = Cluster::new();
+        let csidriver = |modes: Value| {
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+                   "metadata": {"name": "inline.example.com"},
+                   "spec": {"attachRequired": false, "volumeLifecycleModes": modes}})
+        };
+        c.api.apply(csidriver(json!(["Persistent"])));
+        let uid = "ac000000-0000-0000-0000-00000000000c";
+        c.api.apply(pod(
+            "inline",
+            uid,
+            NODE,
+            json!([{"name": "x", "csi": {"driver": "inline.example.com"}}]),
+        ));
+        let _agent = c.start_agent();
+        let error = || c.env.volume_state(uid, "x").and_then(|s| s.2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !error().is_some_and(|e| e.contains("does not support inline")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "inline volume not refused: {:?}; requests {:?}",
+                error(),
+                c.api.requests()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c.api.apply(csidriver(json!(["Persistent", "Ephemeral"])));
+        c.env
+            .wait_for("inline volume accepted, waiting for its driver", || {
+                error().is_some_and(|e| {
+                    e.contains("inline.example.com") && !e.contains("does not support")
+                })
+            });
+        assert!(c
+            .api
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/csidrivers")
+                && r.query.contains("metadata.name%3Dinline.example.com")));
+        c.assert_node_authorizer_content();
+    });
+}
+
 /// Pods from the API and from the manifests directory side by side (the
 /// kubelet's static pods): both are mounted, and removing the manifest
 /// tears down only its pod.

@@ -559,3 +559,113 @@ fn registration_calls_node_get_info_and_fails_with_it() {
         env.assert_outside_untouched();
     });
 }
+
+/// The driver's CSIDriver object, from the manifests directory:
+/// `attachRequired` makes a PV's volume wait for its VolumeAttachment
+/// (named as the kubelet names it) and pass its `attachmentMetadata` as
+/// `publish_context` to NodeStage and NodePublish; `podInfoOnMount` adds
+/// the pod's keys to NodePublish's volume context only; a driver that does
+/// not list `Ephemeral` gets no inline volume.
+#[test]
+fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
+    isolated(
+        "csidriver_object_drives_attach_pod_info_and_lifecycle_modes",
+        || {
+            let env = Env::new();
+            env.write_manifest(
+                "csidriver.yaml",
+                &format!(
+                    "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: true, podInfoOnMount: true, volumeLifecycleModes: [Persistent]}}\n"
+                ),
+            );
+            env.write_manifest(
+                "pv.yaml",
+                &format!(
+                    "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-a}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [ReadWriteOnce]\n  claimRef: {{namespace: test, name: claim-a}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-a, fsType: xfs, volumeAttributes: {{size: 320Mi}}}}\n"
+                ),
+            );
+            env.write_manifest(
+                "pvc.yaml",
+                "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: claim-a, namespace: test}\nspec: {accessModes: [ReadWriteOnce], volumeName: pv-a, resources: {requests: {storage: 64Mi}}}\n",
+            );
+            env.write_manifest(
+                "pod.yaml",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-att}\nspec:\n  nodeName: node-x\n  serviceAccountName: robot\n  containers: [{name: c, image: i, volumeMounts: [{name: data, mountPath: /d}]}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: claim-a}}]\n",
+            );
+            env.write_manifest(
+                "inline.yaml",
+                &pod_yaml(
+                    "i",
+                    "uid-inline",
+                    &[("x", &format!("csi: {{driver: {DRIVER}}}"))],
+                ),
+            );
+            let mut driver = new_driver(&env);
+            driver.spawn();
+            let agent = env.start_agent(&["--node-name", "node-x"]);
+            let va = volmgr::populator::csi_driver::attachment_name("vol-a", DRIVER, "node-x");
+            let error = |uid: &str, vol: &str| env.volume_state(uid, vol).and_then(|s| s.2);
+            wait_or_dump(
+                &env,
+                &agent,
+                &driver,
+                "waiting for the VolumeAttachment",
+                || {
+                    error("uid-att", "data")
+                        .is_some_and(|e| e.contains(&va) && e.contains("created"))
+                },
+            );
+            wait_or_dump(&env, &agent, &driver, "inline volume refused", || {
+                error("uid-inline", "x")
+                    .is_some_and(|e| e.contains("does not support inline (Ephemeral) volumes"))
+            });
+            let attachment = |attached: bool| {
+                format!(
+                    "apiVersion: storage.k8s.io/v1\nkind: VolumeAttachment\nmetadata: {{name: {va}}}\nspec: {{attacher: {DRIVER}, nodeName: node-x, source: {{persistentVolumeName: pv-a}}}}\nstatus: {{attached: {attached}, attachmentMetadata: {{devicePath: /dev/fake0}}}}\n"
+                )
+            };
+            env.write_manifest("va.yaml", &attachment(false));
+            wait_or_dump(&env, &agent, &driver, "waiting for the attachment", || {
+                error("uid-att", "data").is_some_and(|e| e.contains("to be attached"))
+            });
+            env.write_manifest("va.yaml", &attachment(true));
+            wait_or_dump(&env, &agent, &driver, "volume mounted", || {
+                env.volume_state("uid-att", "data")
+                    .is_some_and(|(s, _, _)| s == "mounted")
+            });
+            let contexts: Vec<serde_json::Value> =
+                std::fs::read_to_string(driver.state().join("contexts.jsonl"))
+                    .unwrap()
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+            let of = |method: &str| {
+                contexts
+                    .iter()
+                    .rev()
+                    .find(|c| c["method"] == method && c["volume_id"] == "vol-a")
+                    .unwrap_or_else(|| panic!("no {method} in {contexts:?}"))
+                    .clone()
+            };
+            let (stage, publish) = (of("NodeStageVolume"), of("NodePublishVolume"));
+            for c in [&stage, &publish] {
+                assert_eq!(c["publish_context"]["devicePath"], "/dev/fake0", "{c}");
+            }
+            assert!(
+                stage["volume_context"]
+                    .get("csi.storage.k8s.io/pod.name")
+                    .is_none(),
+                "pod info reached NodeStage: {stage}"
+            );
+            let ctx = &publish["volume_context"];
+            assert_eq!(ctx["csi.storage.k8s.io/pod.name"], "p", "{publish}");
+            assert_eq!(ctx["csi.storage.k8s.io/pod.namespace"], "test");
+            assert_eq!(ctx["csi.storage.k8s.io/pod.uid"], "uid-att");
+            assert_eq!(ctx["csi.storage.k8s.io/serviceAccount.name"], "robot");
+            assert_eq!(ctx["csi.storage.k8s.io/ephemeral"], "false");
+            assert_eq!(ctx["size"], "320Mi", "the volume's own attributes stay");
+            assert!(agent.term());
+            driver.stop();
+        },
+    );
+}

@@ -486,10 +486,12 @@ pub unsafe extern "C" fn volmgr_pod_delete(
 }
 
 /// Adds or replaces an object pods' volumes refer to (`object_json`: a
-/// Kubernetes PersistentVolume, PersistentVolumeClaim, Secret or ConfigMap, with its
-/// `kind`), as a kubelet fork's informers see it: pods that read it are
-/// converted again (a claim now bound mounts its volume; a volume whose
-/// object changed keeps mounting what it resolves to). Another kind is
+/// Kubernetes PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap,
+/// CSIDriver or VolumeAttachment, with its `kind`), as a kubelet fork's
+/// informers see it: pods that read it are converted again (a claim now
+/// bound mounts its volume; an attached VolumeAttachment lets its volume be
+/// staged with its metadata; a volume whose object changed keeps mounting
+/// what it resolves to). Another kind is
 /// `VOLMGR_ERR_UNSUPPORTED`; an invalid object `VOLMGR_ERR_INVALID_ARGUMENT`
 /// (a Secret's error never quotes it).
 ///

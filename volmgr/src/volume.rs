@@ -487,6 +487,39 @@ pub struct CsiVolumeSource {
     /// volumes): a group the pod's containers get (the kubelet's
     /// `VolumeGIDValue`, see `GetExtraSupplementalGroupsForPod`).
     pub supplemental_gid: Option<i64>,
+    /// What the driver's CSIDriver object (and the volume's
+    /// VolumeAttachment) adds; the default without a CSIDriver object.
+    pub driver_info: Arc<CsiDriverInfo>,
+}
+
+/// What a CSI driver's `CSIDriver` object says about one volume (the
+/// kubelet's `pkg/volume/csi` reads it at mount time), and the
+/// VolumeAttachment's `status.attachmentMetadata` for drivers that attach.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CsiDriverInfo {
+    /// `spec.fsGroupPolicy`.
+    pub fs_group_policy: CsiFsGroupPolicy,
+    /// With `spec.podInfoOnMount`: the `csi.storage.k8s.io/pod.*`,
+    /// `serviceAccount.name` and `ephemeral` keys added to
+    /// NodePublishVolume's volume context (never to NodeStageVolume's).
+    pub pod_info: std::collections::BTreeMap<String, String>,
+    /// The VolumeAttachment's `status.attachmentMetadata`: the
+    /// `publish_context` of NodeStageVolume and NodePublishVolume.
+    pub publish_context: std::collections::BTreeMap<String, String>,
+}
+
+/// `CSIDriver.spec.fsGroupPolicy`: who applies the pod's fsGroup when the
+/// driver cannot (no `VOLUME_MOUNT_GROUP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CsiFsGroupPolicy {
+    /// The kubelet walks the volume if it has a file system type and is
+    /// ReadWriteOnce (or inline); the default, also without a CSIDriver.
+    #[default]
+    ReadWriteOnceWithFsType,
+    /// Always (unless read-only).
+    File,
+    /// Never.
+    None,
 }
 
 /// A local PersistentVolume (`spec.local`): a directory (or a block device)
@@ -583,6 +616,7 @@ mod tests {
             node_publish_secrets: None,
             node_expand_secrets: None,
             supplemental_gid: None,
+            driver_info: Default::default(),
         };
         assert!(!format!("{:?}", VolumeSource::Csi(src)).contains("hunter2"));
     }

@@ -14,12 +14,15 @@
 //!   is `Succeeded` or `Failed`, or when its deletion was requested and
 //!   none of its containers runs any more (the kubelet's `notRunning`).
 //! - The objects the pods read (PersistentVolumeClaims, PersistentVolumes,
-//!   Secrets, ConfigMaps) each by its own watch with
+//!   Secrets, ConfigMaps, their CSI drivers' CSIDrivers and their volumes'
+//!   VolumeAttachments) each by its own watch with
 //!   `fieldSelector=metadata.name=NAME` in its namespace: what the node
 //!   authorizer lets a node's credentials read, never a cluster-wide list.
 //!   A watch starts when a pod first refers to the object and stops when no
 //!   pod does; a change re-resolves exactly the pods that read the object
-//!   ([`PodResolver`]).
+//!   ([`PodResolver`]). A pod waits until every object it reads has been
+//!   listed (found or not), so nothing is set up on a resolution made
+//!   before its objects were read.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
@@ -29,6 +32,7 @@ use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ContainerStatus, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource};
@@ -89,7 +93,7 @@ impl ApiPodSource {
         Self {
             client,
             node: node.to_string(),
-            resolver: PodResolver::new(Arc::clone(&sink)),
+            resolver: PodResolver::with_confirmation(Arc::clone(&sink)),
             sink,
             pods: HashMap::new(),
             relist: None,
@@ -248,14 +252,12 @@ impl ApiPodSource {
         }
         match update {
             ObjectUpdate::Present(obj) if obj.reference() == r => {
-                self.resolver.upsert_object(obj);
+                self.resolver.confirm_object(&r, Some(obj));
             }
             ObjectUpdate::Present(obj) => {
                 tracing::warn!(object = %r, got = %obj.reference(), "watch answered another object; ignored");
             }
-            ObjectUpdate::Absent => {
-                self.resolver.delete_object(&r);
-            }
+            ObjectUpdate::Absent => self.resolver.confirm_object(&r, None),
         }
     }
 
@@ -278,7 +280,7 @@ impl ApiPodSource {
             if let Some(task) = self.watches.remove(&r) {
                 task.abort();
             }
-            self.resolver.remove_object(&r);
+            self.resolver.unconfirm_object(&r);
             tracing::debug!(object = %r, "no pod reads it any more: watch stopped");
         }
         for r in wanted {
@@ -368,6 +370,14 @@ async fn watch_object(client: Client, r: ObjectRef, tx: mpsc::Sender<(ObjectRef,
         ObjectKind::ConfigMap => {
             let api = Api::<ConfigMap>::namespaced(client, &r.namespace);
             follow(api, r, tx, |o| KubeObject::ConfigMap(Arc::new(o))).await
+        }
+        ObjectKind::CsiDriver => {
+            let api = Api::<CSIDriver>::all(client);
+            follow(api, r, tx, |o| KubeObject::CsiDriver(Arc::new(o))).await
+        }
+        ObjectKind::VolumeAttachment => {
+            let api = Api::<VolumeAttachment>::all(client);
+            follow(api, r, tx, |o| KubeObject::VolumeAttachment(Arc::new(o))).await
         }
     }
 }

@@ -214,6 +214,35 @@ impl Driver {
 
 impl Driver {
     /// Records the kubelet's NotifyRegistrationStatus in
+    /// Appends what a NodeStage or NodePublish call was given to
+    /// `state_dir/contexts.jsonl`: `{"method", "volume_id",
+    /// "volume_context", "publish_context"}` (what the CO passes from the
+    /// CSIDriver object and the VolumeAttachment).
+    pub fn record_contexts(
+        &self,
+        method: &str,
+        volume_id: &str,
+        volume_context: &std::collections::HashMap<String, String>,
+        publish_context: &std::collections::HashMap<String, String>,
+    ) {
+        use std::io::Write;
+        let line = serde_json::json!({
+            "method": method,
+            "volume_id": volume_id,
+            "volume_context": volume_context,
+            "publish_context": publish_context,
+        });
+        let path = self.state_dir.join("contexts.jsonl");
+        let res = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+        if let Err(e) = res {
+            tracing::warn!(path = %path.display(), "cannot append to contexts.jsonl: {e}");
+        }
+    }
+
     /// `state_dir/registration.json` and logs it.
     pub fn record_registration(&self, registered: bool, error: &str) -> Result<(), Status> {
         if registered {

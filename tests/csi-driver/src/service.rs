@@ -74,6 +74,12 @@ impl csi::node_server::Node for Csi {
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> Result<Response<csi::NodeStageVolumeResponse>, Status> {
         let req = request.into_inner();
+        self.0.record_contexts(
+            "NodeStageVolume",
+            &req.volume_id,
+            &req.volume_context,
+            &req.publish_context,
+        );
         self.0
             .call("NodeStageVolume", vol(&req.volume_id), true, move |d| {
                 d.stage(req).map(|()| csi::NodeStageVolumeResponse {})
@@ -98,6 +104,12 @@ impl csi::node_server::Node for Csi {
         request: Request<csi::NodePublishVolumeRequest>,
     ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
+        self.0.record_contexts(
+            "NodePublishVolume",
+            &req.volume_id,
+            &req.volume_context,
+            &req.publish_context,
+        );
         self.0
             .call("NodePublishVolume", vol(&req.volume_id), true, move |d| {
                 d.publish(req).map(|()| csi::NodePublishVolumeResponse {})

@@ -77,6 +77,7 @@ pub(super) fn persistent_volume_claim(
         node_publish_secrets: secret(&csi.node_publish_secret_ref, "nodePublishSecretRef")?,
         node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
         supplemental_gid: supplemental_gid(&pv),
+        driver_info: Default::default(),
         pv_name: Some(pv_name),
         claim_name: Some(claim.name.to_string()),
     }))

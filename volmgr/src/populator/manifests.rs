@@ -1,8 +1,9 @@
 //! A directory of pod manifests, like the kubelet's static pod path: every
 //! `*.yaml`, `*.yml` or `*.json` file (not hidden, not in subdirectories)
 //! holds one or more Kubernetes objects — `v1.Pod`, `v1.PersistentVolumeClaim`,
-//! `v1.PersistentVolume`, `v1.Secret`, or a `v1.List` (or typed list:
-//! `PodList`, `PersistentVolumeList`, ...) of them; other
+//! `v1.PersistentVolume`, `v1.Secret`, `v1.ConfigMap`,
+//! `storage.k8s.io/v1.CSIDriver` and `VolumeAttachment`, or a `v1.List` (or
+//! typed list: `PodList`, `PersistentVolumeList`, ...) of them; other
 //! kinds are skipped. Changes are picked up through inotify, with a periodic
 //! rescan as a safety net.
 //!
@@ -28,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::inotify::AddWatchFlags;
@@ -229,12 +231,24 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
                 add_named(KubeObject::ConfigMap(Arc::new(o)), doc, out);
             }
         }
+        "CSIDriver" => {
+            if let Some(o) = decode::<CSIDriver>(v, doc, "CSIDriver", out) {
+                add_named(KubeObject::CsiDriver(Arc::new(o)), doc, out);
+            }
+        }
+        "VolumeAttachment" => {
+            if let Some(o) = decode::<VolumeAttachment>(v, doc, "VolumeAttachment", out) {
+                add_named(KubeObject::VolumeAttachment(Arc::new(o)), doc, out);
+            }
+        }
         "List"
         | "PodList"
         | "PersistentVolumeList"
         | "PersistentVolumeClaimList"
         | "SecretList"
-        | "ConfigMapList" => add_list(v, &kind, doc, out),
+        | "ConfigMapList"
+        | "CSIDriverList"
+        | "VolumeAttachmentList" => add_list(v, &kind, doc, out),
         "" => {
             out.errors.push(format!("document {doc}: missing \"kind\""));
             out.complete = false;
@@ -297,7 +311,11 @@ fn add_list(v: serde_json::Value, kind: &str, doc: usize, out: &mut ParsedFile) 
     for mut item in items {
         if let (Some(k), serde_json::Value::Object(o)) = (item_kind, &mut item) {
             o.entry("kind").or_insert_with(|| k.into());
-            o.entry("apiVersion").or_insert_with(|| "v1".into());
+            let api_version = match k {
+                "CSIDriver" | "VolumeAttachment" => "storage.k8s.io/v1",
+                _ => "v1",
+            };
+            o.entry("apiVersion").or_insert_with(|| api_version.into());
         }
         add_object(item, doc, out);
     }

@@ -9,6 +9,7 @@
 //! reconciler, the executor or the manager.
 
 mod claim;
+pub mod csi_driver;
 mod desired_state_of_world_populator;
 mod local_pv;
 pub mod manifests;

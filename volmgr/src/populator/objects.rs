@@ -1,5 +1,5 @@
 //! The non-pod objects a source knows (PersistentVolumeClaims,
-//! PersistentVolumes, Secrets), served to pod resolution through
+//! PersistentVolumes, Secrets, ConfigMaps, CSIDrivers, VolumeAttachments), served to pod resolution through
 //! [`ObjectLookup`], and the bookkeeping of which pod read which object so a
 //! change re-resolves exactly the pods that depend on it.
 
@@ -9,6 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use crate::populator::resolve::ObjectLookup;
 use crate::volume::PodUid;
@@ -24,6 +25,32 @@ pub enum ObjectKind {
     Secret,
     /// `v1.ConfigMap`.
     ConfigMap,
+    /// `storage.k8s.io/v1.CSIDriver` (cluster-scoped).
+    CsiDriver,
+    /// `storage.k8s.io/v1.VolumeAttachment` (cluster-scoped).
+    VolumeAttachment,
+}
+
+impl ObjectKind {
+    /// Whether objects of the kind live outside namespaces.
+    pub fn cluster_scoped(self) -> bool {
+        matches!(
+            self,
+            Self::PersistentVolume | Self::CsiDriver | Self::VolumeAttachment
+        )
+    }
+
+    /// The kind's name, as in an object's `kind` field.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PersistentVolume => "PersistentVolume",
+            Self::PersistentVolumeClaim => "PersistentVolumeClaim",
+            Self::Secret => "Secret",
+            Self::ConfigMap => "ConfigMap",
+            Self::CsiDriver => "CSIDriver",
+            Self::VolumeAttachment => "VolumeAttachment",
+        }
+    }
 }
 
 /// Names one object (or, for [`ObjectRef::any_persistent_volume`], every PV).
@@ -31,7 +58,7 @@ pub enum ObjectKind {
 pub struct ObjectRef {
     /// The kind.
     pub kind: ObjectKind,
-    /// The namespace (empty for PersistentVolumes).
+    /// The namespace (empty for cluster-scoped kinds).
     pub namespace: String,
     /// The name (empty: any object of the kind).
     pub name: String,
@@ -40,7 +67,7 @@ pub struct ObjectRef {
 impl ObjectRef {
     /// A namespaced object.
     pub fn new(kind: ObjectKind, namespace: &str, name: &str) -> Self {
-        let namespace = if kind == ObjectKind::PersistentVolume {
+        let namespace = if kind.cluster_scoped() {
             String::new()
         } else {
             namespace.to_string()
@@ -61,12 +88,7 @@ impl ObjectRef {
 
 impl fmt::Display for ObjectRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.kind {
-            ObjectKind::PersistentVolume => "PersistentVolume",
-            ObjectKind::PersistentVolumeClaim => "PersistentVolumeClaim",
-            ObjectKind::Secret => "Secret",
-            ObjectKind::ConfigMap => "ConfigMap",
-        };
+        let kind = self.kind.name();
         if self.namespace.is_empty() {
             write!(f, "{kind} {}", self.name)
         } else {
@@ -83,6 +105,8 @@ impl ObjectKind {
             "PersistentVolumeClaim" => Some(Self::PersistentVolumeClaim),
             "Secret" => Some(Self::Secret),
             "ConfigMap" => Some(Self::ConfigMap),
+            "CSIDriver" => Some(Self::CsiDriver),
+            "VolumeAttachment" => Some(Self::VolumeAttachment),
             _ => None,
         }
     }
@@ -93,7 +117,7 @@ impl ObjectKind {
 pub enum ObjectDecodeError {
     /// A kind that is not followed (or no `kind`).
     #[error(
-        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret and ConfigMap are)"
+        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver and VolumeAttachment are)"
     )]
     UnsupportedKind(String),
     /// Not a valid object of its kind. For a Secret, the message never
@@ -121,6 +145,10 @@ pub enum KubeObject {
     Secret(Arc<Secret>),
     /// A ConfigMap.
     ConfigMap(Arc<ConfigMap>),
+    /// A CSIDriver.
+    CsiDriver(Arc<CSIDriver>),
+    /// A VolumeAttachment.
+    VolumeAttachment(Arc<VolumeAttachment>),
 }
 
 impl fmt::Debug for KubeObject {
@@ -160,6 +188,12 @@ impl KubeObject {
             Some(ObjectKind::ConfigMap) => Self::ConfigMap(Arc::new(
                 serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
             )),
+            Some(ObjectKind::CsiDriver) => Self::CsiDriver(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
+            Some(ObjectKind::VolumeAttachment) => Self::VolumeAttachment(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
             None => return Err(ObjectDecodeError::UnsupportedKind(kind)),
         };
         let r = obj.reference();
@@ -176,6 +210,8 @@ impl KubeObject {
             Self::PersistentVolumeClaim(o) => (ObjectKind::PersistentVolumeClaim, &o.metadata),
             Self::Secret(o) => (ObjectKind::Secret, &o.metadata),
             Self::ConfigMap(o) => (ObjectKind::ConfigMap, &o.metadata),
+            Self::CsiDriver(o) => (ObjectKind::CsiDriver, &o.metadata),
+            Self::VolumeAttachment(o) => (ObjectKind::VolumeAttachment, &o.metadata),
         };
         let ns = meta
             .namespace
@@ -294,6 +330,26 @@ impl ObjectLookup for ObjectStore {
             _ => None,
         }
     }
+
+    fn csi_driver(&self, name: &str) -> Option<Arc<CSIDriver>> {
+        match self
+            .objects
+            .get(&ObjectRef::new(ObjectKind::CsiDriver, "", name))?
+        {
+            KubeObject::CsiDriver(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
+
+    fn volume_attachment(&self, name: &str) -> Option<Arc<VolumeAttachment>> {
+        match self
+            .objects
+            .get(&ObjectRef::new(ObjectKind::VolumeAttachment, "", name))?
+        {
+            KubeObject::VolumeAttachment(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
 }
 
 /// An [`ObjectLookup`] that remembers every object asked for (found or not):
@@ -362,6 +418,16 @@ impl ObjectLookup for RecordingLookup<'_> {
     fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>> {
         self.record(ObjectRef::new(ObjectKind::ConfigMap, namespace, name));
         self.store.config_map(namespace, name)
+    }
+
+    fn csi_driver(&self, name: &str) -> Option<Arc<CSIDriver>> {
+        self.record(ObjectRef::new(ObjectKind::CsiDriver, "", name));
+        self.store.csi_driver(name)
+    }
+
+    fn volume_attachment(&self, name: &str) -> Option<Arc<VolumeAttachment>> {
+        self.record(ObjectRef::new(ObjectKind::VolumeAttachment, "", name));
+        self.store.volume_attachment(name)
     }
 }
 

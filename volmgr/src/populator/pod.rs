@@ -238,8 +238,28 @@ struct ResolveContext<'a> {
     objects: Option<&'a dyn ObjectLookup>,
 }
 
-/// Parses one volume's source, or says why it cannot be used.
+/// Parses one volume's source, or says why it cannot be used; a CSI
+/// volume with what its driver's CSIDriver object adds.
 fn parse_source(
+    v: &Volume,
+    usage: Usage,
+    ctx: &ResolveContext<'_>,
+) -> Result<VolumeSource, VolumeSpecError> {
+    let mut source = parse_plain_source(v, usage, ctx)?;
+    if let VolumeSource::Csi(csi) = &mut source {
+        let facts = super::csi_driver::PodFacts {
+            pod: ctx.pod,
+            uid: ctx.uid.as_str(),
+            namespace: ctx.namespace,
+            name: ctx.name,
+        };
+        super::csi_driver::apply(csi, &facts, ctx.objects)?;
+    }
+    Ok(source)
+}
+
+/// Parses one volume's source as the pod gives it.
+fn parse_plain_source(
     v: &Volume,
     usage: Usage,
     ctx: &ResolveContext<'_>,
@@ -407,10 +427,9 @@ pub fn needs_objects(pod: &Pod) -> bool {
         .any(|v| {
             v.persistent_volume_claim.is_some()
                 || v.ephemeral.is_some()
+                // Its driver's CSIDriver object.
+                || v.csi.is_some()
                 || super::payload::reads_objects(v)
-                || v.csi
-                    .as_ref()
-                    .is_some_and(|c| c.node_publish_secret_ref.is_some())
         })
 }
 
@@ -464,6 +483,7 @@ fn inline_csi(
         node_publish_secrets,
         node_expand_secrets: None,
         supplemental_gid: None,
+        driver_info: Default::default(),
     })
 }
 
@@ -1134,11 +1154,16 @@ mod tests {
     }
 
     #[test]
-    fn needs_objects_only_for_pvcs_and_secret_refs() {
+    fn needs_objects_only_for_pvcs_csi_and_secret_refs() {
         assert!(needs_objects(&pvc_pod("c", false)));
         assert!(!needs_objects(&with_volumes(
             Some("u"),
-            serde_json::json!([{"name": "a", "emptyDir": {}}, {"name": "b", "csi": {"driver": "d"}}])
+            serde_json::json!([{"name": "a", "emptyDir": {}}])
+        )));
+        // An inline CSI volume reads its driver's CSIDriver object.
+        assert!(needs_objects(&with_volumes(
+            Some("u"),
+            serde_json::json!([{"name": "b", "csi": {"driver": "d"}}])
         )));
         assert!(needs_objects(&with_volumes(
             Some("u"),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
 };
+use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use crate::volume::CsiSecrets;
 
@@ -38,6 +39,15 @@ pub trait ObjectLookup {
     /// ConfigMap `namespace/name` (configMap and projected volumes).
     /// Default: none (a source without ConfigMaps).
     fn config_map(&self, _namespace: &str, _name: &str) -> Option<Arc<ConfigMap>> {
+        None
+    }
+    /// CSIDriver `name` (a CSI driver's behaviours). Default: none.
+    fn csi_driver(&self, _name: &str) -> Option<Arc<CSIDriver>> {
+        None
+    }
+    /// VolumeAttachment `name` (an attachable CSI volume's attachment to
+    /// this node). Default: none.
+    fn volume_attachment(&self, _name: &str) -> Option<Arc<VolumeAttachment>> {
         None
     }
     /// This node, for the node affinity of local PersistentVolumes. `None`

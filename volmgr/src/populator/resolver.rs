@@ -5,7 +5,7 @@
 //! resolution when its object goes away (the kubelet never drops a volume
 //! of a running pod because its claim vanished). Writes to the [`PodSink`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -31,6 +31,14 @@ pub struct PodResolver {
     last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
     /// Pods currently running on a last good resolution (shown in status).
     stale: HashMap<PodUid, String>,
+    /// For a source that reads objects one by one (the API server): the
+    /// objects it has confirmed, found or absent. A pod that read an
+    /// object not confirmed yet is held back (not handed to the sink) until
+    /// it is, so a volume is never set up on a resolution made before its
+    /// objects were read (no CSIDriver yet looks like "no CSIDriver").
+    /// `None`: the store is the whole truth (the manifests directory, the
+    /// C ABI).
+    confirmed: Option<HashSet<ObjectRef>>,
 }
 
 impl PodResolver {
@@ -43,7 +51,47 @@ impl PodResolver {
             dependents: Dependents::default(),
             last_good: HashMap::new(),
             stale: HashMap::new(),
+            confirmed: None,
         }
+    }
+
+    /// A resolver for a source that confirms objects one by one
+    /// ([`confirm_object`](Self::confirm_object)): pods wait for every
+    /// object they read to be confirmed.
+    pub fn with_confirmation(sink: Arc<dyn PodSink>) -> Self {
+        Self {
+            confirmed: Some(HashSet::new()),
+            ..Self::new(sink)
+        }
+    }
+
+    /// What the source found for `r`: the object, or none. Pods held for
+    /// it, or that read it, are converted again.
+    pub fn confirm_object(&mut self, r: &ObjectRef, obj: Option<KubeObject>) {
+        let newly = self.confirmed.as_mut().is_some_and(|c| c.insert(r.clone()));
+        let changed = match obj {
+            Some(o) => self.store.insert(o),
+            None => self.store.remove(r),
+        };
+        if newly || changed {
+            self.reresolve(&BTreeSet::from([r.clone()]), &BTreeSet::new());
+        }
+    }
+
+    /// Forgets object `r` and its confirmation (no pod reads it any more).
+    pub fn unconfirm_object(&mut self, r: &ObjectRef) {
+        if let Some(c) = self.confirmed.as_mut() {
+            c.remove(r);
+        }
+        self.store.remove(r);
+    }
+
+    /// Whether some of `deps` are not confirmed yet (always false without
+    /// confirmation; a wildcard reference is never waited for).
+    fn waits_for(&self, deps: &BTreeSet<ObjectRef>) -> bool {
+        self.confirmed
+            .as_ref()
+            .is_some_and(|c| deps.iter().any(|d| !d.name.is_empty() && !c.contains(d)))
     }
 
     /// The objects known.
@@ -102,6 +150,12 @@ impl PodResolver {
     pub fn upsert_pod(&mut self, raw: Arc<Pod>) -> Result<PodUid, PodRejected> {
         let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw) {
             let (pod, deps) = self.resolve(&raw)?;
+            if self.waits_for(&deps) {
+                // Held until its objects are confirmed.
+                self.dependents.set(&pod.uid, deps);
+                self.resolvable.insert(pod.uid.clone(), raw);
+                return Ok(pod.uid);
+            }
             (pod, Some((raw, deps)))
         } else {
             (DesiredPod::from_pod(&raw)?, None)
@@ -204,6 +258,7 @@ impl PodResolver {
                 continue;
             };
             match self.resolve(&raw) {
+                Ok((_, deps)) if self.waits_for(&deps) => self.dependents.set(&uid, deps),
                 Ok((pod, deps)) => {
                     tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
                     self.dependents.set(&uid, deps);
@@ -214,5 +269,67 @@ impl PodResolver {
                 Err(r) => tracing::warn!(pod = %uid, error = %r, "pod rejected on re-resolution"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::world::{WakeHold, World};
+    use crate::populator::objects::ObjectKind;
+    use std::sync::Mutex;
+
+    /// Records each pod handed over: (uid, whether a volume failed).
+    #[derive(Default)]
+    struct Recording(Mutex<Vec<(String, bool)>>, Arc<World>);
+
+    impl PodSink for Recording {
+        fn set_pod(&self, pod: DesiredPod) {
+            let failed = pod.volumes.iter().any(|v| v.source.is_err());
+            self.0.lock().unwrap().push((pod.uid.to_string(), failed));
+        }
+        fn delete_pod(&self, _: &PodUid) -> bool {
+            true
+        }
+        fn set_source_problems(&self, _: &str, _: Vec<String>, _: Vec<PodRejected>) {}
+        fn set_populated(&self) {}
+        fn hold_wakes(&self) -> WakeHold {
+            self.1.hold_wakes()
+        }
+    }
+
+    /// With confirmation, a pod is held until every object it reads was
+    /// confirmed, found or absent, then converted against what was found.
+    #[test]
+    fn pods_wait_for_their_objects_to_be_confirmed() {
+        let sink = Arc::new(Recording::default());
+        let mut r = PodResolver::with_confirmation(Arc::clone(&sink) as Arc<dyn PodSink>);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "00000000-0000-0000-0000-0000000000aa"},
+            "spec": {"containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
+                     "volumes": [{"name": "v", "configMap": {"name": "cm"}}]}}))
+        .unwrap();
+        r.upsert_pod(Arc::new(pod)).unwrap();
+        assert!(
+            sink.0.lock().unwrap().is_empty(),
+            "handed over before its object was read"
+        );
+        let cm = ObjectRef::new(ObjectKind::ConfigMap, "ns", "cm");
+        assert!(
+            r.referenced_objects().contains(&cm),
+            "its object is to be followed"
+        );
+        r.confirm_object(&cm, None);
+        assert_eq!(
+            sink.0.lock().unwrap().last().map(|p| p.1),
+            Some(true),
+            "absent: an error"
+        );
+        let obj =
+            KubeObject::from_json(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm", "namespace": "ns"}, "data": {"k": "v"}}))
+            .unwrap();
+        r.confirm_object(&cm, Some(obj));
+        assert_eq!(sink.0.lock().unwrap().last().map(|p| p.1), Some(false));
     }
 }

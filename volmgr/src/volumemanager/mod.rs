@@ -1191,6 +1191,7 @@ mod tests {
             node_publish_secrets: None,
             node_expand_secrets: None,
             supplemental_gid: gid,
+            driver_info: Default::default(),
         })
     }
 

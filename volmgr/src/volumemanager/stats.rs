@@ -567,6 +567,7 @@ mod tests {
             pv_name: None,
             claim_name: claim.map(str::to_string),
             supplemental_gid: None,
+            driver_info: Default::default(),
             read_only: false,
             fs_type: None,
             volume_mode: CsiVolumeMode::Filesystem,

@@ -12,7 +12,7 @@ use std::path::Path;
 use crate::csi::client::NodeCapabilities;
 use crate::plugins::volume_ownership::set_volume_ownership;
 use crate::plugins::{MountRequest, VolumeError};
-use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource};
+use crate::volume::{CsiAccessMode, CsiFsGroupPolicy, CsiVolumeMode, CsiVolumeSource};
 
 /// `volume_mount_group` for NodePublishVolume: the fsGroup when the driver
 /// applies it itself, else empty.
@@ -21,24 +21,33 @@ pub(super) fn mount_group(
     src: &CsiVolumeSource,
     caps: NodeCapabilities,
 ) -> String {
+    let policy_none = src.driver_info.fs_group_policy == CsiFsGroupPolicy::None;
     match (req.fs_group, caps.volume_mount_group, src.volume_mode) {
-        (Some(gid), true, CsiVolumeMode::Filesystem) => gid.to_string(),
+        (Some(gid), true, CsiVolumeMode::Filesystem) if !policy_none => gid.to_string(),
         _ => String::new(),
     }
 }
 
-/// The kubelet's `supportsFSGroup` under the default policy
-/// (`ReadWriteOnceWithFSType`): not read-only, a file system type given,
-/// and a ReadWriteOnce(Pod) or inline volume.
+/// The kubelet's `supportsFSGroup` under the driver's `fsGroupPolicy`:
+/// never read-only volumes nor under `None`; always under `File`; under
+/// the default `ReadWriteOnceWithFSType`, a file system type given and a
+/// ReadWriteOnce(Pod) or inline volume.
 fn manager_applies(src: &CsiVolumeSource) -> bool {
-    let single_writer = matches!(
-        src.access_mode,
-        CsiAccessMode::SingleNodeWriter | CsiAccessMode::SingleNodeSingleWriter
-    );
-    src.volume_mode == CsiVolumeMode::Filesystem
-        && !src.read_only
-        && src.fs_type.as_deref().is_some_and(|t| !t.is_empty())
-        && (single_writer || src.ephemeral)
+    if src.volume_mode != CsiVolumeMode::Filesystem || src.read_only {
+        return false;
+    }
+    match src.driver_info.fs_group_policy {
+        CsiFsGroupPolicy::None => false,
+        CsiFsGroupPolicy::File => true,
+        CsiFsGroupPolicy::ReadWriteOnceWithFsType => {
+            let single_writer = matches!(
+                src.access_mode,
+                CsiAccessMode::SingleNodeWriter | CsiAccessMode::SingleNodeSingleWriter
+            );
+            src.fs_type.as_deref().is_some_and(|t| !t.is_empty())
+                && (single_writer || src.ephemeral)
+        }
+    }
 }
 
 /// After a successful NodePublishVolume at `target`: gives the volume the
@@ -99,6 +108,7 @@ mod tests {
             node_publish_secrets: None,
             node_expand_secrets: None,
             supplemental_gid: None,
+            driver_info: Default::default(),
         }
     }
 
@@ -129,5 +139,40 @@ mod tests {
             Some("ext4"),
             false
         )));
+    }
+
+    /// `fsGroupPolicy: File` walks any writable volume; `None` none, and
+    /// never hands the group to a driver with VOLUME_MOUNT_GROUP.
+    #[test]
+    fn the_csidriver_policy_decides() {
+        let with = |policy: CsiFsGroupPolicy, read_only: bool| {
+            let mut s = src(CsiAccessMode::MultiNodeMultiWriter, None, read_only);
+            std::sync::Arc::make_mut(&mut s.driver_info).fs_group_policy = policy;
+            s
+        };
+        assert!(manager_applies(&with(CsiFsGroupPolicy::File, false)));
+        assert!(!manager_applies(&with(CsiFsGroupPolicy::File, true)));
+        let mut none = with(CsiFsGroupPolicy::None, false);
+        none.fs_type = Some("ext4".into());
+        none.access_mode = CsiAccessMode::SingleNodeWriter;
+        assert!(!manager_applies(&none));
+        let req = MountRequest {
+            pod_uid: crate::volume::PodUid::new("00000000-0000-0000-0000-000000000001").unwrap(),
+            volume_name: crate::volume::UniqueVolumeName::new("v"),
+            spec: std::sync::Arc::new(crate::volume::VolumeSpec {
+                name: "v".into(),
+                source: crate::volume::VolumeSource::Csi(none.clone()),
+            }),
+            fs_group: Some(1000),
+            fs_group_change_policy: Default::default(),
+            selinux_label: None,
+        };
+        let caps = NodeCapabilities {
+            volume_mount_group: true,
+            ..Default::default()
+        };
+        assert_eq!(mount_group(&req, &none, caps), "");
+        let file = with(CsiFsGroupPolicy::File, false);
+        assert_eq!(mount_group(&req, &file, caps), "1000");
     }
 }

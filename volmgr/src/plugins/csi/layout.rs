@@ -158,6 +158,7 @@ mod tests {
                 node_publish_secrets: None,
                 node_expand_secrets: None,
                 supplemental_gid: None,
+                driver_info: Default::default(),
             }),
         }
     }

@@ -227,6 +227,30 @@ fn context(src: &CsiVolumeSource) -> HashMap<String, String> {
     c
 }
 
+/// NodePublishVolume's volume context: the volume's, plus the pod's
+/// information when the driver's CSIDriver asks for it (`podInfoOnMount`).
+fn publish_volume_context(src: &CsiVolumeSource) -> HashMap<String, String> {
+    let mut c = context(src);
+    c.extend(
+        src.driver_info
+            .pod_info
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    c
+}
+
+/// The `publish_context` of NodeStage and NodePublish: the
+/// VolumeAttachment's attachment metadata (empty for drivers that do not
+/// attach).
+fn publish_context(src: &CsiVolumeSource) -> HashMap<String, String> {
+    src.driver_info
+        .publish_context
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 fn path_string(p: PathBuf) -> Result<String, VolumeError> {
     p.into_os_string()
         .into_string()
@@ -306,7 +330,7 @@ impl VolumePlugin for CsiPlugin {
         }
         let call = csi::NodePublishVolumeRequest {
             volume_id: src.volume_handle.clone(),
-            publish_context: HashMap::new(),
+            publish_context: publish_context(src),
             staging_target_path: staging,
             target_path: path_string(target.clone())?,
             volume_capability: Some(capability_with_group(
@@ -315,7 +339,7 @@ impl VolumePlugin for CsiPlugin {
             )),
             readonly: src.read_only,
             secrets: secrets(&src.node_publish_secrets),
-            volume_context: context(src),
+            volume_context: publish_volume_context(src),
         };
         if let Err(e) = self.clients.node_publish_volume(&src.driver, call).await {
             match classify(CsiOp::Publish, e) {

@@ -2,7 +2,7 @@
 //! the per-volume half of a CSI mount, and the stage directories found at
 //! start-up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::errors::{classify, CsiOp};
@@ -56,7 +56,7 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         if stages {
             let call = csi::NodeStageVolumeRequest {
                 volume_id: src.volume_handle.clone(),
-                publish_context: HashMap::new(),
+                publish_context: super::publish_context(src),
                 staging_target_path: path_string(target.clone())?,
                 volume_capability: Some(capability(src)),
                 secrets: secrets(&src.node_stage_secrets),

@@ -62,5 +62,6 @@ pub(super) fn reconstructed_source(
         node_publish_secrets: None,
         node_expand_secrets: None,
         supplemental_gid: None,
+        driver_info: Default::default(),
     }
 }
