@@ -24,8 +24,16 @@
 //! run.
 //!
 //! Each round runs the raw loop, then the agent once per `--tracers` entry
-//! (its `--tracer` flag), so the tracers' cost on a mount storm is measured
-//! side by side with the core.
+//! (its `--tracer` flag) and `--sources` entry, so the tracers' cost on a
+//! mount storm is measured side by side with the core.
+//!
+//! `--sources` (default `startup-json`): how the N pods reach the agent.
+//! `startup-*`: the manifests are in the directory when the agent starts,
+//! and the clock runs from its spawn. `live-*`: the agent runs with an
+//! empty directory and has synced; the manifests, already written in a
+//! staging directory on the same file system, are renamed into it one by
+//! one, and the clock runs from the first rename. `*-json`: one-line JSON;
+//! `*-yaml`: block-style YAML as people write it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -45,6 +53,56 @@ struct Args {
     baselines: Vec<String>,
     /// Pause between "all mounted" and removing the manifests.
     settle_ms: u64,
+    /// How the pods reach the agent.
+    sources: Vec<Source>,
+}
+
+/// How the N pods reach the agent (`--sources`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Source {
+    /// Renamed into the directory of a running agent (else present at start).
+    live: bool,
+    /// Block-style YAML (else one-line JSON).
+    yaml: bool,
+}
+
+impl Source {
+    fn parse(s: &str) -> Self {
+        match s {
+            "startup-json" => Self {
+                live: false,
+                yaml: false,
+            },
+            "startup-yaml" => Self {
+                live: false,
+                yaml: true,
+            },
+            "live-json" => Self {
+                live: true,
+                yaml: false,
+            },
+            "live-yaml" => Self {
+                live: true,
+                yaml: true,
+            },
+            other => {
+                panic!("unknown source {other} (startup-json, startup-yaml, live-json, live-yaml)")
+            }
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match (self.live, self.yaml) {
+            (false, false) => "startup-json",
+            (false, true) => "startup-yaml",
+            (true, false) => "live-json",
+            (true, true) => "live-yaml",
+        }
+    }
+
+    fn file(self, i: usize) -> String {
+        format!("pod-{i}.{}", if self.yaml { "yaml" } else { "json" })
+    }
 }
 
 fn parse_args() -> Args {
@@ -55,6 +113,7 @@ fn parse_args() -> Args {
         tracers: vec!["off".into(), "auto".into()],
         baselines: Vec::new(),
         settle_ms: 1000,
+        sources: vec![Source::parse("startup-json")],
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -72,6 +131,7 @@ fn parse_args() -> Args {
             "--tracers" => a.tracers = it.next().unwrap().split(',').map(String::from).collect(),
             "--settle-ms" => a.settle_ms = it.next().unwrap().parse().unwrap(),
             "--baseline" => a.baselines.push(it.next().unwrap()),
+            "--sources" => a.sources = it.next().unwrap().split(',').map(Source::parse).collect(),
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -112,15 +172,26 @@ fn main() {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
-    // (label, agent binary, tracer) of each agent run in a round.
-    let mut variants: Vec<(String, String, String)> = args
-        .tracers
-        .iter()
-        .map(|t| (t.clone(), volmgr().to_string(), t.clone()))
-        .collect();
-    for b in &args.baselines {
+    // (label, agent binary, tracer, source) of each agent run in a round.
+    let mut variants: Vec<(String, String, String, Source)> = Vec::new();
+    for src in &args.sources {
+        let suffix = if args.sources.len() > 1 {
+            format!(", {}", src.label())
+        } else {
+            String::new()
+        };
         for t in &args.tracers {
-            variants.push((format!("{t} ({b})"), b.clone(), t.clone()));
+            variants.push((
+                format!("{t}{suffix}"),
+                volmgr().to_string(),
+                t.clone(),
+                *src,
+            ));
+        }
+        for b in &args.baselines {
+            for t in &args.tracers {
+                variants.push((format!("{t}{suffix} ({b})"), b.clone(), t.clone(), *src));
+            }
         }
     }
     for &n in &args.ns {
@@ -129,14 +200,13 @@ fn main() {
         let mut idle = Vec::new();
         for round in 0..args.rounds {
             let (rm, ru) = raw_loop(base.path(), n, round);
-            for (t, (label, bin, tracer)) in variants.iter().enumerate() {
-                let measure_idle = round == 0 && n == *args.ns.iter().max().unwrap();
+            for (t, (label, bin, tracer, src)) in variants.iter().enumerate() {
+                let measure_idle =
+                    round == 0 && n == *args.ns.iter().max().unwrap() && *src == args.sources[0];
                 let r = agent_run(
                     base.path(),
-                    n,
-                    round,
-                    bin,
-                    tracer,
+                    (n, round),
+                    (bin, tracer, *src),
                     measure_idle.then_some(args.idle_secs),
                     Duration::from_millis(args.settle_ms),
                 );
@@ -150,7 +220,7 @@ fn main() {
                 rows[t].push((rm, r.mount, ru, r.teardown));
             }
         }
-        for ((tracer, _, _), rows) in variants.iter().zip(&rows) {
+        for ((tracer, _, _, _), rows) in variants.iter().zip(&rows) {
             let col = |f: fn(&(f64, f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
             println!(
                 "| {n} | {tracer} | {:.3} | {:.3} | {:.2}x | {:.3} | {:.3} | {:.2}x |",
@@ -246,7 +316,31 @@ fn drop_tmpfs(dir: &Path) {
     std::fs::remove_dir(dir).unwrap();
 }
 
-fn manifest(i: usize) -> String {
+fn manifest(i: usize, yaml: bool) -> String {
+    if yaml {
+        return format!(
+            "apiVersion: v1
+kind: Pod
+metadata:
+  name: pod-{i}
+  namespace: bench
+  uid: {uid}
+spec:
+  containers:
+  - name: app
+    image: busybox
+    volumeMounts:
+    - name: cache
+      mountPath: /cache
+  volumes:
+  - name: cache
+    emptyDir:
+      medium: Memory
+      sizeLimit: 16Mi
+",
+            uid = uid(i)
+        );
+    }
     serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("pod-{i}"), "namespace": "bench", "uid": uid(i)},
@@ -332,21 +426,22 @@ fn stop(mut child: std::process::Child) {
 
 fn agent_run(
     base: &Path,
-    n: usize,
-    round: usize,
-    bin: &str,
-    tracer: &str,
+    (n, round): (usize, usize),
+    (bin, tracer, src): (&str, &str, Source),
     idle_secs: Option<u64>,
     settle: Duration,
 ) -> AgentResult {
     let area = fresh_tmpfs(&base.join(format!("agent-{round}")));
     let root = area.join("root");
     let manifests = area.join("manifests");
+    let staging = area.join("staging");
     std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::create_dir_all(&staging).unwrap();
+    let written = if src.live { &staging } else { &manifests };
     for i in 0..n {
-        std::fs::write(manifests.join(format!("pod-{i}.json")), manifest(i)).unwrap();
+        std::fs::write(written.join(src.file(i)), manifest(i, src.yaml)).unwrap();
     }
-    let t = Instant::now();
+    let spawned = Instant::now();
     let child = spawn_agent(
         bin,
         &root,
@@ -354,6 +449,16 @@ fn agent_run(
         tracer,
         Duration::from_secs(idle_secs.unwrap_or(10)),
     );
+    let t = if src.live {
+        wait_all(bin, &root, 0);
+        let t = Instant::now();
+        for i in 0..n {
+            std::fs::rename(staging.join(src.file(i)), manifests.join(src.file(i))).unwrap();
+        }
+        t
+    } else {
+        spawned
+    };
     wait_all(bin, &root, n);
     let mount = t.elapsed().as_secs_f64();
     assert_eq!(count_mounts(&root), n);
@@ -379,7 +484,7 @@ fn agent_run(
     std::thread::sleep(settle);
     let t = Instant::now();
     for i in 0..n {
-        std::fs::remove_file(manifests.join(format!("pod-{i}.json"))).unwrap();
+        std::fs::remove_file(manifests.join(src.file(i))).unwrap();
     }
     let t_unlinked = t.elapsed().as_secs_f64();
     wait_all(bin, &root, 0);

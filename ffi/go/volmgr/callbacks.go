@@ -1,6 +1,7 @@
 package volmgr
 
-// The Go side of volmgr's C callbacks: volume events and host plugins. The
+// The Go side of volmgr's C callbacks: volume events, host plugins and
+// service account tokens. The
 // functions exported here are called by libvolmgr on its own threads (never
 // on the goroutine that made a call), through the C shims in volmgr.go's
 // preamble. A file with //export may only declare in its preamble.
@@ -16,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"runtime/cgo"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -182,4 +185,52 @@ func volmgrGoTearDown(userdata unsafe.Pointer, target, errBuf *C.char, errLen C.
 		err = p.TearDown(C.GoString(target))
 	}()
 	return pluginStatus(err, errBuf, errLen)
+}
+
+// TokenRequest is what volmgr asks a TokenSource for: the TokenRequest
+// (serviceaccounts/NAME/token) to make for a projected serviceAccountToken
+// source, bound to the pod.
+type TokenRequest struct {
+	Namespace         string `json:"namespace"`
+	ServiceAccount    string `json:"service_account"`
+	Audience          string `json:"audience"`
+	ExpirationSeconds int64  `json:"expiration_seconds"`
+	PodName           string `json:"pod_name"`
+	PodUID            string `json:"pod_uid"`
+}
+
+// TokenSource gives service account tokens (Manager.SetTokenSource). An
+// error fails the volume's set-up, retried with backoff.
+type TokenSource interface {
+	Token(req TokenRequest) (token string, expiration time.Time, err error)
+}
+
+//export volmgrGoToken
+func volmgrGoToken(userdata unsafe.Pointer, request, buf *C.char, n C.uintptr_t, expiration *C.int64_t) (status C.int32_t) {
+	defer func() {
+		if recover() != nil {
+			status = C.int32_t(C.VOLMGR_ERR_INTERNAL)
+		}
+	}()
+	src, ok := cgo.Handle(uintptr(userdata)).Value().(TokenSource)
+	if !ok || buf == nil || expiration == nil {
+		return C.int32_t(C.VOLMGR_ERR_INTERNAL)
+	}
+	var req TokenRequest
+	if err := json.Unmarshal([]byte(C.GoString(request)), &req); err != nil {
+		return C.int32_t(C.VOLMGR_ERR_INVALID_ARGUMENT)
+	}
+	token, exp, err := src.Token(req)
+	if err != nil {
+		return C.int32_t(C.VOLMGR_ERR_INTERNAL)
+	}
+	// A token that does not fit, or holds a NUL, would reach the pod cut.
+	if len(token)+1 > int(n) || strings.IndexByte(token, 0) >= 0 {
+		return C.int32_t(C.VOLMGR_ERR_INVALID_ARGUMENT)
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	copy(dst, token)
+	dst[len(token)] = 0
+	*expiration = C.int64_t(exp.Unix())
+	return C.int32_t(C.VOLMGR_OK)
 }

@@ -26,6 +26,7 @@ extern void volmgrGoEvent(void *userdata, char *event_json);
 extern int volmgrGoCanSupport(void *userdata, char *spec_json);
 extern volmgr_status volmgrGoSetUp(void *userdata, char *spec_json, char *target_dir, char *err, uintptr_t err_len);
 extern volmgr_status volmgrGoTearDown(void *userdata, char *target_dir, char *err, uintptr_t err_len);
+extern int32_t volmgrGoToken(void *userdata, char *request_json, char *token_buf, uintptr_t token_buf_len, int64_t *expiration_unix);
 
 static void volmgr_go_event(void *u, const char *ev) { volmgrGoEvent(u, (char *)ev); }
 static bool volmgr_go_can_support(void *u, const char *spec) { return volmgrGoCanSupport(u, (char *)spec) != 0; }
@@ -36,7 +37,15 @@ static volmgr_status volmgr_go_tear_down(void *u, const char *dir, char *err, ui
 	return volmgrGoTearDown(u, (char *)dir, err, n);
 }
 
+static int32_t volmgr_go_token(void *u, const char *req, char *buf, uintptr_t n, int64_t *exp) {
+	return volmgrGoToken(u, (char *)req, buf, n, exp);
+}
+
 // The handle travels as an integer, so Go never turns a uintptr into a pointer.
+static volmgr_status volmgr_go_set_token(volmgr *vm, uintptr_t handle) {
+	return volmgr_set_token_callback(vm, volmgr_go_token, (void *)handle);
+}
+
 static volmgr_status volmgr_go_set_events(volmgr *vm, uintptr_t handle) {
 	return volmgr_set_event_callback(vm, volmgr_go_event, (void *)handle);
 }
@@ -330,6 +339,28 @@ func withString(s string, f func(*C.char) error) error {
 	return f(cs)
 }
 
+// SetTokenSource makes src give projected serviceAccountToken volumes their
+// tokens (a kubelet fork's TokenRequest client). Set it before pods with such
+// volumes are upserted; setting it again replaces it. src is called on
+// volmgr's threads and may block on the API server.
+func (m *Manager) SetTokenSource(src TokenSource) error {
+	if src == nil {
+		return &Error{Status: InvalidArgument, Message: "SetTokenSource: nil TokenSource"}
+	}
+	h := cgo.NewHandle(src)
+	err := m.with(func(vm *C.volmgr) error {
+		return call(func() C.volmgr_status { return C.volmgr_go_set_token(vm, C.uintptr_t(h)) })
+	})
+	if err != nil {
+		h.Delete()
+		return err
+	}
+	m.cbMu.Lock()
+	m.handles = append(m.handles, h)
+	m.cbMu.Unlock()
+	return nil
+}
+
 // UpsertPod adds or updates a pod given as v1.Pod JSON.
 func (m *Manager) UpsertPod(podJSON []byte) error {
 	return m.with(func(h *C.volmgr) error {
@@ -340,7 +371,8 @@ func (m *Manager) UpsertPod(podJSON []byte) error {
 }
 
 // UpsertObject adds or replaces an object pods' volumes refer to
-// (PersistentVolume, PersistentVolumeClaim or Secret JSON with its kind), as
+// (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver or
+// VolumeAttachment JSON with its kind), as
 // the kubelet's informers deliver it: pods that read it are converted again.
 func (m *Manager) UpsertObject(objectJSON []byte) error {
 	return m.with(func(h *C.volmgr) error {

@@ -337,6 +337,55 @@ func TestObjects(t *testing.T) {
 	}
 }
 
+type fakeTokens struct {
+	mu   sync.Mutex
+	seen []TokenRequest
+}
+
+func (f *fakeTokens) Token(req TokenRequest) (string, time.Time, error) {
+	f.mu.Lock()
+	f.seen = append(f.seen, req)
+	f.mu.Unlock()
+	return "token-of-" + req.ServiceAccount, time.Now().Add(time.Hour), nil
+}
+
+// A projected serviceAccountToken volume gets its token from a Go
+// TokenSource, asked with the pod's binding and the projection's audience.
+func TestTokenSource(t *testing.T) {
+	m, root, _ := newManager(t)
+	if err := m.SetTokenSource(nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("nil source: %v", err)
+	}
+	src := &fakeTokens{}
+	if err := m.SetTokenSource(src); err != nil {
+		t.Fatal(err)
+	}
+	pod := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"tp","namespace":"go","uid":"tok-1"},
+		"spec":{"serviceAccountName":"builder","containers":[{"name":"c","volumeMounts":[{"name":"api","mountPath":"/t"}]}],
+		"volumes":[{"name":"api","projected":{"sources":[{"serviceAccountToken":{"path":"token","audience":"vault","expirationSeconds":3600}}]}}]}}`)
+	if err := m.UpsertPod(pod); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := m.WaitForAttachAndMount(ctx, "tok-1"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(root + "/pods/tok-1/volumes/kubernetes.io~projected/api/token")
+	if err != nil || string(got) != "token-of-builder" {
+		t.Fatalf("token file: %q, %v", got, err)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if len(src.seen) == 0 {
+		t.Fatal("the source was never asked")
+	}
+	r := src.seen[0]
+	if r.Namespace != "go" || r.ServiceAccount != "builder" || r.Audience != "vault" || r.PodName != "tp" || r.PodUID != "tok-1" || r.ExpirationSeconds != 3600 {
+		t.Fatalf("request %+v", r)
+	}
+}
+
 // Both forms give the same entries.
 func TestVolumeListMatchesJSON(t *testing.T) {
 	m, _, host := newManager(t)

@@ -39,6 +39,9 @@ pub struct PodResolver {
     /// `None`: the store is the whole truth (the manifests directory, the
     /// C ABI).
     confirmed: Option<HashSet<ObjectRef>>,
+    /// Pods held back for unconfirmed objects, by the status key their
+    /// wait shows under.
+    held: HashMap<PodUid, String>,
 }
 
 impl PodResolver {
@@ -52,6 +55,7 @@ impl PodResolver {
             last_good: HashMap::new(),
             stale: HashMap::new(),
             confirmed: None,
+            held: HashMap::new(),
         }
     }
 
@@ -92,6 +96,35 @@ impl PodResolver {
         self.confirmed
             .as_ref()
             .is_some_and(|c| deps.iter().any(|d| !d.name.is_empty() && !c.contains(d)))
+    }
+
+    /// Holds `pod` back until `deps` are confirmed; status says what it
+    /// waits for (an object whose watch keeps failing shows there).
+    fn hold(&mut self, pod: &DesiredPod, raw: Arc<Pod>, deps: BTreeSet<ObjectRef>) {
+        let waiting: Vec<String> = match &self.confirmed {
+            Some(c) => deps
+                .iter()
+                .filter(|d| !d.name.is_empty() && !c.contains(*d))
+                .map(ToString::to_string)
+                .collect(),
+            None => Vec::new(),
+        };
+        let key = format!("pod {}/{} ({}) objects", pod.namespace, pod.name, pod.uid);
+        let msg = format!(
+            "waiting for {} to be read from the API server",
+            waiting.join(", ")
+        );
+        self.sink.set_source_problems(&key, vec![msg], vec![]);
+        self.held.insert(pod.uid.clone(), key);
+        self.dependents.set(&pod.uid, deps);
+        self.resolvable.insert(pod.uid.clone(), raw);
+    }
+
+    /// `uid` is no longer held back.
+    fn release(&mut self, uid: &PodUid) {
+        if let Some(key) = self.held.remove(uid) {
+            self.sink.set_source_problems(&key, vec![], vec![]);
+        }
     }
 
     /// The objects known.
@@ -151,11 +184,10 @@ impl PodResolver {
         let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw) {
             let (pod, deps) = self.resolve(&raw)?;
             if self.waits_for(&deps) {
-                // Held until its objects are confirmed.
-                self.dependents.set(&pod.uid, deps);
-                self.resolvable.insert(pod.uid.clone(), raw);
+                self.hold(&pod, raw, deps);
                 return Ok(pod.uid);
             }
+            self.release(&pod.uid);
             (pod, Some((raw, deps)))
         } else {
             (DesiredPod::from_pod(&raw)?, None)
@@ -200,6 +232,7 @@ impl PodResolver {
 
     /// Stops tracking the objects `uid` read.
     pub fn forget_pod(&mut self, uid: &PodUid) {
+        self.release(uid);
         self.resolvable.remove(uid);
         self.dependents.remove(uid);
         self.last_good.remove(uid);
@@ -258,8 +291,9 @@ impl PodResolver {
                 continue;
             };
             match self.resolve(&raw) {
-                Ok((_, deps)) if self.waits_for(&deps) => self.dependents.set(&uid, deps),
+                Ok((pod, deps)) if self.waits_for(&deps) => self.hold(&pod, raw, deps),
                 Ok((pod, deps)) => {
+                    self.release(&uid);
                     tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
                     self.dependents.set(&uid, deps);
                     let pod = self.settle(pod, true);
@@ -281,7 +315,11 @@ mod tests {
 
     /// Records each pod handed over: (uid, whether a volume failed).
     #[derive(Default)]
-    struct Recording(Mutex<Vec<(String, bool)>>, Arc<World>);
+    struct Recording(
+        Mutex<Vec<(String, bool)>>,
+        Arc<World>,
+        Mutex<HashMap<String, Vec<String>>>,
+    );
 
     impl PodSink for Recording {
         fn set_pod(&self, pod: DesiredPod) {
@@ -291,7 +329,14 @@ mod tests {
         fn delete_pod(&self, _: &PodUid) -> bool {
             true
         }
-        fn set_source_problems(&self, _: &str, _: Vec<String>, _: Vec<PodRejected>) {}
+        fn set_source_problems(&self, key: &str, errors: Vec<String>, _: Vec<PodRejected>) {
+            let mut p = self.2.lock().unwrap();
+            if errors.is_empty() {
+                p.remove(key);
+            } else {
+                p.insert(key.to_string(), errors);
+            }
+        }
         fn set_populated(&self) {}
         fn hold_wakes(&self) -> WakeHold {
             self.1.hold_wakes()
@@ -314,6 +359,11 @@ mod tests {
             sink.0.lock().unwrap().is_empty(),
             "handed over before its object was read"
         );
+        let problems = format!("{:?}", sink.2.lock().unwrap());
+        assert!(
+            problems.contains("waiting for ConfigMap ns/cm to be read"),
+            "{problems}"
+        );
         let cm = ObjectRef::new(ObjectKind::ConfigMap, "ns", "cm");
         assert!(
             r.referenced_objects().contains(&cm),
@@ -325,6 +375,7 @@ mod tests {
             Some(true),
             "absent: an error"
         );
+        assert!(sink.2.lock().unwrap().is_empty(), "the wait still shows");
         let obj =
             KubeObject::from_json(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "cm", "namespace": "ns"}, "data": {"k": "v"}}))
