@@ -397,6 +397,58 @@ fn api_csidriver_is_followed_by_name() {
     });
 }
 
+/// Local PersistentVolumes' node affinity is checked against this node's
+/// Node object, watched by name: a PV for another node is refused, one
+/// whose terms match the node's labels is mounted.
+#[test]
+fn api_local_pv_node_affinity_uses_the_node_object() {
+    isolated("api_local_pv_node_affinity_uses_the_node_object", || {
+        let c = Cluster::new();
+        c.api.apply(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "zone": "a"}}}));
+        let mut uids = Vec::new();
+        for (i, zone) in ["a", "b"].into_iter().enumerate() {
+            let host = c.env.dir.path().join(format!("local-{zone}"));
+            std::fs::create_dir_all(&host).unwrap();
+            c.api
+                .apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": format!("local-{zone}")},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                         "local": {"path": host.to_str().unwrap()},
+                         "claimRef": {"namespace": "test", "name": format!("claim-{zone}")},
+                         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions":
+                             [{"key": "zone", "operator": "In", "values": [zone]}]}]}}}}));
+            c.api
+                .apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": format!("claim-{zone}"), "namespace": "test"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": format!("local-{zone}"),
+                         "resources": {"requests": {"storage": "1Gi"}}}}));
+            let uid = format!("ad00000{i}-0000-0000-0000-00000000000d");
+            c.api.apply(pod(
+                &format!("local-{zone}"),
+                &uid,
+                NODE,
+                json!([{"name": "data", "persistentVolumeClaim": {"claimName": format!("claim-{zone}")}}]),
+            ));
+            uids.push(uid);
+        }
+        let _agent = c.start_agent();
+        c.wait_mounted(&uids[0], "data");
+        c.env.wait_for("the other zone's PV refused", || {
+            c.env
+                .volume_state(&uids[1], "data")
+                .and_then(|s| s.2)
+                .is_some_and(|e| e.contains("node affinity does not match"))
+        });
+        assert!(c
+            .api
+            .requests()
+            .iter()
+            .any(|r| r.path == "/api/v1/nodes" && r.query.contains("metadata.name%3Dnode-a")));
+        c.assert_node_authorizer_content();
+    });
+}
+
 /// Pods from the API and from the manifests directory side by side (the
 /// kubelet's static pods): both are mounted, and removing the manifest
 /// tears down only its pod.

@@ -195,7 +195,7 @@ fn rbac_is_the_least_the_agent_needs() {
         &read,
     );
     add("", &["serviceaccounts/token"], &["create"]);
-    add("", &["nodes"], &["get", "patch"]);
+    add("", &["nodes"], &["get", "list", "watch", "patch"]);
     add("", &["nodes/status"], &["patch"]);
     add("events.k8s.io", &["events"], &["create", "patch"]);
     add(

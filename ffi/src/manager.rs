@@ -251,7 +251,11 @@ pub unsafe extern "C" fn volmgr_new(
                 }
             }
         }));
-        let resolver = Mutex::new(PodResolver::new(vm.pod_sink()));
+        let mut resolver = PodResolver::new(vm.pod_sink());
+        // A Node object the caller upserts gives local PVs' node affinity
+        // this node's labels.
+        resolver.set_node_name(&cfg.node_name);
+        let resolver = Mutex::new(resolver);
         let h = Box::new(volmgr {
             rt,
             vm,
@@ -487,7 +491,9 @@ pub unsafe extern "C" fn volmgr_pod_delete(
 
 /// Adds or replaces an object pods' volumes refer to (`object_json`: a
 /// Kubernetes PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap,
-/// CSIDriver or VolumeAttachment, with its `kind`), as a kubelet fork's
+/// CSIDriver, VolumeAttachment, or this node's Node (named by the config's
+/// `node_name`: local PVs' node affinity is then checked against its
+/// labels), with its `kind`), as a kubelet fork's
 /// informers see it: pods that read it are converted again (a claim now
 /// bound mounts its volume; an attached VolumeAttachment lets its volume be
 /// staged with its metadata; a volume whose object changed keeps mounting

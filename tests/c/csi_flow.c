@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
   EXPECT(volmgr_object_upsert(vm, "not json"), VOLMGR_ERR_INVALID_ARGUMENT);
   EXPECT(volmgr_object_upsert(NULL, "{}"), VOLMGR_ERR_INVALID_ARGUMENT);
   EXPECT(volmgr_object_delete(vm, "PersistentVolumeClaim", "c", "nope"), VOLMGR_ERR_NOT_FOUND);
-  EXPECT(volmgr_object_delete(vm, "Node", "", "n"), VOLMGR_ERR_UNSUPPORTED);
+  EXPECT(volmgr_object_delete(vm, "Pod", "", "n"), VOLMGR_ERR_UNSUPPORTED);
   EXPECT(volmgr_object_delete(vm, "PersistentVolumeClaim", NULL, "claim"), VOLMGR_ERR_INVALID_ARGUMENT);
   EXPECT(volmgr_object_delete(vm, "PersistentVolumeClaim", "c", "claim"), VOLMGR_OK);
   EXPECT(volmgr_wait_for_attach_and_mount(vm, "csi-1", 2000), VOLMGR_OK);

@@ -14,8 +14,9 @@
 //!   is `Succeeded` or `Failed`, or when its deletion was requested and
 //!   none of its containers runs any more (the kubelet's `notRunning`).
 //! - The objects the pods read (PersistentVolumeClaims, PersistentVolumes,
-//!   Secrets, ConfigMaps, their CSI drivers' CSIDrivers and their volumes'
-//!   VolumeAttachments) each by its own watch with
+//!   Secrets, ConfigMaps, their CSI drivers' CSIDrivers, their volumes'
+//!   VolumeAttachments, and this Node for local PVs' node affinity) each by
+//!   its own watch with
 //!   `fieldSelector=metadata.name=NAME` in its namespace: what the node
 //!   authorizer lets a node's credentials read, never a cluster-wide list.
 //!   A watch starts when a pod first refers to the object and stops when no
@@ -30,7 +31,7 @@ use std::sync::Arc;
 
 use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerStatus, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ConfigMap, ContainerStatus, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::runtime::watcher::{self, Event};
@@ -90,10 +91,12 @@ impl ApiPodSource {
     /// A source of the pods bound to `node`, writing to `sink`.
     pub fn new(client: Client, node: &str, sink: Arc<dyn PodSink>) -> Self {
         let (updates_tx, updates_rx) = mpsc::channel(1024);
+        let mut resolver = PodResolver::with_confirmation(Arc::clone(&sink));
+        resolver.set_node_name(node);
         Self {
             client,
             node: node.to_string(),
-            resolver: PodResolver::with_confirmation(Arc::clone(&sink)),
+            resolver,
             sink,
             pods: HashMap::new(),
             relist: None,
@@ -378,6 +381,10 @@ async fn watch_object(client: Client, r: ObjectRef, tx: mpsc::Sender<(ObjectRef,
         ObjectKind::VolumeAttachment => {
             let api = Api::<VolumeAttachment>::all(client);
             follow(api, r, tx, |o| KubeObject::VolumeAttachment(Arc::new(o))).await
+        }
+        ObjectKind::Node => {
+            let api = Api::<Node>::all(client);
+            follow(api, r, tx, |o| KubeObject::Node(Arc::new(o))).await
         }
     }
 }

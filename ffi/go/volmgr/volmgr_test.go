@@ -323,8 +323,8 @@ func TestObjects(t *testing.T) {
 	if err := m.UpsertObject(pvc); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.UpsertObject([]byte(`{"kind":"Node","metadata":{"name":"n"}}`)); !errors.Is(err, ErrUnsupported) {
-		t.Fatalf("a Node: %v", err)
+	if err := m.UpsertObject([]byte(`{"kind":"Pod","metadata":{"name":"n"}}`)); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("a Pod as an object: %v", err)
 	}
 	if err := m.UpsertObject([]byte(`{`)); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("not JSON: %v", err)

@@ -8,7 +8,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
+};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
 use crate::populator::resolve::ObjectLookup;
@@ -29,6 +31,8 @@ pub enum ObjectKind {
     CsiDriver,
     /// `storage.k8s.io/v1.VolumeAttachment` (cluster-scoped).
     VolumeAttachment,
+    /// `v1.Node` (cluster-scoped): this node, for local PVs' node affinity.
+    Node,
 }
 
 impl ObjectKind {
@@ -36,7 +40,7 @@ impl ObjectKind {
     pub fn cluster_scoped(self) -> bool {
         matches!(
             self,
-            Self::PersistentVolume | Self::CsiDriver | Self::VolumeAttachment
+            Self::PersistentVolume | Self::CsiDriver | Self::VolumeAttachment | Self::Node
         )
     }
 
@@ -49,6 +53,7 @@ impl ObjectKind {
             Self::ConfigMap => "ConfigMap",
             Self::CsiDriver => "CSIDriver",
             Self::VolumeAttachment => "VolumeAttachment",
+            Self::Node => "Node",
         }
     }
 }
@@ -107,6 +112,7 @@ impl ObjectKind {
             "ConfigMap" => Some(Self::ConfigMap),
             "CSIDriver" => Some(Self::CsiDriver),
             "VolumeAttachment" => Some(Self::VolumeAttachment),
+            "Node" => Some(Self::Node),
             _ => None,
         }
     }
@@ -117,7 +123,7 @@ impl ObjectKind {
 pub enum ObjectDecodeError {
     /// A kind that is not followed (or no `kind`).
     #[error(
-        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver and VolumeAttachment are)"
+        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver, VolumeAttachment and Node are)"
     )]
     UnsupportedKind(String),
     /// Not a valid object of its kind. For a Secret, the message never
@@ -149,6 +155,8 @@ pub enum KubeObject {
     CsiDriver(Arc<CSIDriver>),
     /// A VolumeAttachment.
     VolumeAttachment(Arc<VolumeAttachment>),
+    /// A Node.
+    Node(Arc<Node>),
 }
 
 impl fmt::Debug for KubeObject {
@@ -194,6 +202,9 @@ impl KubeObject {
             Some(ObjectKind::VolumeAttachment) => Self::VolumeAttachment(Arc::new(
                 serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
             )),
+            Some(ObjectKind::Node) => Self::Node(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
             None => return Err(ObjectDecodeError::UnsupportedKind(kind)),
         };
         let r = obj.reference();
@@ -212,6 +223,7 @@ impl KubeObject {
             Self::ConfigMap(o) => (ObjectKind::ConfigMap, &o.metadata),
             Self::CsiDriver(o) => (ObjectKind::CsiDriver, &o.metadata),
             Self::VolumeAttachment(o) => (ObjectKind::VolumeAttachment, &o.metadata),
+            Self::Node(o) => (ObjectKind::Node, &o.metadata),
         };
         let ns = meta
             .namespace
@@ -226,6 +238,8 @@ impl KubeObject {
 #[derive(Debug, Default)]
 pub struct ObjectStore {
     objects: HashMap<ObjectRef, KubeObject>,
+    /// This node's name, when the source follows its Node object.
+    node_name: Option<String>,
 }
 
 impl ObjectStore {
@@ -257,6 +271,12 @@ impl ObjectStore {
     /// Whether no object is known.
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
+    }
+
+    /// Names this node: its Node object (once known) gives local PVs'
+    /// node affinity the node's labels.
+    pub fn set_node_name(&mut self, name: &str) {
+        self.node_name = Some(name.to_string()).filter(|n| !n.is_empty());
     }
 }
 
@@ -350,6 +370,18 @@ impl ObjectLookup for ObjectStore {
             _ => None,
         }
     }
+
+    fn node_ref(&self) -> Option<ObjectRef> {
+        let name = self.node_name.as_deref()?;
+        Some(ObjectRef::new(ObjectKind::Node, "", name))
+    }
+
+    fn node(&self) -> Option<Arc<Node>> {
+        match self.objects.get(&self.node_ref()?)? {
+            KubeObject::Node(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
 }
 
 /// An [`ObjectLookup`] that remembers every object asked for (found or not):
@@ -428,6 +460,17 @@ impl ObjectLookup for RecordingLookup<'_> {
     fn volume_attachment(&self, name: &str) -> Option<Arc<VolumeAttachment>> {
         self.record(ObjectRef::new(ObjectKind::VolumeAttachment, "", name));
         self.store.volume_attachment(name)
+    }
+
+    fn node_ref(&self) -> Option<ObjectRef> {
+        self.store.node_ref()
+    }
+
+    fn node(&self) -> Option<Arc<Node>> {
+        if let Some(r) = self.store.node_ref() {
+            self.record(r);
+        }
+        self.store.node()
     }
 }
 

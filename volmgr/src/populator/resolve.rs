@@ -50,6 +50,12 @@ pub trait ObjectLookup {
     fn volume_attachment(&self, _name: &str) -> Option<Arc<VolumeAttachment>> {
         None
     }
+    /// The reference of this node's Node object, when the source follows
+    /// it (the API source, a C ABI caller that names its node). Default:
+    /// none.
+    fn node_ref(&self) -> Option<crate::populator::objects::ObjectRef> {
+        None
+    }
     /// This node, for the node affinity of local PersistentVolumes. `None`
     /// (the default, and the manifests source) when the source does not
     /// know it: the check is then skipped.

@@ -127,6 +127,12 @@ impl PodResolver {
         }
     }
 
+    /// Names this node, so local PVs' node affinity is checked against its
+    /// Node object (followed like the other objects) once known.
+    pub fn set_node_name(&mut self, name: &str) {
+        self.store.set_node_name(name);
+    }
+
     /// The objects known.
     pub fn objects(&self) -> &ObjectStore {
         &self.store
