@@ -78,10 +78,11 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
     }
 }
 
-/// A volume's error, else its path.
+/// A volume's error, else its path (`(ro)` when set up read-only).
 fn volume_detail(v: &VolumeStatus) -> String {
     match (&v.error, &v.path) {
         (Some(e), _) => format!("error: {}", P(e)),
+        (None, Some(p)) if v.read_only => format!("{} (ro)", P(p)),
         (None, Some(p)) => P(p).to_string(),
         (None, None) => String::new(),
     }

@@ -155,6 +155,13 @@ fn api_pods_are_mounted_and_follow_their_objects() {
             .join(uid)
             .join("volumes/kubernetes.io~configmap/conf/mode");
         assert_eq!(std::fs::read_to_string(&conf).unwrap(), "one");
+        let read_only = |vol: &str| {
+            let s = c.env.status();
+            let p = s.pods.iter().find(|p| p.uid == uid).unwrap();
+            p.volumes.iter().find(|v| v.name == vol).unwrap().read_only
+        };
+        assert!(read_only("conf"), "a configMap volume is read-only");
+        assert!(!read_only("scratch"));
         assert!(
             !c.env
                 .root

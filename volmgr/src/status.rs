@@ -180,6 +180,10 @@ pub struct VolumeStatus {
     /// mounted), which the container runtime binds.
     #[serde(default)]
     pub sub_paths: Vec<SubPathStatus>,
+    /// Set up read-only (the pod's `readOnly`, a read-only CSI or local PV,
+    /// configMap/secret/downwardAPI/projected volumes).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// The content of a configMap, secret, downwardAPI or projected volume.

@@ -547,13 +547,14 @@ pub struct VolumeSpec {
 }
 
 impl VolumeSpec {
-    /// The kubelet's `VolumeSpec.ReadOnly`: set for a read-only CSI volume
-    /// (claim, PV or inline `readOnly`) and for payload volumes (configMap,
+    /// The kubelet's `VolumeSpec.ReadOnly`: set for a read-only CSI or local
+    /// volume (claim, PV or inline `readOnly`) and for payload volumes (configMap,
     /// secret, downwardAPI, projected); false for every other source (the
     /// containers' `volumeMounts[].readOnly` is per mount, not per volume).
     pub fn read_only(&self) -> bool {
         match &self.source {
             VolumeSource::Csi(c) => c.read_only,
+            VolumeSource::Local(l) => l.read_only,
             // The kubelet's configMap, secret, downwardAPI and projected
             // mounters are read-only to the pod.
             VolumeSource::Payload(_) => true,

@@ -103,6 +103,7 @@ impl VolumeManager {
                     stats: self.stats.status_of(&m.volume_name, uid),
                     content: None,
                     sub_paths: Vec::new(),
+                    read_only: false,
                 }
             })
             .collect()
@@ -177,6 +178,7 @@ impl VolumeManager {
                     stats: None,
                     content: None,
                     sub_paths: Vec::new(),
+                    read_only: false,
                 }
             }
             Ok(n) => n,
@@ -225,6 +227,10 @@ impl VolumeManager {
                 Some(VolumeMountState::Mounted) => self.sub_path_statuses(dsw, name, uid),
                 _ => Vec::new(),
             },
+            read_only: dsw
+                .volume(name)
+                .and_then(|dv| dv.pods.get(uid))
+                .is_some_and(|p| p.spec.read_only()),
         }
     }
 
