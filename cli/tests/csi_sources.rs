@@ -575,7 +575,7 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
             env.write_manifest(
                 "csidriver.yaml",
                 &format!(
-                    "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: true, podInfoOnMount: true, volumeLifecycleModes: [Persistent]}}\n"
+                    "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: true, podInfoOnMount: true, volumeLifecycleModes: [Persistent], tokenRequests: [{{audience: vault, expirationSeconds: 900}}]}}\n"
                 ),
             );
             env.write_manifest(
@@ -602,7 +602,15 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
             );
             let mut driver = new_driver(&env);
             driver.spawn();
-            let agent = env.start_agent(&["--node-name", "node-x"]);
+            let tokens = env.dir.path().join("tokens");
+            std::fs::create_dir_all(tokens.join("test")).unwrap();
+            std::fs::write(tokens.join("test/robot"), "robot-token\n").unwrap();
+            let agent = env.start_agent(&[
+                "--node-name",
+                "node-x",
+                "--token-file",
+                tokens.to_str().unwrap(),
+            ]);
             let va = volmgr::populator::csi_driver::attachment_name("vol-a", DRIVER, "node-x");
             let error = |uid: &str, vol: &str| env.volume_state(uid, vol).and_then(|s| s.2);
             wait_or_dump(
@@ -664,6 +672,17 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
             assert_eq!(ctx["csi.storage.k8s.io/serviceAccount.name"], "robot");
             assert_eq!(ctx["csi.storage.k8s.io/ephemeral"], "false");
             assert_eq!(ctx["size"], "320Mi", "the volume's own attributes stay");
+            // tokenRequests: a token per audience, bound to the pod's
+            // service account, in NodePublish only.
+            let key = "csi.storage.k8s.io/serviceAccount.tokens";
+            let tokens: serde_json::Value =
+                serde_json::from_str(ctx[key].as_str().expect("the tokens key")).unwrap();
+            assert_eq!(tokens["vault"]["token"], "robot-token", "{tokens}");
+            assert!(
+                tokens["vault"]["expirationTimestamp"].is_string(),
+                "{tokens}"
+            );
+            assert!(stage["volume_context"].get(key).is_none());
             assert!(agent.term());
             driver.stop();
         },

@@ -506,6 +506,35 @@ pub struct CsiDriverInfo {
     /// The VolumeAttachment's `status.attachmentMetadata`: the
     /// `publish_context` of NodeStageVolume and NodePublishVolume.
     pub publish_context: std::collections::BTreeMap<String, String>,
+    /// `spec.tokenRequests`: service account tokens for the driver, passed
+    /// in NodePublishVolume's volume context
+    /// (`csi.storage.k8s.io/serviceAccount.tokens`), with the pod they are
+    /// bound to.
+    pub token_requests: Vec<CsiTokenRequest>,
+    /// The pod the tokens are bound to (set with `token_requests`).
+    pub token_pod: Option<CsiTokenPod>,
+}
+
+/// One of a CSIDriver's `spec.tokenRequests`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiTokenRequest {
+    /// `audience` (empty: the API server's default audiences).
+    pub audience: String,
+    /// `expirationSeconds` (the API server's default, one hour, if unset).
+    pub expiration_seconds: i64,
+}
+
+/// The pod a CSI volume's service account tokens are bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiTokenPod {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// `spec.serviceAccountName` (`default` if unset).
+    pub service_account: String,
+    /// The pod's name.
+    pub pod_name: String,
+    /// The pod's UID.
+    pub pod_uid: String,
 }
 
 /// `CSIDriver.spec.fsGroupPolicy`: who applies the pod's fsGroup when the

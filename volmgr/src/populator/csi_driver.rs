@@ -6,6 +6,9 @@
 //! - `podInfoOnMount`: NodePublishVolume's volume context gets
 //!   `csi.storage.k8s.io/pod.name`, `pod.namespace`, `pod.uid`,
 //!   `serviceAccount.name` and `ephemeral` (`getPodInfoAttrs`);
+//! - `tokenRequests`: service account tokens for the driver, bound to the
+//!   pod, in NodePublishVolume's `csi.storage.k8s.io/serviceAccount.tokens`
+//!   (requested by the CSI plugin at publish time);
 //! - `fsGroupPolicy`: who applies the pod's fsGroup (see
 //!   `plugins/csi/fs_group.rs`);
 //! - `attachRequired` (true unless the object says false): a volume from a
@@ -25,7 +28,23 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
 use super::resolve::{ObjectLookup, VolumeSpecError};
-use crate::volume::{CsiDriverInfo, CsiFsGroupPolicy, CsiVolumeSource};
+use crate::volume::{
+    CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeSource,
+};
+
+/// A token request's lifetime when the CSIDriver gives none (the API
+/// server's default for a TokenRequest).
+const DEFAULT_TOKEN_SECONDS: i64 = 3600;
+
+/// The pod's service account (`default` when unset, as admission sets it).
+fn service_account(pod: &PodFacts<'_>) -> String {
+    pod.pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_string())
+}
 
 /// The pod a volume is resolved for.
 pub(super) struct PodFacts<'a> {
@@ -67,6 +86,21 @@ pub(super) fn apply(
     };
     if spec.pod_info_on_mount == Some(true) {
         info.pod_info = pod_info(pod, src.ephemeral);
+    }
+    if let Some(requests) = spec.token_requests.as_ref().filter(|r| !r.is_empty()) {
+        info.token_requests = requests
+            .iter()
+            .map(|r| CsiTokenRequest {
+                audience: r.audience.clone(),
+                expiration_seconds: r.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS),
+            })
+            .collect();
+        info.token_pod = Some(CsiTokenPod {
+            namespace: pod.namespace.to_string(),
+            service_account: service_account(pod),
+            pod_name: pod.name.to_string(),
+            pod_uid: pod.uid.to_string(),
+        });
     }
     if !src.ephemeral && spec.attach_required != Some(false) {
         info.publish_context = attachment_metadata(src, pod, objects)?;
@@ -261,10 +295,27 @@ mod tests {
     fn pod_info_fs_group_policy_and_lifecycle_modes() {
         let objects = store(vec![driver(
             json!({"podInfoOnMount": true, "attachRequired": false,
-            "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent", "Ephemeral"]}),
+            "fsGroupPolicy": "File", "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            "tokenRequests": [{"audience": "vault"}, {"audience": "", "expirationSeconds": 600}]}),
         )]);
         let mut s = source(true);
         run(&mut s, &objects).unwrap();
+        let want = vec![
+            CsiTokenRequest {
+                audience: "vault".into(),
+                expiration_seconds: 3600,
+            },
+            CsiTokenRequest {
+                audience: "".into(),
+                expiration_seconds: 600,
+            },
+        ];
+        assert_eq!(s.driver_info.token_requests, want);
+        let bound = s.driver_info.token_pod.clone().unwrap();
+        assert_eq!(
+            (bound.service_account.as_str(), bound.pod_uid.as_str()),
+            ("sa", "u1")
+        );
         assert_eq!(s.driver_info.fs_group_policy, CsiFsGroupPolicy::File);
         let info = &s.driver_info.pod_info;
         assert_eq!(info["csi.storage.k8s.io/pod.name"], "p");

@@ -29,12 +29,15 @@ pub fn install(
 ) -> Result<Arc<CsiClients>, Error> {
     let mut changes = registry.subscribe();
     let clients = CsiClients::new(Arc::clone(&registry), timeout);
-    let plugin = Arc::new(CsiPlugin::new(
-        Arc::clone(&vm.root),
-        Arc::clone(&clients),
-        vm.config.node_name.clone(),
-        Arc::clone(&vm.mounter),
-    ));
+    let plugin = Arc::new(
+        CsiPlugin::new(
+            Arc::clone(&vm.root),
+            Arc::clone(&clients),
+            vm.config.node_name.clone(),
+            Arc::clone(&vm.mounter),
+        )
+        .with_tokens(Arc::clone(&vm.payload.tokens)),
+    );
     vm.register_plugin(Arc::clone(&plugin) as Arc<dyn crate::plugins::VolumePlugin>)?;
     // Volume stats: NodeGetVolumeStats, each call within the CSI timeout
     // or 10 s, whichever is smaller.

@@ -81,6 +81,9 @@ pub struct CsiPlugin {
     node_name: String,
     /// Only to learn the id of the mount a driver made (the drivers mount).
     mounter: Arc<dyn Mounter>,
+    /// Where service account tokens for CSIDriver `tokenRequests` come
+    /// from (the projected volumes' source).
+    tokens: Option<Arc<crate::plugins::token::TokenRefresh>>,
 }
 
 impl CsiPlugin {
@@ -96,7 +99,65 @@ impl CsiPlugin {
             clients,
             node_name,
             mounter,
+            tokens: None,
         }
+    }
+
+    /// Gets the tokens of CSIDriver `tokenRequests` from `tokens`' source.
+    pub fn with_tokens(mut self, tokens: Arc<crate::plugins::token::TokenRefresh>) -> Self {
+        self.tokens = Some(tokens);
+        self
+    }
+
+    /// The kubelet's `podServiceAccountTokenAttrs`: for a driver whose
+    /// CSIDriver has `tokenRequests`, a token per audience bound to the pod,
+    /// as `{"<audience>": {"token": ..., "expirationTimestamp": ...}}` for
+    /// the `csi.storage.k8s.io/serviceAccount.tokens` volume context key.
+    async fn service_account_tokens(
+        &self,
+        src: &CsiVolumeSource,
+    ) -> Result<Option<String>, VolumeError> {
+        let info = &src.driver_info;
+        let Some(pod) = info
+            .token_pod
+            .as_ref()
+            .filter(|_| !info.token_requests.is_empty())
+        else {
+            return Ok(None);
+        };
+        let failed = |message: String| VolumeError::Plugin {
+            plugin: PLUGIN_NAME.into(),
+            message,
+        };
+        let source = self.tokens.as_ref().and_then(|t| t.source()).ok_or_else(|| {
+            failed(format!(
+                "CSIDriver {} asks for service account tokens (tokenRequests): no token source is configured (--token-file DIR, or the API source)",
+                src.driver
+            ))
+        })?;
+        let mut out = serde_json::Map::new();
+        for r in &info.token_requests {
+            let req = crate::plugins::token::TokenRequest {
+                namespace: pod.namespace.clone(),
+                service_account: pod.service_account.clone(),
+                audience: r.audience.clone(),
+                expiration_seconds: r.expiration_seconds,
+                pod_name: pod.pod_name.clone(),
+                pod_uid: pod.pod_uid.clone(),
+            };
+            let t = source
+                .request(&req)
+                .await
+                .map_err(|e| failed(format!("tokenRequests (audience {:?}): {e}", r.audience)))?;
+            out.insert(
+                r.audience.clone(),
+                serde_json::json!({
+                    "token": t.token,
+                    "expirationTimestamp": crate::cache::out_of_band::rfc3339(t.expiration),
+                }),
+            );
+        }
+        Ok(Some(serde_json::Value::Object(out).to_string()))
     }
 
     /// The clients (for the agent's metrics).
@@ -227,9 +288,16 @@ fn context(src: &CsiVolumeSource) -> HashMap<String, String> {
     c
 }
 
+/// The volume context key of CSIDriver `tokenRequests`' tokens.
+pub const SERVICE_ACCOUNT_TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
 /// NodePublishVolume's volume context: the volume's, plus the pod's
-/// information when the driver's CSIDriver asks for it (`podInfoOnMount`).
-fn publish_volume_context(src: &CsiVolumeSource) -> HashMap<String, String> {
+/// information when the driver's CSIDriver asks for it (`podInfoOnMount`)
+/// and its service account tokens (`tokenRequests`).
+fn publish_volume_context(
+    src: &CsiVolumeSource,
+    tokens: Option<String>,
+) -> HashMap<String, String> {
     let mut c = context(src);
     c.extend(
         src.driver_info
@@ -237,6 +305,9 @@ fn publish_volume_context(src: &CsiVolumeSource) -> HashMap<String, String> {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone())),
     );
+    if let Some(t) = tokens {
+        c.insert(SERVICE_ACCOUNT_TOKENS_KEY.into(), t);
+    }
     c
 }
 
@@ -339,7 +410,7 @@ impl VolumePlugin for CsiPlugin {
             )),
             readonly: src.read_only,
             secrets: secrets(&src.node_publish_secrets),
-            volume_context: publish_volume_context(src),
+            volume_context: publish_volume_context(src, self.service_account_tokens(src).await?),
         };
         if let Err(e) = self.clients.node_publish_volume(&src.driver, call).await {
             match classify(CsiOp::Publish, e) {
