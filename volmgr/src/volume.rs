@@ -492,6 +492,33 @@ pub struct CsiVolumeSource {
     pub driver_info: Arc<CsiDriverInfo>,
 }
 
+impl CsiVolumeSource {
+    /// A persistent filesystem volume `volume_handle` of `driver`, published
+    /// ReadWriteOnce, with nothing else set (callers set the rest with
+    /// struct update syntax).
+    pub fn new(driver: impl Into<String>, volume_handle: impl Into<String>) -> Self {
+        Self {
+            driver: driver.into(),
+            volume_handle: volume_handle.into(),
+            ephemeral: false,
+            pv_name: None,
+            claim_name: None,
+            read_only: false,
+            fs_type: None,
+            volume_mode: CsiVolumeMode::Filesystem,
+            access_mode: CsiAccessMode::SingleNodeWriter,
+            volume_attributes: Default::default(),
+            mount_options: Vec::new(),
+            capacity_bytes: None,
+            node_stage_secrets: None,
+            node_publish_secrets: None,
+            node_expand_secrets: None,
+            supplemental_gid: None,
+            driver_info: Default::default(),
+        }
+    }
+}
+
 /// What a CSI driver's `CSIDriver` object says about one volume (the
 /// kubelet's `pkg/volume/csi` reads it at mount time), and the
 /// VolumeAttachment's `status.attachmentMetadata` for drivers that attach.
@@ -630,23 +657,8 @@ mod tests {
         assert!(d.contains("password") && f.contains("password"), "{d} {f}");
         assert!(!d.contains("hunter2") && !f.contains("hunter2"), "{d} {f}");
         let src = CsiVolumeSource {
-            driver: "d".into(),
-            volume_handle: "h".into(),
-            ephemeral: false,
-            pv_name: None,
-            claim_name: None,
-            read_only: false,
-            fs_type: None,
-            volume_mode: CsiVolumeMode::Filesystem,
-            access_mode: CsiAccessMode::SingleNodeWriter,
-            volume_attributes: Default::default(),
-            mount_options: vec![],
-            capacity_bytes: None,
             node_stage_secrets: Some(Arc::new(s)),
-            node_publish_secrets: None,
-            node_expand_secrets: None,
-            supplemental_gid: None,
-            driver_info: Default::default(),
+            ..CsiVolumeSource::new("d", "h")
         };
         assert!(!format!("{:?}", VolumeSource::Csi(src)).contains("hunter2"));
     }

@@ -214,28 +214,13 @@ fn attachment_metadata(
 mod tests {
     use super::*;
     use crate::populator::objects::{KubeObject, ObjectStore};
-    use crate::volume::{CsiAccessMode, CsiVolumeMode};
     use serde_json::json;
 
     fn source(ephemeral: bool) -> CsiVolumeSource {
         CsiVolumeSource {
-            driver: "d.example.com".into(),
-            volume_handle: "vol-1".into(),
             ephemeral,
             pv_name: (!ephemeral).then(|| "pv".into()),
-            claim_name: None,
-            read_only: false,
-            fs_type: None,
-            volume_mode: CsiVolumeMode::Filesystem,
-            access_mode: CsiAccessMode::SingleNodeWriter,
-            volume_attributes: Default::default(),
-            mount_options: vec![],
-            capacity_bytes: None,
-            node_stage_secrets: None,
-            node_publish_secrets: None,
-            node_expand_secrets: None,
-            supplemental_gid: None,
-            driver_info: Default::default(),
+            ..CsiVolumeSource::new("d.example.com", "vol-1")
         }
     }
 

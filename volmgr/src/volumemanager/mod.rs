@@ -1173,25 +1173,11 @@ mod tests {
     }
 
     fn csi(gid: Option<i64>) -> crate::volume::VolumeSource {
-        use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource};
+        use crate::volume::CsiVolumeSource;
         crate::volume::VolumeSource::Csi(CsiVolumeSource {
-            driver: "d".into(),
-            volume_handle: format!("h-{gid:?}"),
-            ephemeral: false,
             pv_name: Some("pv".into()),
-            claim_name: None,
-            read_only: false,
-            fs_type: None,
-            volume_mode: CsiVolumeMode::Filesystem,
-            access_mode: CsiAccessMode::SingleNodeWriter,
-            volume_attributes: Default::default(),
-            mount_options: vec![],
-            capacity_bytes: None,
-            node_stage_secrets: None,
-            node_publish_secrets: None,
-            node_expand_secrets: None,
             supplemental_gid: gid,
-            driver_info: Default::default(),
+            ..CsiVolumeSource::new("d", format!("h-{gid:?}"))
         })
     }
 

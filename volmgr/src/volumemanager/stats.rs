@@ -498,7 +498,7 @@ fn millis(d: Duration) -> u64 {
 mod tests {
     use super::*;
     use crate::plugins::stats::VolumeCondition;
-    use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource, StorageMedium};
+    use crate::volume::{CsiVolumeSource, StorageMedium};
     use std::sync::atomic::AtomicUsize;
 
     /// What the fake answers for a volume.
@@ -561,23 +561,9 @@ mod tests {
 
     fn csi_target(volume: &str, pod: &str, driver: &str, claim: Option<&str>) -> StatsTarget {
         let src = CsiVolumeSource {
-            driver: driver.into(),
-            volume_handle: volume.into(),
             ephemeral: claim.is_none(),
-            pv_name: None,
             claim_name: claim.map(str::to_string),
-            supplemental_gid: None,
-            driver_info: Default::default(),
-            read_only: false,
-            fs_type: None,
-            volume_mode: CsiVolumeMode::Filesystem,
-            access_mode: CsiAccessMode::SingleNodeWriter,
-            volume_attributes: Default::default(),
-            mount_options: vec![],
-            capacity_bytes: None,
-            node_stage_secrets: None,
-            node_publish_secrets: None,
-            node_expand_secrets: None,
+            ..CsiVolumeSource::new(driver, volume)
         };
         target(volume, pod, VolumeSource::Csi(src))
     }

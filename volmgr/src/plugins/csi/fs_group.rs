@@ -92,23 +92,11 @@ mod tests {
 
     fn src(access_mode: CsiAccessMode, fs: Option<&str>, read_only: bool) -> CsiVolumeSource {
         CsiVolumeSource {
-            driver: "d".into(),
-            volume_handle: "h".into(),
-            ephemeral: false,
             pv_name: Some("pv".into()),
-            claim_name: None,
             read_only,
             fs_type: fs.map(String::from),
-            volume_mode: CsiVolumeMode::Filesystem,
             access_mode,
-            volume_attributes: Default::default(),
-            mount_options: vec![],
-            capacity_bytes: None,
-            node_stage_secrets: None,
-            node_publish_secrets: None,
-            node_expand_secrets: None,
-            supplemental_gid: None,
-            driver_info: Default::default(),
+            ..CsiVolumeSource::new("d", "h")
         }
     }
 

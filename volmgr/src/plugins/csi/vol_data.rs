@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::plugins::VolumeError;
 use crate::sys::root_dir::{RelPath, RootDir};
-use crate::volume::{CsiAccessMode, CsiVolumeMode, CsiVolumeSource};
+use crate::volume::{CsiVolumeMode, CsiVolumeSource};
 
 /// `vol_data.json` keys (the kubelet's `volDataKey`), plus volmgr's own.
 pub(super) mod key {
@@ -46,22 +46,7 @@ pub(super) fn reconstructed_source(
     volume_mode: CsiVolumeMode,
 ) -> CsiVolumeSource {
     CsiVolumeSource {
-        driver,
-        volume_handle,
-        ephemeral: false,
-        pv_name: None,
-        claim_name: None,
-        read_only: false,
-        fs_type: None,
         volume_mode,
-        access_mode: CsiAccessMode::SingleNodeWriter,
-        volume_attributes: BTreeMap::new(),
-        mount_options: Vec::new(),
-        capacity_bytes: None,
-        node_stage_secrets: None,
-        node_publish_secrets: None,
-        node_expand_secrets: None,
-        supplemental_gid: None,
-        driver_info: Default::default(),
+        ..CsiVolumeSource::new(driver, volume_handle)
     }
 }
