@@ -371,13 +371,13 @@ impl ObjectLookup for ObjectStore {
         }
     }
 
-    fn node_ref(&self) -> Option<ObjectRef> {
-        let name = self.node_name.as_deref()?;
-        Some(ObjectRef::new(ObjectKind::Node, "", name))
+    fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
     }
 
     fn node(&self) -> Option<Arc<Node>> {
-        match self.objects.get(&self.node_ref()?)? {
+        let r = ObjectRef::new(ObjectKind::Node, "", self.node_name.as_deref()?);
+        match self.objects.get(&r)? {
             KubeObject::Node(o) => Some(Arc::clone(o)),
             _ => None,
         }
@@ -462,13 +462,13 @@ impl ObjectLookup for RecordingLookup<'_> {
         self.store.volume_attachment(name)
     }
 
-    fn node_ref(&self) -> Option<ObjectRef> {
-        self.store.node_ref()
+    fn node_name(&self) -> Option<&str> {
+        self.store.node_name()
     }
 
     fn node(&self) -> Option<Arc<Node>> {
-        if let Some(r) = self.store.node_ref() {
-            self.record(r);
+        if let Some(name) = self.store.node_name() {
+            self.record(ObjectRef::new(ObjectKind::Node, "", name));
         }
         self.store.node()
     }

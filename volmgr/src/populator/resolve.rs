@@ -50,10 +50,9 @@ pub trait ObjectLookup {
     fn volume_attachment(&self, _name: &str) -> Option<Arc<VolumeAttachment>> {
         None
     }
-    /// The reference of this node's Node object, when the source follows
-    /// it (the API source, a C ABI caller that names its node). Default:
-    /// none.
-    fn node_ref(&self) -> Option<crate::populator::objects::ObjectRef> {
+    /// This node's name, when the source follows its Node object (the API
+    /// source, a C ABI caller that names its node). Default: none.
+    fn node_name(&self) -> Option<&str> {
         None
     }
     /// This node, for the node affinity of local PersistentVolumes. `None`
