@@ -48,6 +48,9 @@ pub struct AgentOptions {
     pub csi_timeout: Duration,
     /// Period of the volume stats collection (positive).
     pub volume_stats_period: Duration,
+    /// How often `requiresRepublish` CSI drivers' volumes are published
+    /// again (positive).
+    pub csi_republish_period: Duration,
     /// CSI drivers given on the command line (`--csi-driver NAME=SOCKET`),
     /// registered without the plugin-registration handshake.
     pub csi_drivers: Vec<(String, PathBuf)>,
@@ -117,6 +120,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.backoff = opts.backoff;
     config.node_name = opts.node_name.clone();
     config.volume_stats_period = opts.volume_stats_period;
+    config.csi_republish_period = opts.csi_republish_period;
     config.wait_for_reported_in_use = opts.report_volumes_in_use;
     let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
     let (stop_tx, stop_rx) = watch::channel(false);

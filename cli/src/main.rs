@@ -67,6 +67,10 @@ struct AgentArgs {
     /// Period of the volume stats collection (kubelet_volume_stats_*).
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     volume_stats_period: Duration,
+    /// How often volumes of CSI drivers whose CSIDriver has
+    /// requiresRepublish are published again (the kubelet's sync period).
+    #[arg(long, default_value = "1m", value_parser = parse_positive_duration)]
+    csi_republish_period: Duration,
     /// A CSI driver and its socket, NAME=SOCKET (repeatable); drivers can
     /// also register through ROOT/plugins_registry.
     #[arg(long = "csi-driver", value_name = "NAME=SOCKET", value_parser = parse_csi_driver)]
@@ -109,6 +113,7 @@ impl AgentArgs {
             node_name: self.node_name,
             csi_timeout: self.csi_timeout,
             volume_stats_period: self.volume_stats_period,
+            csi_republish_period: self.csi_republish_period,
             csi_drivers: self.csi_drivers,
             tracer: self.tracer,
             token_dir: self.token_file,

@@ -575,7 +575,7 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
             env.write_manifest(
                 "csidriver.yaml",
                 &format!(
-                    "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: true, podInfoOnMount: true, volumeLifecycleModes: [Persistent], tokenRequests: [{{audience: vault, expirationSeconds: 900}}]}}\n"
+                    "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: true, podInfoOnMount: true, volumeLifecycleModes: [Persistent], tokenRequests: [{{audience: vault, expirationSeconds: 900}}], requiresRepublish: true}}\n"
                 ),
             );
             env.write_manifest(
@@ -602,14 +602,16 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
             );
             let mut driver = new_driver(&env);
             driver.spawn();
-            let tokens = env.dir.path().join("tokens");
-            std::fs::create_dir_all(tokens.join("test")).unwrap();
-            std::fs::write(tokens.join("test/robot"), "robot-token\n").unwrap();
+            let token_dir = env.dir.path().join("tokens");
+            std::fs::create_dir_all(token_dir.join("test")).unwrap();
+            std::fs::write(token_dir.join("test/robot"), "robot-token\n").unwrap();
             let agent = env.start_agent(&[
                 "--node-name",
                 "node-x",
                 "--token-file",
-                tokens.to_str().unwrap(),
+                token_dir.to_str().unwrap(),
+                "--csi-republish-period",
+                "300ms",
             ]);
             let va = volmgr::populator::csi_driver::attachment_name("vol-a", DRIVER, "node-x");
             let error = |uid: &str, vol: &str| env.volume_state(uid, vol).and_then(|s| s.2);
@@ -683,6 +685,29 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
                 "{tokens}"
             );
             assert!(stage["volume_context"].get(key).is_none());
+
+            // requiresRepublish: NodePublishVolume again every period on the
+            // mounted volume, with a fresh token; never a second stage.
+            std::fs::write(token_dir.join("test/robot"), "rotated-token\n").unwrap();
+            let publishes_with = |token: &str| {
+                std::fs::read_to_string(driver.state().join("contexts.jsonl"))
+                    .unwrap()
+                    .lines()
+                    .filter(|l| l.contains("NodePublishVolume") && l.contains(token))
+                    .count()
+            };
+            wait_or_dump(
+                &env,
+                &agent,
+                &driver,
+                "republished with the new token",
+                || publishes_with("rotated-token") >= 2,
+            );
+            assert_eq!(driver.count("NodeStageVolume", "vol-a", "OK"), 1);
+            assert_eq!(
+                env.volume_state("uid-att", "data").map(|s| s.0).as_deref(),
+                Some("mounted")
+            );
             assert!(agent.term());
             driver.stop();
         },

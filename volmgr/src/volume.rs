@@ -540,6 +540,9 @@ pub struct CsiDriverInfo {
     pub token_requests: Vec<CsiTokenRequest>,
     /// The pod the tokens are bound to (set with `token_requests`).
     pub token_pod: Option<CsiTokenPod>,
+    /// `spec.requiresRepublish`: NodePublishVolume is called again
+    /// periodically on the mounted volume (new tokens, rotated secrets).
+    pub requires_republish: bool,
 }
 
 /// One of a CSIDriver's `spec.tokenRequests`.

@@ -9,6 +9,8 @@
 //! - `tokenRequests`: service account tokens for the driver, bound to the
 //!   pod, in NodePublishVolume's `csi.storage.k8s.io/serviceAccount.tokens`
 //!   (requested by the CSI plugin at publish time);
+//! - `requiresRepublish`: NodePublishVolume again every
+//!   `Config::csi_republish_period` on the mounted volume;
 //! - `fsGroupPolicy`: who applies the pod's fsGroup (see
 //!   `plugins/csi/fs_group.rs`);
 //! - `attachRequired` (true unless the object says false): a volume from a
@@ -87,6 +89,7 @@ pub(super) fn apply(
     if spec.pod_info_on_mount == Some(true) {
         info.pod_info = pod_info(pod, src.ephemeral);
     }
+    info.requires_republish = spec.requires_republish == Some(true);
     if let Some(requests) = spec.token_requests.as_ref().filter(|r| !r.is_empty()) {
         info.token_requests = requests
             .iter()

@@ -441,8 +441,9 @@ impl Reconciler {
     }
 
     /// The kubelet's `RequiresRemount` check for a mounted volume: only
-    /// payload volumes (configMap, secret, downwardAPI, projected) are ever
-    /// set up again in place, so the plugin is asked only for them.
+    /// payload volumes (configMap, secret, downwardAPI, projected) and
+    /// volumes of `requiresRepublish` CSI drivers are ever set up again in
+    /// place, so the plugin is asked only for them.
     fn requires_remount(
         &self,
         v: &UniqueVolumeName,
@@ -450,7 +451,13 @@ impl Reconciler {
         mounted: &Arc<VolumeSpec>,
         desired: &Arc<VolumeSpec>,
     ) -> bool {
-        if !matches!(desired.source, crate::volume::VolumeSource::Payload(_)) {
+        use crate::volume::VolumeSource;
+        let in_place = match &desired.source {
+            VolumeSource::Payload(_) => true,
+            VolumeSource::Csi(c) => c.driver_info.requires_republish,
+            _ => false,
+        };
+        if !in_place {
             return false;
         }
         self.plugins

@@ -36,7 +36,10 @@ pub fn install(
             vm.config.node_name.clone(),
             Arc::clone(&vm.mounter),
         )
-        .with_tokens(Arc::clone(&vm.payload.tokens)),
+        .with_tokens(
+            Arc::clone(&vm.payload.tokens),
+            vm.config.csi_republish_period,
+        ),
     );
     vm.register_plugin(Arc::clone(&plugin) as Arc<dyn crate::plugins::VolumePlugin>)?;
     // Volume stats: NodeGetVolumeStats, each call within the CSI timeout

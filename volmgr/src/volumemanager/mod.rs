@@ -75,6 +75,10 @@ pub struct Config {
     /// Period of the volume stats collection (`kubelet_volume_stats_*`,
     /// status `stats`); must be positive.
     pub volume_stats_period: Duration,
+    /// How often volumes of CSI drivers whose CSIDriver has
+    /// `requiresRepublish` are published again (the kubelet's pod sync
+    /// period, 1 minute by default).
+    pub csi_republish_period: Duration,
 }
 
 impl Config {
@@ -90,6 +94,7 @@ impl Config {
             wait_for_volumes_attached: false,
             make_root_shared: true,
             volume_stats_period: Duration::from_secs(60),
+            csi_republish_period: crate::plugins::csi::DEFAULT_REPUBLISH_PERIOD,
         }
     }
 }

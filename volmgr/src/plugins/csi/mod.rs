@@ -82,8 +82,11 @@ pub struct CsiPlugin {
     /// Only to learn the id of the mount a driver made (the drivers mount).
     mounter: Arc<dyn Mounter>,
     /// Where service account tokens for CSIDriver `tokenRequests` come
-    /// from (the projected volumes' source).
+    /// from (the projected volumes' source); its schedule also times the
+    /// republishing of `requiresRepublish` drivers' volumes.
     tokens: Option<Arc<crate::plugins::token::TokenRefresh>>,
+    /// How often a `requiresRepublish` driver's volume is published again.
+    republish_period: std::time::Duration,
 }
 
 impl CsiPlugin {
@@ -100,13 +103,29 @@ impl CsiPlugin {
             node_name,
             mounter,
             tokens: None,
+            republish_period: DEFAULT_REPUBLISH_PERIOD,
         }
     }
 
-    /// Gets the tokens of CSIDriver `tokenRequests` from `tokens`' source.
-    pub fn with_tokens(mut self, tokens: Arc<crate::plugins::token::TokenRefresh>) -> Self {
+    /// Gets the tokens of CSIDriver `tokenRequests` from `tokens`' source,
+    /// and republishes `requiresRepublish` drivers' volumes every
+    /// `republish_period` through its schedule (which wakes the reconciler).
+    pub fn with_tokens(
+        mut self,
+        tokens: Arc<crate::plugins::token::TokenRefresh>,
+        republish_period: std::time::Duration,
+    ) -> Self {
         self.tokens = Some(tokens);
+        self.republish_period = republish_period;
         self
+    }
+
+    /// After a publish: a `requiresRepublish` volume is due again in one
+    /// period.
+    fn schedule_republish(&self, volume: &UniqueVolumeName, src: &CsiVolumeSource) {
+        if let (true, Some(t)) = (src.driver_info.requires_republish, &self.tokens) {
+            t.schedule(volume, self.republish_period);
+        }
     }
 
     /// The kubelet's `podServiceAccountTokenAttrs`: for a driver whose
@@ -288,6 +307,10 @@ fn context(src: &CsiVolumeSource) -> HashMap<String, String> {
     c
 }
 
+/// How often a `requiresRepublish` driver's volume is published again by
+/// default: the kubelet's pod sync period (`--sync-frequency`, 1 minute).
+pub const DEFAULT_REPUBLISH_PERIOD: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The volume context key of CSIDriver `tokenRequests`' tokens.
 pub const SERVICE_ACCOUNT_TOKENS_KEY: &str = "csi.storage.k8s.io/serviceAccount.tokens";
 
@@ -347,6 +370,18 @@ impl VolumePlugin for CsiPlugin {
             }
             _ => UniqueVolumeName::per_pod(PLUGIN_NAME, pod, &spec.name),
         }
+    }
+
+    /// The kubelet's `RequiresRemount` for CSI: a `requiresRepublish`
+    /// driver's volume whose period is up.
+    fn requires_remount(
+        &self,
+        volume: &UniqueVolumeName,
+        _mounted: &VolumeSpec,
+        desired: &VolumeSpec,
+    ) -> bool {
+        matches!(&desired.source, VolumeSource::Csi(c) if c.driver_info.requires_republish)
+            && self.tokens.as_ref().is_some_and(|t| t.is_due(volume))
     }
 
     fn metric_label(&self, spec: &VolumeSpec) -> Option<Arc<str>> {
@@ -437,6 +472,7 @@ impl VolumePlugin for CsiPlugin {
         self.root
             .write_file(&layout.marker, record.as_bytes())
             .map_err(|e| VolumeError::Uncertain(e.to_string()))?;
+        self.schedule_republish(&req.volume_name, src);
         Ok(match &layout.pod_link {
             None => target,
             Some(link) => self.abs(link),

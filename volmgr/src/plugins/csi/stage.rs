@@ -82,6 +82,10 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         let src = source(&req.spec)?;
         let layout = stage_layout(&req.spec, src)?;
         let stages = self.stages(&src.driver).await?;
+        if let Some(t) = &self.tokens {
+            // No republishing of a volume no pod uses.
+            t.forget(&req.volume_name);
+        }
         self.remove_file(&layout.data_dir.join(STAGED_FILE)?)?;
         if stages {
             let call = csi::NodeUnstageVolumeRequest {
