@@ -236,7 +236,7 @@ const char *volmgr_last_error(void);
  *   "wait_for_sources_ready": false, "wait_for_reported_in_use": false,
  *   "make_root_shared": false,
  *   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
- *           "timeout_ms": 120000}}`
+ *           "timeout_ms": 120000, "republish_period_ms": 60000}}`
  * (only `root_dir` is required). With `"csi"`, the kubelet's CSI plugin is
  * installed as `volmgr agent` installs it: drivers named in `drivers` are
  * called on their socket at once, and with `watch_plugins_registry` (the

@@ -99,6 +99,10 @@ struct CsiConfig {
     /// Deadline of each CSI call (the kubelet's is 2 minutes).
     #[serde(default = "default_csi_timeout_ms")]
     timeout_ms: u64,
+    /// How often `requiresRepublish` drivers' volumes are published again
+    /// (the kubelet's sync period, 1 minute, when absent or 0).
+    #[serde(default)]
+    republish_period_ms: u64,
 }
 
 fn default_true() -> bool {
@@ -132,6 +136,11 @@ fn build_config(cfg: &NewConfig) -> Config {
     // A kubelet makes its root directory rshared itself (`setupDataDirs`):
     // the library does it only when asked.
     config.make_root_shared = cfg.make_root_shared;
+    if let Some(ms) = cfg.csi.as_ref().map(|c| c.republish_period_ms) {
+        if ms > 0 {
+            config.csi_republish_period = Duration::from_millis(ms);
+        }
+    }
     config
 }
 
@@ -173,7 +182,7 @@ fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 ///   "wait_for_sources_ready": false, "wait_for_reported_in_use": false,
 ///   "make_root_shared": false,
 ///   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
-///           "timeout_ms": 120000}}`
+///           "timeout_ms": 120000, "republish_period_ms": 60000}}`
 /// (only `root_dir` is required). With `"csi"`, the kubelet's CSI plugin is
 /// installed as `volmgr agent` installs it: drivers named in `drivers` are
 /// called on their socket at once, and with `watch_plugins_registry` (the

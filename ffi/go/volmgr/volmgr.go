@@ -156,6 +156,9 @@ type CSIConfig struct {
 	Drivers map[string]string `json:"drivers,omitempty"`
 	// TimeoutMs bounds each CSI call; 0 is the kubelet's 2 minutes.
 	TimeoutMs uint64 `json:"timeout_ms,omitempty"`
+	// RepublishPeriodMs: how often volumes of CSIDriver requiresRepublish
+	// drivers are published again; 0 is the kubelet's 1 minute.
+	RepublishPeriodMs uint64 `json:"republish_period_ms,omitempty"`
 }
 
 // MountedVolume is one entry of GetMountedVolumesForPod: what the kubelet's
