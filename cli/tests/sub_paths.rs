@@ -149,3 +149,38 @@ fn a_symlink_sub_path_is_that_volumes_error() {
         assert!(agent.term());
     });
 }
+
+/// The most common subPath of all: one key of a configMap volume
+/// (`key -> ..data/key`, symlinks inside the volume, as the kubelet's
+/// atomic writer lays them out) is bound, and the container sees the file.
+#[test]
+fn a_config_map_key_as_a_sub_path() {
+    isolated("a_config_map_key_as_a_sub_path", || {
+        let env = Env::new();
+        env.write_manifest(
+            "cm.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web-conf, namespace: test}\ndata: {nginx.conf: 'worker_processes 1;'}\n",
+        );
+        env.write_manifest(
+            "p.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: test, uid: uid-cm}\nspec:\n  containers:\n  - name: c\n    image: i\n    volumeMounts:\n    - {name: conf, mountPath: /etc/nginx/nginx.conf, subPath: nginx.conf}\n  volumes:\n  - {name: conf, configMap: {name: web-conf}}\n",
+        );
+        let agent = env.start_agent(&[]);
+        assert_eq!(env.wait_pod("uid-cm", 30.0), 0, "{}", agent.log());
+        let bound = env.root.join("pods/uid-cm/volume-subpaths/conf/c/0");
+        assert_eq!(env.mount_count(&bound), 1);
+        assert_eq!(
+            std::fs::read_to_string(&bound).unwrap(),
+            "worker_processes 1;"
+        );
+        let file = env
+            .root
+            .join("pods/uid-cm/volumes/kubernetes.io~configmap/conf/nginx.conf");
+        assert_eq!(ino(&bound), ino(&file), "the key's file itself is bound");
+        env.remove_manifest("p.yaml");
+        env.wait_for("pod cleaned up", || {
+            !env.root.join("pods/uid-cm").exists() && env.mounts().is_empty()
+        });
+        assert!(agent.term());
+    });
+}

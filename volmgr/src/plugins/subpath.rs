@@ -10,15 +10,18 @@
 //! The path inside the volume belongs to the pod, which may race us
 //! (CVE-2017-1002101: a symlink to `/`; CVE-2021-25741: a component swapped
 //! for a symlink while the path is checked). So it is never resolved by
-//! name: it is opened from a descriptor of the volume's root, one
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` (or the fallback walk
-//! with `O_NOFOLLOW`, [`beneath`]), missing directories created one at a
+//! name: it is opened from a descriptor of the volume's root with
+//! `openat2(RESOLVE_BENEATH)` (or the fallback walk that resolves symlinks
+//! itself, [`beneath::open_in_volume`]), so symlinks are followed only while
+//! they stay inside the volume (the kubelet's `EvalSymlinks` then
+//! `PathWithinBase`: a configMap key, `k -> ..data/k`, works; `/`, `/etc`
+//! or `../..` never does), missing directories created one at a
 //! time relative to their parent's descriptor, and the resulting `O_PATH`
 //! descriptor is what is bind-mounted (through `/proc/self/fd/N`). Before
 //! the mount the descriptor's path is checked to be below the volume's root,
 //! and after it the mount is checked to show the very inode that was opened.
 //! Mounts nested inside the volume are crossed, as the kubelet's
-//! `doSafeOpen` does; symlinks and `..` never are.
+//! `doSafeOpen` does; a symlink or `..` never leads out of the volume.
 //!
 //! Clean-up (before the volume's tear-down) walks the volume's directory of
 //! `volume-subpaths` on disk, so it also finds the bind mounts a previous
@@ -216,15 +219,20 @@ fn describe(names: &[&OsStr], e: Errno) -> String {
         .collect::<Vec<_>>()
         .join("/");
     match e {
-        Errno::ELOOP => format!("{path}: a symlink is on the way (symlinks are not followed)"),
-        Errno::EXDEV => format!("{path}: leaves the volume"),
+        Errno::ELOOP => format!(
+            "{path}: a symlink is on the way (too many, or where a missing directory is to be made)"
+        ),
+        Errno::EXDEV => {
+            format!("{path}: a symlink (absolute, or through `..`) leads out of the volume")
+        }
         e => format!("{path}: {}", e.desc()),
     }
 }
 
-/// `names` below `base`, `O_PATH`, never through a symlink nor out of
-/// `base`; missing directories are made on the way (`doSafeMakeDir`), each
-/// relative to its parent's descriptor, with the mode of `base`.
+/// `names` below `base`, `O_PATH`, through symlinks only while they stay
+/// below `base` ([`beneath::open_in_volume`]); missing directories are made
+/// on the way (`doSafeMakeDir`), each relative to its parent's descriptor,
+/// never through a symlink, with the mode of `base`.
 fn safe_open_or_make(base: BorrowedFd<'_>, names: &[&OsStr]) -> Result<OwnedFd, MakeError> {
     let path: PathBuf = names.iter().collect();
     let path = if names.is_empty() {
@@ -232,7 +240,7 @@ fn safe_open_or_make(base: BorrowedFd<'_>, names: &[&OsStr]) -> Result<OwnedFd, 
     } else {
         path
     };
-    match beneath::open(base, &path, OFlag::O_PATH, Last::MayCrossMounts) {
+    match beneath::open_in_volume(base, &path, OFlag::O_PATH) {
         Ok(fd) => return Ok(fd),
         Err(Errno::ENOENT) => {}
         Err(e) => return Err(MakeError::Open(describe(names, e))),
@@ -584,7 +592,7 @@ mod tests {
         symlink(f.outside().join("etc"), vol.join("out")).unwrap();
         std::fs::create_dir(vol.join("d")).unwrap();
         symlink("../../../../../../../..", vol.join("d/up")).unwrap();
-        symlink("../d", vol.join("inside")).unwrap();
+        symlink("../d", vol.join("d/inside")).unwrap();
         let before = tree(&f.outside());
         for path in [
             "root",
@@ -597,7 +605,6 @@ mod tests {
             "d/up",
             "d/up/etc",
             "d/up/new",
-            "inside",
         ] {
             let err = f.set_up(&[sub("c", 0, path)]).unwrap_err().to_string();
             assert!(
@@ -608,6 +615,10 @@ mod tests {
             assert!(f.binds().is_empty(), "{path}: bound {:?}", f.binds());
         }
         assert_eq!(tree(&f.outside()), before);
+        // A symlink that stays inside the volume is followed (a configMap
+        // key is one), and what is bound is its target.
+        let bound = f.set_up(&[sub("c", 0, "d/inside")]).unwrap();
+        assert_eq!(f.binds().len(), 1, "{bound:?}");
         f.clean();
     }
 

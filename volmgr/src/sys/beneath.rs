@@ -123,6 +123,97 @@ fn open_openat2(
     )
 }
 
+/// How many symlinks [`open_in_volume`]'s walk follows (the kernel's
+/// limit for one path).
+const MAX_SYMLINKS: usize = 40;
+
+/// Opens `path` below `dir` the way a subPath inside a volume is resolved
+/// (the kubelet's `EvalSymlinks`, then `PathWithinBase`): symlinks are
+/// followed as long as they stay below `dir` (a configMap volume's
+/// `key -> ..data/key -> ..<timestamp>/key`); an absolute symlink, or one
+/// whose `..` climbs above `dir`, is `EXDEV`; magic links are refused;
+/// mounts nested below `dir` are crossed. One `openat2(RESOLVE_BENEATH)`,
+/// or, where it is missing, a walk that reads each symlink relative to the
+/// directory descriptor it lies in and keeps its own stack of directories,
+/// so no symlink, however swapped meanwhile, takes it above `dir`.
+pub fn open_in_volume(dir: BorrowedFd<'_>, path: &Path, flags: OFlag) -> Result<OwnedFd, Errno> {
+    if OPENAT2.load(Ordering::Relaxed) != NO {
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        match openat2(dir, path, how) {
+            Err(Errno::ENOSYS) => OPENAT2.store(NO, Ordering::Relaxed),
+            r => return r,
+        }
+    }
+    walk_following(dir, path, flags)
+}
+
+/// The fallback of [`open_in_volume`].
+fn walk_following(dir: BorrowedFd<'_>, path: &Path, flags: OFlag) -> Result<OwnedFd, Errno> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStrExt;
+    if path.is_absolute() {
+        return Err(Errno::EXDEV);
+    }
+    let parts = |p: &Path| -> VecDeque<OsString> {
+        p.as_os_str()
+            .as_bytes()
+            .split(|b| *b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+            .map(|c| OsStr::from_bytes(c).to_os_string())
+            .collect()
+    };
+    let mut pending = parts(path);
+    // The directories opened below `dir`, the last one current.
+    let mut stack: Vec<OwnedFd> = Vec::new();
+    // Whether the top of the stack was opened with `flags` as the last step.
+    let mut final_open = false;
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        final_open = false;
+        if name.as_bytes() == b".." {
+            stack.pop().ok_or(Errno::EXDEV)?;
+            continue;
+        }
+        let parent = stack.last().map_or(dir, |f| f.as_fd());
+        let is_last = pending.is_empty();
+        let step = if is_last {
+            flags
+        } else {
+            OFlag::O_PATH | OFlag::O_DIRECTORY
+        };
+        match open_one(parent, &name, step) {
+            Ok(fd) => {
+                stack.push(fd);
+                final_open = is_last;
+            }
+            Err(Errno::ELOOP) => {
+                links += 1;
+                if links > MAX_SYMLINKS {
+                    return Err(Errno::ELOOP);
+                }
+                let target = nix::fcntl::readlinkat(parent, name.as_os_str())?;
+                if Path::new(&target).is_absolute() {
+                    return Err(Errno::EXDEV);
+                }
+                let mut spliced = parts(Path::new(&target));
+                spliced.extend(pending.drain(..));
+                pending = spliced;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match (stack.pop(), final_open) {
+        (Some(fd), true) => Ok(fd),
+        // Ended on a directory reached by `..` or a symlink: opened again
+        // with the caller's flags.
+        (Some(fd), false) => openat(fd.as_fd(), ".", flags | OFlag::O_CLOEXEC, Mode::empty()),
+        (None, _) => openat(dir, ".", flags | OFlag::O_CLOEXEC, Mode::empty()),
+    }
+}
+
 /// The fallback of [`open`]: one component at a time (see the module doc).
 fn walk(dir: BorrowedFd<'_>, path: &Path, flags: OFlag, last: Last) -> Result<OwnedFd, Errno> {
     let names = normal_components(path)?;
@@ -202,5 +293,58 @@ fn check_mount(fd: BorrowedFd<'_>, want: MountKey) -> Result<(), Errno> {
         Ok(())
     } else {
         Err(Errno::EXDEV)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::fs::symlink;
+
+    /// A configMap-like volume: `k -> ..data/k`, `..data -> ..v1`, with
+    /// symlinks that leave it, one that loops, and one through `..` that
+    /// stays inside.
+    fn volume() -> (tempfile::TempDir, std::path::PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        let vol = t.path().join("vol");
+        std::fs::create_dir_all(vol.join("..v1/sub")).unwrap();
+        std::fs::write(vol.join("..v1/k"), "value").unwrap();
+        std::fs::write(t.path().join("secret"), "outside").unwrap();
+        symlink("..v1", vol.join("..data")).unwrap();
+        symlink("..data/k", vol.join("k")).unwrap();
+        symlink("..data/sub/../k", vol.join("dotdot")).unwrap();
+        symlink("../secret", vol.join("up")).unwrap();
+        symlink(t.path().join("secret"), vol.join("abs")).unwrap();
+        symlink("..v1/sub/../../up", vol.join("via")).unwrap();
+        symlink("loop2", vol.join("loop1")).unwrap();
+        symlink("loop1", vol.join("loop2")).unwrap();
+        (t, vol)
+    }
+
+    fn read(fd: OwnedFd) -> String {
+        let mut s = String::new();
+        std::fs::File::from(fd).read_to_string(&mut s).unwrap();
+        s
+    }
+
+    /// Both ways (openat2 and the walk) give the same answers.
+    #[test]
+    fn symlinks_are_followed_only_inside_the_volume() {
+        let (_t, vol) = volume();
+        let dir = std::fs::File::open(&vol).unwrap();
+        type Opener = fn(BorrowedFd<'_>, &Path, OFlag) -> Result<OwnedFd, Errno>;
+        let ways: [(&str, Opener); 2] = [("openat2", open_in_volume), ("walk", walk_following)];
+        for (way, open) in ways {
+            let at = |p: &str| open(dir.as_fd(), Path::new(p), OFlag::O_RDONLY);
+            assert_eq!(read(at("k").unwrap()), "value", "{way}");
+            assert_eq!(read(at("dotdot").unwrap()), "value", "{way}");
+            assert_eq!(read(at("..data/sub/../k").unwrap()), "value", "{way}");
+            for out in ["up", "abs", "via", "../secret", "..data/../../secret"] {
+                assert_eq!(at(out).unwrap_err(), Errno::EXDEV, "{way} {out}");
+            }
+            assert_eq!(at("loop1").unwrap_err(), Errno::ELOOP, "{way}");
+            assert_eq!(at("missing").unwrap_err(), Errno::ENOENT, "{way}");
+        }
     }
 }
