@@ -107,3 +107,12 @@ if ! bpf-linker --version >/dev/null 2>&1; then
   bpf-linker --version >/dev/null
 fi
 log "eBPF toolchain: $(bpf-linker --version)"
+
+# cargo-fuzz for the fuzz targets of fuzz/ (scripts/fuzz.sh builds them with
+# nightly). Installed with the pinned stable toolchain: the rustix its lock
+# file pins does not build on a current nightly.
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  rustup run "$channel" cargo install --locked cargo-fuzz --version 0.13.1
+fi
+log "fuzzing: $(cargo-fuzz --version)"

@@ -4,7 +4,8 @@
 # include/volmgr.h matches a fresh cbindgen run), the end-to-end tests that
 # mount for real in private mount namespaces (root needed; without root they
 # print why they skip), the C consumer under AddressSanitizer, the Go (cgo)
-# package's tests, then a smoke run of the demo.
+# package's tests, the fuzz targets for a bounded time, then a smoke run of
+# the demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -30,10 +31,13 @@ echo "== C consumer (include/volmgr.h + libvolmgr.a, AddressSanitizer, real moun
 ./tests/c/run.sh 2>&1 | tee -a "$log"
 echo "== Go package (cgo)"
 ./ffi/go/run.sh 2>&1 | tee -a "$log"
+echo "== fuzzing (each target a bounded time on its corpus)"
+./scripts/fuzz.sh 2>&1 | tee -a "$log"
 echo "== demo smoke run"
 ./scripts/demo.sh --once
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1); if ($i == "ignored;") s += $(i-1) } }
      /^c flow:/ { p += $3; f += $5 }
      /^--- PASS:/ { p++ } /^--- FAIL:/ { f++ } /^--- SKIP:/ { s++ }
+     /^fuzz: .* ok$/ { p++ } /^fuzz: .* FAILED/ { f++ }
      END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"

@@ -90,6 +90,12 @@ pub enum Request {
     },
 }
 
+/// One request line (JSON, with or without its newline), as the server
+/// reads it: `{"method": ...}` with the method's fields.
+pub fn parse_request(line: &[u8]) -> Result<Request, serde_json::Error> {
+    serde_json::from_slice::<Request>(line)
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Response {
     ok: bool,
@@ -204,7 +210,7 @@ async fn handle(
             let _ = write_response(&mut w, &resp).await;
             return Ok(());
         }
-        let req = serde_json::from_slice::<Request>(&line);
+        let req = parse_request(&line);
         // Large responses wait for a slot: a few are built at once.
         let _slot = match &req {
             Ok(Request::Status | Request::Metrics) => match limits.response_slot().await {
