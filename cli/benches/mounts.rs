@@ -33,7 +33,11 @@
 //! empty directory and has synced; the manifests, already written in a
 //! staging directory on the same file system, are renamed into it one by
 //! one, and the clock runs from the first rename. `*-json`: one-line JSON;
-//! `*-yaml`: block-style YAML as people write it.
+//! `*-yaml`: block-style YAML as people write it. A `-4.18` suffix runs
+//! that agent under the seccomp filter the tests use to emulate a 4.18
+//! kernel (`openat2`, `listmount`, the new mount API: `ENOSYS`), so every
+//! path under ROOT is resolved by the one-component-at-a-time walk instead
+//! of `openat2`, side by side with the same source on this kernel.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
@@ -64,40 +68,40 @@ struct Source {
     live: bool,
     /// Block-style YAML (else one-line JSON).
     yaml: bool,
+    /// Under the seccomp filter of a 4.18 kernel.
+    older_kernel: bool,
 }
 
 impl Source {
     fn parse(s: &str) -> Self {
-        match s {
-            "startup-json" => Self {
-                live: false,
-                yaml: false,
-            },
-            "startup-yaml" => Self {
-                live: false,
-                yaml: true,
-            },
-            "live-json" => Self {
-                live: true,
-                yaml: false,
-            },
-            "live-yaml" => Self {
-                live: true,
-                yaml: true,
-            },
-            other => {
-                panic!("unknown source {other} (startup-json, startup-yaml, live-json, live-yaml)")
-            }
+        let (base, older_kernel) = match s.strip_suffix("-4.18") {
+            Some(b) => (b, true),
+            None => (s, false),
+        };
+        let (live, yaml) = match base {
+            "startup-json" => (false, false),
+            "startup-yaml" => (false, true),
+            "live-json" => (true, false),
+            "live-yaml" => (true, true),
+            other => panic!(
+                "unknown source {other} (startup-json, startup-yaml, live-json, live-yaml, each with an optional -4.18)"
+            ),
+        };
+        Self {
+            live,
+            yaml,
+            older_kernel,
         }
     }
 
-    fn label(self) -> &'static str {
-        match (self.live, self.yaml) {
+    fn label(self) -> String {
+        let base = match (self.live, self.yaml) {
             (false, false) => "startup-json",
             (false, true) => "startup-yaml",
             (true, false) => "live-json",
             (true, true) => "live-yaml",
-        }
+        };
+        format!("{base}{}", if self.older_kernel { "-4.18" } else { "" })
     }
 
     fn file(self, i: usize) -> String {
@@ -382,10 +386,18 @@ fn spawn_agent(
     manifests: &Path,
     tracer: &str,
     safety_nets: Duration,
+    older_kernel: bool,
 ) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
     let period = format!("{}ms", safety_nets.as_millis());
-    Command::new(bin)
-        .arg("agent")
+    let mut cmd = Command::new(bin);
+    if older_kernel {
+        // SAFETY: only the seccomp(2) call between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| Ok(volmgr::sys::seccomp::emulate_older_kernel()?));
+        }
+    }
+    cmd.arg("agent")
         .arg("--root")
         .arg(root)
         .arg("--manifests")
@@ -448,6 +460,7 @@ fn agent_run(
         &manifests,
         tracer,
         Duration::from_secs(idle_secs.unwrap_or(10)),
+        src.older_kernel,
     );
     let t = if src.live {
         wait_all(bin, &root, 0);
@@ -517,7 +530,14 @@ fn agent_baseline_rss(base: &Path, tracer: &str) -> u64 {
     let root = area.join("root");
     let manifests = area.join("manifests");
     std::fs::create_dir_all(&manifests).unwrap();
-    let child = spawn_agent(volmgr(), &root, &manifests, tracer, Duration::from_secs(10));
+    let child = spawn_agent(
+        volmgr(),
+        &root,
+        &manifests,
+        tracer,
+        Duration::from_secs(10),
+        false,
+    );
     wait_all(volmgr(), &root, 0);
     std::thread::sleep(Duration::from_millis(2000));
     let rss = rss_kib(child.id());
