@@ -320,12 +320,18 @@ func (m *Manager) DroppedEvents() uint64 { return m.dropped.Load() }
 // RegisterPlugin registers a host plugin (before pods that need it are
 // upserted). Its methods are called on volmgr's threads until Close.
 func (m *Manager) RegisterPlugin(p HostPlugin) error {
-	h := cgo.NewHandle(p)
-	err := m.with(func(vm *C.volmgr) error {
+	return m.withHandle(p, func(vm *C.volmgr, h C.uintptr_t) error {
 		return withString(p.Name(), func(name *C.char) error {
-			return call(func() C.volmgr_status { return C.volmgr_go_register_plugin(vm, name, C.uintptr_t(h)) })
+			return call(func() C.volmgr_status { return C.volmgr_go_register_plugin(vm, name, h) })
 		})
 	})
+}
+
+// withHandle gives v to volmgr as a callback's userdata through register:
+// the cgo handle is kept until Close, or deleted at once if register fails.
+func (m *Manager) withHandle(v interface{}, register func(vm *C.volmgr, h C.uintptr_t) error) error {
+	h := cgo.NewHandle(v)
+	err := m.with(func(vm *C.volmgr) error { return register(vm, C.uintptr_t(h)) })
 	if err != nil {
 		h.Delete()
 		return err
@@ -350,18 +356,9 @@ func (m *Manager) SetTokenSource(src TokenSource) error {
 	if src == nil {
 		return &Error{Status: InvalidArgument, Message: "SetTokenSource: nil TokenSource"}
 	}
-	h := cgo.NewHandle(src)
-	err := m.with(func(vm *C.volmgr) error {
-		return call(func() C.volmgr_status { return C.volmgr_go_set_token(vm, C.uintptr_t(h)) })
+	return m.withHandle(src, func(vm *C.volmgr, h C.uintptr_t) error {
+		return call(func() C.volmgr_status { return C.volmgr_go_set_token(vm, h) })
 	})
-	if err != nil {
-		h.Delete()
-		return err
-	}
-	m.cbMu.Lock()
-	m.handles = append(m.handles, h)
-	m.cbMu.Unlock()
-	return nil
 }
 
 // UpsertPod adds or updates a pod given as v1.Pod JSON.
