@@ -156,6 +156,30 @@ typedef int32_t (*volmgr_token_callback)(void *userdata,
                                          int64_t *expiration_unix);
 
 /**
+ * One container's subPath bind mount of a volume: the runtime binds
+ * `path` (not the volume's path) into the container.
+ */
+typedef struct {
+  /**
+   * The container's name.
+   */
+  const char *container;
+  /**
+   * The index of the `volumeMount` in the container's `volumeMounts`.
+   */
+  uintptr_t index;
+  /**
+   * The path inside the volume (`subPath`, or `subPathExpr` expanded).
+   */
+  const char *sub_path;
+  /**
+   * The bind mount,
+   * `ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`.
+   */
+  const char *path;
+} volmgr_sub_path;
+
+/**
  * One volume of a pod: what the kubelet's `container.VolumeInfo` needs.
  * Every string is NUL-terminated and lives in the list's arena.
  */
@@ -193,6 +217,15 @@ typedef struct {
    * Whether the runtime may relabel it for SELinux.
    */
   bool selinux_relabel;
+  /**
+   * The containers' subPath bind mounts of this volume (`sub_paths_len`
+   * of them; NULL when none), in the list's ownership.
+   */
+  const volmgr_sub_path *sub_paths;
+  /**
+   * How many `sub_paths`.
+   */
+  uintptr_t sub_paths_len;
 } volmgr_mounted_volume;
 
 /**
@@ -346,9 +379,11 @@ volmgr_status volmgr_pod_delete(volmgr *vm, const char *pod_uid);
 /**
  * Adds or replaces an object pods' volumes refer to (`object_json`: a
  * Kubernetes PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap,
- * CSIDriver, VolumeAttachment, or this node's Node (named by the config's
- * `node_name`: local PVs' node affinity is then checked against its
- * labels), with its `kind`), as a kubelet fork's
+ * CSIDriver, VolumeAttachment, ServiceAccount (its UID is part of the
+ * pod's token requests: a replaced account gets fresh tokens at once), or
+ * this node's Node (named by the config's `node_name`: local PVs' node
+ * affinity is then checked against its labels), with its `kind`), as a
+ * kubelet fork's
  * informers see it: pods that read it are converted again (a claim now
  * bound mounts its volume; an attached VolumeAttachment lets its volume be
  * staged with its metadata; a volume whose object changed keeps mounting

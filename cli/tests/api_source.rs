@@ -404,6 +404,138 @@ fn api_csidriver_is_followed_by_name() {
     });
 }
 
+/// A pod's projected token comes from TokenRequest for its ServiceAccount,
+/// which is followed by name: when the account is deleted and created
+/// again (a new UID; the API server refuses tokens bound to the old one),
+/// the token is requested again and rewritten at once. Credentials that may
+/// not read ServiceAccounts (older clusters' node authorizer) still get the
+/// pod mounted, its token requested as the kubelet does.
+#[test]
+fn api_service_account_replaced_gets_a_fresh_token() {
+    isolated("api_service_account_replaced_gets_a_fresh_token", || {
+        let account = |uid: &str| {
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "builder", "namespace": "test", "uid": uid}})
+        };
+        let uid = "ad000000-0000-0000-0000-00000000000d";
+        let mut p = pod(
+            "tokens",
+            uid,
+            NODE,
+            json!([{"name": "api", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}]}}]),
+        );
+        p["spec"]["serviceAccountName"] = json!("builder");
+        let token_of = |c: &Cluster| {
+            let f = c
+                .env
+                .root
+                .join("pods")
+                .join(uid)
+                .join("volumes/kubernetes.io~projected/api/token");
+            std::fs::read_to_string(f).ok()
+        };
+
+        let c = Cluster::new();
+        c.api.apply(account("sa-1"));
+        c.api.apply(p.clone());
+        let agent = c.start_agent();
+        c.wait_mounted(uid, "api");
+        let first = token_of(&c).unwrap();
+        assert!(first.starts_with("tok-builder-sa-1-"), "{first}");
+        c.api.delete("ServiceAccount", "test", "builder", false);
+        c.api.apply(account("sa-2"));
+        c.env.wait_for("a token of the new account", || {
+            token_of(&c).is_some_and(|t| t.starts_with("tok-builder-sa-2-"))
+        });
+        assert!(c
+            .api
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/serviceaccounts")
+                && r.query.contains("metadata.name%3Dbuilder")));
+        c.assert_node_authorizer_content();
+        drop(agent);
+
+        let c = Cluster::new();
+        c.api.refuse_reads_of("serviceaccounts");
+        c.api.apply(account("sa-1"));
+        c.api.apply(p);
+        let _agent = c.start_agent();
+        c.wait_mounted(uid, "api");
+        let token = token_of(&c).unwrap();
+        assert!(token.starts_with("tok-builder-sa-1-"), "{token}");
+        assert_eq!(c.api.tokens_issued(), 1, "one token, one request");
+    });
+}
+
+/// Projected `clusterTrustBundle` sources, by name and by signer and
+/// labels, from one cluster-wide watch of the bundles: the files hold the
+/// selected certificates and follow a bundle added later.
+#[test]
+fn api_cluster_trust_bundles_by_name_and_signer() {
+    isolated("api_cluster_trust_bundles_by_name_and_signer", || {
+        let pem = |body: &str| {
+            format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n")
+        };
+        let bundle = |name: &str, signer: Option<&str>, env: &str, body: &str| {
+            json!({"apiVersion": "certificates.k8s.io/v1", "kind": "ClusterTrustBundle",
+                   "metadata": {"name": name, "labels": {"env": env}},
+                   "spec": {"signerName": signer, "trustBundle": pem(body)}})
+        };
+        let c = Cluster::new();
+        c.api.apply(bundle("plain", None, "any", "QUFB"));
+        c.api.apply(bundle(
+            "example.com:ca:one",
+            Some("example.com/ca"),
+            "prod",
+            "QkJC",
+        ));
+        c.api.apply(bundle(
+            "example.com:ca:dev",
+            Some("example.com/ca"),
+            "dev",
+            "RERE",
+        ));
+        let uid = "ae000000-0000-0000-0000-00000000000e";
+        c.api.apply(pod(
+            "bundles",
+            uid,
+            NODE,
+            json!([{"name": "trust", "projected": {"sources": [
+                {"clusterTrustBundle": {"name": "plain", "path": "plain.pem"}},
+                {"clusterTrustBundle": {"signerName": "example.com/ca", "path": "ca.pem",
+                    "labelSelector": {"matchLabels": {"env": "prod"}}}}]}}]),
+        ));
+        let _agent = c.start_agent();
+        c.wait_mounted(uid, "trust");
+        let dir = c
+            .env
+            .root
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~projected/trust");
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        assert_eq!(read("plain.pem"), Some(pem("QUFB")));
+        assert_eq!(read("ca.pem"), Some(pem("QkJC")));
+        c.api.apply(bundle(
+            "example.com:ca:two",
+            Some("example.com/ca"),
+            "prod",
+            "Q0ND",
+        ));
+        let both = format!("{}{}", pem("Q0ND"), pem("QkJC"));
+        c.env
+            .wait_for("the new bundle's certificate in the file", || {
+                read("ca.pem").as_deref() == Some(both.as_str())
+            });
+        assert!(c.api.requests().iter().any(|r| r.path
+            == "/apis/certificates.k8s.io/v1/clustertrustbundles"
+            && r.query.contains("watch")));
+        c.assert_node_authorizer_content();
+    });
+}
+
 /// Local PersistentVolumes' node affinity is checked against this node's
 /// Node object, watched by name: a PV for another node is refused, one
 /// whose terms match the node's labels is mounted.

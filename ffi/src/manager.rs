@@ -500,9 +500,11 @@ pub unsafe extern "C" fn volmgr_pod_delete(
 
 /// Adds or replaces an object pods' volumes refer to (`object_json`: a
 /// Kubernetes PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap,
-/// CSIDriver, VolumeAttachment, or this node's Node (named by the config's
-/// `node_name`: local PVs' node affinity is then checked against its
-/// labels), with its `kind`), as a kubelet fork's
+/// CSIDriver, VolumeAttachment, ServiceAccount (its UID is part of the
+/// pod's token requests: a replaced account gets fresh tokens at once), or
+/// this node's Node (named by the config's `node_name`: local PVs' node
+/// affinity is then checked against its labels), with its `kind`), as a
+/// kubelet fork's
 /// informers see it: pods that read it are converted again (a claim now
 /// bound mounts its volume; an attached VolumeAttachment lets its volume be
 /// staged with its metadata; a volume whose object changed keeps mounting

@@ -39,6 +39,26 @@ pub struct volmgr_mounted_volume {
     pub read_only: bool,
     /// Whether the runtime may relabel it for SELinux.
     pub selinux_relabel: bool,
+    /// The containers' subPath bind mounts of this volume (`sub_paths_len`
+    /// of them; NULL when none), in the list's ownership.
+    pub sub_paths: *const volmgr_sub_path,
+    /// How many `sub_paths`.
+    pub sub_paths_len: usize,
+}
+
+/// One container's subPath bind mount of a volume: the runtime binds
+/// `path` (not the volume's path) into the container.
+#[repr(C)]
+pub struct volmgr_sub_path {
+    /// The container's name.
+    pub container: *const c_char,
+    /// The index of the `volumeMount` in the container's `volumeMounts`.
+    pub index: usize,
+    /// The path inside the volume (`subPath`, or `subPathExpr` expanded).
+    pub sub_path: *const c_char,
+    /// The bind mount,
+    /// `ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`.
+    pub path: *const c_char,
 }
 
 /// A pod's volumes, sorted by `outer_volume_spec_name`. Free with
@@ -61,7 +81,16 @@ struct Owned {
     /// First, so a pointer to it is a pointer to the whole.
     list: volmgr_volume_list,
     rows: Vec<volmgr_mounted_volume>,
+    subs: Vec<volmgr_sub_path>,
     arena: Vec<u8>,
+}
+
+/// One subPath before the arena is final: offsets into it.
+struct SubRow {
+    container: usize,
+    index: usize,
+    sub_path: usize,
+    path: usize,
 }
 
 /// One row before the arena is final: offsets into it.
@@ -71,6 +100,8 @@ struct Row {
     state: u32,
     read_only: bool,
     selinux_relabel: bool,
+    /// Its entries in the subPath rows.
+    subs: std::ops::Range<usize>,
 }
 
 /// Appends `s` and its NUL to `arena`; its offset.
@@ -86,12 +117,26 @@ fn push(arena: &mut Vec<u8>, s: &[u8]) -> usize {
 /// The pod's volumes (with `uncertain`, those in an uncertain state too).
 fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
     use std::os::unix::ffi::OsStrExt;
-    let (mut rows, arena) = vm.with_actual_state(|asw| {
+    // Before the actual state's lock: the desired state's is taken first.
+    let subs = volmgr_core::volume::PodUid::new(uid)
+        .map(|u| vm.sub_paths_of_pod(&u))
+        .unwrap_or_default();
+    let (mut rows, sub_rows, arena) = vm.with_actual_state(|asw| {
         let mut arena = Vec::with_capacity(1024);
         let mut rows: Vec<(Vec<u8>, Row)> = Vec::new();
+        let mut sub_rows: Vec<SubRow> = Vec::new();
         for (name, plugin, m) in asw.mounts_of_pod(uid) {
             if !uncertain && m.state != VolumeMountState::Mounted {
                 continue;
+            }
+            let first_sub = sub_rows.len();
+            for s in subs.get(&m.outer_volume_spec_name).into_iter().flatten() {
+                sub_rows.push(SubRow {
+                    container: push(&mut arena, s.container.as_bytes()),
+                    index: s.index,
+                    sub_path: push(&mut arena, s.sub_path.as_bytes()),
+                    path: push(&mut arena, s.path.as_bytes()),
+                });
             }
             let outer = push(&mut arena, m.outer_volume_spec_name.as_bytes());
             let path = push(&mut arena, m.path.as_os_str().as_bytes());
@@ -109,10 +154,11 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
                 },
                 read_only: m.spec.read_only(),
                 selinux_relabel: m.spec.supports_selinux_relabel(),
+                subs: first_sub..sub_rows.len(),
             };
             rows.push((m.outer_volume_spec_name.as_bytes().to_vec(), row));
         }
-        (rows, arena)
+        (rows, sub_rows, arena)
     });
     rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut owned = Box::new(Owned {
@@ -123,11 +169,22 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
             arena_len: 0,
         },
         rows: Vec::with_capacity(rows.len()),
+        subs: Vec::with_capacity(sub_rows.len()),
         arena,
     });
-    // The arena is final: pointers into it stay valid while it lives.
+    // The arena is final: pointers into it stay valid while it lives (and
+    // so are those into `subs` once it is filled: it never grows again).
     let base = owned.arena.as_ptr().cast::<c_char>();
     let at = |off: usize| base.wrapping_add(off);
+    for s in sub_rows {
+        owned.subs.push(volmgr_sub_path {
+            container: at(s.container),
+            index: s.index,
+            sub_path: at(s.sub_path),
+            path: at(s.path),
+        });
+    }
+    let subs_base = owned.subs.as_ptr();
     for (_, r) in rows {
         owned.rows.push(volmgr_mounted_volume {
             outer_volume_spec_name: at(r.strings[0]),
@@ -138,6 +195,11 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
             state: r.state,
             read_only: r.read_only,
             selinux_relabel: r.selinux_relabel,
+            sub_paths: match r.subs.is_empty() {
+                true => std::ptr::null(),
+                false => subs_base.wrapping_add(r.subs.start),
+            },
+            sub_paths_len: r.subs.len(),
         });
     }
     owned.list = volmgr_volume_list {

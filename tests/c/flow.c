@@ -313,7 +313,7 @@ static void volume_list(volmgr *vm, const char *cache_path) {
     CHECK(strcmp(cache->plugin, "kubernetes.io/empty-dir") == 0, "plugin %s", cache->plugin);
     CHECK(strcmp(cache->path, cache_path) == 0, "path %s", cache->path);
     CHECK(cache->state == VOLMGR_VOLUME_MOUNTED && !cache->read_only && cache->selinux_relabel &&
-              cache->block_device_path == NULL,
+              cache->block_device_path == NULL && cache->sub_paths == NULL && cache->sub_paths_len == 0,
           "cache flags");
     CHECK(strcmp(hostv->outer_volume_spec_name, "host") == 0 && strstr(hostv->path, "host") != NULL, "host %s",
           hostv->path);

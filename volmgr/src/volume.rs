@@ -335,6 +335,10 @@ pub struct TokenProjection {
     pub namespace: String,
     /// `spec.serviceAccountName` (default `default`).
     pub service_account: String,
+    /// The ServiceAccount's UID when the source knows the object (empty
+    /// otherwise): a new UID (the account was replaced) changes the volume,
+    /// so its tokens are requested again at once.
+    pub service_account_uid: String,
     /// The pod's name (the token's bound object).
     pub pod_name: String,
     /// The pod's UID (the token's bound object).
@@ -561,6 +565,9 @@ pub struct CsiTokenPod {
     pub namespace: String,
     /// `spec.serviceAccountName` (`default` if unset).
     pub service_account: String,
+    /// The ServiceAccount's UID when known (empty otherwise); a new one
+    /// makes a `requiresRepublish` driver's volume published again at once.
+    pub service_account_uid: String,
     /// The pod's name.
     pub pod_name: String,
     /// The pod's UID.

@@ -6,9 +6,11 @@
 //! (`MountVolume.NodeExpandVolume succeeded for volume "data" <node>`), a
 //! failed one `FileSystemResizeFailed`. Like the kubelet, volmgr records no
 //! event for a successful mount (`SuccessfulMountVolume` is gone from the
-//! kubelet) nor for tear-down. `FailedAttachVolume` is the kubelet's event
-//! for an attach it makes itself; volmgr never attaches (the attach/detach
-//! controller does), so it has none either.
+//! kubelet) nor for tear-down. volmgr never attaches (the attach/detach
+//! controller does); when the volume's VolumeAttachment reports an attach
+//! error, a pod waiting for it gets `FailedAttachVolume`
+//! (`AttachVolume.Attach failed for volume "data" : <error>`, the message
+//! the controller records) so `kubectl describe pod` tells why it waits.
 //!
 //! Events come from [`VolumeManager::add_event_listener`]; the listener
 //! never blocks: it hands the event to a bounded channel and counts what
@@ -37,6 +39,8 @@ pub mod reason {
     pub const FAILED_MOUNT: &str = "FailedMount";
     /// A raw block volume could not be mapped.
     pub const FAILED_MAP_VOLUME: &str = "FailedMapVolume";
+    /// The volume's attachment to the node failed.
+    pub const FAILED_ATTACH_VOLUME: &str = "FailedAttachVolume";
     /// A file system was grown in use.
     pub const FILE_SYSTEM_RESIZE_SUCCESSFUL: &str = "FileSystemResizeSuccessful";
     /// Growing a file system in use failed.
@@ -77,6 +81,7 @@ pub fn pod_event(ev: &VolumeEvent, node: &str) -> Option<PodEvent> {
         (VolumeEventKind::Failed, VolumeOperation::NodeExpand) => {
             (true, reason::FILE_SYSTEM_RESIZE_FAILED)
         }
+        (VolumeEventKind::Failed, VolumeOperation::Attach) => (true, reason::FAILED_ATTACH_VOLUME),
         (VolumeEventKind::Expanded, _) => (false, reason::FILE_SYSTEM_RESIZE_SUCCESSFUL),
         _ => return None,
     };
@@ -360,6 +365,15 @@ mod tests {
         );
         let f = e(K::Failed, O::SetUp, true, Some("x")).unwrap();
         assert_eq!(f.reason, "FailedMapVolume");
+        let f = e(K::Failed, O::Attach, false, Some("in use")).unwrap();
+        assert_eq!(
+            (f.warning, f.reason, f.note.as_str()),
+            (
+                true,
+                "FailedAttachVolume",
+                "AttachVolume.Attach failed for volume \"data\" : in use"
+            )
+        );
         assert_eq!(
             f.note,
             "MapVolume.MapPodDevice failed for volume \"data\" : x"

@@ -11,3 +11,4 @@ mod fake;
 pub mod node_status;
 pub mod pods;
 pub mod token;
+mod trust_bundles;

@@ -15,15 +15,17 @@
 //!   none of its containers runs any more (the kubelet's `notRunning`).
 //! - The objects the pods read (PersistentVolumeClaims, PersistentVolumes,
 //!   Secrets, ConfigMaps, their CSI drivers' CSIDrivers, their volumes'
-//!   VolumeAttachments, and this Node for local PVs' node affinity) each by
-//!   its own watch with
+//!   VolumeAttachments, the ServiceAccounts their tokens are requested for,
+//!   and this Node for local PVs' node affinity) each by its own watch with
 //!   `fieldSelector=metadata.name=NAME` in its namespace: what the node
 //!   authorizer lets a node's credentials read, never a cluster-wide list.
 //!   A watch starts when a pod first refers to the object and stops when no
 //!   pod does; a change re-resolves exactly the pods that read the object
 //!   ([`PodResolver`]). A pod waits until every object it reads has been
 //!   listed (found or not), so nothing is set up on a resolution made
-//!   before its objects were read.
+//!   before its objects were read. A ServiceAccount the credentials may not
+//!   read counts as not found (only its UID is used, see
+//!   [`volmgr::populator::resolve::ObjectLookup::service_account`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Debug;
@@ -32,6 +34,7 @@ use std::sync::Arc;
 use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{
     ConfigMap, ContainerStatus, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
+    ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::runtime::watcher::{self, Event};
@@ -49,13 +52,18 @@ use volmgr::volume::PodUid;
 /// wake-ups (a burst of pods is one reconciler pass, not one per pod).
 const BATCH: usize = 256;
 
-/// What an object's watch found.
+/// What an object's watch found (or, for a kind followed whole, the
+/// kind's watch: `Listed`, then `Present` and `Deleted` per object).
 #[derive(Debug)]
-enum ObjectUpdate {
+pub(super) enum ObjectUpdate {
     /// The object as it is now.
     Present(KubeObject),
     /// The object does not exist (deleted, or not created yet).
     Absent,
+    /// Every object of the kind, as (re)listed.
+    Listed(Vec<KubeObject>),
+    /// One object of the kind was deleted.
+    Deleted(ObjectRef),
 }
 
 /// A pod this source delivered.
@@ -253,6 +261,17 @@ impl ApiPodSource {
             // A late message from a watch just dropped.
             return;
         }
+        if r.is_any() {
+            match update {
+                ObjectUpdate::Listed(all) => self.resolver.confirm_kind(r.kind, all),
+                ObjectUpdate::Present(obj) => {
+                    self.resolver.confirm_object(&obj.reference(), Some(obj))
+                }
+                ObjectUpdate::Deleted(gone) => self.resolver.confirm_object(&gone, None),
+                ObjectUpdate::Absent => {}
+            }
+            return;
+        }
         match update {
             ObjectUpdate::Present(obj) if obj.reference() == r => {
                 self.resolver.confirm_object(&r, Some(obj));
@@ -261,17 +280,26 @@ impl ApiPodSource {
                 tracing::warn!(object = %r, got = %obj.reference(), "watch answered another object; ignored");
             }
             ObjectUpdate::Absent => self.resolver.confirm_object(&r, None),
+            ObjectUpdate::Listed(_) | ObjectUpdate::Deleted(_) => {
+                tracing::warn!(object = %r, "a whole-kind update from a watch by name; ignored")
+            }
         }
     }
 
     /// Starts a watch for every object a pod reads that has none, and
     /// stops those no pod reads any more (forgetting their objects).
     fn sync_watches(&mut self) {
+        // One watch per object, or per kind for a kind followed whole; no
+        // other wildcard (any PV) is watched: a node may not list those.
         let wanted: BTreeSet<ObjectRef> = self
             .resolver
             .referenced_objects()
             .into_iter()
-            .filter(|r| !r.name.is_empty())
+            .filter_map(|r| match (r.kind.followed_whole(), r.is_any()) {
+                (true, _) => Some(ObjectRef::any(r.kind)),
+                (false, true) => None,
+                (false, false) => Some(r),
+            })
             .collect();
         let dropped: Vec<ObjectRef> = self
             .watches
@@ -386,6 +414,22 @@ async fn watch_object(client: Client, r: ObjectRef, tx: mpsc::Sender<(ObjectRef,
             let api = Api::<Node>::all(client);
             follow(api, r, tx, |o| KubeObject::Node(Arc::new(o))).await
         }
+        ObjectKind::ServiceAccount => {
+            let api = Api::<ServiceAccount>::namespaced(client, &r.namespace);
+            follow(api, r, tx, |o| KubeObject::ServiceAccount(Arc::new(o))).await
+        }
+        ObjectKind::ClusterTrustBundle => super::trust_bundles::follow_all(client, r, tx).await,
+    }
+}
+
+/// Whether a watch failed because the credentials may not read the object.
+fn forbidden(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.is_forbidden(),
+        watcher::Error::WatchError(s) => s.is_forbidden(),
+        _ => false,
     }
 }
 
@@ -417,6 +461,14 @@ async fn follow<K>(
             },
             Ok(Event::Apply(o)) => ObjectUpdate::Present(wrap(o)),
             Ok(Event::Delete(_)) => ObjectUpdate::Absent,
+            Err(e) if r.kind == ObjectKind::ServiceAccount && forbidden(&e) => {
+                // Only a token request's UID depends on it: without the
+                // right to read it (the node authorizer of older clusters
+                // refuses it), tokens are requested as the kubelet does.
+                tracing::info!(object = %r, error = %e, "may not read the ServiceAccount; its tokens are requested without following it");
+                let _ = tx.send((r, ObjectUpdate::Absent)).await;
+                return;
+            }
             Err(e) => {
                 tracing::warn!(object = %r, error = %e, "watch failed; retrying");
                 continue;

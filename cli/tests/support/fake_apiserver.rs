@@ -11,8 +11,12 @@
 //! - the node authorizer's rule for node credentials: a list or watch of
 //!   pods without `spec.nodeName=`, or of secrets, configmaps, claims,
 //!   volumes or service accounts without `metadata.name=`, is `403`;
-//! - an outage switch (every request `503`, open watches cut), and every
-//!   request recorded.
+//! - TokenRequest (`POST .../serviceaccounts/NAME/token`): `404` without
+//!   the ServiceAccount, else a token naming the account's UID and a
+//!   counter;
+//! - an outage switch (every request `503`, open watches cut), a switch
+//!   refusing (`403`) every read of one resource (the node authorizer of
+//!   older clusters for serviceaccounts), and every request recorded.
 //!
 //! TLS with a self-signed certificate for 127.0.0.1 (rcgen); the test
 //! writes a kubeconfig that trusts it.
@@ -63,6 +67,10 @@ struct State {
     /// Watches from a version below this get 410.
     compacted: u64,
     unavailable: bool,
+    /// Resources whose reads are refused (403).
+    refused: Vec<String>,
+    /// Tokens issued so far.
+    tokens: u64,
     requests: Vec<Recorded>,
 }
 
@@ -244,6 +252,21 @@ impl FakeApiServer {
         s.compacted = s.rv;
         drop(s);
         self.cut.send_modify(|v| *v += 1);
+    }
+
+    /// Every read (GET, list and watch) of `resource` answered `403` from
+    /// now on, as a node authorizer that does not grant it.
+    pub fn refuse_reads_of(&self, resource: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .refused
+            .push(resource.to_string());
+    }
+
+    /// How many tokens the TokenRequest endpoint issued.
+    pub fn tokens_issued(&self) -> u64 {
+        self.state.lock().unwrap().tokens
     }
 
     /// Every request answered `503` while set; open watches are cut.
@@ -469,6 +492,16 @@ impl Server {
             return status_response(404, "NotFound", "no such path");
         };
         let selector = q.get("fieldSelector").cloned().unwrap_or_default();
+        if method == Method::GET && self.state.lock().unwrap().refused.contains(&t.resource) {
+            return status_response(
+                403,
+                "Forbidden",
+                &format!("{} is forbidden for this node", t.resource),
+            );
+        }
+        if method == Method::POST && t.subresource.as_deref() == Some("token") {
+            return self.token_request(&t, body);
+        }
         match (method, &t.name) {
             (&Method::GET, None) => {
                 if let Some(refused) = node_authorizer(&t.resource, &selector) {
@@ -575,6 +608,32 @@ impl Server {
             }
             _ => status_response(405, "MethodNotAllowed", "not supported by the fake"),
         }
+    }
+
+    /// A TokenRequest: a token `tok-SA-UID-N`, valid for the asked time.
+    fn token_request(&self, t: &Target, body: &[u8]) -> Response<Body> {
+        let Ok(mut req) = serde_json::from_slice::<Value>(body) else {
+            return status_response(400, "BadRequest", "not JSON");
+        };
+        let ns = t.namespace.clone().unwrap_or_default();
+        let name = t.name.clone().unwrap_or_default();
+        let key = ("serviceaccounts".to_string(), ns, name.clone());
+        let mut s = self.state.lock().unwrap();
+        let Some(sa) = s.objects.get(&key) else {
+            return status_response(
+                404,
+                "NotFound",
+                &format!("serviceaccounts \"{name}\" not found"),
+            );
+        };
+        let uid = sa["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        s.tokens += 1;
+        let seconds = req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
+        let now = k8s_openapi::jiff::Timestamp::now().as_second();
+        let expires = k8s_openapi::jiff::Timestamp::from_second(now + seconds).unwrap();
+        req["status"] = json!({"token": format!("tok-{name}-{uid}-{}", s.tokens),
+                               "expirationTimestamp": expires.to_string()});
+        json_response(StatusCode::CREATED, &req)
     }
 
     fn list(&self, t: &Target, selector: &str) -> Response<Body> {

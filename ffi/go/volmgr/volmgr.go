@@ -182,6 +182,20 @@ type MountedVolume struct {
 	// BlockDevicePath is, for a volume in volumeDevices, the device file to
 	// hand to the runtime; empty otherwise.
 	BlockDevicePath string `json:"block_device_path"`
+	// SubPaths are the containers' subPath bind mounts of the volume: the
+	// runtime binds their Path, not the volume's, into the container.
+	SubPaths []SubPath `json:"sub_paths"`
+}
+
+// SubPath is one container's subPath bind mount of a volume.
+type SubPath struct {
+	Container string `json:"container"`
+	// Index is the volumeMount's index in the container's volumeMounts.
+	Index int `json:"index"`
+	// SubPath is the path inside the volume (subPathExpr expanded).
+	SubPath string `json:"sub_path"`
+	// Path is the bind mount to hand to the runtime.
+	Path string `json:"path"`
 }
 
 // Manager is a volmgr handle. Its methods are safe for concurrent use;
@@ -371,8 +385,8 @@ func (m *Manager) UpsertPod(podJSON []byte) error {
 }
 
 // UpsertObject adds or replaces an object pods' volumes refer to
-// (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver or
-// VolumeAttachment JSON with its kind), as
+// (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver,
+// VolumeAttachment, ServiceAccount or this node's Node JSON with its kind), as
 // the kubelet's informers deliver it: pods that read it are converted again.
 func (m *Manager) UpsertObject(objectJSON []byte) error {
 	return m.with(func(h *C.volmgr) error {
@@ -605,6 +619,18 @@ func decodeVolumeList(l *C.volmgr_volume_list) []MountedVolume {
 			ReadOnly:            bool(r.read_only),
 			SELinuxRelabel:      bool(r.selinux_relabel),
 			BlockDevicePath:     str(r.block_device_path),
+		}
+		if r.sub_paths_len > 0 {
+			subs := unsafe.Slice(r.sub_paths, int(r.sub_paths_len))
+			out[i].SubPaths = make([]SubPath, len(subs))
+			for j := range subs {
+				out[i].SubPaths[j] = SubPath{
+					Container: str(subs[j].container),
+					Index:     int(subs[j].index),
+					SubPath:   str(subs[j].sub_path),
+					Path:      str(subs[j].path),
+				}
+			}
 		}
 	}
 	return out

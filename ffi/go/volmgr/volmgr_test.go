@@ -345,8 +345,15 @@ type fakeTokens struct {
 func (f *fakeTokens) Token(req TokenRequest) (string, time.Time, error) {
 	f.mu.Lock()
 	f.seen = append(f.seen, req)
+	n := len(f.seen)
 	f.mu.Unlock()
-	return "token-of-" + req.ServiceAccount, time.Now().Add(time.Hour), nil
+	return fmt.Sprintf("token-of-%s#%d", req.ServiceAccount, n), time.Now().Add(time.Hour), nil
+}
+
+func (f *fakeTokens) asked() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.seen)
 }
 
 // A projected serviceAccountToken volume gets its token from a Go
@@ -371,15 +378,32 @@ func TestTokenSource(t *testing.T) {
 	if err := m.WaitForAttachAndMount(ctx, "tok-1"); err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile(root + "/pods/tok-1/volumes/kubernetes.io~projected/api/token")
-	if err != nil || string(got) != "token-of-builder" {
+	file := root + "/pods/tok-1/volumes/kubernetes.io~projected/api/token"
+	got, err := os.ReadFile(file)
+	if err != nil || string(got) != "token-of-builder#1" {
 		t.Fatalf("token file: %q, %v", got, err)
+	}
+	// The ServiceAccount, once known, and again when it is replaced (a new
+	// UID: the API server refuses tokens bound to the old one), gets the
+	// pod a fresh token at once.
+	for i, uid := range []string{"sa-1", "sa-2"} {
+		sa := fmt.Sprintf(`{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"builder","namespace":"go","uid":%q}}`, uid)
+		if err := m.UpsertObject([]byte(sa)); err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("token-of-builder#%d", i+2)
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			got, err = os.ReadFile(file)
+			if err == nil && string(got) == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after ServiceAccount %s: token file %q (%v), want %q; asked %d times", uid, got, err, want, src.asked())
+			}
+		}
 	}
 	src.mu.Lock()
 	defer src.mu.Unlock()
-	if len(src.seen) == 0 {
-		t.Fatal("the source was never asked")
-	}
 	r := src.seen[0]
 	if r.Namespace != "go" || r.ServiceAccount != "builder" || r.Audience != "vault" || r.PodName != "tp" || r.PodUID != "tok-1" || r.ExpirationSeconds != 3600 {
 		t.Fatalf("request %+v", r)
@@ -408,6 +432,47 @@ func TestVolumeListMatchesJSON(t *testing.T) {
 	}
 	if v, err := m.GetPossiblyMountedVolumesForPod("none"); err != nil || v != nil {
 		t.Fatalf("unknown pod: %v %v", v, err)
+	}
+}
+
+// A subPath mount shows in its volume's entry, with the bind mount the
+// runtime hands to the container, in both forms of the list.
+func TestSubPathsInTheVolumeList(t *testing.T) {
+	m, root, _ := newManager(t)
+	pod := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"sp","namespace":"go","uid":"sub-1"},
+		"spec":{"containers":[{"name":"c","volumeMounts":[{"name":"work","mountPath":"/w"},
+		{"name":"work","mountPath":"/logs","subPath":"logs"}]}],
+		"volumes":[{"name":"work","emptyDir":{}}]}}`)
+	if err := m.UpsertPod(pod); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.WaitForAttachAndMount(context.Background(), "sub-1"); err != nil {
+		t.Fatal(err)
+	}
+	want := SubPath{Container: "c", Index: 1, SubPath: "logs",
+		Path: root + "/pods/sub-1/volume-subpaths/work/c/1"}
+	var got []MountedVolume
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var err error
+		if got, err = m.GetMountedVolumesForPod("sub-1"); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) == 1 && len(got[0].SubPaths) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no subPath in %+v", got)
+		}
+	}
+	if got[0].SubPaths[0] != want {
+		t.Fatalf("subPath %+v, want %+v", got[0].SubPaths[0], want)
+	}
+	b, err := m.volumeListJSON("sub-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(b) {
+		t.Fatalf("struct list %v\nJSON list %v", got, b)
 	}
 }
 

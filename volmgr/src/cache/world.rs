@@ -59,6 +59,10 @@ pub enum VolumeOperation {
     NodeExpand,
     /// Noticing the volume was unmounted behind the manager's back.
     OutOfBand,
+    /// Attaching the volume to the node (`AttachVolume.Attach`), done by
+    /// the attach/detach controller: its failure, as the volume's
+    /// VolumeAttachment reports it, is told to the pods that wait for it.
+    Attach,
 }
 
 impl VolumeOperation {
@@ -74,6 +78,7 @@ impl VolumeOperation {
             (Self::TearDown, true) => "UnmapVolume.UnmapPodDevice",
             (Self::NodeExpand, _) => "MountVolume.NodeExpandVolume",
             (Self::OutOfBand, _) => "OutOfBand",
+            (Self::Attach, _) => "AttachVolume.Attach",
         }
     }
 }

@@ -456,6 +456,7 @@ mod tests {
                 expiration_seconds: 3600,
                 namespace: "ns".into(),
                 service_account: "sa".into(),
+                service_account_uid: String::new(),
                 pod_name: "p".into(),
                 pod_uid: "pod1".into(),
                 mode: 0o600,

@@ -29,7 +29,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
-use super::resolve::{ObjectLookup, VolumeSpecError};
+use super::resolve::{pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError};
 use crate::volume::{
     CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeSource,
 };
@@ -37,16 +37,6 @@ use crate::volume::{
 /// A token request's lifetime when the CSIDriver gives none (the API
 /// server's default for a TokenRequest).
 const DEFAULT_TOKEN_SECONDS: i64 = 3600;
-
-/// The pod's service account (`default` when unset, as admission sets it).
-fn service_account(pod: &PodFacts<'_>) -> String {
-    pod.pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "default".to_string())
-}
 
 /// The pod a volume is resolved for.
 pub(super) struct PodFacts<'a> {
@@ -98,9 +88,15 @@ pub(super) fn apply(
                 expiration_seconds: r.expiration_seconds.unwrap_or(DEFAULT_TOKEN_SECONDS),
             })
             .collect();
+        let service_account = pod_service_account(pod.pod);
         info.token_pod = Some(CsiTokenPod {
             namespace: pod.namespace.to_string(),
-            service_account: service_account(pod),
+            service_account_uid: service_account_uid(
+                Some(objects),
+                pod.namespace,
+                &service_account,
+            ),
+            service_account,
             pod_name: pod.name.to_string(),
             pod_uid: pod.uid.to_string(),
         });
@@ -205,7 +201,10 @@ fn attachment_metadata(
         .and_then(|s| s.attach_error.as_ref())
         .and_then(|e| e.message.as_deref())
     {
-        return Err(waiting(&format!("to be attached (attach error: {e})")));
+        return Err(VolumeSpecError::AttachFailed(format!(
+            "VolumeAttachment {name} (driver {}, volume {}, node {node}) failed to attach: {e}",
+            src.driver, src.volume_handle
+        )));
     }
     match status {
         Some(s) if s.attached => Ok(s.attachment_metadata.clone().unwrap_or_default()),
@@ -336,6 +335,15 @@ mod tests {
         assert!(e.to_string().contains(&name), "{e}");
         objects.insert(KubeObject::from_json(va(false)).unwrap());
         assert!(run(&mut source(false), &objects).is_err());
+        // The controller's attach error: the volume still waits, as an
+        // attach failure (the pod's event is FailedAttachVolume).
+        let mut failed = va(false);
+        failed["status"]["attachError"] =
+            json!({"message": "volume is in use by another instance"});
+        objects.insert(KubeObject::from_json(failed).unwrap());
+        let e = run(&mut source(false), &objects).unwrap_err();
+        assert!(matches!(e, VolumeSpecError::AttachFailed(_)), "{e}");
+        assert!(e.to_string().contains("in use by another instance"), "{e}");
         objects.insert(KubeObject::from_json(va(true)).unwrap());
         let mut s = source(false);
         run(&mut s, &objects).unwrap();

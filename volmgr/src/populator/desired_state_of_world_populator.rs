@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::pod::{DesiredPod, PodRejected};
+use super::resolve::VolumeSpecError;
 use super::PodSink;
 use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
 use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHold, World};
@@ -106,6 +107,10 @@ impl Populator {
         let mut mounts = Vec::with_capacity(pod.volumes.len());
         let selinux: Option<Arc<str>> = pod.selinux_label.as_deref().map(Into::into);
         for v in pod.volumes {
+            let operation = match &v.source {
+                Err(VolumeSpecError::AttachFailed(_)) => VolumeOperation::Attach,
+                _ => VolumeOperation::SetUp,
+            };
             let resolved = v.source.map_err(|e| e.to_string()).and_then(|source| {
                 let plugin = self
                     .plugins
@@ -127,7 +132,7 @@ impl Populator {
                         volume_name: UniqueVolumeName::new(format!("unresolved/{}", v.name)),
                         path: None,
                         error: Some(e.clone()),
-                        operation: VolumeOperation::SetUp,
+                        operation,
                         block: false,
                     });
                     entry.volumes.push(PodVolumeEntry {

@@ -1,8 +1,10 @@
 //! A directory of pod manifests, like the kubelet's static pod path: every
 //! `*.yaml`, `*.yml` or `*.json` file (not hidden, not in subdirectories)
 //! holds one or more Kubernetes objects — `v1.Pod`, `v1.PersistentVolumeClaim`,
-//! `v1.PersistentVolume`, `v1.Secret`, `v1.ConfigMap`,
-//! `storage.k8s.io/v1.CSIDriver` and `VolumeAttachment`, or a `v1.List` (or
+//! `v1.PersistentVolume`, `v1.Secret`, `v1.ConfigMap`, `v1.ServiceAccount`,
+//! `storage.k8s.io/v1.CSIDriver` and `VolumeAttachment`,
+//! `certificates.k8s.io` `ClusterTrustBundle` (`v1`, `v1beta1` or
+//! `v1alpha1`), or a `v1.List` (or
 //! typed list: `PodList`, `PersistentVolumeList`, ...) of them; other
 //! kinds are skipped. Changes are picked up through inotify, with a periodic
 //! rescan as a safety net.
@@ -28,7 +30,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -241,6 +246,17 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
                 add_named(KubeObject::VolumeAttachment(Arc::new(o)), doc, out);
             }
         }
+        "ServiceAccount" => {
+            if let Some(o) = decode::<ServiceAccount>(v, doc, "ServiceAccount", out) {
+                add_named(KubeObject::ServiceAccount(Arc::new(o)), doc, out);
+            }
+        }
+        "ClusterTrustBundle" => {
+            let v = crate::populator::objects::as_v1_trust_bundle(v);
+            if let Some(o) = decode::<ClusterTrustBundle>(v, doc, "ClusterTrustBundle", out) {
+                add_named(KubeObject::ClusterTrustBundle(Arc::new(o)), doc, out);
+            }
+        }
         "List"
         | "PodList"
         | "PersistentVolumeList"
@@ -248,7 +264,9 @@ fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
         | "SecretList"
         | "ConfigMapList"
         | "CSIDriverList"
-        | "VolumeAttachmentList" => add_list(v, &kind, doc, out),
+        | "VolumeAttachmentList"
+        | "ServiceAccountList"
+        | "ClusterTrustBundleList" => add_list(v, &kind, doc, out),
         "" => {
             out.errors.push(format!("document {doc}: missing \"kind\""));
             out.complete = false;
@@ -313,6 +331,7 @@ fn add_list(v: serde_json::Value, kind: &str, doc: usize, out: &mut ParsedFile) 
             o.entry("kind").or_insert_with(|| k.into());
             let api_version = match k {
                 "CSIDriver" | "VolumeAttachment" => "storage.k8s.io/v1",
+                "ClusterTrustBundle" => "certificates.k8s.io/v1",
                 _ => "v1",
             };
             o.entry("apiVersion").or_insert_with(|| api_version.into());

@@ -20,6 +20,7 @@ pub mod resolve;
 pub mod resolver;
 mod shared_sink;
 mod sub_paths;
+mod trust_bundle;
 pub mod yaml_depth;
 
 pub use desired_state_of_world_populator::{Populator, SourceProblems};

@@ -1,5 +1,6 @@
 //! The non-pod objects a source knows (PersistentVolumeClaims,
-//! PersistentVolumes, Secrets, ConfigMaps, CSIDrivers, VolumeAttachments), served to pod resolution through
+//! PersistentVolumes, Secrets, ConfigMaps, CSIDrivers, VolumeAttachments,
+//! ServiceAccounts, ClusterTrustBundles, this Node), served to pod resolution through
 //! [`ObjectLookup`], and the bookkeeping of which pod read which object so a
 //! change re-resolves exactly the pods that depend on it.
 
@@ -8,8 +9,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
@@ -33,6 +35,12 @@ pub enum ObjectKind {
     VolumeAttachment,
     /// `v1.Node` (cluster-scoped): this node, for local PVs' node affinity.
     Node,
+    /// `v1.ServiceAccount`: the account a pod's tokens are requested for
+    /// (its UID: a replaced account gets fresh tokens at once).
+    ServiceAccount,
+    /// `certificates.k8s.io.ClusterTrustBundle` (cluster-scoped; `v1`,
+    /// `v1beta1` and `v1alpha1` read alike): projected trust anchors.
+    ClusterTrustBundle,
 }
 
 impl ObjectKind {
@@ -40,8 +48,19 @@ impl ObjectKind {
     pub fn cluster_scoped(self) -> bool {
         matches!(
             self,
-            Self::PersistentVolume | Self::CsiDriver | Self::VolumeAttachment | Self::Node
+            Self::PersistentVolume
+                | Self::CsiDriver
+                | Self::VolumeAttachment
+                | Self::Node
+                | Self::ClusterTrustBundle
         )
+    }
+
+    /// Whether a source follows the kind whole (one list and watch of
+    /// every object of it) rather than object by object: ClusterTrustBundles,
+    /// public objects a node may list, selected by signer and labels.
+    pub fn followed_whole(self) -> bool {
+        self == Self::ClusterTrustBundle
     }
 
     /// The kind's name, as in an object's `kind` field.
@@ -54,6 +73,8 @@ impl ObjectKind {
             Self::CsiDriver => "CSIDriver",
             Self::VolumeAttachment => "VolumeAttachment",
             Self::Node => "Node",
+            Self::ServiceAccount => "ServiceAccount",
+            Self::ClusterTrustBundle => "ClusterTrustBundle",
         }
     }
 }
@@ -87,7 +108,19 @@ impl ObjectRef {
     /// Any PersistentVolume: what a claim without `spec.volumeName` depends
     /// on (the PV whose claimRef names it may appear anywhere).
     pub fn any_persistent_volume() -> Self {
-        Self::new(ObjectKind::PersistentVolume, "", "")
+        Self::any(ObjectKind::PersistentVolume)
+    }
+
+    /// Any object of `kind` (a change to one reaches the pods that read
+    /// this): what a selection by other means than the name reads, e.g.
+    /// ClusterTrustBundles by signer and labels.
+    pub fn any(kind: ObjectKind) -> Self {
+        Self::new(kind, "", "")
+    }
+
+    /// Whether this names every object of its kind.
+    pub fn is_any(&self) -> bool {
+        self.name.is_empty()
     }
 }
 
@@ -113,6 +146,8 @@ impl ObjectKind {
             "CSIDriver" => Some(Self::CsiDriver),
             "VolumeAttachment" => Some(Self::VolumeAttachment),
             "Node" => Some(Self::Node),
+            "ServiceAccount" => Some(Self::ServiceAccount),
+            "ClusterTrustBundle" => Some(Self::ClusterTrustBundle),
             _ => None,
         }
     }
@@ -123,7 +158,7 @@ impl ObjectKind {
 pub enum ObjectDecodeError {
     /// A kind that is not followed (or no `kind`).
     #[error(
-        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver, VolumeAttachment and Node are)"
+        "kind {0:?} is not followed (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver, VolumeAttachment, Node, ServiceAccount and ClusterTrustBundle are)"
     )]
     UnsupportedKind(String),
     /// Not a valid object of its kind. For a Secret, the message never
@@ -157,6 +192,10 @@ pub enum KubeObject {
     VolumeAttachment(Arc<VolumeAttachment>),
     /// A Node.
     Node(Arc<Node>),
+    /// A ServiceAccount.
+    ServiceAccount(Arc<ServiceAccount>),
+    /// A ClusterTrustBundle.
+    ClusterTrustBundle(Arc<ClusterTrustBundle>),
 }
 
 impl fmt::Debug for KubeObject {
@@ -205,6 +244,13 @@ impl KubeObject {
             Some(ObjectKind::Node) => Self::Node(Arc::new(
                 serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
             )),
+            Some(ObjectKind::ServiceAccount) => Self::ServiceAccount(Arc::new(
+                serde_json::from_value(v).map_err(|e| invalid(e.to_string()))?,
+            )),
+            Some(ObjectKind::ClusterTrustBundle) => Self::ClusterTrustBundle(Arc::new(
+                serde_json::from_value(as_v1_trust_bundle(v))
+                    .map_err(|e| invalid(e.to_string()))?,
+            )),
             None => return Err(ObjectDecodeError::UnsupportedKind(kind)),
         };
         let r = obj.reference();
@@ -224,6 +270,8 @@ impl KubeObject {
             Self::CsiDriver(o) => (ObjectKind::CsiDriver, &o.metadata),
             Self::VolumeAttachment(o) => (ObjectKind::VolumeAttachment, &o.metadata),
             Self::Node(o) => (ObjectKind::Node, &o.metadata),
+            Self::ServiceAccount(o) => (ObjectKind::ServiceAccount, &o.metadata),
+            Self::ClusterTrustBundle(o) => (ObjectKind::ClusterTrustBundle, &o.metadata),
         };
         let ns = meta
             .namespace
@@ -232,6 +280,25 @@ impl KubeObject {
             .unwrap_or("default");
         ObjectRef::new(kind, ns, meta.name.as_deref().unwrap_or(""))
     }
+}
+
+/// A ClusterTrustBundle of `certificates.k8s.io/v1beta1` or `v1alpha1`
+/// read as `v1`: the three have the same fields (clusters before 1.37 serve
+/// only the beta or alpha version).
+pub fn as_v1_trust_bundle(mut v: serde_json::Value) -> serde_json::Value {
+    const OLDER: [&str; 2] = [
+        "certificates.k8s.io/v1beta1",
+        "certificates.k8s.io/v1alpha1",
+    ];
+    if let Some(o) = v.as_object_mut() {
+        if o.get("apiVersion")
+            .and_then(|a| a.as_str())
+            .is_some_and(|a| OLDER.contains(&a))
+        {
+            o.insert("apiVersion".into(), "certificates.k8s.io/v1".into());
+        }
+    }
+    v
 }
 
 /// The objects of a source, by reference.
@@ -253,9 +320,24 @@ impl ObjectStore {
         true
     }
 
-    /// Removes an object. Returns whether it was there.
+    /// Removes an object (for a reference to any object of a kind, every
+    /// object of the kind). Returns whether something was there.
     pub fn remove(&mut self, r: &ObjectRef) -> bool {
+        if r.is_any() {
+            let before = self.objects.len();
+            self.objects.retain(|k, _| k.kind != r.kind);
+            return self.objects.len() != before;
+        }
         self.objects.remove(r).is_some()
+    }
+
+    /// The references of every known object of `kind`.
+    pub fn references_of(&self, kind: ObjectKind) -> Vec<ObjectRef> {
+        self.objects
+            .keys()
+            .filter(|r| r.kind == kind)
+            .cloned()
+            .collect()
     }
 
     /// Whether the object is known.
@@ -382,6 +464,39 @@ impl ObjectLookup for ObjectStore {
             _ => None,
         }
     }
+
+    fn service_account(&self, namespace: &str, name: &str) -> Option<Arc<ServiceAccount>> {
+        let r = ObjectRef::new(ObjectKind::ServiceAccount, namespace, name);
+        match self.objects.get(&r)? {
+            KubeObject::ServiceAccount(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
+
+    fn cluster_trust_bundle(&self, name: &str) -> Option<Arc<ClusterTrustBundle>> {
+        let r = ObjectRef::new(ObjectKind::ClusterTrustBundle, "", name);
+        match self.objects.get(&r)? {
+            KubeObject::ClusterTrustBundle(o) => Some(Arc::clone(o)),
+            _ => None,
+        }
+    }
+
+    fn cluster_trust_bundles_of_signer(&self, signer: &str) -> Vec<Arc<ClusterTrustBundle>> {
+        let mut out: Vec<Arc<ClusterTrustBundle>> = self
+            .objects
+            .values()
+            .filter_map(|o| match o {
+                KubeObject::ClusterTrustBundle(b)
+                    if b.spec.signer_name.as_deref() == Some(signer) =>
+                {
+                    Some(Arc::clone(b))
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        out
+    }
 }
 
 /// An [`ObjectLookup`] that remembers every object asked for (found or not):
@@ -472,6 +587,21 @@ impl ObjectLookup for RecordingLookup<'_> {
         }
         self.store.node()
     }
+
+    fn service_account(&self, namespace: &str, name: &str) -> Option<Arc<ServiceAccount>> {
+        self.record(ObjectRef::new(ObjectKind::ServiceAccount, namespace, name));
+        self.store.service_account(namespace, name)
+    }
+
+    fn cluster_trust_bundle(&self, name: &str) -> Option<Arc<ClusterTrustBundle>> {
+        self.record(ObjectRef::new(ObjectKind::ClusterTrustBundle, "", name));
+        self.store.cluster_trust_bundle(name)
+    }
+
+    fn cluster_trust_bundles_of_signer(&self, signer: &str) -> Vec<Arc<ClusterTrustBundle>> {
+        self.record(ObjectRef::any(ObjectKind::ClusterTrustBundle));
+        self.store.cluster_trust_bundles_of_signer(signer)
+    }
 }
 
 /// Which pods depend on which objects (both directions).
@@ -517,22 +647,22 @@ impl Dependents {
         self.by_object.keys().cloned().collect()
     }
 
-    /// The pods that depend on any of `changed` (a changed PV also reaches
-    /// the pods that depend on any PV).
+    /// The pods that depend on any of `changed` (a changed object also
+    /// reaches the pods that depend on any object of its kind).
     pub fn pods_affected_by<'a>(
         &self,
         changed: impl IntoIterator<Item = &'a ObjectRef>,
     ) -> BTreeSet<PodUid> {
         let mut out = BTreeSet::new();
-        let mut any_pv = false;
+        let mut kinds = BTreeSet::new();
         for r in changed {
-            any_pv |= r.kind == ObjectKind::PersistentVolume;
+            kinds.insert(r.kind);
             if let Some(p) = self.by_object.get(r) {
                 out.extend(p.iter().cloned());
             }
         }
-        if any_pv {
-            if let Some(p) = self.by_object.get(&ObjectRef::any_persistent_volume()) {
+        for kind in kinds {
+            if let Some(p) = self.by_object.get(&ObjectRef::any(kind)) {
                 out.extend(p.iter().cloned());
             }
         }

@@ -19,7 +19,9 @@ use k8s_openapi::api::core::v1::{
     ServiceAccountTokenProjection, VolumeProjection,
 };
 
-use super::resolve::{invalid, ObjectLookup, VolumeSpecError};
+use super::resolve::{
+    invalid, pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError,
+};
 use crate::plugins::atomic_writer::validate_path;
 use crate::quantity;
 use crate::volume::{PayloadFile, PayloadKind, PayloadVolumeSource, TokenProjection, VolumeSource};
@@ -362,16 +364,14 @@ fn token_projection(
             "serviceAccountToken.expirationSeconds must be positive",
         ));
     }
-    let spec = ctx.pod.spec.as_ref();
+    let service_account = pod_service_account(ctx.pod);
     Ok(TokenProjection {
         path: t.path.clone(),
         audience: t.audience.clone().unwrap_or_default(),
         expiration_seconds,
         namespace: ctx.namespace.to_string(),
-        service_account: spec
-            .and_then(|s| s.service_account_name.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".into()),
+        service_account_uid: service_account_uid(ctx.objects, ctx.namespace, &service_account),
+        service_account,
         pod_name: ctx.pod.metadata.name.clone().unwrap_or_default(),
         pod_uid: ctx.uid.to_string(),
         mode: mode_of(None, default_mode)?,
@@ -420,9 +420,18 @@ fn add_projection(
         add_downward_api(ctx, d.items.as_deref(), default_mode, files)?;
     } else if let Some(t) = &p.service_account_token {
         tokens.push(token_projection(ctx, t, default_mode)?);
-    } else if p.cluster_trust_bundle.is_some() || p.pod_certificate.is_some() {
+    } else if let Some(b) = &p.cluster_trust_bundle {
+        let objects = objects(ctx, &format!("clusterTrustBundle {:?}", b.path))?;
+        let data = super::trust_bundle::trust_anchors(objects, b)?;
+        insert(
+            files,
+            &b.path,
+            Arc::from(data),
+            mode_of(None, default_mode)?,
+        )?;
+    } else if p.pod_certificate.is_some() {
         return Err(VolumeSpecError::Unsupported(
-            "projected clusterTrustBundle and podCertificate sources are not supported yet".into(),
+            "projected podCertificate sources are not supported yet".into(),
         ));
     }
     Ok(())
@@ -486,10 +495,9 @@ pub(crate) fn reads_objects(v: &k8s_openapi::api::core::v1::Volume) -> bool {
     v.config_map.is_some()
         || v.secret.is_some()
         || v.projected.as_ref().is_some_and(|p| {
-            p.sources
-                .iter()
-                .flatten()
-                .any(|s| s.config_map.is_some() || s.secret.is_some())
+            p.sources.iter().flatten().any(|s| {
+                s.config_map.is_some() || s.secret.is_some() || s.cluster_trust_bundle.is_some()
+            })
         })
 }
 
@@ -709,25 +717,32 @@ mod tests {
             {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
             {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
         ]}});
-        let p = resolve(v, &o).unwrap();
+        let p = resolve(v.clone(), &o).unwrap();
         assert_eq!(p.kind, PayloadKind::Projected);
         assert_eq!(
             files(&p),
             vec![s("ca.crt", "CA", 0o644), s("namespace", "ns", 0o644)]
         );
-        assert_eq!(
-            p.tokens,
-            vec![TokenProjection {
-                path: "token".into(),
-                audience: String::new(),
-                expiration_seconds: 3607,
-                namespace: "ns".into(),
-                service_account: "sa".into(),
-                pod_name: "p".into(),
-                pod_uid: "u-1".into(),
-                mode: 0o644,
-            }]
-        );
+        let mut token = TokenProjection {
+            path: "token".into(),
+            audience: String::new(),
+            expiration_seconds: 3607,
+            namespace: "ns".into(),
+            service_account: "sa".into(),
+            service_account_uid: String::new(),
+            pod_name: "p".into(),
+            pod_uid: "u-1".into(),
+            mode: 0o644,
+        };
+        assert_eq!(p.tokens, vec![token.clone()]);
+        // Once the ServiceAccount is known, its UID is part of the request:
+        // a replaced account (new UID) changes the volume.
+        let mut o = o;
+        let sa = serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "sa", "namespace": "ns", "uid": "sa-uid-1"}});
+        o.insert(KubeObject::from_json(sa).unwrap());
+        token.service_account_uid = "sa-uid-1".into();
+        assert_eq!(resolve(v, &o).unwrap().tokens, vec![token]);
         let v = serde_json::json!({"name": "v", "projected": {"sources": [
             {"clusterTrustBundle": {"signerName": "x", "path": "b"}}]}});
         assert!(matches!(

@@ -430,6 +430,10 @@ pub fn needs_objects(pod: &Pod) -> bool {
                 // Its driver's CSIDriver object.
                 || v.csi.is_some()
                 || super::payload::reads_objects(v)
+                // Its ServiceAccount (the UID its tokens are bound to).
+                || v.projected.as_ref().is_some_and(|p| {
+                    p.sources.iter().flatten().any(|s| s.service_account_token.is_some())
+                })
         })
 }
 

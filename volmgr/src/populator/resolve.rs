@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret,
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Secret, ServiceAccount,
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
@@ -61,6 +62,47 @@ pub trait ObjectLookup {
     fn node(&self) -> Option<Arc<Node>> {
         None
     }
+    /// ServiceAccount `namespace/name`, the account a pod's tokens are
+    /// requested for. Only its UID is used: a token request names it, so an
+    /// account deleted and created again (whose old bound tokens the API
+    /// server rejects) gets the pod fresh tokens at once. `None` (the
+    /// default) when unknown: tokens are requested all the same.
+    fn service_account(&self, _namespace: &str, _name: &str) -> Option<Arc<ServiceAccount>> {
+        None
+    }
+    /// ClusterTrustBundle `name` (a projected `clusterTrustBundle` source by
+    /// name). Default: none.
+    fn cluster_trust_bundle(&self, _name: &str) -> Option<Arc<ClusterTrustBundle>> {
+        None
+    }
+    /// Every ClusterTrustBundle of signer `signer`, by name (a projected
+    /// `clusterTrustBundle` source by signer and labels). Default: none.
+    fn cluster_trust_bundles_of_signer(&self, _signer: &str) -> Vec<Arc<ClusterTrustBundle>> {
+        Vec::new()
+    }
+}
+
+/// A pod's service account (`spec.serviceAccountName`, `default` when
+/// unset, as admission sets it).
+pub fn pod_service_account(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_string())
+}
+
+/// The UID of ServiceAccount `namespace/name` if `objects` know it (empty
+/// otherwise): part of every token request made for it.
+pub fn service_account_uid(
+    objects: Option<&dyn ObjectLookup>,
+    namespace: &str,
+    name: &str,
+) -> String {
+    objects
+        .and_then(|o| o.service_account(namespace, name))
+        .and_then(|sa| sa.metadata.uid.clone())
+        .unwrap_or_default()
 }
 
 /// Why one volume of a pod cannot be used (the pod's other volumes go on).
@@ -79,6 +121,12 @@ pub enum VolumeSpecError {
     /// A kind of volume or object this manager does not handle.
     #[error("{0}")]
     Unsupported(String),
+    /// The volume's VolumeAttachment reports an attach error (the
+    /// attach/detach controller's `status.attachError`): the volume waits
+    /// as for a missing object, and the pod gets the kubelet's
+    /// `FailedAttachVolume` event rather than `FailedMount`.
+    #[error("{0}")]
+    AttachFailed(String),
 }
 
 /// A [`VolumeSpecError::Invalid`].

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::populator::objects::{Dependents, KubeObject, ObjectRef, ObjectStore, RecordingLookup};
+use crate::populator::objects::{
+    Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore, RecordingLookup,
+};
 use crate::populator::pod::{DesiredPod, PodRejected};
 use crate::populator::PodSink;
 use crate::volume::{PodUid, VolumeSource};
@@ -82,6 +84,42 @@ impl PodResolver {
         }
     }
 
+    /// What the source listed of `kind`, a kind it follows whole
+    /// ([`ObjectKind::followed_whole`]): every object of it (those not
+    /// listed are gone). Pods held for the kind, or that read a changed
+    /// object of it, are converted again.
+    pub fn confirm_kind(&mut self, kind: ObjectKind, objects: Vec<KubeObject>) {
+        let any = ObjectRef::any(kind);
+        let newly = self
+            .confirmed
+            .as_mut()
+            .is_some_and(|c| c.insert(any.clone()));
+        let listed: BTreeSet<ObjectRef> = objects.iter().map(KubeObject::reference).collect();
+        let mut changed = BTreeSet::new();
+        for r in self.store.references_of(kind) {
+            if !listed.contains(&r) && self.store.remove(&r) {
+                changed.insert(r);
+            }
+        }
+        for o in objects {
+            let r = o.reference();
+            if self.store.insert(o) {
+                changed.insert(r);
+            }
+        }
+        if newly {
+            // Every pod that waited on one of the kind, found or not.
+            changed.extend(
+                self.dependents
+                    .objects()
+                    .into_iter()
+                    .filter(|r| r.kind == kind),
+            );
+            changed.insert(any);
+        }
+        self.reresolve(&changed, &BTreeSet::new());
+    }
+
     /// Forgets object `r` and its confirmation (no pod reads it any more).
     pub fn unconfirm_object(&mut self, r: &ObjectRef) {
         if let Some(c) = self.confirmed.as_mut() {
@@ -91,24 +129,35 @@ impl PodResolver {
     }
 
     /// Whether some of `deps` are not confirmed yet (always false without
-    /// confirmation; a wildcard reference is never waited for).
+    /// confirmation).
     fn waits_for(&self, deps: &BTreeSet<ObjectRef>) -> bool {
-        self.confirmed
-            .as_ref()
-            .is_some_and(|c| deps.iter().any(|d| !d.name.is_empty() && !c.contains(d)))
+        deps.iter().any(|d| !self.is_confirmed(d))
+    }
+
+    /// Whether the source confirmed `d`: itself, or for a kind followed
+    /// whole the kind's list. A wildcard of another kind (any PV) is never
+    /// waited for: no source lists those.
+    fn is_confirmed(&self, d: &ObjectRef) -> bool {
+        let Some(c) = &self.confirmed else {
+            return true;
+        };
+        if d.kind.followed_whole() {
+            return c.contains(&ObjectRef::any(d.kind));
+        }
+        d.is_any() || c.contains(d)
     }
 
     /// Holds `pod` back until `deps` are confirmed; status says what it
     /// waits for (an object whose watch keeps failing shows there).
     fn hold(&mut self, pod: &DesiredPod, raw: Arc<Pod>, deps: BTreeSet<ObjectRef>) {
-        let waiting: Vec<String> = match &self.confirmed {
-            Some(c) => deps
-                .iter()
-                .filter(|d| !d.name.is_empty() && !c.contains(*d))
-                .map(ToString::to_string)
-                .collect(),
-            None => Vec::new(),
-        };
+        let waiting: Vec<String> = deps
+            .iter()
+            .filter(|d| !self.is_confirmed(d))
+            .map(|d| match d.is_any() {
+                true => format!("the {}s", d.kind.name()),
+                false => d.to_string(),
+            })
+            .collect();
         let key = format!("pod {}/{} ({}) objects", pod.namespace, pod.name, pod.uid);
         let msg = format!(
             "waiting for {} to be read from the API server",
@@ -316,7 +365,6 @@ impl PodResolver {
 mod tests {
     use super::*;
     use crate::cache::world::{WakeHold, World};
-    use crate::populator::objects::ObjectKind;
     use std::sync::Mutex;
 
     /// Records each pod handed over: (uid, whether a volume failed).

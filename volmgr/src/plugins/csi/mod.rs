@@ -373,15 +373,31 @@ impl VolumePlugin for CsiPlugin {
     }
 
     /// The kubelet's `RequiresRemount` for CSI: a `requiresRepublish`
-    /// driver's volume whose period is up.
+    /// driver's volume whose period is up, or whose pod's ServiceAccount
+    /// was replaced (tokens bound to the old one are refused: publish
+    /// fresh ones now).
     fn requires_remount(
         &self,
         volume: &UniqueVolumeName,
-        _mounted: &VolumeSpec,
+        mounted: &VolumeSpec,
         desired: &VolumeSpec,
     ) -> bool {
-        matches!(&desired.source, VolumeSource::Csi(c) if c.driver_info.requires_republish)
-            && self.tokens.as_ref().is_some_and(|t| t.is_due(volume))
+        let VolumeSource::Csi(c) = &desired.source else {
+            return false;
+        };
+        if !c.driver_info.requires_republish {
+            return false;
+        }
+        let account = |s: &VolumeSource| match s {
+            VolumeSource::Csi(c) => c
+                .driver_info
+                .token_pod
+                .as_ref()
+                .map(|t| t.service_account_uid.clone()),
+            _ => None,
+        };
+        account(&mounted.source) != account(&desired.source)
+            || self.tokens.as_ref().is_some_and(|t| t.is_due(volume))
     }
 
     fn metric_label(&self, spec: &VolumeSpec) -> Option<Arc<str>> {
@@ -396,8 +412,9 @@ impl VolumePlugin for CsiPlugin {
 
     /// CSI volumes are attachable. The kubelet treats a CSI volume as
     /// attachable unless the driver's CSIDriver object says
-    /// `attachRequired: false`; volmgr does not read CSIDriver objects
-    /// (yet), so every CSI volume is.
+    /// `attachRequired: false`; this answer is the plugin's, without a
+    /// spec, so every CSI volume counts (`attachRequired: false` removes
+    /// the wait for a VolumeAttachment, see `populator::csi_driver`).
     fn is_attachable(&self) -> bool {
         true
     }
