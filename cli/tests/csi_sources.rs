@@ -713,3 +713,101 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
         },
     );
 }
+
+/// ReadWriteOnce and ReadWriteOncePod PVs of a driver with a CSIDriver
+/// that has `seLinuxMount: true`, used by a pod with an SELinux level.
+fn write_access_mode_manifests(env: &Env) {
+    env.write_manifest(
+        "csidriver.yaml",
+        &format!(
+            "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: false, seLinuxMount: true}}\n"
+        ),
+    );
+    for (name, mode) in [("rwo", "ReadWriteOnce"), ("rwop", "ReadWriteOncePod")] {
+        env.write_manifest(
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-{name}}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [{mode}]\n  claimRef: {{namespace: test, name: claim-{name}}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-{name}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-{name}, namespace: test}}\nspec: {{accessModes: [{mode}], volumeName: pv-{name}, resources: {{requests: {{storage: 64Mi}}}}}}\n"
+            ),
+        );
+    }
+    env.write_manifest(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-modes}\nspec:\n  securityContext: {seLinuxOptions: {level: 's0:c1,c2'}}\n  containers: [{name: c, image: i, volumeMounts: [{name: rwo, mountPath: /a}, {name: rwop, mountPath: /b}]}]\n  volumes: [{name: rwo, persistentVolumeClaim: {claimName: claim-rwo}}, {name: rwop, persistentVolumeClaim: {claimName: claim-rwop}}]\n",
+    );
+}
+
+/// What the driver's stage and publish of `volume` were given, last first.
+fn capabilities_seen(driver: &Driver, volume: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(driver.state().join("contexts.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|c| c["volume_id"] == volume)
+        .collect()
+}
+
+/// The kubelet's access mode mapper against a real driver: without the
+/// SINGLE_NODE_MULTI_WRITER capability (which the test driver then refuses
+/// the new modes for, as a driver built before them does) ReadWriteOnce and
+/// ReadWriteOncePod are both SINGLE_NODE_WRITER; with it, they are
+/// SINGLE_NODE_MULTI_WRITER and SINGLE_NODE_SINGLE_WRITER. A CSIDriver with
+/// `seLinuxMount` gets the pod's SELinux label as `context=` on the
+/// ReadWriteOncePod volume only, and only where the host has SELinux (here
+/// the test checks whichever this host is).
+#[test]
+fn access_modes_follow_the_capability_and_selinux_mounts_need_selinux() {
+    isolated(
+        "access_modes_follow_the_capability_and_selinux_mounts_need_selinux",
+        || {
+            let selinux = volmgr::sys::selinux::enabled();
+            let context = "context=\"system_u:object_r:container_file_t:s0:c1,c2\"";
+            for (snmw, rwo_mode, rwop_mode) in [
+                (false, "SINGLE_NODE_WRITER", "SINGLE_NODE_WRITER"),
+                (
+                    true,
+                    "SINGLE_NODE_MULTI_WRITER",
+                    "SINGLE_NODE_SINGLE_WRITER",
+                ),
+            ] {
+                let env = Env::new();
+                write_access_mode_manifests(&env);
+                let mut driver = new_driver(&env);
+                if snmw {
+                    driver.with_args(&["--single-node-multi-writer"]);
+                }
+                driver.spawn();
+                let agent = env.start_agent(&[]);
+                wait_or_dump(&env, &agent, &driver, "both volumes mounted", || {
+                    ["rwo", "rwop"].iter().all(|v| {
+                        env.volume_state("uid-modes", v)
+                            .is_some_and(|(s, _, _)| s == "mounted")
+                    })
+                });
+                for (volume, mode, label) in [
+                    ("vol-rwo", rwo_mode, false),
+                    ("vol-rwop", rwop_mode, selinux),
+                ] {
+                    let seen = capabilities_seen(&driver, volume);
+                    let methods: Vec<&str> =
+                        seen.iter().filter_map(|c| c["method"].as_str()).collect();
+                    assert_eq!(
+                        methods,
+                        ["NodeStageVolume", "NodePublishVolume"],
+                        "{seen:?}"
+                    );
+                    for c in &seen {
+                        assert_eq!(c["access_mode"], mode, "snmw={snmw}: {c}");
+                        let flags: Vec<&str> = c["mount_flags"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .filter_map(|f| f.as_str())
+                            .collect();
+                        assert_eq!(flags.contains(&context), label, "selinux={selinux}: {c}");
+                    }
+                }
+            }
+        },
+    );
+}

@@ -403,9 +403,11 @@ pub enum CsiVolumeMode {
 }
 
 /// CSI access mode (`VolumeCapability.AccessMode.Mode`), derived from the PV's
-/// `accessModes` with the kubelet's mapping: ReadWriteOnce → SingleNodeWriter,
+/// first `accessModes` entry: ReadWriteOnce → SingleNodeWriter,
 /// ReadOnlyMany → MultiNodeReaderOnly, ReadWriteMany → MultiNodeMultiWriter,
-/// ReadWriteOncePod → SingleNodeSingleWriter.
+/// ReadWriteOncePod → SingleNodeSingleWriter. What a driver is sent also
+/// depends on its `SINGLE_NODE_MULTI_WRITER` capability (the CSI plugin's
+/// `access_mode`, as the kubelet's access mode mapper).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CsiAccessMode {
     /// `SINGLE_NODE_WRITER` (1).
@@ -418,7 +420,8 @@ pub enum CsiAccessMode {
     MultiNodeSingleWriter,
     /// `MULTI_NODE_MULTI_WRITER` (5).
     MultiNodeMultiWriter,
-    /// `SINGLE_NODE_SINGLE_WRITER` (7, needs the SINGLE_NODE_MULTI_WRITER capability).
+    /// ReadWriteOncePod: `SINGLE_NODE_SINGLE_WRITER` (6) for a driver with
+    /// the SINGLE_NODE_MULTI_WRITER capability, else `SINGLE_NODE_WRITER`.
     SingleNodeSingleWriter,
 }
 
@@ -547,6 +550,12 @@ pub struct CsiDriverInfo {
     /// `spec.requiresRepublish`: NodePublishVolume is called again
     /// periodically on the mounted volume (new tokens, rotated secrets).
     pub requires_republish: bool,
+    /// With `spec.seLinuxMount`: the SELinux file label to mount the
+    /// volume with (`context="..."` in NodeStage's and NodePublish's mount
+    /// flags, on hosts with SELinux): set only for a ReadWriteOncePod
+    /// filesystem volume of a pod with an SELinux level (see
+    /// `populator::selinux`).
+    pub selinux_mount_label: Option<String>,
 }
 
 /// One of a CSIDriver's `spec.tokenRequests`.

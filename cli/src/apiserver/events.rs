@@ -365,6 +365,10 @@ mod tests {
         );
         let f = e(K::Failed, O::SetUp, true, Some("x")).unwrap();
         assert_eq!(f.reason, "FailedMapVolume");
+        assert_eq!(
+            f.note,
+            "MapVolume.MapPodDevice failed for volume \"data\" : x"
+        );
         let f = e(K::Failed, O::Attach, false, Some("in use")).unwrap();
         assert_eq!(
             (f.warning, f.reason, f.note.as_str()),
@@ -373,10 +377,6 @@ mod tests {
                 "FailedAttachVolume",
                 "AttachVolume.Attach failed for volume \"data\" : in use"
             )
-        );
-        assert_eq!(
-            f.note,
-            "MapVolume.MapPodDevice failed for volume \"data\" : x"
         );
         assert_eq!(
             e(K::Failed, O::MountDevice, true, Some("x"))

@@ -21,6 +21,9 @@ pub struct Driver {
     pub node_id: String,
     /// NodeGetInfo's max_volumes_per_node (0: no limit).
     pub max_volumes_per_node: i64,
+    /// Whether the SINGLE_NODE_MULTI_WRITER node capability is advertised
+    /// (and its two access modes accepted).
+    pub single_node_multi_writer: bool,
     /// NodeGetInfo's accessible topology segments (none: no topology).
     pub topology: std::collections::HashMap<String, String>,
     /// The CSI socket path.
@@ -107,6 +110,7 @@ impl Driver {
             name,
             node_id,
             max_volumes_per_node: 0,
+            single_node_multi_writer: false,
             topology: std::collections::HashMap::new(),
             endpoint,
             state_dir,
@@ -216,21 +220,33 @@ impl Driver {
     /// Records the kubelet's NotifyRegistrationStatus in
     /// Appends what a NodeStage or NodePublish call was given to
     /// `state_dir/contexts.jsonl`: `{"method", "volume_id",
-    /// "volume_context", "publish_context"}` (what the CO passes from the
-    /// CSIDriver object and the VolumeAttachment).
+    /// "volume_context", "publish_context", "access_mode", "mount_flags"}`
+    /// (what the CO passes from the CSIDriver object, the VolumeAttachment
+    /// and the PV).
     pub fn record_contexts(
         &self,
         method: &str,
         volume_id: &str,
         volume_context: &std::collections::HashMap<String, String>,
         publish_context: &std::collections::HashMap<String, String>,
+        capability: Option<&crate::proto::csi::VolumeCapability>,
     ) {
+        use crate::proto::csi::volume_capability::AccessType;
         use std::io::Write;
+        let access_mode = capability
+            .and_then(|c| c.access_mode.as_ref())
+            .map(|m| m.mode().as_str_name());
+        let mount_flags = match capability.and_then(|c| c.access_type.as_ref()) {
+            Some(AccessType::Mount(m)) => m.mount_flags.clone(),
+            _ => Vec::new(),
+        };
         let line = serde_json::json!({
             "method": method,
             "volume_id": volume_id,
             "volume_context": volume_context,
             "publish_context": publish_context,
+            "access_mode": access_mode,
+            "mount_flags": mount_flags,
         });
         let path = self.state_dir.join("contexts.jsonl");
         let res = std::fs::OpenOptions::new()

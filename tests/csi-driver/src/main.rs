@@ -3,13 +3,16 @@
 //!
 //! ```text
 //! volmgr-csi-driver --endpoint SOCKET --state-dir DIR [--name NAME]
-//!                   [--node-id ID] [--max-volumes-per-node N]
+//!                   [--node-id ID] [--max-volumes-per-node N] [--single-node-multi-writer]
 //!                   [--topology KEY=VALUE]... [--registration-dir DIR]
 //! ```
 //!
 //! - Identity: GetPluginInfo, GetPluginCapabilities (ONLINE volume
 //!   expansion), Probe. Node: NodeGetCapabilities (STAGE_UNSTAGE_VOLUME,
-//!   EXPAND_VOLUME, GET_VOLUME_STATS, VOLUME_CONDITION), NodeGetInfo, and:
+//!   EXPAND_VOLUME, GET_VOLUME_STATS, VOLUME_CONDITION, and with
+//!   `--single-node-multi-writer` SINGLE_NODE_MULTI_WRITER: without it, the
+//!   SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER access modes are
+//!   refused, as by a driver that predates them), NodeGetInfo, and:
 //! - NodeStageVolume: sparse image `DIR/images/<volume id>.img` (size from
 //!   volume_context "size", e.g. "64Mi"; default 64Mi; only used when the
 //!   image is created), attached to a loop device (ioctls), `mkfs.ext4` when
@@ -84,6 +87,10 @@ struct Args {
     /// NodeGetInfo's max_volumes_per_node (0: no limit).
     #[arg(long, default_value_t = 0)]
     max_volumes_per_node: i64,
+    /// Advertise the SINGLE_NODE_MULTI_WRITER node capability (and accept
+    /// its access modes, refused otherwise).
+    #[arg(long)]
+    single_node_multi_writer: bool,
     /// NodeGetInfo's accessible topology segment KEY=VALUE (repeatable).
     #[arg(long = "topology", value_parser = parse_segment)]
     topology: Vec<(String, String)>,
@@ -145,6 +152,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let mut driver = Driver::new(args.name.clone(), node_id, endpoint.clone(), state_dir);
     driver.max_volumes_per_node = args.max_volumes_per_node;
+    driver.single_node_multi_writer = args.single_node_multi_writer;
     driver.topology = args.topology.iter().cloned().collect();
     let driver = Arc::new(driver);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -93,8 +93,23 @@ enum Access {
     Mount { fs_type: String, flags: Vec<String> },
 }
 
-fn access(cap: Option<&csi::VolumeCapability>) -> Result<(Access, bool), Status> {
+/// `single_node_multi_writer`: whether this driver advertises the
+/// capability; without it, the two access modes it introduces are refused,
+/// as a driver built before them does.
+fn access(
+    cap: Option<&csi::VolumeCapability>,
+    single_node_multi_writer: bool,
+) -> Result<(Access, bool), Status> {
     let cap = cap.ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
+    let mode = cap.access_mode.as_ref().map(|m| m.mode());
+    if let Some(m @ (Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter)) = mode {
+        if !single_node_multi_writer {
+            return Err(Status::invalid_argument(format!(
+                "access mode {} needs the SINGLE_NODE_MULTI_WRITER node capability, which this driver does not advertise",
+                m.as_str_name()
+            )));
+        }
+    }
     let reader_only = matches!(
         cap.access_mode.as_ref().map(|m| m.mode()),
         Some(Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
@@ -210,7 +225,10 @@ impl Driver {
     pub fn stage(&self, req: csi::NodeStageVolumeRequest) -> Result<(), Status> {
         let id = required("volume_id", &req.volume_id)?;
         let staging = required_path("staging_target_path", &req.staging_target_path)?;
-        let (access, _) = access(req.volume_capability.as_ref())?;
+        let (access, _) = access(
+            req.volume_capability.as_ref(),
+            self.single_node_multi_writer,
+        )?;
         let size = match req.volume_context.get("size") {
             Some(s) => parse_size(s).ok_or_else(|| {
                 Status::invalid_argument(format!("volume_context size {s:?} is not a quantity"))
@@ -357,7 +375,10 @@ impl Driver {
             ));
         }
         let staging = required_path("staging_target_path", &req.staging_target_path)?;
-        let (access, reader_only) = access(req.volume_capability.as_ref())?;
+        let (access, reader_only) = access(
+            req.volume_capability.as_ref(),
+            self.single_node_multi_writer,
+        )?;
         let read_only = req.readonly || reader_only;
         let not_staged = || {
             Status::failed_precondition(format!(

@@ -79,6 +79,7 @@ impl csi::node_server::Node for Csi {
             &req.volume_id,
             &req.volume_context,
             &req.publish_context,
+            req.volume_capability.as_ref(),
         );
         self.0
             .call("NodeStageVolume", vol(&req.volume_id), true, move |d| {
@@ -109,6 +110,7 @@ impl csi::node_server::Node for Csi {
             &req.volume_id,
             &req.volume_context,
             &req.publish_context,
+            req.volume_capability.as_ref(),
         );
         self.0
             .call("NodePublishVolume", vol(&req.volume_id), true, move |d| {
@@ -162,18 +164,20 @@ impl csi::node_server::Node for Csi {
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         use csi::node_service_capability::{rpc::Type, Rpc, Type as Cap};
         self.0
-            .call("NodeGetCapabilities", None, false, |_| {
+            .call("NodeGetCapabilities", None, false, |d| {
                 let cap = |t: Type| csi::NodeServiceCapability {
                     r#type: Some(Cap::Rpc(Rpc { r#type: t as i32 })),
                 };
-                Ok(csi::NodeGetCapabilitiesResponse {
-                    capabilities: vec![
-                        cap(Type::StageUnstageVolume),
-                        cap(Type::ExpandVolume),
-                        cap(Type::GetVolumeStats),
-                        cap(Type::VolumeCondition),
-                    ],
-                })
+                let mut capabilities = vec![
+                    cap(Type::StageUnstageVolume),
+                    cap(Type::ExpandVolume),
+                    cap(Type::GetVolumeStats),
+                    cap(Type::VolumeCondition),
+                ];
+                if d.single_node_multi_writer {
+                    capabilities.push(cap(Type::SingleNodeMultiWriter));
+                }
+                Ok(csi::NodeGetCapabilitiesResponse { capabilities })
             })
             .await
     }

@@ -69,6 +69,10 @@ pub struct NodeCapabilities {
     /// `VOLUME_MOUNT_GROUP`: the driver applies the pod's fsGroup itself
     /// (`volume_mount_group` of stage and publish).
     pub volume_mount_group: bool,
+    /// `SINGLE_NODE_MULTI_WRITER`: the driver takes the
+    /// `SINGLE_NODE_SINGLE_WRITER` and `SINGLE_NODE_MULTI_WRITER` access
+    /// modes (ReadWriteOncePod and ReadWriteOnce are then told apart).
+    pub single_node_multi_writer: bool,
 }
 
 struct Dialled {
@@ -280,6 +284,7 @@ impl CsiClients {
                 Ok(Type::GetVolumeStats) => caps.volume_stats = true,
                 Ok(Type::VolumeCondition) => caps.volume_condition = true,
                 Ok(Type::VolumeMountGroup) => caps.volume_mount_group = true,
+                Ok(Type::SingleNodeMultiWriter) => caps.single_node_multi_writer = true,
                 _ => {}
             }
         }

@@ -31,7 +31,8 @@ use k8s_openapi::api::storage::v1::CSIDriver;
 
 use super::resolve::{pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError};
 use crate::volume::{
-    CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeSource,
+    CsiAccessMode, CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeMode,
+    CsiVolumeSource,
 };
 
 /// A token request's lifetime when the CSIDriver gives none (the API
@@ -48,6 +49,8 @@ pub(super) struct PodFacts<'a> {
     pub namespace: &'a str,
     /// Its name.
     pub name: &'a str,
+    /// The name of the pod's volume being resolved.
+    pub volume: &'a str,
 }
 
 /// Applies the driver's CSIDriver object (if `objects` knows one) to `src`.
@@ -100,6 +103,12 @@ pub(super) fn apply(
             pod_name: pod.name.to_string(),
             pod_uid: pod.uid.to_string(),
         });
+    }
+    if spec.se_linux_mount == Some(true)
+        && src.access_mode == CsiAccessMode::SingleNodeSingleWriter
+        && src.volume_mode == CsiVolumeMode::Filesystem
+    {
+        info.selinux_mount_label = super::selinux::mount_label(pod.pod, pod.volume)?;
     }
     if !src.ephemeral && spec.attach_required != Some(false) {
         info.publish_context = attachment_metadata(src, pod, objects)?;
@@ -254,6 +263,7 @@ mod tests {
             uid: "u1",
             namespace: "ns",
             name: "p",
+            volume: "data",
         };
         apply(src, &facts, Some(objects))
     }

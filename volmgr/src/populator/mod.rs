@@ -18,6 +18,7 @@ pub mod payload;
 pub mod pod;
 pub mod resolve;
 pub mod resolver;
+mod selinux;
 mod shared_sink;
 mod sub_paths;
 mod trust_bundle;

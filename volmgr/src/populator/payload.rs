@@ -743,8 +743,13 @@ mod tests {
         o.insert(KubeObject::from_json(sa).unwrap());
         token.service_account_uid = "sa-uid-1".into();
         assert_eq!(resolve(v, &o).unwrap().tokens, vec![token]);
+        // A trust bundle selection that matches nothing is missing (the
+        // bundles themselves are tested in `trust_bundle`).
         let v = serde_json::json!({"name": "v", "projected": {"sources": [
             {"clusterTrustBundle": {"signerName": "x", "path": "b"}}]}});
+        assert!(matches!(resolve(v, &o), Err(VolumeSpecError::Missing(_))));
+        let v = serde_json::json!({"name": "v", "projected": {"sources": [
+            {"podCertificate": {"signerName": "x", "keyType": "ED25519", "credentialBundlePath": "c"}}]}});
         assert!(matches!(
             resolve(v, &o),
             Err(VolumeSpecError::Unsupported(_))

@@ -252,6 +252,7 @@ fn parse_source(
             uid: ctx.uid.as_str(),
             namespace: ctx.namespace,
             name: ctx.name,
+            volume: &v.name,
         };
         super::csi_driver::apply(csi, &facts, ctx.objects)?;
     }

@@ -16,6 +16,7 @@ pub mod mountinfo;
 pub mod namespace;
 pub mod root_dir;
 pub mod seccomp;
+pub mod selinux;
 
 #[cfg(test)]
 pub mod fake;

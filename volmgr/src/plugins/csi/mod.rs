@@ -87,6 +87,9 @@ pub struct CsiPlugin {
     tokens: Option<Arc<crate::plugins::token::TokenRefresh>>,
     /// How often a `requiresRepublish` driver's volume is published again.
     republish_period: std::time::Duration,
+    /// Whether the host has SELinux: only then are volumes mounted with
+    /// their SELinux label (`context=`), as the kubelet does.
+    selinux: bool,
 }
 
 impl CsiPlugin {
@@ -104,7 +107,15 @@ impl CsiPlugin {
             mounter,
             tokens: None,
             republish_period: DEFAULT_REPUBLISH_PERIOD,
+            selinux: crate::sys::selinux::enabled(),
         }
+    }
+
+    /// Overrides whether the host has SELinux (found by
+    /// [`crate::sys::selinux::enabled`] by default).
+    pub fn with_selinux(mut self, enabled: bool) -> Self {
+        self.selinux = enabled;
+        self
     }
 
     /// Gets the tokens of CSIDriver `tokenRequests` from `tokens`' source,
@@ -258,34 +269,67 @@ fn spec_vol_id<'a>(spec: &'a VolumeSpec, src: &'a CsiVolumeSource) -> &'a str {
     src.pv_name.as_deref().unwrap_or(&spec.name)
 }
 
-/// The volume capability of the requests.
-fn capability(src: &CsiVolumeSource) -> csi::VolumeCapability {
-    capability_with_group(src, String::new())
-}
-
-/// The volume capability, with `volume_mount_group` (the pod's fsGroup, for
-/// drivers with `VOLUME_MOUNT_GROUP`; empty otherwise).
-fn capability_with_group(src: &CsiVolumeSource, mount_group: String) -> csi::VolumeCapability {
-    use csi::volume_capability::{access_mode::Mode, AccessMode, AccessType};
-    let mode = match src.access_mode {
-        CsiAccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
-        CsiAccessMode::SingleNodeReaderOnly => Mode::SingleNodeReaderOnly,
-        CsiAccessMode::MultiNodeReaderOnly => Mode::MultiNodeReaderOnly,
-        CsiAccessMode::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
-        CsiAccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
-        CsiAccessMode::SingleNodeSingleWriter => Mode::SingleNodeSingleWriter,
-    };
+/// The volume capability of a request to a driver with `caps`:
+/// `mount_group` is `volume_mount_group` (the pod's fsGroup for drivers
+/// with `VOLUME_MOUNT_GROUP`, empty otherwise), and with `selinux` (the
+/// host has SELinux) a volume with an SELinux mount label gets it as
+/// `context="..."` in its mount flags, as the kubelet's
+/// `AddSELinuxMountOption`.
+fn capability(
+    src: &CsiVolumeSource,
+    caps: NodeCapabilities,
+    mount_group: String,
+    selinux: bool,
+) -> csi::VolumeCapability {
+    use csi::volume_capability::{AccessMode, AccessType};
     let access_type = match src.volume_mode {
         CsiVolumeMode::Block => AccessType::Block(csi::volume_capability::BlockVolume {}),
-        CsiVolumeMode::Filesystem => AccessType::Mount(csi::volume_capability::MountVolume {
-            fs_type: src.fs_type.clone().unwrap_or_default(),
-            mount_flags: src.mount_options.clone(),
-            volume_mount_group: mount_group,
-        }),
+        CsiVolumeMode::Filesystem => {
+            let mut mount_flags = src.mount_options.clone();
+            if let Some(label) = src
+                .driver_info
+                .selinux_mount_label
+                .as_ref()
+                .filter(|_| selinux)
+            {
+                mount_flags.push(format!("context={label:?}"));
+            }
+            AccessType::Mount(csi::volume_capability::MountVolume {
+                fs_type: src.fs_type.clone().unwrap_or_default(),
+                mount_flags,
+                volume_mount_group: mount_group,
+            })
+        }
     };
     csi::VolumeCapability {
-        access_mode: Some(AccessMode { mode: mode as i32 }),
+        access_mode: Some(AccessMode {
+            mode: access_mode(src.access_mode, caps.single_node_multi_writer) as i32,
+        }),
         access_type: Some(access_type),
+    }
+}
+
+/// The CSI access mode of a PV access mode, as the kubelet's
+/// `getNodeAccessModeMapper` picks it: ReadWriteOnce and ReadWriteOncePod
+/// (`SingleNodeWriter` and `SingleNodeSingleWriter` here) become
+/// `SINGLE_NODE_MULTI_WRITER` and `SINGLE_NODE_SINGLE_WRITER` only for a
+/// driver with the `SINGLE_NODE_MULTI_WRITER` capability; for any other,
+/// both are `SINGLE_NODE_WRITER` (which such a driver understands).
+fn access_mode(
+    mode: CsiAccessMode,
+    single_node_multi_writer: bool,
+) -> csi::volume_capability::access_mode::Mode {
+    use csi::volume_capability::access_mode::Mode;
+    match (mode, single_node_multi_writer) {
+        (CsiAccessMode::SingleNodeWriter, true) => Mode::SingleNodeMultiWriter,
+        (CsiAccessMode::SingleNodeSingleWriter, true) => Mode::SingleNodeSingleWriter,
+        (CsiAccessMode::SingleNodeWriter | CsiAccessMode::SingleNodeSingleWriter, false) => {
+            Mode::SingleNodeWriter
+        }
+        (CsiAccessMode::SingleNodeReaderOnly, _) => Mode::SingleNodeReaderOnly,
+        (CsiAccessMode::MultiNodeReaderOnly, _) => Mode::MultiNodeReaderOnly,
+        (CsiAccessMode::MultiNodeSingleWriter, _) => Mode::MultiNodeSingleWriter,
+        (CsiAccessMode::MultiNodeMultiWriter, _) => Mode::MultiNodeMultiWriter,
     }
 }
 
@@ -456,9 +500,11 @@ impl VolumePlugin for CsiPlugin {
             publish_context: publish_context(src),
             staging_target_path: staging,
             target_path: path_string(target.clone())?,
-            volume_capability: Some(capability_with_group(
+            volume_capability: Some(capability(
                 src,
+                caps,
                 fs_group::mount_group(&req, src, caps),
+                self.selinux,
             )),
             readonly: src.read_only,
             secrets: secrets(&src.node_publish_secrets),
@@ -647,7 +693,7 @@ impl NodeExpandableVolumePlugin for CsiPlugin {
                 } else {
                     String::new()
                 },
-                volume_capability: Some(capability(src)),
+                volume_capability: Some(capability(src, caps, String::new(), self.selinux)),
                 secrets: secrets(&src.node_expand_secrets),
             };
             if let Err(e) = self.clients.node_expand_volume(&src.driver, call).await {
@@ -663,5 +709,80 @@ impl NodeExpandableVolumePlugin for CsiPlugin {
             self.root.write_file(&staged, &record)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::volume::CsiDriverInfo;
+    use csi::volume_capability::access_mode::Mode;
+    use csi::volume_capability::AccessType;
+
+    fn caps(single_node_multi_writer: bool) -> NodeCapabilities {
+        NodeCapabilities {
+            single_node_multi_writer,
+            ..NodeCapabilities::default()
+        }
+    }
+
+    fn mode(src: &CsiVolumeSource, snmw: bool) -> Mode {
+        let c = capability(src, caps(snmw), String::new(), false);
+        c.access_mode.unwrap().mode()
+    }
+
+    fn flags(c: &csi::VolumeCapability) -> Vec<String> {
+        match &c.access_type {
+            Some(AccessType::Mount(m)) => m.mount_flags.clone(),
+            other => panic!("not a mount capability: {other:?}"),
+        }
+    }
+
+    /// ReadWriteOnce and ReadWriteOncePod are told apart only for a driver
+    /// with SINGLE_NODE_MULTI_WRITER; others get SINGLE_NODE_WRITER for
+    /// both (a driver without the capability refuses the new modes).
+    #[test]
+    fn access_modes_follow_the_single_node_multi_writer_capability() {
+        let rwo = CsiVolumeSource::new("d", "h");
+        let rwop = CsiVolumeSource {
+            access_mode: CsiAccessMode::SingleNodeSingleWriter,
+            ..CsiVolumeSource::new("d", "h")
+        };
+        assert_eq!(mode(&rwo, false), Mode::SingleNodeWriter);
+        assert_eq!(mode(&rwop, false), Mode::SingleNodeWriter);
+        assert_eq!(mode(&rwo, true), Mode::SingleNodeMultiWriter);
+        assert_eq!(mode(&rwop, true), Mode::SingleNodeSingleWriter);
+        let rwx = CsiVolumeSource {
+            access_mode: CsiAccessMode::MultiNodeMultiWriter,
+            ..CsiVolumeSource::new("d", "h")
+        };
+        assert_eq!(mode(&rwx, true), Mode::MultiNodeMultiWriter);
+        assert_eq!(mode(&rwx, false), Mode::MultiNodeMultiWriter);
+    }
+
+    /// The SELinux label is a quoted `context=` mount flag after the PV's
+    /// own options, only on a host with SELinux.
+    #[test]
+    fn selinux_label_is_a_context_mount_flag_on_selinux_hosts() {
+        let src = CsiVolumeSource {
+            mount_options: vec!["noatime".into()],
+            driver_info: Arc::new(CsiDriverInfo {
+                selinux_mount_label: Some("system_u:object_r:container_file_t:s0:c1,c2".into()),
+                ..CsiDriverInfo::default()
+            }),
+            ..CsiVolumeSource::new("d", "h")
+        };
+        let on = capability(&src, caps(false), String::new(), true);
+        assert_eq!(
+            flags(&on),
+            vec![
+                "noatime".to_string(),
+                r#"context="system_u:object_r:container_file_t:s0:c1,c2""#.to_string()
+            ]
+        );
+        let off = capability(&src, caps(false), String::new(), false);
+        assert_eq!(flags(&off), vec!["noatime".to_string()]);
+        let plain = CsiVolumeSource::new("d", "h");
+        assert!(flags(&capability(&plain, caps(false), String::new(), true)).is_empty());
     }
 }

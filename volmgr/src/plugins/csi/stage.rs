@@ -48,7 +48,8 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         if src.volume_mode == CsiVolumeMode::Block {
             data.insert(key::VOLUME_MODE, "Block".into());
         }
-        let stages = self.stages(&src.driver).await?;
+        let caps = self.capabilities(&src.driver).await?;
+        let stages = caps.stage_unstage;
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
         // Staged before (NodeStage is idempotent): it may be mounted.
         self.root.mkdir_mount_target(&layout.target, 0o750)?;
@@ -58,7 +59,7 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
                 volume_id: src.volume_handle.clone(),
                 publish_context: super::publish_context(src),
                 staging_target_path: path_string(target.clone())?,
-                volume_capability: Some(capability(src)),
+                volume_capability: Some(capability(src, caps, String::new(), self.selinux)),
                 secrets: secrets(&src.node_stage_secrets),
                 volume_context: context(src),
             };
