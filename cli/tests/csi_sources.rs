@@ -811,3 +811,68 @@ fn access_modes_follow_the_capability_and_selinux_mounts_need_selinux() {
         },
     );
 }
+
+/// The pod's fsGroup reaches a driver with VOLUME_MOUNT_GROUP in both
+/// NodeStageVolume and NodePublishVolume (`volume_mount_group`, as the
+/// kubelet's `MountDevice` and `SetUp` pass it; the driver then owns the
+/// file system's root with it); a driver without the capability gets no
+/// group (it would refuse one) and volmgr gives the volume the group itself.
+#[test]
+fn volume_mount_group_reaches_stage_and_publish_of_capable_drivers() {
+    isolated(
+        "volume_mount_group_reaches_stage_and_publish_of_capable_drivers",
+        || {
+            use std::os::unix::fs::MetadataExt;
+            for capable in [false, true] {
+                let env = Env::new();
+                env.write_manifest(
+                    "pv.yaml",
+                    &format!(
+                        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-mg}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [ReadWriteOnce]\n  claimRef: {{namespace: test, name: claim-mg}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-mg, fsType: ext4}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-mg, namespace: test}}\nspec: {{accessModes: [ReadWriteOnce], volumeName: pv-mg, resources: {{requests: {{storage: 64Mi}}}}}}\n"
+                    ),
+                );
+                env.write_manifest(
+                    "pod.yaml",
+                    "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-mg}\nspec:\n  securityContext: {fsGroup: 3000}\n  containers: [{name: c, image: i, volumeMounts: [{name: data, mountPath: /d}]}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: claim-mg}}]\n",
+                );
+                let mut driver = new_driver(&env);
+                if capable {
+                    driver.with_args(&["--volume-mount-group"]);
+                }
+                driver.spawn();
+                let agent = env.start_agent(&[]);
+                wait_or_dump(&env, &agent, &driver, "volume mounted", || {
+                    env.volume_state("uid-mg", "data")
+                        .is_some_and(|(s, _, _)| s == "mounted")
+                });
+                let seen = capabilities_seen(&driver, "vol-mg");
+                let groups: Vec<(&str, &str)> = seen
+                    .iter()
+                    .map(|c| {
+                        (
+                            c["method"].as_str().unwrap(),
+                            c["volume_mount_group"].as_str().unwrap(),
+                        )
+                    })
+                    .collect();
+                let group = if capable { "3000" } else { "" };
+                assert_eq!(
+                    groups,
+                    [("NodeStageVolume", group), ("NodePublishVolume", group)],
+                    "capable={capable}"
+                );
+                let root = env
+                    .root
+                    .join("pods/uid-mg/volumes/kubernetes.io~csi/pv-mg/mount");
+                let meta = std::fs::metadata(&root).unwrap();
+                assert_eq!(meta.gid(), 3000, "capable={capable}");
+                assert_eq!(
+                    meta.mode() & 0o2070,
+                    0o2070,
+                    "capable={capable}: {:o}",
+                    meta.mode()
+                );
+            }
+        },
+    );
+}

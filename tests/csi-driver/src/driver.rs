@@ -24,6 +24,10 @@ pub struct Driver {
     /// Whether the SINGLE_NODE_MULTI_WRITER node capability is advertised
     /// (and its two access modes accepted).
     pub single_node_multi_writer: bool,
+    /// Whether the VOLUME_MOUNT_GROUP node capability is advertised (and
+    /// a capability's `volume_mount_group` applied at stage; refused
+    /// otherwise).
+    pub volume_mount_group: bool,
     /// NodeGetInfo's accessible topology segments (none: no topology).
     pub topology: std::collections::HashMap<String, String>,
     /// The CSI socket path.
@@ -111,6 +115,7 @@ impl Driver {
             node_id,
             max_volumes_per_node: 0,
             single_node_multi_writer: false,
+            volume_mount_group: false,
             topology: std::collections::HashMap::new(),
             endpoint,
             state_dir,
@@ -220,7 +225,8 @@ impl Driver {
     /// Records the kubelet's NotifyRegistrationStatus in
     /// Appends what a NodeStage or NodePublish call was given to
     /// `state_dir/contexts.jsonl`: `{"method", "volume_id",
-    /// "volume_context", "publish_context", "access_mode", "mount_flags"}`
+    /// "volume_context", "publish_context", "access_mode", "mount_flags",
+    /// "volume_mount_group"}`
     /// (what the CO passes from the CSIDriver object, the VolumeAttachment
     /// and the PV).
     pub fn record_contexts(
@@ -236,9 +242,9 @@ impl Driver {
         let access_mode = capability
             .and_then(|c| c.access_mode.as_ref())
             .map(|m| m.mode().as_str_name());
-        let mount_flags = match capability.and_then(|c| c.access_type.as_ref()) {
-            Some(AccessType::Mount(m)) => m.mount_flags.clone(),
-            _ => Vec::new(),
+        let (mount_flags, mount_group) = match capability.and_then(|c| c.access_type.as_ref()) {
+            Some(AccessType::Mount(m)) => (m.mount_flags.clone(), m.volume_mount_group.clone()),
+            _ => (Vec::new(), String::new()),
         };
         let line = serde_json::json!({
             "method": method,
@@ -247,6 +253,7 @@ impl Driver {
             "publish_context": publish_context,
             "access_mode": access_mode,
             "mount_flags": mount_flags,
+            "volume_mount_group": mount_group,
         });
         let path = self.state_dir.join("contexts.jsonl");
         let res = std::fs::OpenOptions::new()

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! volmgr-csi-driver --endpoint SOCKET --state-dir DIR [--name NAME]
-//!                   [--node-id ID] [--max-volumes-per-node N] [--single-node-multi-writer]
+//!                   [--node-id ID] [--max-volumes-per-node N]
+//!                   [--single-node-multi-writer] [--volume-mount-group]
 //!                   [--topology KEY=VALUE]... [--registration-dir DIR]
 //! ```
 //!
@@ -12,7 +13,10 @@
 //!   EXPAND_VOLUME, GET_VOLUME_STATS, VOLUME_CONDITION, and with
 //!   `--single-node-multi-writer` SINGLE_NODE_MULTI_WRITER: without it, the
 //!   SINGLE_NODE_SINGLE_WRITER and SINGLE_NODE_MULTI_WRITER access modes are
-//!   refused, as by a driver that predates them), NodeGetInfo, and:
+//!   refused, as by a driver that predates them; with
+//!   `--volume-mount-group` VOLUME_MOUNT_GROUP: a stage's group owns the
+//!   file system's root, setgid and group-writable; without it a group is
+//!   refused), NodeGetInfo, and:
 //! - NodeStageVolume: sparse image `DIR/images/<volume id>.img` (size from
 //!   volume_context "size", e.g. "64Mi"; default 64Mi; only used when the
 //!   image is created), attached to a loop device (ioctls), `mkfs.ext4` when
@@ -91,6 +95,11 @@ struct Args {
     /// its access modes, refused otherwise).
     #[arg(long)]
     single_node_multi_writer: bool,
+    /// Advertise the VOLUME_MOUNT_GROUP node capability: a capability's
+    /// `volume_mount_group` becomes the group of the file system's root
+    /// (setgid, group-writable) at stage; refused otherwise.
+    #[arg(long)]
+    volume_mount_group: bool,
     /// NodeGetInfo's accessible topology segment KEY=VALUE (repeatable).
     #[arg(long = "topology", value_parser = parse_segment)]
     topology: Vec<(String, String)>,
@@ -153,6 +162,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut driver = Driver::new(args.name.clone(), node_id, endpoint.clone(), state_dir);
     driver.max_volumes_per_node = args.max_volumes_per_node;
     driver.single_node_multi_writer = args.single_node_multi_writer;
+    driver.volume_mount_group = args.volume_mount_group;
     driver.topology = args.topology.iter().cloned().collect();
     let driver = Arc::new(driver);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -90,15 +90,22 @@ pub fn image_name(volume_id: &str) -> String {
 /// Access type requested by a capability.
 enum Access {
     Block,
-    Mount { fs_type: String, flags: Vec<String> },
+    Mount {
+        fs_type: String,
+        flags: Vec<String>,
+        /// `volume_mount_group`: the group to give the file system's root.
+        group: Option<u32>,
+    },
 }
 
 /// `single_node_multi_writer`: whether this driver advertises the
 /// capability; without it, the two access modes it introduces are refused,
-/// as a driver built before them does.
+/// as a driver built before them does. Likewise `volume_mount_group`, for
+/// a capability's group.
 fn access(
     cap: Option<&csi::VolumeCapability>,
     single_node_multi_writer: bool,
+    volume_mount_group: bool,
 ) -> Result<(Access, bool), Status> {
     let cap = cap.ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
     let mode = cap.access_mode.as_ref().map(|m| m.mode());
@@ -127,9 +134,21 @@ fn access(
                     "unsupported fs_type {fs_type:?} (ext2, ext3, ext4, xfs)"
                 )));
             }
+            let group = match (m.volume_mount_group.as_str(), volume_mount_group) {
+                ("", _) => None,
+                (g, true) => Some(g.parse::<u32>().map_err(|_| {
+                    Status::invalid_argument(format!("volume_mount_group {g:?} is not a GID"))
+                })?),
+                (_, false) => {
+                    return Err(Status::invalid_argument(
+                        "volume_mount_group needs the VOLUME_MOUNT_GROUP node capability, which this driver does not advertise",
+                    ))
+                }
+            };
             Access::Mount {
                 fs_type,
                 flags: m.mount_flags.clone(),
+                group,
             }
         }
         None => {
@@ -228,6 +247,7 @@ impl Driver {
         let (access, _) = access(
             req.volume_capability.as_ref(),
             self.single_node_multi_writer,
+            self.volume_mount_group,
         )?;
         let size = match req.volume_context.get("size") {
             Some(s) => parse_size(s).ok_or_else(|| {
@@ -303,7 +323,12 @@ impl Driver {
         dev: LoopDevice,
         access: &Access,
     ) -> Result<(), Status> {
-        let Access::Mount { fs_type, flags } = access else {
+        let Access::Mount {
+            fs_type,
+            flags,
+            group,
+        } = access
+        else {
             // Block: staged means attached.
             return Ok(());
         };
@@ -339,7 +364,17 @@ impl Driver {
         }
         let (ms, data) = mounts::parse_mount_flags(flags);
         mounts::mount_device(&dev.path(), staging, fs_type, ms, &data)
-            .map_err(|e| mount_error("mounting the volume", e))
+            .map_err(|e| mount_error("mounting the volume", e))?;
+        if let Some(gid) = group {
+            // What drivers with VOLUME_MOUNT_GROUP do for a block file
+            // system: the root group-owned, group-writable, setgid.
+            use std::os::unix::fs::PermissionsExt;
+            std::os::unix::fs::chown(staging, None, Some(*gid))
+                .map_err(|e| internal("giving the volume its group", e))?;
+            std::fs::set_permissions(staging, std::fs::Permissions::from_mode(0o2775))
+                .map_err(|e| internal("making the volume group-writable", e))?;
+        }
+        Ok(())
     }
 
     /// NodeUnstageVolume.
@@ -378,6 +413,7 @@ impl Driver {
         let (access, reader_only) = access(
             req.volume_capability.as_ref(),
             self.single_node_multi_writer,
+            self.volume_mount_group,
         )?;
         let read_only = req.readonly || reader_only;
         let not_staged = || {

@@ -177,6 +177,9 @@ impl csi::node_server::Node for Csi {
                 if d.single_node_multi_writer {
                     capabilities.push(cap(Type::SingleNodeMultiWriter));
                 }
+                if d.volume_mount_group {
+                    capabilities.push(cap(Type::VolumeMountGroup));
+                }
                 Ok(csi::NodeGetCapabilitiesResponse { capabilities })
             })
             .await

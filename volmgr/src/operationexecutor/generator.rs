@@ -252,6 +252,7 @@ pub async fn mount_device(
     plugin_name: Arc<str>,
     volume: UniqueVolumeName,
     spec: Arc<VolumeSpec>,
+    fs_group: Option<i64>,
 ) -> Result<(), VolumeError> {
     let dm = plugin
         .device_mountable()
@@ -261,6 +262,7 @@ pub async fn mount_device(
         .mount_device(DeviceMountRequest {
             volume_name: volume.clone(),
             spec: Arc::clone(&spec),
+            fs_group,
         })
         .await;
     let size = plugin

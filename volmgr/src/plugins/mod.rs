@@ -152,6 +152,9 @@ pub struct DeviceMountRequest {
     pub volume_name: UniqueVolumeName,
     /// The volume (the spec of one of the pods that want it).
     pub spec: Arc<VolumeSpec>,
+    /// That pod's `fsGroup` (the kubelet's `DeviceMounterArgs.FsGroup`):
+    /// CSI drivers with `VOLUME_MOUNT_GROUP` get it at NodeStageVolume.
+    pub fs_group: Option<i64>,
 }
 
 /// What `unmount_device` needs.

@@ -132,6 +132,8 @@ enum Action {
         volume: UniqueVolumeName,
         plugin: Arc<str>,
         spec: Arc<VolumeSpec>,
+        /// The fsGroup of the pod whose spec is used.
+        fs_group: Option<i64>,
     },
     UnmountDevice {
         volume: UniqueVolumeName,
@@ -490,6 +492,7 @@ impl Reconciler {
                 volume: v.clone(),
                 plugin: Arc::clone(&dv.plugin_name),
                 spec: Arc::clone(&first.spec),
+                fs_group: first.fs_group,
             });
             return true;
         }
@@ -643,9 +646,15 @@ impl Reconciler {
                     generator::unmount_volume(world, plugin, volume.clone(), upod, mounted, subs);
                 self.prepare(&volume, pod, kind, label, body)
             }
-            Action::MountDevice { spec, .. } => {
-                let body =
-                    generator::mount_device(world, plugin, plugin_name, volume.clone(), spec);
+            Action::MountDevice { spec, fs_group, .. } => {
+                let body = generator::mount_device(
+                    world,
+                    plugin,
+                    plugin_name,
+                    volume.clone(),
+                    spec,
+                    fs_group,
+                );
                 self.prepare(&volume, None, kind, label, body)
             }
             Action::UnmountDevice { .. } => {

@@ -14,15 +14,15 @@ use crate::plugins::volume_ownership::set_volume_ownership;
 use crate::plugins::{MountRequest, VolumeError};
 use crate::volume::{CsiAccessMode, CsiFsGroupPolicy, CsiVolumeMode, CsiVolumeSource};
 
-/// `volume_mount_group` for NodePublishVolume: the fsGroup when the driver
-/// applies it itself, else empty.
+/// `volume_mount_group` for NodeStageVolume and NodePublishVolume: the
+/// pod's `fs_group` when the driver applies it itself, else empty.
 pub(super) fn mount_group(
-    req: &MountRequest,
+    fs_group: Option<i64>,
     src: &CsiVolumeSource,
     caps: NodeCapabilities,
 ) -> String {
     let policy_none = src.driver_info.fs_group_policy == CsiFsGroupPolicy::None;
-    match (req.fs_group, caps.volume_mount_group, src.volume_mode) {
+    match (fs_group, caps.volume_mount_group, src.volume_mode) {
         (Some(gid), true, CsiVolumeMode::Filesystem) if !policy_none => gid.to_string(),
         _ => String::new(),
     }
@@ -159,8 +159,8 @@ mod tests {
             volume_mount_group: true,
             ..Default::default()
         };
-        assert_eq!(mount_group(&req, &none, caps), "");
+        assert_eq!(mount_group(req.fs_group, &none, caps), "");
         let file = with(CsiFsGroupPolicy::File, false);
-        assert_eq!(mount_group(&req, &file, caps), "1000");
+        assert_eq!(mount_group(req.fs_group, &file, caps), "1000");
     }
 }

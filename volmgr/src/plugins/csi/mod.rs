@@ -503,7 +503,7 @@ impl VolumePlugin for CsiPlugin {
             volume_capability: Some(capability(
                 src,
                 caps,
-                fs_group::mount_group(&req, src, caps),
+                fs_group::mount_group(req.fs_group, src, caps),
                 self.selinux,
             )),
             readonly: src.read_only,

@@ -9,8 +9,8 @@ use super::errors::{classify, CsiOp};
 use super::layout::{handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
 use super::vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
 use super::{
-    capability, context, path_string, secrets, source, spec_vol_id, CsiPlugin, PLUGIN_NAME,
-    STAGED_FILE, VOL_DATA_FILE,
+    capability, context, fs_group, path_string, secrets, source, spec_vol_id, CsiPlugin,
+    PLUGIN_NAME, STAGED_FILE, VOL_DATA_FILE,
 };
 use crate::csi::proto::csi;
 use crate::plugins::{
@@ -59,7 +59,12 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
                 volume_id: src.volume_handle.clone(),
                 publish_context: super::publish_context(src),
                 staging_target_path: path_string(target.clone())?,
-                volume_capability: Some(capability(src, caps, String::new(), self.selinux)),
+                volume_capability: Some(capability(
+                    src,
+                    caps,
+                    fs_group::mount_group(req.fs_group, src, caps),
+                    self.selinux,
+                )),
                 secrets: secrets(&src.node_stage_secrets),
                 volume_context: context(src),
             };
