@@ -117,6 +117,18 @@ impl DriverRegistry {
         self.lock().active.get(name).and_then(|i| i.node.clone())
     }
 
+    /// Driver `name`'s node volume limit: its `NodeGetInfo`
+    /// `max_volumes_per_node` when above 0. `None` (no limit) for a driver
+    /// without that answer (`--csi-driver`) or with 0.
+    pub fn max_volumes_per_node(&self, name: &str) -> Option<u64> {
+        self.lock()
+            .active
+            .get(name)
+            .and_then(|i| i.node.as_ref())
+            .and_then(|n| u64::try_from(n.max_volumes_per_node).ok())
+            .filter(|&n| n > 0)
+    }
+
     /// Registers driver `name` at `endpoint` from the command line
     /// (`--csi-driver NAME=SOCKET`): a plugin registration of the same
     /// driver replaces it while it lasts, and when that goes away this

@@ -72,6 +72,10 @@ pub enum VolumeError {
     /// was cancelled).
     #[error("operation task failed: {0}")]
     TaskFailed(#[from] tokio::task::JoinError),
+    /// A CSI volume not yet in use on the node was refused: its driver's
+    /// `max_volumes_per_node` volumes are in use (retried with backoff).
+    #[error(transparent)]
+    VolumeLimit(#[from] csi::limits::VolumeLimitError),
     /// A record the manager keeps beside a volume could not be encoded.
     #[error("encoding a volume record: {0}")]
     Encode(#[source] serde_json::Error),

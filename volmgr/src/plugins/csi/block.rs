@@ -137,14 +137,16 @@ impl CsiPlugin {
         let outer = record
             .filter(|r| !r.is_empty())
             .unwrap_or_else(|| name.to_string_lossy().into_owned());
+        let spec = VolumeSpec {
+            name: outer,
+            source: VolumeSource::Csi(CsiVolumeSource {
+                pv_name: Some(pv.to_string()),
+                ..reconstructed_source(driver.clone(), handle.clone(), CsiVolumeMode::Block)
+            }),
+        };
+        self.adopt(pod, &spec);
         Ok(Some(ReconstructedVolume {
-            spec: VolumeSpec {
-                name: outer,
-                source: VolumeSource::Csi(CsiVolumeSource {
-                    pv_name: Some(pv.to_string()),
-                    ..reconstructed_source(driver.clone(), handle.clone(), CsiVolumeMode::Block)
-                }),
-            },
+            spec,
             path: self.abs(link),
             complete,
         }))

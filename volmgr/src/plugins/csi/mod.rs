@@ -33,6 +33,7 @@
 //! a staged volume is never staged again nor unstaged while a pod uses it.
 
 pub mod errors;
+pub mod limits;
 
 pub(in crate::plugins) mod block;
 mod fs_group;
@@ -62,6 +63,7 @@ use block::{link_block_device, remove_link_to};
 use errors::{classify, CsiOp};
 pub use layout::handle_hash;
 use layout::{publish_layout, stage_layout, PublishLayout};
+use limits::{Slot, VolumeLimits};
 use vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
 
 /// The plugin's name.
@@ -90,6 +92,9 @@ pub struct CsiPlugin {
     /// Whether the host has SELinux: only then are volumes mounted with
     /// their SELinux label (`context=`), as the kubelet does.
     selinux: bool,
+    /// The volumes of each driver in use on the node, against the drivers'
+    /// `max_volumes_per_node` (see [`limits`]).
+    limits: Arc<VolumeLimits>,
 }
 
 impl CsiPlugin {
@@ -107,6 +112,7 @@ impl CsiPlugin {
             mounter,
             tokens: None,
             republish_period: DEFAULT_REPUBLISH_PERIOD,
+            limits: VolumeLimits::new(),
             selinux: crate::sys::selinux::enabled(),
         }
     }
@@ -116,6 +122,34 @@ impl CsiPlugin {
     pub fn with_selinux(mut self, enabled: bool) -> Self {
         self.selinux = enabled;
         self
+    }
+
+    /// Takes `volume`'s place among `driver`'s volumes in use on the node,
+    /// before the call that starts its use; refused when the driver's
+    /// `max_volumes_per_node` are in use and it is not one of them.
+    fn reserve_slot(&self, driver: &str, volume: &UniqueVolumeName) -> Result<Slot, VolumeError> {
+        let limit = self.clients.registry().max_volumes_per_node(driver);
+        let slot = self
+            .limits
+            .reserve(driver, volume, limit)
+            .inspect_err(|e| {
+                tracing::warn!(%volume, error = %e, "CSI volume refused: node volume limit");
+            })?;
+        Ok(slot)
+    }
+
+    /// Counts the volume `spec` of `pod`, found at start-up, as in use.
+    fn adopt(&self, pod: &PodUid, spec: &VolumeSpec) {
+        if let Ok(src) = source(spec) {
+            self.limits
+                .adopt(&src.driver, &self.unique_volume_name(pod, spec));
+        }
+    }
+
+    /// How many volumes of `driver` are in use on the node (staged,
+    /// published, or being set up).
+    pub fn volumes_in_use(&self, driver: &str) -> usize {
+        self.limits.in_use(driver)
     }
 
     /// Gets the tokens of CSIDriver `tokenRequests` from `tokens`' source,
@@ -395,80 +429,9 @@ fn path_string(p: PathBuf) -> Result<String, VolumeError> {
         .map_err(|p| VolumeError::InvalidSpec(format!("path {p:?} is not UTF-8")))
 }
 
-#[async_trait::async_trait]
-impl VolumePlugin for CsiPlugin {
-    fn name(&self) -> &str {
-        PLUGIN_NAME
-    }
-
-    fn can_support(&self, source: &VolumeSource) -> bool {
-        matches!(source, VolumeSource::Csi(_))
-    }
-
-    /// PV volumes: `kubernetes.io/csi/<driver>^<volumeHandle>`, shared by
-    /// every pod using it; inline volumes: one per pod.
-    fn unique_volume_name(&self, pod: &PodUid, spec: &VolumeSpec) -> UniqueVolumeName {
-        match &spec.source {
-            VolumeSource::Csi(c) if !c.ephemeral => {
-                UniqueVolumeName::new(format!("{PLUGIN_NAME}/{}^{}", c.driver, c.volume_handle))
-            }
-            _ => UniqueVolumeName::per_pod(PLUGIN_NAME, pod, &spec.name),
-        }
-    }
-
-    /// The kubelet's `RequiresRemount` for CSI: a `requiresRepublish`
-    /// driver's volume whose period is up, or whose pod's ServiceAccount
-    /// was replaced (tokens bound to the old one are refused: publish
-    /// fresh ones now).
-    fn requires_remount(
-        &self,
-        volume: &UniqueVolumeName,
-        mounted: &VolumeSpec,
-        desired: &VolumeSpec,
-    ) -> bool {
-        let VolumeSource::Csi(c) = &desired.source else {
-            return false;
-        };
-        if !c.driver_info.requires_republish {
-            return false;
-        }
-        let account = |s: &VolumeSource| match s {
-            VolumeSource::Csi(c) => c
-                .driver_info
-                .token_pod
-                .as_ref()
-                .map(|t| t.service_account_uid.clone()),
-            _ => None,
-        };
-        account(&mounted.source) != account(&desired.source)
-            || self.tokens.as_ref().is_some_and(|t| t.is_due(volume))
-    }
-
-    fn metric_label(&self, spec: &VolumeSpec) -> Option<Arc<str>> {
-        source(spec)
-            .ok()
-            .map(|c| format!("{PLUGIN_NAME}:{}", c.driver).into())
-    }
-
-    fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
-        Some(self)
-    }
-
-    /// CSI volumes are attachable. The kubelet treats a CSI volume as
-    /// attachable unless the driver's CSIDriver object says
-    /// `attachRequired: false`; this answer is the plugin's, without a
-    /// spec, so every CSI volume counts (`attachRequired: false` removes
-    /// the wait for a VolumeAttachment, see `populator::csi_driver`).
-    fn is_attachable(&self) -> bool {
-        true
-    }
-
-    fn node_expandable(&self) -> Option<&dyn NodeExpandableVolumePlugin> {
-        Some(self)
-    }
-
-    /// NodePublishVolume (the kubelet's `csiMountMgr.SetUpAt`).
-    async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+impl CsiPlugin {
+    /// NodePublishVolume: the body of [`VolumePlugin::set_up`].
+    async fn publish(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
         let src = source(&req.spec)?;
         let layout = publish_layout(&req.pod_uid, &req.spec, src)?;
         let caps = self.capabilities(&src.driver).await?;
@@ -542,8 +505,8 @@ impl VolumePlugin for CsiPlugin {
         })
     }
 
-    /// NodeUnpublishVolume (the kubelet's `csiMountMgr.TearDownAt`).
-    async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
+    /// NodeUnpublishVolume.
+    async fn unpublish(&self, req: UnmountRequest) -> Result<(), VolumeError> {
         let src = source(&req.spec)?;
         let layout = publish_layout(&req.pod_uid, &req.spec, src)?;
         self.remove_file(&layout.marker)?;
@@ -569,6 +532,106 @@ impl VolumePlugin for CsiPlugin {
                 // Last: until now, it is how a restart finds the volume.
                 self.remove_file(link)?;
             }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl VolumePlugin for CsiPlugin {
+    fn name(&self) -> &str {
+        PLUGIN_NAME
+    }
+
+    fn can_support(&self, source: &VolumeSource) -> bool {
+        matches!(source, VolumeSource::Csi(_))
+    }
+
+    /// PV volumes: `kubernetes.io/csi/<driver>^<volumeHandle>`, shared by
+    /// every pod using it; inline volumes: one per pod.
+    fn unique_volume_name(&self, pod: &PodUid, spec: &VolumeSpec) -> UniqueVolumeName {
+        match &spec.source {
+            VolumeSource::Csi(c) if !c.ephemeral => {
+                UniqueVolumeName::new(format!("{PLUGIN_NAME}/{}^{}", c.driver, c.volume_handle))
+            }
+            _ => UniqueVolumeName::per_pod(PLUGIN_NAME, pod, &spec.name),
+        }
+    }
+
+    /// The kubelet's `RequiresRemount` for CSI: a `requiresRepublish`
+    /// driver's volume whose period is up, or whose pod's ServiceAccount
+    /// was replaced (tokens bound to the old one are refused: publish
+    /// fresh ones now).
+    fn requires_remount(
+        &self,
+        volume: &UniqueVolumeName,
+        mounted: &VolumeSpec,
+        desired: &VolumeSpec,
+    ) -> bool {
+        let VolumeSource::Csi(c) = &desired.source else {
+            return false;
+        };
+        if !c.driver_info.requires_republish {
+            return false;
+        }
+        let account = |s: &VolumeSource| match s {
+            VolumeSource::Csi(c) => c
+                .driver_info
+                .token_pod
+                .as_ref()
+                .map(|t| t.service_account_uid.clone()),
+            _ => None,
+        };
+        account(&mounted.source) != account(&desired.source)
+            || self.tokens.as_ref().is_some_and(|t| t.is_due(volume))
+    }
+
+    fn metric_label(&self, spec: &VolumeSpec) -> Option<Arc<str>> {
+        source(spec)
+            .ok()
+            .map(|c| format!("{PLUGIN_NAME}:{}", c.driver).into())
+    }
+
+    fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
+        Some(self)
+    }
+
+    /// CSI volumes are attachable. The kubelet treats a CSI volume as
+    /// attachable unless the driver's CSIDriver object says
+    /// `attachRequired: false`; this answer is the plugin's, without a
+    /// spec, so every CSI volume counts (`attachRequired: false` removes
+    /// the wait for a VolumeAttachment, see `populator::csi_driver`).
+    fn is_attachable(&self) -> bool {
+        true
+    }
+
+    fn node_expandable(&self) -> Option<&dyn NodeExpandableVolumePlugin> {
+        Some(self)
+    }
+
+    /// NodePublishVolume (the kubelet's `csiMountMgr.SetUpAt`). An inline
+    /// volume has no device phase: its publish starts its use of the node,
+    /// within the driver's volume limit.
+    async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+        let src = source(&req.spec)?;
+        if !src.ephemeral {
+            return self.publish(req).await;
+        }
+        let slot = self.reserve_slot(&src.driver, &req.volume_name)?;
+        let res = self.publish(req).await;
+        slot.settle(&res);
+        res
+    }
+
+    /// NodeUnpublishVolume (the kubelet's `csiMountMgr.TearDownAt`); an
+    /// inline volume is no longer in use on the node.
+    async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
+        let src = source(&req.spec)?;
+        let (driver, ephemeral) = (src.driver.clone(), src.ephemeral);
+        let volume = req.volume_name.clone();
+        self.unpublish(req).await?;
+        if ephemeral {
+            self.limits.release(&driver, &volume);
         }
         Ok(())
     }
@@ -613,7 +676,7 @@ impl VolumePlugin for CsiPlugin {
 
     /// A publish directory found at start-up: the spec from its
     /// `vol_data.json`; complete only with the published record and the
-    /// mount in the table.
+    /// mount in the table. Its volume is in use on the node.
     fn reconstruct(
         &self,
         pod: &PodUid,
@@ -652,11 +715,13 @@ impl VolumePlugin for CsiPlugin {
         let mount = dir.join("mount")?;
         let complete = self.root.exists(&dir.join(PUBLISHED_FILE)?)?
             && table.is_mount_point(&self.abs(&mount));
+        let spec = VolumeSpec {
+            name: outer,
+            source: VolumeSource::Csi(src),
+        };
+        self.adopt(pod, &spec);
         Ok(Some(ReconstructedVolume {
-            spec: VolumeSpec {
-                name: outer,
-                source: VolumeSource::Csi(src),
-            },
+            spec,
             path: self.abs(&mount),
             complete,
         }))

@@ -12,6 +12,7 @@ use super::{
     capability, context, fs_group, path_string, secrets, source, spec_vol_id, CsiPlugin,
     PLUGIN_NAME, STAGED_FILE, VOL_DATA_FILE,
 };
+use crate::csi::client::NodeCapabilities;
 use crate::csi::proto::csi;
 use crate::plugins::{
     DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, ReconstructedDevice,
@@ -36,9 +37,56 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
 
     /// NodeStageVolume (the kubelet's `csiAttacher.MountDevice`): writes
     /// `vol_data.json`, calls the driver when it stages, then records the
-    /// completed stage.
+    /// completed stage. The volume's use of the node starts here (also for
+    /// drivers that do not stage: this comes before its first
+    /// NodePublishVolume), within the driver's volume limit: its place is
+    /// taken before the call and given back if the call certainly failed.
     async fn mount_device(&self, req: DeviceMountRequest) -> Result<PathBuf, VolumeError> {
         let src = source(&req.spec)?;
+        let caps = self.capabilities(&src.driver).await?;
+        let slot = self.reserve_slot(&src.driver, &req.volume_name)?;
+        let res = self.stage(&req, src, caps).await;
+        slot.settle(&res);
+        res
+    }
+
+    /// NodeUnstageVolume (the kubelet's `csiAttacher.UnmountDevice`): drops
+    /// the staged record first, so a crash mid-call leaves it uncertain.
+    /// Done, the volume is no longer in use on the node.
+    async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError> {
+        let src = source(&req.spec)?;
+        self.unstage(&req, src).await?;
+        self.limits.release(&src.driver, &req.volume_name);
+        Ok(())
+    }
+
+    /// Every stage directory with a `vol_data.json`; complete when the
+    /// staged record is there. Their volumes, staged or maybe, are in use on
+    /// the node.
+    fn reconstruct_devices(
+        &self,
+        _table: &MountTable,
+        problems: &mut Vec<String>,
+    ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
+        let mut out = Vec::new();
+        for dir in self.stage_data_dirs()? {
+            if let Some(device) = self.reconstruct_device(&dir, problems)? {
+                out.push(device);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl CsiPlugin {
+    /// Writes `vol_data.json`, calls NodeStageVolume when the driver
+    /// stages (its capabilities `caps`), then records the completed stage.
+    async fn stage(
+        &self,
+        req: &DeviceMountRequest,
+        src: &CsiVolumeSource,
+        caps: NodeCapabilities,
+    ) -> Result<PathBuf, VolumeError> {
         let layout = stage_layout(&req.spec, src)?;
         let staged = layout.data_dir.join(STAGED_FILE)?;
         let mut data = BTreeMap::new();
@@ -48,7 +96,6 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         if src.volume_mode == CsiVolumeMode::Block {
             data.insert(key::VOLUME_MODE, "Block".into());
         }
-        let caps = self.capabilities(&src.driver).await?;
         let stages = caps.stage_unstage;
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
         // Staged before (NodeStage is idempotent): it may be mounted.
@@ -82,10 +129,13 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         Ok(target)
     }
 
-    /// NodeUnstageVolume (the kubelet's `csiAttacher.UnmountDevice`): drops
-    /// the staged record first, so a crash mid-call leaves it uncertain.
-    async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError> {
-        let src = source(&req.spec)?;
+    /// Drops the staged record, calls NodeUnstageVolume when the driver
+    /// stages, then removes the stage directory.
+    async fn unstage(
+        &self,
+        req: &DeviceUnmountRequest,
+        src: &CsiVolumeSource,
+    ) -> Result<(), VolumeError> {
         let layout = stage_layout(&req.spec, src)?;
         let stages = self.stages(&src.driver).await?;
         if let Some(t) = &self.tokens {
@@ -115,24 +165,6 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         Ok(())
     }
 
-    /// Every stage directory with a `vol_data.json`; complete when the
-    /// staged record is there.
-    fn reconstruct_devices(
-        &self,
-        _table: &MountTable,
-        problems: &mut Vec<String>,
-    ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
-        let mut out = Vec::new();
-        for dir in self.stage_data_dirs()? {
-            if let Some(device) = self.reconstruct_device(&dir, problems)? {
-                out.push(device);
-            }
-        }
-        Ok(out)
-    }
-}
-
-impl CsiPlugin {
     /// The directories that may hold a stage's `vol_data.json`: one per
     /// volume handle under each driver's directory, and each block PV's
     /// `data/`.
@@ -199,8 +231,10 @@ impl CsiPlugin {
         let spec = staged_spec(&data, driver, handle);
         let src = source(&spec)?;
         let target = self.abs(&stage_layout(&spec, src)?.target);
+        let volume_name = UniqueVolumeName::new(format!("{PLUGIN_NAME}/{driver}^{handle}"));
+        self.limits.adopt(driver, &volume_name);
         Ok(Some(ReconstructedDevice {
-            volume_name: UniqueVolumeName::new(format!("{PLUGIN_NAME}/{driver}^{handle}")),
+            volume_name,
             device_mount_path: target,
             complete: staged.is_some(),
             size_bytes: staged.and_then(|s| s.capacity_bytes),
