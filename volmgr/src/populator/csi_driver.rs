@@ -208,16 +208,36 @@ fn attachment_metadata(
     let status = va.status.as_ref();
     if let Some(e) = status
         .and_then(|s| s.attach_error.as_ref())
-        .and_then(|e| e.message.as_deref())
+        .filter(|e| e.message.is_some() || e.error_code.is_some())
     {
         return Err(VolumeSpecError::AttachFailed(format!(
-            "VolumeAttachment {name} (driver {}, volume {}, node {node}) failed to attach: {e}",
-            src.driver, src.volume_handle
+            "VolumeAttachment {name} (driver {}, volume {}, node {node}) failed to attach: {}",
+            src.driver,
+            src.volume_handle,
+            attach_error_text(e)
         )));
     }
     match status {
         Some(s) if s.attached => Ok(s.attachment_metadata.clone().unwrap_or_default()),
         _ => Err(waiting("to be attached")),
+    }
+}
+
+/// gRPC's `RESOURCE_EXHAUSTED`, as the external attacher puts a
+/// ControllerPublishVolume failure's code in `attachError.errorCode`.
+const RESOURCE_EXHAUSTED: i32 = 8;
+
+/// A VolumeAttachment's `attachError` as told to the pod: with
+/// `errorCode` `RESOURCE_EXHAUSTED` (the kubelet's
+/// `VerifyExhaustedResource`), the node's attach limit of the driver was
+/// exceeded, so the volume cannot attach here until another one detaches.
+fn attach_error_text(e: &k8s_openapi::api::storage::v1::VolumeError) -> String {
+    let message = e.message.as_deref().unwrap_or("no message");
+    match e.error_code {
+        Some(RESOURCE_EXHAUSTED) => {
+            format!("the node's attach limit for the driver was exceeded (ResourceExhausted): {message}")
+        }
+        _ => message.to_string(),
     }
 }
 
@@ -354,6 +374,18 @@ mod tests {
         let e = run(&mut source(false), &objects).unwrap_err();
         assert!(matches!(e, VolumeSpecError::AttachFailed(_)), "{e}");
         assert!(e.to_string().contains("in use by another instance"), "{e}");
+        assert!(!e.to_string().contains("attach limit"), "{e}");
+        // ResourceExhausted: the node's attach limit was exceeded.
+        let mut exhausted = va(false);
+        exhausted["status"]["attachError"] =
+            json!({"message": "max volumes attached", "errorCode": 8});
+        objects.insert(KubeObject::from_json(exhausted).unwrap());
+        let e = run(&mut source(false), &objects).unwrap_err();
+        assert!(matches!(e, VolumeSpecError::AttachFailed(_)), "{e}");
+        assert!(
+            e.to_string().ends_with("failed to attach: the node's attach limit for the driver was exceeded (ResourceExhausted): max volumes attached"),
+            "{e}"
+        );
         objects.insert(KubeObject::from_json(va(true)).unwrap());
         let mut s = source(false);
         run(&mut s, &objects).unwrap();
