@@ -161,6 +161,12 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
         (rows, sub_rows, arena)
     });
     rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    own(rows, sub_rows, arena)
+}
+
+/// The list of `rows` (sorted) and `sub_rows`, whose strings are in
+/// `arena`: the C structs, pointing into the arena and the subPath array.
+fn own(rows: Vec<(Vec<u8>, Row)>, sub_rows: Vec<SubRow>, arena: Vec<u8>) -> Box<Owned> {
     let mut owned = Box::new(Owned {
         list: volmgr_volume_list {
             volumes: std::ptr::null(),
