@@ -579,6 +579,7 @@ fn agent_restarts_keep_the_staging_reference_count() {
         assert_eq!(env.wait_pod("uid-b", 60.0), 0);
         let pb = publish_path(&env, "uid-b", "pv-1");
         std::fs::write(pb.join("keep"), b"b's data").unwrap();
+        driver.expect("NodePublishVolume", "vol-1", "OK", 2);
 
         // kill -9, pod a removed meanwhile: the restart tears a down but
         // keeps the volume staged for b, and stages nothing again.
@@ -590,6 +591,14 @@ fn agent_restarts_keep_the_staging_reference_count() {
         assert_eq!(env.wait_pod("uid-b", 60.0), 0);
         assert_eq!(driver.count("NodeUnstageVolume", "vol-1", "OK"), 0);
         driver.expect("NodeStageVolume", "vol-1", "OK", 1);
+        // (Seen once in many CI runs: a third publish. The agent's log of
+        // this run says which pod's volume was set up again.)
+        let publishes = driver.count("NodePublishVolume", "vol-1", "OK");
+        assert!(
+            publishes <= 2,
+            "{publishes} publishes of vol-1; agent log after the restart:\n{}",
+            agent.log()
+        );
         driver.expect("NodePublishVolume", "vol-1", "OK", 2);
         assert_eq!(std::fs::read(pb.join("keep")).unwrap(), b"b's data");
         assert_eq!(env.mount_count(&pb), 1);

@@ -260,5 +260,7 @@ fn bench_stats_collection_cpu() {
 
 /// Where the isolated benchmark leaves its result line.
 fn bench_report() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("volmgr-csi-stats-bench.txt")
+    // Under the temporary directory: the isolated child may write nowhere
+    // else on the host.
+    std::env::temp_dir().join("volmgr-csi-stats-bench.txt")
 }

@@ -214,11 +214,21 @@ impl Driver {
         wait_for(&format!("{n} {method} {volume} {code}"), || {
             self.count(method, volume, code) >= n
         });
-        assert_eq!(
-            self.count(method, volume, code),
-            n,
-            "{method} {volume} {code}"
-        );
+        let got = self.count(method, volume, code);
+        if got != n {
+            // Every call for the volume, to tell which one was extra.
+            let calls: Vec<String> = self
+                .calls()
+                .into_iter()
+                .filter(|c| c["volume_id"] == volume)
+                .map(|c| c.to_string())
+                .collect();
+            panic!(
+                "{got} calls of {method} {volume} {code}, expected {n}; the volume's calls:\n{}\n--- driver log\n{}",
+                calls.join("\n"),
+                self.log()
+            );
+        }
     }
 
     /// What the agent told the driver in NotifyRegistrationStatus.
