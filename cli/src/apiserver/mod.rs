@@ -9,6 +9,7 @@ pub mod events;
 #[cfg(test)]
 mod fake;
 pub mod node_status;
+mod object_update;
 pub mod pods;
 pub mod token;
 mod trust_bundles;

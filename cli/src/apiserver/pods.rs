@@ -46,25 +46,13 @@ use tokio::task::JoinHandle;
 
 use volmgr::populator::objects::{KubeObject, ObjectKind, ObjectRef};
 use volmgr::populator::{PodResolver, PodSink};
+
+use super::object_update::ObjectUpdate;
 use volmgr::volume::PodUid;
 
 /// How many watch events are applied under one hold of the reconciler's
 /// wake-ups (a burst of pods is one reconciler pass, not one per pod).
 const BATCH: usize = 256;
-
-/// What an object's watch found (or, for a kind followed whole, the
-/// kind's watch: `Listed`, then `Present` and `Deleted` per object).
-#[derive(Debug)]
-pub(super) enum ObjectUpdate {
-    /// The object as it is now.
-    Present(KubeObject),
-    /// The object does not exist (deleted, or not created yet).
-    Absent,
-    /// Every object of the kind, as (re)listed.
-    Listed(Vec<KubeObject>),
-    /// One object of the kind was deleted.
-    Deleted(ObjectRef),
-}
 
 /// A pod this source delivered.
 struct KnownPod {

@@ -16,7 +16,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use volmgr::populator::objects::{KubeObject, ObjectRef};
 
-use super::pods::ObjectUpdate;
+use super::object_update::ObjectUpdate;
 
 const GROUP: &str = "certificates.k8s.io";
 const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
