@@ -208,6 +208,8 @@ fn rbac_is_the_least_the_agent_needs() {
         &["csidrivers", "volumeattachments"],
         &read,
     );
+    // Projected clusterTrustBundle sources: one list and watch of the kind.
+    add("certificates.k8s.io", &["clustertrustbundles"], &read);
     assert_eq!(granted, want);
 
     let b = &m.binding;
