@@ -501,7 +501,9 @@ pub unsafe extern "C" fn volmgr_pod_delete(
 /// Adds or replaces an object pods' volumes refer to (`object_json`: a
 /// Kubernetes PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap,
 /// CSIDriver, VolumeAttachment, ServiceAccount (its UID is part of the
-/// pod's token requests: a replaced account gets fresh tokens at once), or
+/// pod's token requests: a replaced account gets fresh tokens at once),
+/// ClusterTrustBundle (`certificates.k8s.io` `v1`, `v1beta1` or
+/// `v1alpha1`: projected `clusterTrustBundle` sources), or
 /// this node's Node (named by the config's `node_name`: local PVs' node
 /// affinity is then checked against its labels), with its `kind`), as a
 /// kubelet fork's

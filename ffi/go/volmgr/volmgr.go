@@ -386,7 +386,8 @@ func (m *Manager) UpsertPod(podJSON []byte) error {
 
 // UpsertObject adds or replaces an object pods' volumes refer to
 // (PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap, CSIDriver,
-// VolumeAttachment, ServiceAccount or this node's Node JSON with its kind), as
+// VolumeAttachment, ServiceAccount, ClusterTrustBundle or this node's Node
+// JSON with its kind), as
 // the kubelet's informers deliver it: pods that read it are converted again.
 func (m *Manager) UpsertObject(objectJSON []byte) error {
 	return m.with(func(h *C.volmgr) error {
