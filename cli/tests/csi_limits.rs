@@ -13,7 +13,7 @@
 mod csi_driver;
 mod support;
 
-use csi_driver::Driver;
+use csi_driver::{wait_or_dump, Driver};
 use support::{isolated, Agent, Env};
 
 const DRIVER: &str = "limit.csi.volmgr.io";
@@ -59,29 +59,6 @@ fn mounted(env: &Env, name: &str) -> bool {
 
 fn refused(env: &Env, name: &str) -> bool {
     state(env, name).is_some_and(|(s, e)| s == "error" && e.as_deref() == Some(LIMIT_ERROR))
-}
-
-/// Waits for `cond` like `Env::wait_for`, showing status and both logs
-/// when it gives up.
-fn wait_or_dump(
-    env: &Env,
-    agent: &Agent,
-    driver: &Driver,
-    what: &str,
-    mut cond: impl FnMut() -> bool,
-) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !cond() {
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "gave up waiting for: {what}\n--- status\n{:#?}\n--- agent log\n{}\n--- driver log\n{}",
-                env.status(),
-                agent.log(),
-                driver.log()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 /// NodeStageVolume calls of the driver that succeeded, per volume handle.

@@ -21,7 +21,7 @@ mod support;
 
 use std::path::PathBuf;
 
-use csi_driver::Driver;
+use csi_driver::{wait_or_dump, Driver};
 use support::{isolated, pod_yaml, Env};
 
 const DRIVER: &str = "test.csi.volmgr.io";
@@ -253,29 +253,6 @@ kind: Secret
 metadata: {name: creds, namespace: test}
 stringData: {password: s3cr3t-value-never-shown}
 ";
-
-/// Waits for `cond` like `Env::wait_for`, showing status and both logs
-/// when it gives up.
-fn wait_or_dump(
-    env: &Env,
-    agent: &support::Agent,
-    driver: &Driver,
-    what: &str,
-    mut cond: impl FnMut() -> bool,
-) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !cond() {
-        if std::time::Instant::now() > deadline {
-            panic!(
-                "gave up waiting for: {what}\n--- status\n{:#?}\n--- agent log\n{}\n--- driver log\n{}",
-                env.status(),
-                agent.log(),
-                driver.log()
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
 
 fn volume_error(env: &Env) -> Option<String> {
     env.volume_state("uid-pvc", "data").and_then(|(_, _, e)| e)

@@ -269,3 +269,26 @@ impl Drop for Driver {
         }
     }
 }
+
+/// Waits (up to 60 s, a limit that only catches hangs) for `cond`, showing
+/// status and both logs when it gives up.
+pub fn wait_or_dump(
+    env: &Env,
+    agent: &crate::support::Agent,
+    driver: &Driver,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "gave up waiting for: {what}\n--- status\n{:#?}\n--- agent log\n{}\n--- driver log\n{}",
+                env.status(),
+                agent.log(),
+                driver.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
