@@ -691,6 +691,15 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
     );
 }
 
+/// PersistentVolume `pv-NAME` (volume `vol-NAME` of the test driver, 64Mi,
+/// access mode `mode`, `csi_extra` added to its `csi` fields) bound to
+/// claim `test/claim-NAME`, as one two-document manifest.
+fn pv_and_claim(name: &str, mode: &str, csi_extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-{name}}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [{mode}]\n  claimRef: {{namespace: test, name: claim-{name}}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-{name}{csi_extra}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-{name}, namespace: test}}\nspec: {{accessModes: [{mode}], volumeName: pv-{name}, resources: {{requests: {{storage: 64Mi}}}}}}\n"
+    )
+}
+
 /// ReadWriteOnce and ReadWriteOncePod PVs of a driver with a CSIDriver
 /// that has `seLinuxMount: true`, used by a pod with an SELinux level.
 fn write_access_mode_manifests(env: &Env) {
@@ -701,12 +710,7 @@ fn write_access_mode_manifests(env: &Env) {
         ),
     );
     for (name, mode) in [("rwo", "ReadWriteOnce"), ("rwop", "ReadWriteOncePod")] {
-        env.write_manifest(
-            &format!("{name}.yaml"),
-            &format!(
-                "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-{name}}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [{mode}]\n  claimRef: {{namespace: test, name: claim-{name}}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-{name}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-{name}, namespace: test}}\nspec: {{accessModes: [{mode}], volumeName: pv-{name}, resources: {{requests: {{storage: 64Mi}}}}}}\n"
-            ),
-        );
+        env.write_manifest(&format!("{name}.yaml"), &pv_and_claim(name, mode, ""));
     }
     env.write_manifest(
         "pod.yaml",
@@ -804,9 +808,7 @@ fn volume_mount_group_reaches_stage_and_publish_of_capable_drivers() {
                 let env = Env::new();
                 env.write_manifest(
                     "pv.yaml",
-                    &format!(
-                        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-mg}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [ReadWriteOnce]\n  claimRef: {{namespace: test, name: claim-mg}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-mg, fsType: ext4}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-mg, namespace: test}}\nspec: {{accessModes: [ReadWriteOnce], volumeName: pv-mg, resources: {{requests: {{storage: 64Mi}}}}}}\n"
-                    ),
+                    &pv_and_claim("mg", "ReadWriteOnce", ", fsType: ext4"),
                 );
                 env.write_manifest(
                     "pod.yaml",
