@@ -524,6 +524,9 @@ fn remove_stale(root: &RootDir, dir: &Target, keep: &[OsString]) -> Result<(), W
 }
 
 #[cfg(test)]
+mod kubelet_scenarios;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};

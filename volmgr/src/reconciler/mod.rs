@@ -23,6 +23,8 @@
 //! volumes that changed. A slow periodic [`resync`] re-reads the mount table
 //! as a safety net and makes a full pass.
 
+#[cfg(test)]
+mod kubelet_scenarios;
 pub mod reconstruct;
 pub mod resync;
 
