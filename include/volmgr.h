@@ -596,6 +596,36 @@ void volmgr_string_free(char *s);
 volmgr_status volmgr_register_plugin(volmgr *vm, const volmgr_plugin *vtable, void *userdata);
 
 /**
+ * The kubelet's `makeMounts` subPath step, to call when starting container
+ * `container` of pod `pod_uid`, after its volumes are mounted
+ * (`volmgr_wait_for_attach_and_mount`) and after the init containers
+ * before it ran: each of its `volumeMounts` with a `subPath` (or
+ * `subPathExpr`) is bind-mounted at
+ * `ROOT/pods/<uid>/volume-subpaths/<volume>/<container>/<index>` from the
+ * path inside the volume as it is now (a missing path is made a
+ * directory, as the kubelet does; a file an init container wrote is bound
+ * as that file). Volume set-up prepares no subPath for pods upserted
+ * through this ABI. Calling it again (a restarted container) keeps the
+ * binds already there. `*out_json` gets a JSON array of `{"volume",
+ * "container", "index", "sub_path", "path"}` (`path`: what the runtime
+ * binds into the container; `[]` for a container without subPaths), owned
+ * by the caller (`volmgr_string_free`); the volume lists' `sub_paths` show
+ * the prepared ones from then on. `VOLMGR_ERR_NOT_FOUND` for an unknown
+ * pod, `VOLMGR_ERR_BUSY` when a volume it mounts is not mounted,
+ * `VOLMGR_ERR_INTERNAL` when a subPath cannot be bound (a symlink leading
+ * out of the volume, ...: the kubelet's `CreateContainerConfigError`).
+ * Blocks while the binds are made, on a volmgr thread.
+ *
+ * # Safety
+ * `vm` live or NULL; `pod_uid` and `container` strings or NULL; `out_json`
+ * writable or NULL.
+ */
+volmgr_status volmgr_prepare_sub_paths(volmgr *vm,
+                                       const char *pod_uid,
+                                       const char *container,
+                                       char **out_json);
+
+/**
  * Sets the callback that gives projected `serviceAccountToken` sources
  * their tokens (see `volmgr_token_callback`). Set it before pods with such
  * volumes are upserted; without it, such a volume is an error saying no

@@ -636,3 +636,101 @@ fn agent_without_a_source_of_pods_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no source of pods"), "{err}");
 }
+
+/// How many `volume_mount` operations ran, of any outcome.
+fn set_ups(env: &Env) -> u64 {
+    env.status()
+        .operations
+        .iter()
+        .filter(|o| o.operation == "volume_mount")
+        .map(|o| o.count)
+        .sum()
+}
+
+/// The subPaths of `vol` of pod `uid` listed in status: `container/index`,
+/// sorted.
+fn listed_sub_paths(env: &Env, uid: &str, vol: &str) -> Vec<String> {
+    let s = env.status();
+    let mut out: Vec<String> = s
+        .pods
+        .iter()
+        .filter(|p| p.uid == uid)
+        .flat_map(|p| &p.volumes)
+        .filter(|v| v.name == vol)
+        .flat_map(|v| &v.sub_paths)
+        .map(|s| format!("{}/{}", s.container, s.index))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The init-container pattern: `render` (an init container, with a subPath
+/// of its own) writes `out/app.conf` into an emptyDir, and `app` mounts
+/// `subPath: out/app.conf`. While the pod's status shows `render` not
+/// terminated, only its subPath is bound and nothing is made where the file
+/// goes; once `render` terminated with exit code 0, `app`'s subPath is
+/// bound to the file, without the volume being set up again.
+#[test]
+fn api_sub_paths_wait_for_the_init_containers() {
+    isolated("api_sub_paths_wait_for_the_init_containers", || {
+        let c = Cluster::new();
+        let uid = "a9999999-0000-0000-0000-000000000009";
+        let pod = |init_state: Value| {
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "rendered", "namespace": "test", "uid": uid},
+                "spec": {"nodeName": NODE,
+                    "initContainers": [{"name": "render", "image": "i",
+                        "volumeMounts": [{"name": "conf", "mountPath": "/out", "subPath": "out"}]}],
+                    "containers": [{"name": "app", "image": "i",
+                        "volumeMounts": [{"name": "conf", "mountPath": "/etc/app.conf",
+                                          "subPath": "out/app.conf"}]}],
+                    "volumes": [{"name": "conf", "emptyDir": {}}]},
+                "status": {"phase": "Pending", "initContainerStatuses": [
+                    {"name": "render", "image": "i", "imageID": "", "ready": false,
+                     "restartCount": 0, "state": init_state}]}
+            })
+        };
+        c.api.apply(pod(
+            json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}),
+        ));
+        let agent = c.start_agent();
+        c.wait_mounted(uid, "conf");
+        c.env.wait_for("the init container's subPath bound", || {
+            listed_sub_paths(&c.env, uid, "conf") == ["render/0"]
+        });
+        let vol = c.env.empty_dir(uid, "conf");
+        let subs = c
+            .env
+            .root
+            .join("pods")
+            .join(uid)
+            .join("volume-subpaths/conf");
+        assert!(vol.join("out").is_dir());
+        assert!(
+            !vol.join("out/app.conf").exists(),
+            "made where the file goes"
+        );
+        assert_eq!(c.env.mount_count(&subs.join("app/0")), 0);
+        let before = set_ups(&c.env);
+
+        // The init container writes the file, then terminates with 0.
+        std::fs::write(subs.join("render/0/app.conf"), "rendered").unwrap();
+        c.api.apply(pod(
+            json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
+        ));
+        c.env.wait_for("the app's subPath bound", || {
+            listed_sub_paths(&c.env, uid, "conf") == ["app/0", "render/0"]
+        });
+        let bind = subs.join("app/0");
+        assert_eq!(c.env.mount_count(&bind), 1);
+        assert!(bind.is_file(), "a file bind");
+        assert_eq!(std::fs::read_to_string(&bind).unwrap(), "rendered");
+        assert_eq!(set_ups(&c.env), before, "the volume was set up again");
+
+        c.api.delete("Pod", "test", "rendered", false);
+        c.wait_gone(uid);
+        assert!(c.env.mounts().is_empty(), "{:?}", c.env.mounts());
+        assert!(agent.term());
+    });
+}

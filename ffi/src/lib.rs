@@ -13,12 +13,14 @@ mod boundary;
 pub mod error;
 pub mod manager;
 pub mod plugin;
+pub mod sub_paths;
 pub mod token;
 pub mod volume_list;
 
 pub use error::*;
 pub use manager::*;
 pub use plugin::*;
+pub use sub_paths::*;
 pub use token::*;
 pub use volume_list::*;
 

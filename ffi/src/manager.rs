@@ -11,7 +11,7 @@ use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
 use volmgr_core::populator::objects::{KubeObject, ObjectDecodeError, ObjectKind, ObjectRef};
-use volmgr_core::populator::PodResolver;
+use volmgr_core::populator::{PodResolver, SubPathTiming};
 use volmgr_core::sys::linux::LinuxMounter;
 use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
@@ -161,7 +161,10 @@ pub(crate) unsafe fn handle<'a>(vm: *const volmgr) -> Result<&'a volmgr, volmgr_
 /// plugin's function): blocking there would panic ("Cannot start a runtime
 /// from within a runtime") or deadlock, so the call is refused with
 /// `VOLMGR_ERR_BUSY` and a message saying why.
-fn block_on<F: std::future::Future>(h: &volmgr, f: F) -> Result<F::Output, volmgr_status> {
+pub(crate) fn block_on<F: std::future::Future>(
+    h: &volmgr,
+    f: F,
+) -> Result<F::Output, volmgr_status> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(fail(
             VOLMGR_ERR_BUSY,
@@ -264,6 +267,9 @@ pub unsafe extern "C" fn volmgr_new(
         // A Node object the caller upserts gives local PVs' node affinity
         // this node's labels.
         resolver.set_node_name(&cfg.node_name);
+        // The caller starts the containers: each one's subPaths are
+        // prepared when it asks (`volmgr_prepare_sub_paths`).
+        resolver.set_sub_path_timing(SubPathTiming::OnRequest);
         let resolver = Mutex::new(resolver);
         let h = Box::new(volmgr {
             rt,

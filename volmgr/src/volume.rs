@@ -129,6 +129,37 @@ pub struct SubPath {
     pub path: String,
 }
 
+/// Which containers' subPaths the reconciler prepares on its own once
+/// their volume is set up. The kubelet prepares a container's subPaths when
+/// that container starts (`makeMounts`), after the init containers before
+/// it ran; the others wait for `VolumeManager::prepare_sub_paths` (the C
+/// ABI's `volmgr_prepare_sub_paths`, called at container start).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SubPathRelease {
+    /// Every container's, right after the volume's set-up (a pod without
+    /// status to go by: the manifests directory).
+    #[default]
+    All,
+    /// Only these containers' (the API source: those whose init containers
+    /// before them have finished; the C ABI: none).
+    Containers(Arc<[String]>),
+}
+
+impl SubPathRelease {
+    /// No container's: all wait to be asked for.
+    pub fn none() -> Self {
+        Self::Containers(Arc::from(Vec::new()))
+    }
+
+    /// Whether `container`'s subPaths are prepared without being asked.
+    pub fn releases(&self, container: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Containers(c) => c.iter().any(|n| n == container),
+        }
+    }
+}
+
 /// The kubelet's `UniqueVolumeName`: the key of a volume in both worlds.
 /// For volumes that are not attachable it includes the pod
 /// (`kubernetes.io/empty-dir/<podUID>-<volume>`).

@@ -45,7 +45,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use volmgr::populator::objects::{KubeObject, ObjectKind, ObjectRef};
-use volmgr::populator::{PodResolver, PodSink};
+use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
 use super::object_update::ObjectUpdate;
 use volmgr::volume::PodUid;
@@ -89,6 +89,9 @@ impl ApiPodSource {
         let (updates_tx, updates_rx) = mpsc::channel(1024);
         let mut resolver = PodResolver::with_confirmation(Arc::clone(&sink));
         resolver.set_node_name(node);
+        // Containers start as the status says: each one's subPaths are
+        // prepared once the init containers before it are done.
+        resolver.set_sub_path_timing(SubPathTiming::FromStatus);
         Self {
             client,
             node: node.to_string(),
@@ -327,9 +330,11 @@ fn pod_key(pod: &Pod) -> String {
 
 /// The pod without what changes all the time and no volume depends on
 /// (status, resourceVersion, managed fields): two updates that differ only
-/// there convert to the same desired pod.
+/// there convert to the same desired pod. Of the status, only the init
+/// containers that are done stay: a container's subPaths are prepared once
+/// the init containers before it are ([`sub_path_status`]).
 fn for_conversion(mut pod: Pod) -> Pod {
-    pod.status = None;
+    pod.status = sub_path_status(&pod);
     pod.metadata.resource_version = None;
     pod.metadata.managed_fields = None;
     pod.metadata.generation = None;

@@ -525,6 +525,31 @@ func (m *Manager) ResizeEphemeralVolume(uid, volume string, newSizeBytes uint64)
 	})
 }
 
+// PreparedSubPath is one subPath bind mount PrepareSubPaths made (or found).
+type PreparedSubPath struct {
+	// Volume is the volume's name in the pod.
+	Volume string `json:"volume"`
+	SubPath
+}
+
+// PrepareSubPaths is the kubelet's makeMounts subPath step: call it when
+// starting the container, after its volumes are mounted and the init
+// containers before it ran. Each of the container's volumeMounts with a
+// subPath is bind-mounted from the path inside the volume as it is now (a
+// file an init container wrote is bound as that file; a missing path is made
+// a directory); volume set-up prepares none. Again (a restarted container)
+// keeps the binds there. ErrNotFound for an unknown pod, ErrBusy when a
+// volume it mounts is not mounted; an unsafe subPath is an Internal error.
+func (m *Manager) PrepareSubPaths(uid, container string) ([]PreparedSubPath, error) {
+	var v []PreparedSubPath
+	err := withString(container, func(c *C.char) error {
+		return m.podJSON(uid, &v, func(h *C.volmgr, u *C.char, r **C.char) C.volmgr_status {
+			return C.volmgr_prepare_sub_paths(h, u, c, r)
+		})
+	})
+	return v, err
+}
+
 // rawCall runs a call that returns a string and hands back its bytes.
 func (m *Manager) rawCall(f func(h *C.volmgr, res **C.char) C.volmgr_status) ([]byte, error) {
 	var raw []byte

@@ -435,13 +435,17 @@ func TestVolumeListMatchesJSON(t *testing.T) {
 	}
 }
 
-// A subPath mount shows in its volume's entry, with the bind mount the
-// runtime hands to the container, in both forms of the list.
+// A container's subPaths are prepared when it starts (PrepareSubPaths), not
+// at volume set-up: an init container first writes app.conf into the
+// emptyDir, then the app's subPath of it is bound as that file, and it shows
+// in its volume's entry, with the bind mount the runtime hands to the
+// container, in both forms of the list.
 func TestSubPathsInTheVolumeList(t *testing.T) {
 	m, root, _ := newManager(t)
 	pod := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"sp","namespace":"go","uid":"sub-1"},
-		"spec":{"containers":[{"name":"c","volumeMounts":[{"name":"work","mountPath":"/w"},
-		{"name":"work","mountPath":"/logs","subPath":"logs"}]}],
+		"spec":{"initContainers":[{"name":"render","volumeMounts":[{"name":"work","mountPath":"/out"}]}],
+		"containers":[{"name":"c","volumeMounts":[{"name":"work","mountPath":"/w"},
+		{"name":"work","mountPath":"/etc/app.conf","subPath":"app.conf"}]}],
 		"volumes":[{"name":"work","emptyDir":{}}]}}`)
 	if err := m.UpsertPod(pod); err != nil {
 		t.Fatal(err)
@@ -449,23 +453,44 @@ func TestSubPathsInTheVolumeList(t *testing.T) {
 	if err := m.WaitForAttachAndMount(context.Background(), "sub-1"); err != nil {
 		t.Fatal(err)
 	}
-	want := SubPath{Container: "c", Index: 1, SubPath: "logs",
-		Path: root + "/pods/sub-1/volume-subpaths/work/c/1"}
-	var got []MountedVolume
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var err error
-		if got, err = m.GetMountedVolumesForPod("sub-1"); err != nil {
-			t.Fatal(err)
-		}
-		if len(got) == 1 && len(got[0].SubPaths) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no subPath in %+v", got)
-		}
+	got, err := m.GetMountedVolumesForPod("sub-1")
+	if err != nil || len(got) != 1 || len(got[0].SubPaths) != 0 {
+		t.Fatalf("before the container starts: %+v %v", got, err)
 	}
-	if got[0].SubPaths[0] != want {
-		t.Fatalf("subPath %+v, want %+v", got[0].SubPaths[0], want)
+	conf := root + "/pods/sub-1/volumes/kubernetes.io~empty-dir/work/app.conf"
+	if _, err := os.Lstat(conf); !os.IsNotExist(err) {
+		t.Fatalf("set-up made %s: %v", conf, err)
+	}
+	// The init container renders the file.
+	if err := os.WriteFile(conf, []byte("rendered"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := SubPath{Container: "c", Index: 1, SubPath: "app.conf",
+		Path: root + "/pods/sub-1/volume-subpaths/work/c/1"}
+	prepared, err := m.PrepareSubPaths("sub-1", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(prepared) != 1 || prepared[0].Volume != "work" || prepared[0].SubPath != want {
+		t.Fatalf("prepared %+v, want %+v", prepared, want)
+	}
+	if b, err := os.ReadFile(want.Path); err != nil || string(b) != "rendered" {
+		t.Fatalf("the bind shows %q, %v", b, err)
+	}
+	if again, err := m.PrepareSubPaths("sub-1", "c"); err != nil || len(again) != 1 {
+		t.Fatalf("again: %+v %v", again, err)
+	}
+	if none, err := m.PrepareSubPaths("sub-1", "render"); err != nil || len(none) != 0 {
+		t.Fatalf("a container without subPaths: %+v %v", none, err)
+	}
+	if _, err := m.PrepareSubPaths("nope", "c"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown pod: %v", err)
+	}
+	if got, err = m.GetMountedVolumesForPod("sub-1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || len(got[0].SubPaths) != 1 || got[0].SubPaths[0] != want {
+		t.Fatalf("list %+v, want subPath %+v", got, want)
 	}
 	b, err := m.volumeListJSON("sub-1")
 	if err != nil {

@@ -77,6 +77,9 @@ pub struct AttachedVolume {
     pub pods: PodMap<MountedPod>,
     /// The pods whose mount of it carries foreign mounts to remove.
     pub foreign_mounts: PodMap<ForeignMounts>,
+    /// Per pod, the subPath bind mounts prepared for its containers
+    /// (`(container, index)` of the `volumeMount`).
+    pub sub_paths: PodMap<Vec<(String, usize)>>,
 }
 
 /// A row of [`ActualStateOfWorld::mounted_volumes_for_pod`].
@@ -118,6 +121,7 @@ impl ActualStateOfWorld {
                 size_bytes: None,
                 pods: PodMap::default(),
                 foreign_mounts: PodMap::default(),
+                sub_paths: PodMap::default(),
             });
     }
 
@@ -162,6 +166,7 @@ impl ActualStateOfWorld {
     pub fn mark_volume_as_unmounted(&mut self, volume: &UniqueVolumeName, pod: &PodUid) -> bool {
         let removed = self.volumes.get_mut(volume).is_some_and(|v| {
             v.foreign_mounts.remove(pod);
+            v.sub_paths.remove(pod);
             v.pods.remove(pod).is_some()
         });
         if let Some(set) = self.by_pod.get_mut(pod) {
@@ -211,6 +216,54 @@ impl ActualStateOfWorld {
                 v.foreign_mounts.remove(pod);
             }
         }
+    }
+
+    /// Records subPath bind mounts prepared on `pod`'s mount of `volume`
+    /// (kept only while that mount is recorded). Returns whether any is new.
+    pub fn mark_sub_paths_prepared<'a>(
+        &mut self,
+        volume: &UniqueVolumeName,
+        pod: &PodUid,
+        subs: impl IntoIterator<Item = (&'a str, usize)>,
+    ) -> bool {
+        let Some(v) = self.volumes.get_mut(volume) else {
+            return false;
+        };
+        if !v.pods.contains_key(pod) {
+            return false;
+        }
+        let list = v.sub_paths.get_or_insert_with(pod, Vec::new);
+        let mut added = false;
+        for (c, i) in subs {
+            if !list.iter().any(|(pc, pi)| pc == c && *pi == i) {
+                list.push((c.to_string(), i));
+                added = true;
+            }
+        }
+        added
+    }
+
+    /// Forgets the subPath bind mounts of `pod`'s mount of `volume` (they
+    /// were cleaned before its tear-down).
+    pub fn forget_sub_paths(&mut self, volume: &UniqueVolumeName, pod: &PodUid) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.sub_paths.remove(pod);
+        }
+    }
+
+    /// Whether the subPath of `container`'s `volumeMount` `index` is
+    /// prepared on `pod`'s mount of `volume`.
+    pub fn sub_path_prepared(
+        &self,
+        volume: &UniqueVolumeName,
+        pod: &PodUid,
+        container: &str,
+        index: usize,
+    ) -> bool {
+        self.volumes
+            .get(volume)
+            .and_then(|v| v.sub_paths.get(pod))
+            .is_some_and(|l| l.iter().any(|(c, i)| c == container && *i == index))
     }
 
     /// Whether `pod` has any volume mounted (or uncertain).

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{FastMap, FastSet, PodUid, SubPath, UniqueVolumeName, VolumeSpec};
+use crate::volume::{
+    FastMap, FastSet, PodUid, SubPath, SubPathRelease, UniqueVolumeName, VolumeSpec,
+};
 
 /// A pod that needs a volume, with what the mount needs to know.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,8 +24,11 @@ pub struct PodToMount {
     /// SELinux label.
     pub selinux_label: Option<Arc<str>>,
     /// The containers' subPath uses of the volume, bind-mounted after its
-    /// set-up.
+    /// set-up for the containers `sub_path_release` names, for the others
+    /// when asked (at container start).
     pub sub_paths: Vec<SubPath>,
+    /// Whose subPaths the reconciler prepares on its own.
+    pub sub_path_release: SubPathRelease,
 }
 
 /// Why an attachable volume waits, when the manager sets such volumes up
@@ -272,6 +277,7 @@ mod tests {
                     fs_group_change_policy: Default::default(),
                     selinux_label: None,
                     sub_paths: vec![],
+                    sub_path_release: SubPathRelease::All,
                 },
             ));
         }

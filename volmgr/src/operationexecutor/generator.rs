@@ -26,18 +26,40 @@ use crate::volume::VolumeSpec;
 use crate::volume::{PodUid, SubPath, UniqueVolumeName};
 
 /// The subPath bind mounts of a pod's volume
-/// ([`subpath`](crate::plugins::subpath)): made after its set-up, removed
-/// before its tear-down.
+/// ([`subpath`](crate::plugins::subpath)): made after its set-up for the
+/// containers that may start, later for the others, removed before its
+/// tear-down.
 pub struct SubPathMounts {
     /// ROOT.
     pub root: Arc<RootDir>,
     /// The mounter.
     pub mounter: Arc<dyn Mounter>,
-    /// The containers' uses (empty for a tear-down: what is on disk goes).
+    /// The containers' uses to bind (empty for a tear-down: what is on
+    /// disk goes).
     pub subs: Vec<SubPath>,
 }
 
-/// `MountVolume`: set the volume up for the pod, then its subPaths.
+impl SubPathMounts {
+    /// `(container, index)` of each use.
+    fn keys(&self) -> Vec<(String, usize)> {
+        self.subs
+            .iter()
+            .map(|s| (s.container.clone(), s.index))
+            .collect()
+    }
+}
+
+/// Records `keys` prepared on `pod`'s mount of `volume`.
+fn mark_prepared(world: &World, volume: &UniqueVolumeName, pod: &PodUid, keys: &[(String, usize)]) {
+    if keys.is_empty() {
+        return;
+    }
+    let subs = keys.iter().map(|(c, i)| (c.as_str(), *i));
+    world.asw_mut().mark_sub_paths_prepared(volume, pod, subs);
+}
+
+/// `MountVolume`: set the volume up for the pod, then the subPaths of the
+/// containers that may start (`subs`).
 /// Success records it mounted; an uncertain failure records it uncertain
 /// (so it is set up again, or torn down if no longer wanted), and so does a
 /// failure of the subPaths (the volume is set up: its path is recorded); a
@@ -63,6 +85,7 @@ pub async fn mount_volume(
         // looked: nothing to do now, the next pass mounts the device first.
         return Ok(());
     }
+    let keys = subs.keys();
     let (res, set_up) = match plugin.set_up(req).await {
         Ok(path) if subs.subs.is_empty() => (Ok(path.clone()), Some(path)),
         Ok(path) => {
@@ -86,6 +109,9 @@ pub async fn mount_volume(
         &spec,
         mount_id,
     );
+    if res.is_ok() {
+        mark_prepared(&world, &volume, &pod, &keys);
+    }
     let (kind, path) = match &res {
         Ok(p) => (VolumeEventKind::Mounted, Some(p.clone())),
         Err(_) => (VolumeEventKind::Failed, None),
@@ -126,6 +152,32 @@ async fn bind_sub_paths(
     .await
     .map_err(VolumeError::from)
     .and_then(|r| r)
+}
+
+/// `PrepareSubPaths`: bind-mounts the subPaths of containers that may start
+/// since `pod`'s volume was set up (`mounted`), as the kubelet's
+/// `makeMounts` does when they start (an init container may have written
+/// the file one mounts). The volume stays mounted; a failure is retried
+/// with backoff and shows as the volume's error.
+pub async fn prepare_sub_paths(
+    world: Arc<World>,
+    volume: UniqueVolumeName,
+    pod: PodUid,
+    mounted: MountedPod,
+    subs: SubPathMounts,
+) -> Result<(), VolumeError> {
+    let keys = subs.keys();
+    let outer = mounted.outer_volume_spec_name.clone();
+    match bind_sub_paths(subs, pod.clone(), outer, mounted.path).await {
+        Ok(_) => {
+            mark_prepared(&world, &volume, &pod, &keys);
+            Ok(())
+        }
+        Err(e) => {
+            tracing::warn!(%pod, %volume, error = %e, "subPaths not prepared");
+            Err(e)
+        }
+    }
 }
 
 /// Records the outcome of a set-up (see [`mount_volume`]); `set_up` is the
@@ -199,6 +251,7 @@ pub async fn unmount_volume(
     .and_then(|r| r);
     let res = match cleaned {
         Ok(()) => {
+            world.asw_mut().forget_sub_paths(&volume, &pod);
             plugin
                 .tear_down(UnmountRequest {
                     pod_uid: pod.clone(),

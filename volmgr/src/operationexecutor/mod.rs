@@ -74,6 +74,10 @@ pub enum OperationKind {
     /// Unmount what someone else mounted on a volume's path (found by the
     /// tracer, started by the reconciler).
     RemoveForeignMounts,
+    /// Bind-mount the subPaths of containers that may start now, on a
+    /// volume already set up (the kubelet's `makeMounts` at container
+    /// start).
+    PrepareSubPaths,
 }
 
 impl OperationKind {
@@ -87,6 +91,7 @@ impl OperationKind {
             Self::UnmountDevice => "unmount_device",
             Self::ExpandVolume => "volume_fs_resize",
             Self::RemoveForeignMounts => "remove_foreign_mounts",
+            Self::PrepareSubPaths => "prepare_sub_paths",
         }
     }
 }

@@ -161,6 +161,7 @@ impl Populator {
                     fs_group_change_policy: pod.fs_group_change_policy,
                     selinux_label: selinux.clone(),
                     sub_paths: v.sub_paths,
+                    sub_path_release: pod.sub_path_release.clone(),
                 };
                 mounts.push((name, plugin_name, to_mount));
             }

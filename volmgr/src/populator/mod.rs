@@ -27,6 +27,7 @@ pub mod yaml_depth;
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 pub use resolver::PodResolver;
 pub use shared_sink::share_sink;
+pub use sub_paths::{sub_path_release, sub_path_status, SubPathTiming};
 
 use crate::cache::world::WakeHold;
 use crate::volume::PodUid;

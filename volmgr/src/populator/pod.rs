@@ -20,7 +20,7 @@ pub use super::resolve::{ObjectLookup, VolumeSpecError};
 use crate::quantity;
 use crate::volume::{
     check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, HostPathType, PodUid,
-    StorageMedium, SubPath, VolumeSource,
+    StorageMedium, SubPath, SubPathRelease, VolumeSource,
 };
 
 /// A pod rejected as a whole (it never gets any volume).
@@ -72,6 +72,9 @@ pub struct DesiredPod {
     /// The pod has terminated (`status.phase` Succeeded or Failed): its volumes
     /// are no longer needed.
     pub terminated: bool,
+    /// Whose subPaths are prepared without being asked: everyone's after
+    /// conversion; a source may narrow it ([`SubPathTiming`](super::SubPathTiming)).
+    pub sub_path_release: SubPathRelease,
 }
 
 impl DesiredPod {
@@ -152,6 +155,7 @@ impl DesiredPod {
             selinux_label,
             volumes,
             terminated,
+            sub_path_release: SubPathRelease::All,
         })
     }
 }

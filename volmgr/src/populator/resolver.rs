@@ -14,7 +14,7 @@ use crate::populator::objects::{
     Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore, RecordingLookup,
 };
 use crate::populator::pod::{DesiredPod, PodRejected};
-use crate::populator::PodSink;
+use crate::populator::{PodSink, SubPathTiming};
 use crate::volume::{PodUid, VolumeSource};
 
 /// A pod as written and the objects its conversion read.
@@ -44,6 +44,8 @@ pub struct PodResolver {
     /// Pods held back for unconfirmed objects, by the status key their
     /// wait shows under.
     held: HashMap<PodUid, String>,
+    /// When the pods' subPaths are prepared.
+    sub_path_timing: SubPathTiming,
 }
 
 impl PodResolver {
@@ -58,6 +60,7 @@ impl PodResolver {
             stale: HashMap::new(),
             confirmed: None,
             held: HashMap::new(),
+            sub_path_timing: SubPathTiming::AtSetUp,
         }
     }
 
@@ -182,6 +185,12 @@ impl PodResolver {
         self.store.set_node_name(name);
     }
 
+    /// When the pods' subPaths are prepared from now on (right after set-up
+    /// unless set).
+    pub fn set_sub_path_timing(&mut self, timing: SubPathTiming) {
+        self.sub_path_timing = timing;
+    }
+
     /// The objects known.
     pub fn objects(&self) -> &ObjectStore {
         &self.store
@@ -245,7 +254,9 @@ impl PodResolver {
             self.release(&pod.uid);
             (pod, Some((raw, deps)))
         } else {
-            (DesiredPod::from_pod(&raw)?, None)
+            let mut pod = DesiredPod::from_pod(&raw)?;
+            pod.sub_path_release = self.sub_path_timing.release(&raw);
+            (pod, None)
         };
         let uid = pod.uid.clone();
         let pod = self.admit(pod, resolvable);
@@ -281,7 +292,8 @@ impl PodResolver {
     /// Converts a pod that reads other objects, recording which.
     pub fn resolve(&self, raw: &Pod) -> Result<(DesiredPod, BTreeSet<ObjectRef>), PodRejected> {
         let rec = RecordingLookup::new(&self.store);
-        let pod = DesiredPod::from_pod_with(raw, Some(&rec))?;
+        let mut pod = DesiredPod::from_pod_with(raw, Some(&rec))?;
+        pod.sub_path_release = self.sub_path_timing.release(raw);
         Ok((pod, rec.into_dependencies()))
     }
 

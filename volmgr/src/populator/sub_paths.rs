@@ -11,14 +11,119 @@
 //! the downward API `fieldRef`s an env var may use. Variables from
 //! ConfigMaps, Secrets, resources or `envFrom` have no value here, so a
 //! `subPathExpr` using them is an error of that volume.
+//!
+//! When they are prepared ([`SubPathTiming`]): the kubelet prepares a
+//! container's subPaths when the container starts (`makeMounts`), so an
+//! init container may first write the file a later container mounts by
+//! subPath. A source says when its pods' containers start:
+//! [`sub_path_release`] reads it from the pod's status.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{EnvVar, Pod, VolumeMount};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, EnvVar, Pod,
+    PodStatus, VolumeMount,
+};
 
 use crate::plugins::subpath::check_sub_path;
 use crate::util::expansion::{expand, mapping_for};
-use crate::volume::{check_volume_name, PodUid, SubPath};
+use crate::volume::{check_volume_name, PodUid, SubPath, SubPathRelease};
+
+/// When a source's pods get their containers' subPaths bind-mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SubPathTiming {
+    /// Right after each volume's set-up, for every container (the
+    /// manifests directory: no status says when a container starts).
+    #[default]
+    AtSetUp,
+    /// From the pod's status ([`sub_path_release`]): the API source.
+    FromStatus,
+    /// Only when asked, at container start (`volmgr_prepare_sub_paths`):
+    /// the C ABI, whose caller starts the containers.
+    OnRequest,
+}
+
+impl SubPathTiming {
+    /// Whose subPaths are prepared without being asked, for `pod`.
+    pub fn release(self, pod: &Pod) -> SubPathRelease {
+        match self {
+            Self::AtSetUp => SubPathRelease::All,
+            Self::FromStatus => sub_path_release(pod),
+            Self::OnRequest => SubPathRelease::none(),
+        }
+    }
+}
+
+/// The containers that may start by `pod`'s status, as the kubelet starts
+/// them: init container `i` once every init container before it is done,
+/// the containers (and ephemeral containers) once all are. Done is
+/// terminated with exit code 0, or for a sidecar (an init container with
+/// `restartPolicy: Always`) started or running.
+pub fn sub_path_release(pod: &Pod) -> SubPathRelease {
+    let Some(spec) = pod.spec.as_ref() else {
+        return SubPathRelease::All;
+    };
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_deref())
+        .unwrap_or_default();
+    let mut released = Vec::new();
+    for c in spec.init_containers.iter().flatten() {
+        released.push(c.name.clone());
+        let sidecar = c.restart_policy.as_deref() == Some("Always");
+        let done = statuses
+            .iter()
+            .find(|s| s.name == c.name)
+            .is_some_and(|s| init_container_done(s, sidecar));
+        if !done {
+            return SubPathRelease::Containers(Arc::from(released));
+        }
+    }
+    SubPathRelease::All
+}
+
+fn init_container_done(s: &ContainerStatus, sidecar: bool) -> bool {
+    let state = s.state.as_ref();
+    if sidecar {
+        s.started == Some(true) || state.is_some_and(|st| st.running.is_some())
+    } else {
+        state
+            .and_then(|st| st.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)
+    }
+}
+
+/// The part of `pod`'s status [`sub_path_release`] reads, reduced to the
+/// init containers that are done (None when none is): a source that skips
+/// updates changing nothing a volume depends on keeps this much of the
+/// status, so only a container becoming done is an update.
+pub fn sub_path_status(pod: &Pod) -> Option<PodStatus> {
+    let statuses = pod.status.as_ref()?.init_container_statuses.as_ref()?;
+    let inits = pod.spec.as_ref()?.init_containers.as_ref()?;
+    let done: Vec<ContainerStatus> = statuses
+        .iter()
+        .filter_map(|s| {
+            let c = inits.iter().find(|c| c.name == s.name)?;
+            let sidecar = c.restart_policy.as_deref() == Some("Always");
+            init_container_done(s, sidecar).then(|| ContainerStatus {
+                name: s.name.clone(),
+                started: sidecar.then_some(true),
+                state: Some(ContainerState {
+                    running: sidecar.then(ContainerStateRunning::default),
+                    terminated: (!sidecar).then(ContainerStateTerminated::default),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            })
+        })
+        .collect();
+    (!done.is_empty()).then(|| PodStatus {
+        init_container_statuses: Some(done),
+        ..PodStatus::default()
+    })
+}
 
 /// Per volume name: its uses with a subPath, or why one cannot be used.
 pub(super) type SubPathUses = HashMap<String, Result<Vec<SubPath>, String>>;
@@ -258,6 +363,88 @@ mod tests {
             );
             assert!(uses["other"].is_ok(), "another volume is not affected");
         }
+    }
+
+    fn staged(statuses: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {
+                "initContainers": [
+                    {"name": "a", "image": "i"},
+                    {"name": "side", "image": "i", "restartPolicy": "Always"},
+                    {"name": "b", "image": "i"}
+                ],
+                "containers": [{"name": "app", "image": "i"}]
+            },
+            "status": {"phase": "Pending", "initContainerStatuses": statuses}
+        }))
+        .unwrap()
+    }
+
+    fn st(name: &str, state: serde_json::Value) -> serde_json::Value {
+        json!({"name": name, "image": "i", "imageID": "", "ready": false,
+               "restartCount": 0, "state": state})
+    }
+
+    /// As the kubelet starts containers: each init container once those
+    /// before it are done (exit code 0; a sidecar started), the rest once
+    /// all are; the reduced status keeps exactly what decides it.
+    #[test]
+    fn containers_are_released_as_init_containers_finish() {
+        let names = |r: SubPathRelease| match r {
+            SubPathRelease::All => vec!["*".to_string()],
+            SubPathRelease::Containers(c) => c.to_vec(),
+        };
+        let ok = json!({"terminated": {"exitCode": 0}});
+        let failed = json!({"terminated": {"exitCode": 1}});
+        let running = json!({"running": {}});
+        for (statuses, want) in [
+            (json!([]), vec!["a"]),
+            (json!([st("a", running.clone())]), vec!["a"]),
+            (json!([st("a", failed)]), vec!["a"]),
+            (json!([st("a", ok.clone())]), vec!["a", "side"]),
+            (
+                json!([st("a", ok.clone()), st("side", running.clone())]),
+                vec!["a", "side", "b"],
+            ),
+            (
+                json!([
+                    st("a", ok.clone()),
+                    st("side", running.clone()),
+                    st("b", ok.clone())
+                ]),
+                vec!["*"],
+            ),
+        ] {
+            let pod = staged(statuses.clone());
+            assert_eq!(names(sub_path_release(&pod)), want, "{statuses}");
+            // The reduced status decides the same.
+            let mut reduced = pod.clone();
+            reduced.status = sub_path_status(&pod);
+            assert_eq!(names(sub_path_release(&reduced)), want, "{statuses}");
+        }
+        // A pod without init containers: everyone's at once.
+        let plain: Pod = serde_json::from_value(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}),
+        )
+        .unwrap();
+        assert_eq!(sub_path_release(&plain), SubPathRelease::All);
+        // Only a container becoming done changes the reduced status.
+        let waiting = staged(json!([st(
+            "a",
+            json!({"waiting": {"reason": "PodInitializing"}})
+        )]));
+        let started = staged(json!([st("a", running)]));
+        assert_eq!(sub_path_status(&waiting), None);
+        assert_eq!(sub_path_status(&waiting), sub_path_status(&started));
+        assert_ne!(
+            sub_path_status(&started),
+            sub_path_status(&staged(json!([st("a", ok)])))
+        );
+        assert_eq!(
+            SubPathTiming::OnRequest.release(&plain),
+            SubPathRelease::none()
+        );
     }
 
     /// The kubelet's checks: absolute, `..` (also after expansion), both

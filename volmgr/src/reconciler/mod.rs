@@ -53,7 +53,7 @@ pub struct AttachWait {
     /// (`mark_volumes_attached`).
     pub volumes_attached: bool,
 }
-use crate::cache::desired_state_of_world::{DesiredStateOfWorld, VolumeToMount};
+use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodToMount, VolumeToMount};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
 use crate::operationexecutor::generator::{self, ForeignMountRemoval, SubPathMounts};
@@ -130,6 +130,13 @@ enum Action {
         req: MountRequest,
         sub_paths: Vec<SubPath>,
     },
+    PrepareSubPaths {
+        volume: UniqueVolumeName,
+        pod: PodUid,
+        plugin: Arc<str>,
+        mounted: MountedPod,
+        sub_paths: Vec<SubPath>,
+    },
     MountDevice {
         volume: UniqueVolumeName,
         plugin: Arc<str>,
@@ -172,6 +179,12 @@ impl Action {
                 plugin,
                 ..
             } => (volume, Some(pod), plugin, OperationKind::MountVolume),
+            Self::PrepareSubPaths {
+                volume,
+                pod,
+                plugin,
+                ..
+            } => (volume, Some(pod), plugin, OperationKind::PrepareSubPaths),
             Self::Unmount {
                 volume,
                 pod,
@@ -193,9 +206,9 @@ impl Action {
     /// The spec that names the operation in metrics.
     fn spec(&self) -> Option<&VolumeSpec> {
         match self {
-            Self::RemoveForeignMounts { mounted, .. } | Self::Unmount { mounted, .. } => {
-                Some(&mounted.spec)
-            }
+            Self::RemoveForeignMounts { mounted, .. }
+            | Self::Unmount { mounted, .. }
+            | Self::PrepareSubPaths { mounted, .. } => Some(&mounted.spec),
             Self::Mount { req, .. } => Some(&req.spec),
             Self::MountDevice { spec, .. } | Self::Expand { spec, .. } => Some(spec),
             Self::UnmountDevice { spec, .. } => spec.as_deref(),
@@ -416,31 +429,65 @@ impl Reconciler {
                 continue;
             }
             for (pod, p) in &dv.pods {
-                let needs = match asw.pod_mount(v, pod) {
-                    Some(m) => {
-                        m.state != VolumeMountState::Mounted
-                            || m.spec.source.kind() != p.spec.source.kind()
-                            || self.requires_remount(v, &dv.plugin_name, &m.spec, &p.spec)
-                    }
-                    None => true,
-                };
-                if needs {
-                    pass.actions.push(Action::Mount {
-                        volume: v.clone(),
-                        pod: pod.clone(),
-                        plugin: Arc::clone(&dv.plugin_name),
-                        req: MountRequest {
-                            pod_uid: pod.clone(),
-                            volume_name: v.clone(),
-                            spec: Arc::clone(&p.spec),
-                            fs_group: p.fs_group,
-                            fs_group_change_policy: p.fs_group_change_policy,
-                            selinux_label: p.selinux_label.clone(),
-                        },
-                        sub_paths: p.sub_paths.clone(),
-                    });
-                }
+                pass.actions
+                    .extend(self.pod_action(v, &dv.plugin_name, pod, p, asw));
             }
+        }
+    }
+
+    /// What `pod`'s use `p` of `v` needs: a set-up (with the released
+    /// subPaths: those already bound are kept, those lost with the volume
+    /// bound again), or, set up, the subPaths released since and not
+    /// prepared yet (a container may start now).
+    fn pod_action(
+        &self,
+        v: &UniqueVolumeName,
+        plugin: &Arc<str>,
+        pod: &PodUid,
+        p: &PodToMount,
+        asw: &ActualStateOfWorld,
+    ) -> Option<Action> {
+        let mounted = asw.pod_mount(v, pod);
+        let needs = match mounted {
+            Some(m) => {
+                m.state != VolumeMountState::Mounted
+                    || m.spec.source.kind() != p.spec.source.kind()
+                    || self.requires_remount(v, plugin, &m.spec, &p.spec)
+            }
+            None => true,
+        };
+        let sub_paths: Vec<SubPath> = p
+            .sub_paths
+            .iter()
+            .filter(|s| {
+                p.sub_path_release.releases(&s.container)
+                    && (needs || !asw.sub_path_prepared(v, pod, &s.container, s.index))
+            })
+            .cloned()
+            .collect();
+        match mounted {
+            _ if needs => Some(Action::Mount {
+                volume: v.clone(),
+                pod: pod.clone(),
+                plugin: Arc::clone(plugin),
+                req: MountRequest {
+                    pod_uid: pod.clone(),
+                    volume_name: v.clone(),
+                    spec: Arc::clone(&p.spec),
+                    fs_group: p.fs_group,
+                    fs_group_change_policy: p.fs_group_change_policy,
+                    selinux_label: p.selinux_label.clone(),
+                },
+                sub_paths,
+            }),
+            Some(m) if !sub_paths.is_empty() => Some(Action::PrepareSubPaths {
+                volume: v.clone(),
+                pod: pod.clone(),
+                plugin: Arc::clone(plugin),
+                mounted: m.clone(),
+                sub_paths,
+            }),
+            _ => None,
         }
     }
 
@@ -638,6 +685,16 @@ impl Reconciler {
             Action::Mount { req, sub_paths, .. } => {
                 let subs = self.sub_path_mounts(sub_paths);
                 let body = generator::mount_volume(world, plugin, plugin_name, req, subs);
+                self.prepare(&volume, pod, kind, label, body)
+            }
+            Action::PrepareSubPaths {
+                pod: upod,
+                mounted,
+                sub_paths,
+                ..
+            } => {
+                let subs = self.sub_path_mounts(sub_paths);
+                let body = generator::prepare_sub_paths(world, volume.clone(), upod, mounted, subs);
                 self.prepare(&volume, pod, kind, label, body)
             }
             Action::Unmount {

@@ -110,6 +110,7 @@ pub fn reconstruct(
         world.mark_pod_dirty(uid);
     }
     reconstruct_devices(plugins, &table, world, &mut report);
+    reconstruct_sub_paths(&root.abs(&pods_rel), &table, world);
     world.set_reconstructed();
     Ok(report)
 }
@@ -150,6 +151,34 @@ fn record(
             mount_id,
         },
     );
+}
+
+/// Records the subPath bind mounts found in the mount table
+/// (`pods/<uid>/volume-subpaths/<volume>/<container>/<index>`) as prepared
+/// on the volumes just recorded: the containers that use them run, and a
+/// restart must list them as before. One pass over the table.
+fn reconstruct_sub_paths(pods_dir: &std::path::Path, table: &MountTable, world: &World) {
+    let mut asw = world.asw_mut();
+    for m in table.entries() {
+        let Ok(rel) = m.mount_point.strip_prefix(pods_dir) else {
+            continue;
+        };
+        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        let [uid, crate::plugins::subpath::SUBPATHS_DIR, outer, container, index] = parts[..]
+        else {
+            continue;
+        };
+        let (Ok(index), Ok(uid)) = (index.parse::<usize>(), PodUid::new(uid)) else {
+            continue;
+        };
+        let volume = asw
+            .mounts_of_pod(uid.as_str())
+            .find(|(_, _, mp)| mp.outer_volume_spec_name == outer)
+            .map(|(name, _, _)| name.clone());
+        if let Some(volume) = volume {
+            asw.mark_sub_paths_prepared(&volume, &uid, [(container, index)]);
+        }
+    }
 }
 
 /// Records the device mounts the plugins find, and marks volumes that have

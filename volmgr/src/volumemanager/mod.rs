@@ -6,7 +6,10 @@
 pub mod csi;
 mod stats;
 mod status;
+mod sub_paths;
 mod wait;
+
+pub use sub_paths::PrepareSubPathsError;
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -1205,6 +1208,7 @@ mod tests {
                 })
                 .collect(),
             terminated: false,
+            sub_path_release: Default::default(),
         }
     }
 

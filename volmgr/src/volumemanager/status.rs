@@ -190,7 +190,9 @@ impl VolumeManager {
         let attempts = rec.as_ref().map_or(0, |r| {
             if matches!(
                 r.kind,
-                OperationKind::MountVolume | OperationKind::MountDevice
+                OperationKind::MountVolume
+                    | OperationKind::MountDevice
+                    | OperationKind::PrepareSubPaths
             ) || !in_dsw
             {
                 r.attempts
@@ -224,7 +226,7 @@ impl VolumeManager {
             stats: mount.and_then(|_| self.stats.status_of(name, uid)),
             content: self.payload.states.content_status(name),
             sub_paths: match mount.map(|m| m.state) {
-                Some(VolumeMountState::Mounted) => self.sub_path_statuses(dsw, name, uid),
+                Some(VolumeMountState::Mounted) => self.sub_path_statuses(dsw, asw, name, uid),
                 _ => Vec::new(),
             },
             read_only: dsw
@@ -234,10 +236,12 @@ impl VolumeManager {
         }
     }
 
-    /// The subPath bind mounts the desired state asks for `uid`'s `volume`.
+    /// The subPath bind mounts of `uid`'s `volume` that are prepared (the
+    /// containers' uses the desired state lists, once bound).
     fn sub_path_statuses(
         &self,
         dsw: &DesiredStateOfWorld,
+        asw: &ActualStateOfWorld,
         volume: &UniqueVolumeName,
         uid: &PodUid,
     ) -> Vec<SubPathStatus> {
@@ -246,6 +250,7 @@ impl VolumeManager {
         };
         p.sub_paths
             .iter()
+            .filter(|s| asw.sub_path_prepared(volume, uid, &s.container, s.index))
             .filter_map(|s| {
                 let rel = subpath::sub_path_rel(uid, &p.outer_volume_spec_name, s).ok()?;
                 Some(SubPathStatus {
@@ -265,12 +270,13 @@ impl VolumeManager {
         let Some(entry) = dsw.pod(uid) else {
             return HashMap::new();
         };
+        let asw = self.world.asw();
         entry
             .volumes
             .iter()
             .filter_map(|v| {
                 let name = v.volume.as_ref().ok()?;
-                let subs = self.sub_path_statuses(&dsw, name, uid);
+                let subs = self.sub_path_statuses(&dsw, &asw, name, uid);
                 (!subs.is_empty()).then(|| (v.outer_name.clone(), subs))
             })
             .collect()
