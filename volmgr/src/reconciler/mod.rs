@@ -504,7 +504,8 @@ impl Reconciler {
                 .pods
                 .values()
                 .any(|m| m.state == VolumeMountState::Mounted);
-            if want > have && mounted {
+            // A size the driver said it cannot reach is not asked again.
+            if want > have && mounted && av.expansion_infeasible != Some(want) {
                 pass.actions.push(Action::Expand {
                     volume: v.clone(),
                     plugin: Arc::clone(&dv.plugin_name),
@@ -799,11 +800,16 @@ mod tests {
     use std::sync::Arc;
 
     /// Claims `nfs` volumes, one volume for every pod (like a PV), and logs
-    /// its calls; `fail_next` makes the next stage uncertain.
+    /// its calls; `uncertain_stages` makes that many stages uncertain, the
+    /// `fail_*` queues fail the next calls with their errors, and
+    /// `failing_unstages` fails that many unstages.
     #[derive(Default)]
     struct FakeDevicePlugin {
         calls: StdMutex<Vec<String>>,
         uncertain_stages: StdMutex<u32>,
+        fail_publish: StdMutex<Vec<VolumeError>>,
+        fail_unpublish: StdMutex<Vec<VolumeError>>,
+        failing_unstages: StdMutex<u32>,
     }
 
     impl FakeDevicePlugin {
@@ -828,10 +834,16 @@ mod tests {
         }
         async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
             self.log(format!("publish {}", req.pod_uid));
+            if let Some(e) = self.fail_publish.lock().unwrap().pop() {
+                return Err(e);
+            }
             Ok(PathBuf::from(format!("/fake/{}", req.pod_uid)))
         }
         async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
             self.log(format!("unpublish {}", req.pod_uid));
+            if let Some(e) = self.fail_unpublish.lock().unwrap().pop() {
+                return Err(e);
+            }
             Ok(())
         }
         fn verify(&self, _: &VolumeSpec, _: &Path, _: MountTableView<'_>) -> bool {
@@ -861,6 +873,14 @@ mod tests {
         }
         async fn unmount_device(&self, _: DeviceUnmountRequest) -> Result<(), VolumeError> {
             self.log("unstage".into());
+            let mut n = self.failing_unstages.lock().unwrap();
+            if *n > 0 {
+                *n -= 1;
+                return Err(VolumeError::Plugin {
+                    plugin: "kubernetes.io/csi".into(),
+                    message: "rpc error: code = InvalidArgument: unstage refused".into(),
+                });
+            }
             Ok(())
         }
     }
@@ -966,5 +986,96 @@ mod tests {
             rx.changed().await.unwrap();
         }
         assert_eq!(plugin.calls().last().map(String::as_str), Some("unstage"));
+    }
+
+    /// A CSI call of `method` that failed with `code`, as the plugin
+    /// classifies it for `op` (`Ok` when it means nothing is left to do).
+    fn csi_error(
+        op: crate::plugins::csi::errors::CsiOp,
+        method: &'static str,
+        code: tonic::Code,
+    ) -> Result<(), VolumeError> {
+        crate::plugins::csi::errors::classify(
+            op,
+            crate::csi::client::CsiCallError::Rpc {
+                driver: "d".into(),
+                method,
+                code,
+                message: "injected".into(),
+                transport: false,
+            },
+        )
+    }
+
+    /// Every gRPC code, failing one publish and then one unpublish (as the
+    /// CSI plugin classifies it): the pod is set up, and torn down once
+    /// deleted, within a few backoff steps; none stops the retries.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_grpc_code_failing_publish_and_unpublish_once_is_retried() {
+        use crate::plugins::csi::errors::CsiOp;
+        use tonic::Code;
+        let (_t, plugin, vm) = manager().await;
+        vm.set_populated();
+        let codes = [
+            Code::Cancelled,
+            Code::Unknown,
+            Code::InvalidArgument,
+            Code::DeadlineExceeded,
+            Code::NotFound,
+            Code::AlreadyExists,
+            Code::PermissionDenied,
+            Code::ResourceExhausted,
+            Code::FailedPrecondition,
+            Code::Aborted,
+            Code::OutOfRange,
+            Code::Unimplemented,
+            Code::Internal,
+            Code::Unavailable,
+            Code::DataLoss,
+            Code::Unauthenticated,
+        ];
+        let count = |c: &str| plugin.calls().iter().filter(|x| *x == c).count();
+        for (i, code) in codes.into_iter().enumerate() {
+            let uid = format!("p{i}");
+            let publish = csi_error(CsiOp::Publish, "/csi.v1.Node/NodePublishVolume", code);
+            plugin
+                .fail_publish
+                .lock()
+                .unwrap()
+                .push(publish.unwrap_err());
+            let p = vm.upsert_pod(&pod(&uid)).unwrap();
+            vm.wait_for_attach_and_mount(&p, T)
+                .await
+                .unwrap_or_else(|e| panic!("{code:?}: {e}: {:?}", plugin.calls()));
+            assert_eq!(count(&format!("publish {uid}")), 2, "{code:?}");
+            let unpublish = csi_error(CsiOp::Unpublish, "/csi.v1.Node/NodeUnpublishVolume", code);
+            let failed = unpublish.is_err();
+            if let Err(e) = unpublish {
+                plugin.fail_unpublish.lock().unwrap().push(e);
+            }
+            vm.delete_pod(&p);
+            vm.wait_for_unmount(&p, T)
+                .await
+                .unwrap_or_else(|e| panic!("{code:?}: {e}: {:?}", plugin.calls()));
+            let want = if failed { 2 } else { 1 };
+            assert_eq!(count(&format!("unpublish {uid}")), want, "{code:?}");
+        }
+        vm.wait_converged(Some(0), T).await.unwrap();
+    }
+
+    /// A device whose unmount fails once is unmounted at the retry.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_device_whose_unmount_fails_once_is_unmounted() {
+        let (_t, plugin, vm) = manager().await;
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        *plugin.failing_unstages.lock().unwrap() = 1;
+        vm.delete_pod(&a);
+        vm.wait_converged(Some(0), T).await.unwrap();
+        let v = UniqueVolumeName::new("fake/device/shared");
+        assert!(vm.world().asw().volume(&v).is_none());
+        let unstages = plugin.calls().iter().filter(|c| *c == "unstage").count();
+        assert_eq!(unstages, 2);
     }
 }
