@@ -453,9 +453,7 @@ pub async fn expand_volume(
             tracing::info!(%volume, new_size, "volume expanded on the node");
         }
         Err(e) if e.is_expansion_infeasible() => {
-            world
-                .asw_mut()
-                .mark_expansion_infeasible(&volume, new_size);
+            world.asw_mut().mark_expansion_infeasible(&volume, new_size);
             tracing::warn!(%volume, new_size, error = %e,
                 "the volume cannot grow to this size on the node; not trying it again");
         }

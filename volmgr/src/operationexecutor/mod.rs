@@ -610,9 +610,7 @@ mod tests {
         // The backoff expires: the volume is marked dirty again (the
         // reconciler's cue) and the failed operation runs again.
         loop {
-            if world.take_dirty().await.volumes.contains(&v)
-                && run(&v, certain()).is_ok()
-            {
+            if world.take_dirty().await.volumes.contains(&v) && run(&v, certain()).is_ok() {
                 break;
             }
         }

@@ -173,7 +173,10 @@ mod tests {
         }
         for code in [Code::Internal, Code::Unimplemented, Code::Unknown] {
             let e = classify(CsiOp::Expand, rpc(code, false)).unwrap_err();
-            assert!(!e.is_expansion_infeasible() && !e.is_uncertain(), "{code:?}");
+            assert!(
+                !e.is_expansion_infeasible() && !e.is_uncertain(),
+                "{code:?}"
+            );
         }
         let e = classify(CsiOp::Stage, CsiCallError::NotRegistered("d".into())).unwrap_err();
         assert!(e.is_waiting());
