@@ -570,9 +570,7 @@ fn invalid_argument_once_is_retried_on_publish_unpublish_and_unstage() {
         || {
             let env = Env::new();
             let driver = start_driver(&env);
-            let once = |m: &str| {
-                serde_json::json!({"method": m, "volume_id": "vol-1", "count": 1, "code": "INVALID_ARGUMENT"})
-            };
+            let once = |m: &str| serde_json::json!({"method": m, "volume_id": "vol-1", "count": 1, "code": "INVALID_ARGUMENT"});
             driver.faults(serde_json::json!([
                 once("NodePublishVolume"),
                 once("NodeUnpublishVolume"),
@@ -597,6 +595,91 @@ fn invalid_argument_once_is_retried_on_publish_unpublish_and_unstage() {
             assert!(agent.term());
         },
     );
+}
+
+/// `volmgr wait --all` with `timeout` seconds; returns the exit code.
+fn wait_all(env: &Env, timeout: f64) -> i32 {
+    std::process::Command::new(support::volmgr_bin())
+        .args(["wait", "--all", "--timeout", &timeout.to_string(), "--root"])
+        .arg(&env.root)
+        .status()
+        .unwrap()
+        .code()
+        .unwrap_or(-1)
+}
+
+/// A staged volume whose NodeUnstageVolume keeps failing stays on the node
+/// with no pod: status lists its device with the error, `volmgr wait --all`
+/// does not report convergence and the metrics count it; once the driver
+/// recovers it is unstaged and the node converges.
+#[test]
+fn a_device_left_staged_is_visible_until_unstaged() {
+    isolated("a_device_left_staged_is_visible_until_unstaged", || {
+        let env = Env::new();
+        let driver = start_driver(&env);
+        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        let addr = free_port();
+        let agent = start_agent(&env, &driver, &["--metrics-addr", &addr]);
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        let st = env.status();
+        let stage = stage_path(&env, "vol-1");
+        assert_eq!(st.devices.len(), 1, "{st:?}");
+        let d = &st.devices[0];
+        assert_eq!((d.state.as_str(), d.pods), ("mounted", 1), "{d:?}");
+        assert_eq!(d.path.as_deref(), Some(stage.to_str().unwrap()));
+
+        driver.faults(serde_json::json!([
+            {"method": "NodeUnstageVolume", "volume_id": "vol-1", "code": "INTERNAL", "message": "device busy"}
+        ]));
+        env.remove_manifest("a.yaml");
+        wait_for("the unstage failed twice", || {
+            driver.count("NodeUnstageVolume", "vol-1", "INTERNAL") >= 2
+        });
+        env.wait_for("the device's error in status", || {
+            env.status().devices.first().is_some_and(|d| {
+                d.error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("device busy"))
+            })
+        });
+        let st = env.status();
+        assert!(st.pods.is_empty(), "{st:?}");
+        let d = &st.devices[0];
+        assert_eq!(
+            (d.state.as_str(), d.pods, d.operation.as_deref()),
+            ("unmounting", 0, Some("unmount_device")),
+            "{d:?}"
+        );
+        assert!(d.attempts >= 2, "{d:?}");
+        assert_eq!(env.mount_count(&stage), 1, "still staged");
+        let text = std::process::Command::new(support::volmgr_bin())
+            .args(["status", "--root"])
+            .arg(&env.root)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(
+            text.contains("unmounting pods=0") && text.contains("device busy"),
+            "{text}"
+        );
+        assert_ne!(wait_all(&env, 0.5), 0, "converged with a device left");
+        let m = metrics(&addr);
+        assert!(
+            m.contains(
+                "volmgr_volume_devices{plugin_name=\"kubernetes.io/csi\",state=\"unmounting\"} 1"
+            ),
+            "{m}"
+        );
+
+        // The driver recovers: unstaged at the next retry, converged.
+        driver.faults(serde_json::json!([]));
+        assert_eq!(wait_all(&env, 60.0), 0, "{}", agent.log());
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        assert!(env.status().devices.is_empty());
+        assert_nothing_leaked(&env, &driver);
+        assert!(agent.term());
+    });
 }
 
 #[test]

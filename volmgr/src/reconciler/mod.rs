@@ -1063,6 +1063,58 @@ mod tests {
         vm.wait_converged(Some(0), T).await.unwrap();
     }
 
+    /// A device whose unmount (CSI NodeUnstageVolume) fails stays in
+    /// status with its error and keeps the node from converging; it is
+    /// retried until it is unmounted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_device_whose_unmount_fails_shows_and_is_retried_until_unmounted() {
+        let (_t, plugin, vm) = manager().await;
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        let devices = vm.status().devices;
+        assert_eq!(devices.len(), 1, "{devices:?}");
+        assert_eq!((devices[0].state.as_str(), devices[0].pods), ("mounted", 1));
+        *plugin.failing_unstages.lock().unwrap() = u32::MAX;
+        vm.delete_pod(&a);
+        vm.wait_for_unmount(&a, T).await.unwrap();
+        let mut rx = vm.world().subscribe();
+        let failed = loop {
+            let d = vm.status().devices;
+            if d.first()
+                .is_some_and(|d| d.attempts >= 2 && d.error.is_some())
+            {
+                break d;
+            }
+            rx.changed().await.unwrap();
+        };
+        assert_eq!(failed.len(), 1);
+        let d = &failed[0];
+        assert_eq!(
+            (d.state.as_str(), d.pods, d.operation.as_deref()),
+            ("unmounting", 0, Some("unmount_device"))
+        );
+        assert!(d.error.as_deref().unwrap().contains("unstage refused"));
+        assert!(vm.status().pods.is_empty());
+        let e = vm
+            .wait_converged(Some(0), Duration::from_millis(1))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("device still mounted"), "{e}");
+        let text = vm.metrics_text();
+        assert!(
+            text.contains(
+                "volmgr_volume_devices{plugin_name=\"fake/device\",state=\"unmounting\"} 1"
+            ),
+            "{text}"
+        );
+        // The driver recovers: unmounted at the next retry, and converged.
+        *plugin.failing_unstages.lock().unwrap() = 0;
+        vm.wait_converged(Some(0), T).await.unwrap();
+        assert!(vm.status().devices.is_empty());
+        assert!(!vm.metrics_text().contains("volmgr_volume_devices{"));
+    }
+
     /// A device whose unmount fails once is unmounted at the retry.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_device_whose_unmount_fails_once_is_unmounted() {
