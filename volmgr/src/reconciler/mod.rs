@@ -810,6 +810,9 @@ mod tests {
         fail_publish: StdMutex<Vec<VolumeError>>,
         fail_unpublish: StdMutex<Vec<VolumeError>>,
         failing_unstages: StdMutex<u32>,
+        /// The size every spec asks for (none: not expandable).
+        size: StdMutex<Option<u64>>,
+        fail_expand: StdMutex<Vec<VolumeError>>,
     }
 
     impl FakeDevicePlugin {
@@ -851,6 +854,26 @@ mod tests {
         }
         fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
             Some(self)
+        }
+        fn node_expandable(&self) -> Option<&dyn crate::plugins::NodeExpandableVolumePlugin> {
+            Some(self)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::plugins::NodeExpandableVolumePlugin for FakeDevicePlugin {
+        fn requested_size(&self, _: &VolumeSpec) -> Option<u64> {
+            *self.size.lock().unwrap()
+        }
+        async fn node_expand(
+            &self,
+            req: crate::plugins::NodeExpandRequest,
+        ) -> Result<(), VolumeError> {
+            self.log(format!("expand {}", req.new_size));
+            match self.fail_expand.lock().unwrap().pop() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
         }
     }
 
@@ -898,13 +921,20 @@ mod tests {
     }
 
     async fn manager() -> (tempfile::TempDir, Arc<FakeDevicePlugin>, Arc<VolumeManager>) {
-        let t = tempfile::tempdir().unwrap();
-        let mut cfg = Config::new(t.path());
-        cfg.backoff = Backoff {
+        manager_with(Backoff {
             initial: Duration::from_millis(10),
             factor: 2,
             max: Duration::from_millis(50),
-        };
+        })
+        .await
+    }
+
+    async fn manager_with(
+        backoff: Backoff,
+    ) -> (tempfile::TempDir, Arc<FakeDevicePlugin>, Arc<VolumeManager>) {
+        let t = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new(t.path());
+        cfg.backoff = backoff;
         let vm = VolumeManager::new(cfg, Arc::new(FakeMounter::default())).unwrap();
         let plugin = Arc::new(FakeDevicePlugin::default());
         vm.register_plugin(plugin.clone()).unwrap();
@@ -1129,5 +1159,67 @@ mod tests {
         assert!(vm.world().asw().volume(&v).is_none());
         let unstages = plugin.calls().iter().filter(|c| *c == "unstage").count();
         assert_eq!(unstages, 2);
+    }
+
+    /// An expansion the driver says cannot work (the kubelet's in-use
+    /// expansion error and infeasible errors) is not asked again for that
+    /// size, even with no backoff at all, and does not hold pods back; a
+    /// larger size is asked.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_infeasible_expansion_is_not_asked_again_for_that_size() {
+        let (_t, plugin, vm) = manager_with(Backoff {
+            initial: Duration::ZERO,
+            factor: 2,
+            max: Duration::ZERO,
+        })
+        .await;
+        let v = UniqueVolumeName::new("fake/device/shared");
+        *plugin.size.lock().unwrap() = Some(100);
+        let a = vm.upsert_pod(&pod("a")).unwrap();
+        vm.set_populated();
+        vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+        let infeasible = || {
+            crate::plugins::csi::errors::classify(
+                crate::plugins::csi::errors::CsiOp::Expand,
+                crate::csi::client::CsiCallError::Rpc {
+                    driver: "d".into(),
+                    method: "/csi.v1.Node/NodeExpandVolume",
+                    code: tonic::Code::OutOfRange,
+                    message: "too big".into(),
+                    transport: false,
+                },
+            )
+            .unwrap_err()
+        };
+        plugin.fail_expand.lock().unwrap().push(infeasible());
+        *plugin.size.lock().unwrap() = Some(200);
+        vm.world().mark_dirty([v.clone()]);
+        let mut rx = vm.world().subscribe();
+        // The failure is recorded (shown on the pod's volume)...
+        let shown = async {
+            while !vm.status().pods[0].volumes[0]
+                .error
+                .as_deref()
+                .is_some_and(|e| e.contains("too big"))
+            {
+                rx.changed().await.unwrap();
+            }
+        };
+        tokio::time::timeout(T, shown)
+            .await
+            .unwrap_or_else(|_| panic!("never shown: {:?}", plugin.calls()));
+        // ...then a pass over the volume (it sets up pod b) does not ask
+        // for 200 again, though nothing backs off.
+        let b = vm.upsert_pod(&pod("b")).unwrap();
+        vm.wait_for_attach_and_mount(&b, T).await.unwrap();
+        let count = |c: &str| plugin.calls().iter().filter(|x| *x == c).count();
+        assert_eq!(count("expand 200"), 1, "{:?}", plugin.calls());
+        // A larger size is asked, and grows it.
+        *plugin.size.lock().unwrap() = Some(300);
+        vm.world().mark_dirty([v.clone()]);
+        while vm.world().asw().volume(&v).and_then(|av| av.size_bytes) != Some(300) {
+            rx.changed().await.unwrap();
+        }
+        assert_eq!(count("expand 300"), 1);
     }
 }
