@@ -181,7 +181,7 @@ enum Command {
         #[arg(long, required_unless_present = "all", conflicts_with = "all")]
         pod: Option<String>,
         /// Wait for the whole node instead: every desired volume mounted and
-        /// nothing else mounted.
+        /// nothing else mounted (no pod's volume, no volume's device).
         #[arg(long)]
         all: bool,
         /// With --all: also wait until exactly this many pods are desired.

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use volmgr::status::{OutOfBandEvent, PodStatus, Status, VolumeStatus};
+use volmgr::status::{DeviceStatus, OutOfBandEvent, PodStatus, Status, VolumeStatus};
 use volmgr::util::escape::Printable as P;
 
 /// The status document as `volmgr status` prints it (without `--json`).
@@ -12,6 +12,9 @@ pub fn status_text(s: &Status) -> String {
     agent_lines(&mut out, s);
     for p in &s.pods {
         pod_lines(&mut out, p);
+    }
+    for d in &s.devices {
+        device_line(&mut out, d);
     }
     tracer_lines(&mut out, s);
     syscall_lines(&mut out, s);
@@ -76,6 +79,26 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
             volume_stats(v)
         );
     }
+}
+
+/// A volume's device mount: state, pods using it, and its operation's
+/// error (else its path).
+fn device_line(out: &mut String, d: &DeviceStatus) {
+    let detail = match (&d.error, &d.path) {
+        (Some(e), _) => format!("{} error: {}", d.operation.as_deref().unwrap_or(""), P(e)),
+        (None, Some(p)) => P(p).to_string(),
+        (None, None) => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "device {} {} {} pods={} attempts={} {}",
+        P(&d.volume),
+        d.plugin,
+        d.state,
+        d.pods,
+        d.attempts,
+        detail
+    );
 }
 
 /// A volume's error, else its path (`(ro)` when set up read-only).

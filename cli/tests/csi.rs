@@ -505,22 +505,25 @@ fn injected_faults_converge_without_leaks() {
             })
         });
 
-        // UNIMPLEMENTED is final: shown in status, not retried.
+        // UNIMPLEMENTED, like every error, is retried with backoff (the
+        // kubelet's isFinalError only makes it "not mounted", not
+        // uncertain): shown in status while it lasts, and mounted once the
+        // driver stops refusing, with no change of the spec.
         driver.faults(serde_json::json!([
             {"method": "NodePublishVolume", "volume_id": "u1", "code": "UNIMPLEMENTED"}
         ]));
         check_mounted("h1");
         add("u1");
-        wait_for("final error in status", || {
-            volume_status(&env, "uid-u1").is_some_and(|(s, _, e)| {
-                s == "error" && e.is_some_and(|e| e.contains("Unimplemented"))
+        wait_for("u1's error in status, retried", || {
+            volume_status(&env, "uid-u1").is_some_and(|(s, n, e)| {
+                s == "error" && n >= 2 && e.is_some_and(|e| e.contains("Unimplemented"))
             })
         });
-        let attempts = volume_status(&env, "uid-u1").unwrap().1;
-        driver.expect("NodePublishVolume", "u1", "UNIMPLEMENTED", 1);
+        driver.faults(serde_json::json!([]));
+        check_mounted("u1");
+        assert!(driver.count("NodePublishVolume", "u1", "UNIMPLEMENTED") >= 2);
+        driver.expect("NodePublishVolume", "u1", "OK", 1);
 
-        // The driver would now succeed, but nothing calls it again while
-        // the other volumes are torn down (several backoff periods).
         // An unpublish that took effect but whose answer was lost: called again.
         driver.faults(serde_json::json!([
             {"method": "NodeUnpublishVolume", "volume_id": "f3", "count": 1, "exit": "after_work"}
@@ -548,21 +551,134 @@ fn injected_faults_converge_without_leaks() {
         driver.expect("NodeUnpublishVolume", "f1", "UNAVAILABLE", 2);
         driver.expect("NodeUnstageVolume", "f2", "DEADLINE_EXCEEDED", 2);
 
-        // UNIMPLEMENTED was final: still one call, same attempts, in status.
-        assert_eq!(driver.count("NodePublishVolume", "u1", "UNIMPLEMENTED"), 1);
-        assert_eq!(driver.count("NodePublishVolume", "u1", "OK"), 0);
-        let (state, now, _) = volume_status(&env, "uid-u1").unwrap();
-        assert_eq!((state.as_str(), now), ("error", attempts));
-        // Until the spec changes: then it is tried again and succeeds.
-        env.write_manifest(
-            "pv-u1.yaml",
-            &pv_yaml("u1", "u1", "64Mi", false, ", fixed: \"yes\""),
-        );
-        assert_eq!(env.wait_pod("uid-u1", 60.0), 0, "{}", agent.log());
         env.remove_manifest("p-u1.yaml");
         driver.expect("NodeUnstageVolume", "u1", "OK", 1);
         assert_nothing_leaked(&env, &driver);
         drop(agent);
+    });
+}
+
+/// No error is final (the kubelet retries every failure with backoff; its
+/// `isFinalError` only decides uncertain or not mounted): a driver refusing
+/// the first NodePublishVolume, NodeUnpublishVolume and NodeUnstageVolume
+/// with INVALID_ARGUMENT still gets the pod mounted, and once the pod is
+/// deleted, unpublished and unstaged, each at the retry.
+#[test]
+fn invalid_argument_once_is_retried_on_publish_unpublish_and_unstage() {
+    isolated(
+        "invalid_argument_once_is_retried_on_publish_unpublish_and_unstage",
+        || {
+            let env = Env::new();
+            let driver = start_driver(&env);
+            let once = |m: &str| serde_json::json!({"method": m, "volume_id": "vol-1", "count": 1, "code": "INVALID_ARGUMENT"});
+            driver.faults(serde_json::json!([
+                once("NodePublishVolume"),
+                once("NodeUnpublishVolume"),
+                once("NodeUnstageVolume")
+            ]));
+            env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+            env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+            let agent = start_agent(&env, &driver, &[]);
+            assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+            driver.expect("NodePublishVolume", "vol-1", "INVALID_ARGUMENT", 1);
+            driver.expect("NodePublishVolume", "vol-1", "OK", 1);
+            assert_eq!(env.mount_count(&publish_path(&env, "uid-a", "pv-1")), 1);
+            env.remove_manifest("a.yaml");
+            for m in ["NodeUnpublishVolume", "NodeUnstageVolume"] {
+                driver.expect(m, "vol-1", "INVALID_ARGUMENT", 1);
+                driver.expect(m, "vol-1", "OK", 1);
+            }
+            env.wait_for("pod a's directory removed", || {
+                !env.root.join("pods/uid-a").exists()
+            });
+            assert_nothing_leaked(&env, &driver);
+            assert!(agent.term());
+        },
+    );
+}
+
+/// `volmgr wait --all` with `timeout` seconds; returns the exit code.
+fn wait_all(env: &Env, timeout: f64) -> i32 {
+    std::process::Command::new(support::volmgr_bin())
+        .args(["wait", "--all", "--timeout", &timeout.to_string(), "--root"])
+        .arg(&env.root)
+        .status()
+        .unwrap()
+        .code()
+        .unwrap_or(-1)
+}
+
+/// A staged volume whose NodeUnstageVolume keeps failing stays on the node
+/// with no pod: status lists its device with the error, `volmgr wait --all`
+/// does not report convergence and the metrics count it; once the driver
+/// recovers it is unstaged and the node converges.
+#[test]
+fn a_device_left_staged_is_visible_until_unstaged() {
+    isolated("a_device_left_staged_is_visible_until_unstaged", || {
+        let env = Env::new();
+        let driver = start_driver(&env);
+        env.write_manifest("pv.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("a.yaml", &pod_yaml("a", "uid-a", &["pv-1"]));
+        let addr = free_port();
+        let agent = start_agent(&env, &driver, &["--metrics-addr", &addr]);
+        assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
+        let st = env.status();
+        let stage = stage_path(&env, "vol-1");
+        assert_eq!(st.devices.len(), 1, "{st:?}");
+        let d = &st.devices[0];
+        assert_eq!((d.state.as_str(), d.pods), ("mounted", 1), "{d:?}");
+        assert_eq!(d.path.as_deref(), Some(stage.to_str().unwrap()));
+
+        driver.faults(serde_json::json!([
+            {"method": "NodeUnstageVolume", "volume_id": "vol-1", "code": "INTERNAL", "message": "device busy"}
+        ]));
+        env.remove_manifest("a.yaml");
+        wait_for("the unstage failed twice", || {
+            driver.count("NodeUnstageVolume", "vol-1", "INTERNAL") >= 2
+        });
+        env.wait_for("the device's error in status", || {
+            env.status().devices.first().is_some_and(|d| {
+                d.error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("device busy"))
+            })
+        });
+        let st = env.status();
+        assert!(st.pods.is_empty(), "{st:?}");
+        let d = &st.devices[0];
+        assert_eq!(
+            (d.state.as_str(), d.pods, d.operation.as_deref()),
+            ("unmounting", 0, Some("unmount_device")),
+            "{d:?}"
+        );
+        assert!(d.attempts >= 2, "{d:?}");
+        assert_eq!(env.mount_count(&stage), 1, "still staged");
+        let text = std::process::Command::new(support::volmgr_bin())
+            .args(["status", "--root"])
+            .arg(&env.root)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(
+            text.contains("unmounting pods=0") && text.contains("device busy"),
+            "{text}"
+        );
+        assert_ne!(wait_all(&env, 0.5), 0, "converged with a device left");
+        let m = metrics(&addr);
+        assert!(
+            m.contains(
+                "volmgr_volume_devices{plugin_name=\"kubernetes.io/csi\",state=\"unmounting\"} 1"
+            ),
+            "{m}"
+        );
+
+        // The driver recovers: unstaged at the next retry, converged.
+        driver.faults(serde_json::json!([]));
+        assert_eq!(wait_all(&env, 60.0), 0, "{}", agent.log());
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        assert!(env.status().devices.is_empty());
+        assert_nothing_leaked(&env, &driver);
+        assert!(agent.term());
     });
 }
 

@@ -46,6 +46,36 @@ pub struct Status {
     /// seccomp profile); empty before the first open.
     #[serde(default)]
     pub path_resolution: String,
+    /// Volumes' devices on the node (CSI staging, a block volume's global
+    /// map), by volume name: those in use by pods, and those no pod uses
+    /// any more that are not unmounted yet (a failing NodeUnstageVolume).
+    #[serde(default)]
+    pub devices: Vec<DeviceStatus>,
+}
+
+/// A volume's device mount (the kubelet's device mount: CSI
+/// NodeStageVolume's staging path or a block volume's global map).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceStatus {
+    /// The volume's unique name.
+    pub volume: String,
+    /// The plugin.
+    pub plugin: String,
+    /// `mounted`, `uncertain` (may or may not be mounted: mounted again
+    /// before a pod uses it), or `unmounting` (no pod wants the volume any
+    /// more; it stays until its unmount succeeds).
+    pub state: String,
+    /// Where it is (or may be) mounted, when known.
+    pub path: Option<String>,
+    /// How many pods have the volume set up.
+    pub pods: u32,
+    /// The device's current (or last) operation: `mount_device`,
+    /// `unmount_device` or `volume_fs_resize`.
+    pub operation: Option<String>,
+    /// Attempts of that operation.
+    pub attempts: u32,
+    /// Its last error.
+    pub error: Option<String>,
 }
 
 /// One registered CSI driver.

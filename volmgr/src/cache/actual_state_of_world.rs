@@ -73,6 +73,10 @@ pub struct AttachedVolume {
     /// The size the volume was mounted or last expanded to (the kubelet's
     /// `persistentVolumeSize`), when known.
     pub size_bytes: Option<u64>,
+    /// A size NodeExpand found it cannot grow the mounted volume to (the
+    /// kubelet's in-use expansion error and infeasible expansion): not
+    /// tried again while the volume is known; another size is.
+    pub expansion_infeasible: Option<u64>,
     /// The pods it is mounted for.
     pub pods: PodMap<MountedPod>,
     /// The pods whose mount of it carries foreign mounts to remove.
@@ -119,6 +123,7 @@ impl ActualStateOfWorld {
                 device_mount_path: None,
                 device_spec: None,
                 size_bytes: None,
+                expansion_infeasible: None,
                 pods: PodMap::default(),
                 foreign_mounts: PodMap::default(),
                 sub_paths: PodMap::default(),
@@ -333,6 +338,14 @@ impl ActualStateOfWorld {
     pub fn set_volume_size(&mut self, volume: &UniqueVolumeName, size: Option<u64>) {
         if let Some(v) = self.volumes.get_mut(volume) {
             v.size_bytes = size;
+        }
+    }
+
+    /// Records that growing a volume to `size` bytes cannot work (see
+    /// [`AttachedVolume::expansion_infeasible`]).
+    pub fn mark_expansion_infeasible(&mut self, volume: &UniqueVolumeName, size: u64) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.expansion_infeasible = Some(size);
         }
     }
 

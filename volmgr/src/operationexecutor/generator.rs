@@ -230,7 +230,9 @@ fn record_mount(
 /// `UnmountVolume`: tear the pod's volume down, its subPath bind mounts
 /// first (those on disk: also those a previous run left). Success removes it from the
 /// actual state and, if it was the pod's last volume, queues the pod's
-/// directory for clean-up.
+/// directory for clean-up. A failed tear-down leaves it uncertain (the
+/// kubelet's `MarkVolumeMountAsUncertain`: set up again if the pod wants it
+/// again), and it is retried with backoff like every failure.
 pub async fn unmount_volume(
     world: Arc<World>,
     plugin: Arc<dyn VolumePlugin>,
@@ -252,14 +254,18 @@ pub async fn unmount_volume(
     let res = match cleaned {
         Ok(()) => {
             world.asw_mut().forget_sub_paths(&volume, &pod);
-            plugin
+            let res = plugin
                 .tear_down(UnmountRequest {
                     pod_uid: pod.clone(),
                     volume_name: volume.clone(),
-                    spec: mounted.spec,
-                    path: mounted.path,
+                    spec: Arc::clone(&mounted.spec),
+                    path: mounted.path.clone(),
                 })
-                .await
+                .await;
+            if res.is_err() {
+                mark_mount_uncertain(&world, &volume, &pod, mounted);
+            }
+            res
         }
         Err(e) => Err(e),
     };
@@ -291,6 +297,30 @@ pub async fn unmount_volume(
         world.mark_pod_dirty(pod);
     }
     res
+}
+
+/// Records `pod`'s mount of `volume` as uncertain after a failed tear-down,
+/// if it is still recorded as it was.
+fn mark_mount_uncertain(
+    world: &World,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    mounted: MountedPod,
+) {
+    let mut asw = world.asw_mut();
+    if asw
+        .pod_mount(volume, pod)
+        .is_some_and(|m| m.path == mounted.path && m.state == VolumeMountState::Mounted)
+    {
+        asw.mark_volume_as_mounted(
+            volume,
+            pod,
+            MountedPod {
+                state: VolumeMountState::Uncertain,
+                ..mounted
+            },
+        );
+    }
 }
 
 /// `MountDevice`: mount the volume's device at its global path (CSI
@@ -371,7 +401,9 @@ pub async fn mount_device(
 /// `UnmountDevice`: unmount the volume's device (CSI unstaging) once no pod
 /// has it mounted, then forget the volume. Runs only when the volume has no
 /// pod mount left (checked again here: the executor keeps pod operations of
-/// the volume out while this runs).
+/// the volume out while this runs). A failure leaves the device uncertain
+/// (the kubelet's `MarkDeviceAsUncertain`: mounted again before a new pod
+/// uses it), retried with backoff.
 pub async fn unmount_device(
     world: Arc<World>,
     plugin: Arc<dyn VolumePlugin>,
@@ -411,6 +443,10 @@ pub async fn unmount_device(
             tracing::info!(%volume, "device unmounted");
         }
         Err(e) => {
+            let mut asw = world.asw_mut();
+            if asw.device_mount_state(&volume) == DeviceMountState::Mounted {
+                asw.set_device_mount_state(&volume, DeviceMountState::Uncertain);
+            }
             tracing::warn!(%volume, error = %e, "unmounting the device failed; will retry with backoff")
         }
     }
@@ -468,6 +504,11 @@ pub async fn expand_volume(
         Ok(()) => {
             world.asw_mut().set_volume_size(&volume, Some(new_size));
             tracing::info!(%volume, new_size, "volume expanded on the node");
+        }
+        Err(e) if e.is_expansion_infeasible() => {
+            world.asw_mut().mark_expansion_infeasible(&volume, new_size);
+            tracing::warn!(%volume, new_size, error = %e,
+                "the volume cannot grow to this size on the node; not trying it again");
         }
         Err(e) => tracing::warn!(%volume, error = %e, "expanding the volume failed"),
     }

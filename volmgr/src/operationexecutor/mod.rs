@@ -2,7 +2,8 @@
 //! run concurrently on the tokio runtime, never two at once on the same volume
 //! and pod (an operation without a pod, like unmounting a device, excludes
 //! every other operation on its volume), and a failed operation is retried only
-//! after an exponential backoff. Attempts and the last error are kept for status.
+//! after an exponential backoff. As in the kubelet, every failure is retried:
+//! no error is final. Attempts and the last error are kept for status.
 
 pub mod generator;
 pub mod unstack;
@@ -111,8 +112,6 @@ pub struct OperationRecord {
     pub uncertain: bool,
     /// Whether the last error waits for something to appear (a CSI driver).
     pub waiting: bool,
-    /// Whether the last error is final: no retry until the spec changes.
-    pub final_error: bool,
     /// Running now.
     pub running: bool,
     /// Not to be retried before this.
@@ -126,8 +125,6 @@ pub enum NotStarted {
     AlreadyRunning,
     /// Backing off after a failure until then.
     BackingOff(Instant),
-    /// The last attempt failed for good; waiting for the spec to change.
-    Final,
 }
 
 #[derive(Default)]
@@ -256,9 +253,6 @@ impl OperationExecutor {
                 None => vol.device.get_or_insert_with(|| new_record(kind)),
             };
             if rec.kind == kind {
-                if rec.final_error {
-                    return Err(NotStarted::Final);
-                }
                 if let Some(at) = rec.retry_at.filter(|at| *at > now) {
                     return Err(NotStarted::BackingOff(at));
                 }
@@ -324,7 +318,6 @@ impl OperationExecutor {
                     rec.last_error = None;
                     rec.uncertain = false;
                     rec.waiting = false;
-                    rec.final_error = false;
                     rec.retry_at = None;
                 }
                 Err(e) => {
@@ -332,12 +325,9 @@ impl OperationExecutor {
                     rec.last_error = Some(e.to_string());
                     rec.uncertain = e.is_uncertain();
                     rec.waiting = e.is_waiting();
-                    rec.final_error = e.is_final();
                     let delay = self.backoff.delay(rec.failures);
                     rec.retry_at = Some(Instant::now() + delay);
-                    if !rec.final_error {
-                        retry = Some(delay);
-                    }
+                    retry = Some(delay);
                 }
             }
         }
@@ -393,22 +383,6 @@ impl OperationExecutor {
     /// Whether any operation on `volume` is running.
     pub fn is_running(&self, volume: &UniqueVolumeName) -> bool {
         self.lock().get(volume).is_some_and(VolumeOps::any_running)
-    }
-
-    /// Lets operations of `volumes` that failed for good run again (their
-    /// spec changed).
-    pub fn reset_final<'a>(&self, volumes: impl IntoIterator<Item = &'a UniqueVolumeName>) {
-        let mut ops = self.lock();
-        for v in volumes {
-            let Some(vol) = ops.get_mut(v) else { continue };
-            for rec in vol.device.iter_mut().chain(vol.pods.values_mut()) {
-                if rec.final_error {
-                    rec.final_error = false;
-                    rec.failures = 0;
-                    rec.retry_at = None;
-                }
-            }
-        }
     }
 
     /// Ends the backoff of every operation that waits for something to
@@ -468,7 +442,6 @@ fn new_record(kind: OperationKind) -> OperationRecord {
         last_error: None,
         uncertain: false,
         waiting: false,
-        final_error: false,
         running: false,
         retry_at: None,
     }
@@ -601,12 +574,15 @@ mod tests {
         .unwrap();
     }
 
+    /// No error stops the retries (the kubelet's `isFinalError` only
+    /// decides uncertain or not): each operation runs again once its backoff
+    /// expires, a waiting one also at once when what it waits for appears.
     #[tokio::test]
-    async fn final_errors_wait_for_a_spec_change_and_waiting_ones_for_a_wake_up() {
+    async fn every_error_is_retried_after_its_backoff_waiting_ones_also_on_a_wake_up() {
         let world = Arc::new(World::default());
         let ex = OperationExecutor::new(
             Backoff {
-                initial: Duration::from_secs(600),
+                initial: Duration::from_millis(50),
                 ..Backoff::default()
             },
             Arc::default(),
@@ -623,28 +599,31 @@ mod tests {
                 async move { Err(e) },
             )
         };
-        run(&v, VolumeError::Final("UNIMPLEMENTED".into())).unwrap();
+        let certain = || VolumeError::Plugin {
+            plugin: "kubernetes.io/csi".into(),
+            message: "rpc error: code = InvalidArgument".into(),
+        };
+        run(&v, certain()).unwrap();
         run(&w, VolumeError::Waiting("waiting for CSI driver d".into())).unwrap();
         while ex.is_running(&v) || ex.is_running(&w) {
             rx.changed().await.unwrap();
         }
-        assert_eq!(
-            run(&v, VolumeError::Final("again".into())),
-            Err(NotStarted::Final)
-        );
-        assert!(matches!(
-            run(&w, VolumeError::Waiting("again".into())),
-            Err(NotStarted::BackingOff(_))
-        ));
-        // The driver registers: only the waiting operation may run again.
+        assert!(matches!(run(&v, certain()), Err(NotStarted::BackingOff(_))));
+        // The driver registers: the waiting operation may run at once.
         assert_eq!(ex.retry_waiting(), vec![w.clone()]);
         run(&w, VolumeError::Waiting("again".into())).unwrap();
-        assert_eq!(
-            run(&v, VolumeError::Final("again".into())),
-            Err(NotStarted::Final)
-        );
-        // The spec changes: the final one may run again.
-        ex.reset_final([&v]);
-        run(&v, VolumeError::Final("again".into())).unwrap();
+        // The backoff expires: the volume is marked dirty again (the
+        // reconciler's cue) and the failed operation runs again.
+        loop {
+            if world.take_dirty().await.volumes.contains(&v) && run(&v, certain()).is_ok() {
+                break;
+            }
+        }
+        while ex.is_running(&v) {
+            rx.changed().await.unwrap();
+        }
+        let rec = ex.record(&v, None).unwrap();
+        assert_eq!((rec.attempts, rec.failures), (2, 2));
+        assert!(rec.last_error.unwrap().contains("InvalidArgument"));
     }
 }

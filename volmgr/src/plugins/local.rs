@@ -119,7 +119,7 @@ fn set_up_dir(
     match kind {
         SFlag::S_IFDIR => {}
         SFlag::S_IFBLK => {
-            return Err(VolumeError::Final(format!(
+            return Err(VolumeError::InvalidSpec(format!(
                 "local volume {}: {} is a block device; formatting and mounting a block device in volumeMode Filesystem is not supported (use volumeMode Block, or a directory)",
                 src.pv_name,
                 src.path.display()
@@ -508,7 +508,8 @@ mod tests {
                 .await
                 .unwrap_err();
             assert!(
-                err.is_final() && err.to_string().contains("block device"),
+                matches!(err, VolumeError::InvalidSpec(_))
+                    && err.to_string().contains("block device"),
                 "{err}"
             );
         }

@@ -61,10 +61,14 @@ pub enum VolumeError {
     /// `FAILED_PRECONDITION`): the device is mounted again first.
     #[error("device not mounted: {0}")]
     NeedsDeviceMount(String),
-    /// Retrying cannot help (e.g. the driver answered `UNIMPLEMENTED`): the
-    /// operation is not retried until the volume's spec changes.
+    /// Growing the volume to the size asked for cannot work on this node
+    /// (CSI NodeExpandVolume answered `FAILED_PRECONDITION`,
+    /// `INVALID_ARGUMENT`, `OUT_OF_RANGE` or `NOT_FOUND`: the kubelet's
+    /// in-use expansion error and `InfeasibleError`): the volume stays
+    /// mounted and is not grown to that size again; a new size is tried.
+    /// Every other failure of every operation is retried with backoff.
     #[error("{0}")]
-    Final(String),
+    ExpansionInfeasible(String),
     /// The mount table could not be read or parsed.
     #[error("reading the mount table: {0}")]
     MountTable(#[from] crate::sys::mountinfo::MountInfoError),
@@ -102,9 +106,10 @@ impl VolumeError {
         matches!(self, VolumeError::Waiting(_))
     }
 
-    /// Whether the operation must not be retried until the spec changes.
-    pub fn is_final(&self) -> bool {
-        matches!(self, VolumeError::Final(_))
+    /// Whether an expansion cannot reach the size asked for (see
+    /// [`VolumeError::ExpansionInfeasible`]).
+    pub fn is_expansion_infeasible(&self) -> bool {
+        matches!(self, VolumeError::ExpansionInfeasible(_))
     }
 }
 

@@ -47,7 +47,8 @@ pub struct Populator {
 
 impl Populator {
     /// A populator writing `world`'s desired state, resolving volumes with
-    /// `plugins`; `executor` forgets final failures of changed volumes.
+    /// `plugins`; `executor` is told when a CSI driver registers (operations
+    /// waiting for it run again at once).
     pub fn new(
         world: Arc<World>,
         plugins: Arc<VolumePluginMgr>,
@@ -208,8 +209,6 @@ impl PodSink for Populator {
         if changed.is_empty() {
             self.world.bump();
         } else {
-            // A changed spec may fix what failed for good.
-            self.executor.reset_final(&changed);
             self.world.mark_dirty(changed);
         }
     }

@@ -1,13 +1,15 @@
 //! The status document and the Prometheus text of a manager.
 
 use super::VolumeManager;
-use crate::cache::actual_state_of_world::{ActualStateOfWorld, VolumeMountState};
+use crate::cache::actual_state_of_world::{ActualStateOfWorld, DeviceMountState, VolumeMountState};
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodVolumeEntry};
 use crate::operationexecutor::{OperationKind, OperationRecord};
 use std::collections::HashMap;
 
 use crate::plugins::subpath;
-use crate::status::{CsiDriverStatus, PodStatus, SourceError, Status, SubPathStatus, VolumeStatus};
+use crate::status::{
+    CsiDriverStatus, DeviceStatus, PodStatus, SourceError, Status, SubPathStatus, VolumeStatus,
+};
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
 
@@ -36,7 +38,63 @@ impl VolumeManager {
                 Some(false) => "openat walk".into(),
                 None => String::new(),
             },
+            devices: self.device_statuses(),
         }
+    }
+
+    /// Every volume's device mount that is (or may be) there, by volume
+    /// name, with its operation's attempts and last error.
+    pub(super) fn device_statuses(&self) -> Vec<DeviceStatus> {
+        let dsw = self.world.dsw();
+        let asw = self.world.asw();
+        let mut out: Vec<DeviceStatus> = asw
+            .volumes()
+            .filter(|(_, v)| v.device_mount_state != DeviceMountState::NotMounted)
+            .map(|(name, v)| {
+                let rec = self.executor.record(name, None);
+                let state = match v.device_mount_state {
+                    _ if !dsw.volume_exists(name) => "unmounting",
+                    DeviceMountState::Uncertain => "uncertain",
+                    _ => "mounted",
+                };
+                DeviceStatus {
+                    volume: name.to_string(),
+                    plugin: v.plugin_name.to_string(),
+                    state: state.into(),
+                    path: v
+                        .device_mount_path
+                        .as_ref()
+                        .map(|p| p.display().to_string()),
+                    pods: u32::try_from(v.pods.len()).unwrap_or(u32::MAX),
+                    operation: rec.as_ref().map(|r| r.kind.metric_name().to_string()),
+                    attempts: rec.as_ref().map_or(0, |r| r.attempts),
+                    error: rec.and_then(|r| r.last_error),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.volume.cmp(&b.volume));
+        out
+    }
+
+    /// `volmgr_volume_devices{plugin_name,state}`: the devices of
+    /// [`Self::device_statuses`] counted by plugin and state.
+    fn device_metrics(&self) -> String {
+        use crate::util::prometheus::{Exposition, MetricType};
+        let mut counts = std::collections::BTreeMap::<(String, String), u64>::new();
+        for d in self.device_statuses() {
+            *counts.entry((d.plugin, d.state)).or_default() += 1;
+        }
+        let mut w = Exposition::new();
+        let name = "volmgr_volume_devices";
+        w.family(
+            name,
+            "Volumes' device mounts (CSI staging, block global maps) on the node, in use or not yet unmounted.",
+            MetricType::Gauge,
+        );
+        for ((plugin, state), n) in counts {
+            w.sample(name, &[("plugin_name", &plugin), ("state", &state)], n);
+        }
+        w.finish()
     }
 
     /// Every desired pod, then the pods gone from the desired state that
@@ -301,7 +359,8 @@ impl VolumeManager {
                 (p, d, a)
             })
             .collect();
-        let extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
+        let mut extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
+        extra.push_str(&self.device_metrics());
         self.metrics.render(&counts, &extra)
     }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{VolumeManager, WaitError};
-use crate::cache::actual_state_of_world::VolumeMountState;
+use crate::cache::actual_state_of_world::{DeviceMountState, VolumeMountState};
 use crate::volume::{PodUid, UniqueVolumeName};
 
 /// Shortest pause between two convergence checks of a waiter.
@@ -72,7 +72,7 @@ impl VolumeManager {
 
     /// Waits until the node has converged: states synced, (if given) exactly
     /// `pods` pods desired, every desired volume mounted and nothing else
-    /// mounted. The check stops at the first difference and runs after each
+    /// mounted (no pod's volume, no device of a volume no pod wants). The check stops at the first difference and runs after each
     /// change of the state, paced so that it costs at most about a tenth of
     /// the time it waits (a check of 10,000 volumes near the end takes a few
     /// hundred microseconds): between 0.2 ms and 10 ms apart.
@@ -134,6 +134,13 @@ impl VolumeManager {
                     return Some(format!("pod {uid} volume {name}: still mounted"));
                 }
             }
+        }
+        // A device no pod wants any more that is not unmounted yet (its
+        // NodeUnstageVolume keeps failing) is something left on the node.
+        if let Some((name, _)) = asw.volumes().find(|(name, v)| {
+            v.device_mount_state != DeviceMountState::NotMounted && !dsw.volume_exists(name)
+        }) {
+            return Some(format!("volume {name}: device still mounted"));
         }
         for (uid, pod) in dsw.pods() {
             if let Some(v) = pod.volumes.iter().find(|v| v.volume.is_err()) {

@@ -205,7 +205,10 @@ mod tests {
         l.reserve("d", &vol("a"), Some(1)).unwrap().keep();
         l.release("d", &vol("z"));
         // Its failure does not give back a place it did not take.
-        again.settle::<()>(&Err(VolumeError::Final("no".into())));
+        again.settle::<()>(&Err(VolumeError::Plugin {
+            plugin: "kubernetes.io/csi".into(),
+            message: "no".into(),
+        }));
         assert_eq!(l.in_use("d"), 1);
         assert!(l.reserve("d", &vol("b"), Some(1)).is_err());
     }
@@ -335,7 +338,7 @@ mod tests {
             p.reserve_slot("d", &vol("b")).unwrap().keep();
             let e = p.reserve_slot("d", &vol("c")).unwrap_err();
             assert!(matches!(e, VolumeError::VolumeLimit(_)), "{e:?}");
-            assert!(!e.is_final() && !e.is_waiting() && !e.is_uncertain());
+            assert!(!e.is_expansion_infeasible() && !e.is_waiting() && !e.is_uncertain());
             assert_eq!(
                 e.to_string(),
                 "node limit of 2 volumes of driver \"d\" reached (2 in use)"
