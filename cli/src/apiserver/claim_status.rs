@@ -200,7 +200,7 @@ pub fn resize_finished_patch(pvc: &PersistentVolumeClaim, size: u64) -> Option<V
 /// (`640Mi`), else in bytes.
 pub fn quantity(size: u64) -> String {
     for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if size != 0 && size % (1u64 << shift) == 0 {
+        if size != 0 && size.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", size >> shift);
         }
     }
