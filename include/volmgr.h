@@ -347,6 +347,15 @@ void volmgr_free(volmgr *vm);
  * "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
  * back unchanged and must be usable from that thread.
  *
+ * After NodeExpandVolume grew a claim's file system beyond the claim's
+ * `status.capacity` (the claim as last upserted), it is called with
+ * `{"kind": "claim_resized", "namespace", "claim", "persistent_volume",
+ * "volume_name", "size_bytes"}`: the caller patches the claim's status as
+ * the kubelet does (`status.capacity.storage` to the size,
+ * `allocatedResourceStatuses.storage` and the `FileSystemResizePending`
+ * condition removed), then upserts the patched claim. A call missed is
+ * made again at the volume's next mount (the claim still says less).
+ *
  * The callback must not block on volmgr: the blocking calls
  * (`volmgr_start`, `volmgr_stop`, `volmgr_wait_for_attach_and_mount`,
  * `volmgr_wait_for_unmount`) made from it return `VOLMGR_ERR_BUSY` at once

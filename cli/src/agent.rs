@@ -257,7 +257,8 @@ fn install_csi(
 /// The API server client, if the agent is to use one (`--kubeconfig`, or
 /// in a pod), with what must be in place before the manager starts: the
 /// service account token source (TokenRequest, unless `--token-file`
-/// supplies tokens) and the events on pods.
+/// supplies tokens), the events on pods and the claims' status after node
+/// expansion.
 async fn connect_api(
     opts: &AgentOptions,
     vm: &Arc<VolumeManager>,
@@ -278,6 +279,7 @@ async fn connect_api(
     if let Some(c) = &client {
         let events = apiserver::events::EventConfig::default();
         apiserver::events::start(c.clone(), &opts.node_name, vm, events, stop.clone());
+        apiserver::claim_status::start(c.clone(), vm, stop.clone());
         tracing::info!(node = %opts.node_name, "using the API server (pods, objects, events, CSINode, tokens)");
     }
     Ok(client)

@@ -197,6 +197,8 @@ fn rbac_is_the_least_the_agent_needs() {
     add("", &["serviceaccounts/token"], &["create"]);
     add("", &["nodes"], &["get", "list", "watch", "patch"]);
     add("", &["nodes/status"], &["patch"]);
+    // status.capacity after node expansion (the kubelet's MarkFSResizeFinished).
+    add("", &["persistentvolumeclaims/status"], &["patch"]);
     add("events.k8s.io", &["events"], &["create", "patch"]);
     add(
         "storage.k8s.io",

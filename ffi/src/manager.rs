@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
-use volmgr_core::cache::world::{VolumeEvent, VolumeEventKind};
+use volmgr_core::cache::world::{ClaimResize, VolumeEvent, VolumeEventKind};
 use volmgr_core::csi::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
@@ -248,21 +248,7 @@ pub unsafe extern "C" fn volmgr_new(
             try_ffi!(install_csi(&vm, csi, stop_rx));
         }
         let events: Arc<Mutex<Option<EventCallback>>> = Arc::default();
-        let sink = Arc::clone(&events);
-        vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
-            // The ABI's kinds stay the four it documents.
-            if ev.kind == VolumeEventKind::Expanded {
-                return;
-            }
-            let cb = *sink.locked();
-            if let Some(cb) = cb {
-                let json = event_json(ev);
-                if let Ok(c) = std::ffi::CString::new(json) {
-                    // SAFETY: the callback's contract (volmgr_set_event_callback).
-                    unsafe { (cb.f)(cb.userdata, c.as_ptr()) };
-                }
-            }
-        }));
+        forward_events(&vm, &events);
         let mut resolver = PodResolver::new(vm.pod_sink());
         // A Node object the caller upserts gives local PVs' node affinity
         // this node's labels.
@@ -323,6 +309,44 @@ fn install_csi(
         );
     }
     Ok(())
+}
+
+/// Hands volume events and claim resizes to the event callback, if set.
+fn forward_events(vm: &Arc<VolumeManager>, events: &Arc<Mutex<Option<EventCallback>>>) {
+    let call = |sink: &Mutex<Option<EventCallback>>, json: String| {
+        let cb = *sink.locked();
+        if let Some(cb) = cb {
+            if let Ok(c) = std::ffi::CString::new(json) {
+                // SAFETY: the callback's contract (volmgr_set_event_callback).
+                unsafe { (cb.f)(cb.userdata, c.as_ptr()) };
+            }
+        }
+    };
+    let sink = Arc::clone(events);
+    vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
+        // The ABI's kinds stay those it documents.
+        if ev.kind != VolumeEventKind::Expanded {
+            call(&sink, event_json(ev));
+        }
+    }));
+    let sink = Arc::clone(events);
+    vm.add_claim_resize_listener(Arc::new(move |r: &ClaimResize| {
+        call(&sink, claim_resized_json(r));
+    }));
+}
+
+/// A [`ClaimResize`] for the event callback: the caller patches the claim's
+/// status as the kubelet does (volmgr has no API client).
+fn claim_resized_json(r: &ClaimResize) -> String {
+    serde_json::json!({
+        "kind": "claim_resized",
+        "namespace": r.namespace,
+        "claim": r.claim,
+        "persistent_volume": r.persistent_volume,
+        "volume_name": r.volume_name.as_str(),
+        "size_bytes": r.size_bytes,
+    })
+    .to_string()
 }
 
 fn event_json(ev: &VolumeEvent) -> String {
@@ -434,6 +458,15 @@ pub unsafe extern "C" fn volmgr_free(vm: *mut volmgr) {
 /// thread with a JSON object `{"kind": "mounted"|"unmounted"|"failed"|"lost",
 /// "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
 /// back unchanged and must be usable from that thread.
+///
+/// After NodeExpandVolume grew a claim's file system beyond the claim's
+/// `status.capacity` (the claim as last upserted), it is called with
+/// `{"kind": "claim_resized", "namespace", "claim", "persistent_volume",
+/// "volume_name", "size_bytes"}`: the caller patches the claim's status as
+/// the kubelet does (`status.capacity.storage` to the size,
+/// `allocatedResourceStatuses.storage` and the `FileSystemResizePending`
+/// condition removed), then upserts the patched claim. A call missed is
+/// made again at the volume's next mount (the claim still says less).
 ///
 /// The callback must not block on volmgr: the blocking calls
 /// (`volmgr_start`, `volmgr_stop`, `volmgr_wait_for_attach_and_mount`,

@@ -512,8 +512,16 @@ pub struct CsiVolumeSource {
     pub volume_attributes: std::collections::BTreeMap<String, String>,
     /// PV `spec.mountOptions`.
     pub mount_options: Vec<String>,
-    /// PV `spec.capacity.storage` in bytes (desired size; growth → NodeExpandVolume).
+    /// PV `spec.capacity.storage` in bytes: the size wanted (the kubelet's
+    /// `DesiredPersistentVolumeSize`; beyond the size the file system has →
+    /// NodeExpandVolume).
     pub capacity_bytes: Option<u64>,
+    /// The claim's `status.capacity.storage` in bytes: the size its file
+    /// system is known to have (the kubelet compares it with the PV's
+    /// capacity to expand during mount, and starts its record of the
+    /// mounted size from it). None for inline volumes and claims without a
+    /// status (manifests usually have none).
+    pub claim_capacity_bytes: Option<u64>,
     /// From `spec.csi.nodeStageSecretRef`.
     pub node_stage_secrets: Option<Arc<CsiSecrets>>,
     /// From `spec.csi.nodePublishSecretRef` (inline: `nodePublishSecretRef`).
@@ -548,6 +556,7 @@ impl CsiVolumeSource {
             volume_attributes: Default::default(),
             mount_options: Vec::new(),
             capacity_bytes: None,
+            claim_capacity_bytes: None,
             node_stage_secrets: None,
             node_publish_secrets: None,
             node_expand_secrets: None,

@@ -1,8 +1,9 @@
 //! The Kubernetes API server side of the node agent (kube-rs): the client
 //! (`--kubeconfig` or in-cluster), the node's pods and the objects they read, the node's CSINode object and CSI
-//! annotations, events on pods, the Node's `status.volumesInUse`, and
-//! service account tokens by TokenRequest.
+//! annotations, events on pods, the Node's `status.volumesInUse`, claims'
+//! status after node expansion, and service account tokens by TokenRequest.
 
+pub mod claim_status;
 pub mod client;
 pub mod csinode;
 pub mod events;

@@ -16,7 +16,8 @@
 //!   counter;
 //! - an outage switch (every request `503`, open watches cut), a switch
 //!   refusing (`403`) every read of one resource (the node authorizer of
-//!   older clusters for serviceaccounts), and every request recorded.
+//!   older clusters for serviceaccounts), and every request recorded (with
+//!   its content type and JSON body: the patches sent).
 //!
 //! TLS with a self-signed certificate for 127.0.0.1 (rcgen); the test
 //! writes a kubeconfig that trusts it.
@@ -47,6 +48,10 @@ pub struct Recorded {
     pub path: String,
     pub query: String,
     pub status: u16,
+    /// The `Content-Type` header (empty if none).
+    pub content_type: String,
+    /// The body as JSON (`Null` if none or not JSON).
+    pub body: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -462,6 +467,12 @@ impl Server {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let query = req.uri().query().unwrap_or("").to_string();
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
         let body = req
             .into_body()
             .collect()
@@ -474,6 +485,8 @@ impl Server {
             path,
             query,
             status: resp.status().as_u16(),
+            content_type,
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         });
         resp
     }

@@ -26,13 +26,20 @@ import (
 
 // Event is one volume event (volmgr_set_event_callback's JSON).
 type Event struct {
-	// Kind is "mounted", "unmounted", "failed" or "lost".
+	// Kind is "mounted", "unmounted", "failed", "lost", or
+	// "claim_resized" (NodeExpandVolume grew the claim Namespace/Claim to
+	// SizeBytes: patch its status.capacity as the kubelet does).
 	Kind       string `json:"kind"`
 	PodUID     string `json:"pod_uid"`
 	Volume     string `json:"volume"`
 	VolumeName string `json:"volume_name"`
 	Path       string `json:"path"`
 	Error      string `json:"error"`
+	// Set for "claim_resized".
+	Namespace        string `json:"namespace"`
+	Claim            string `json:"claim"`
+	PersistentVolume string `json:"persistent_volume"`
+	SizeBytes        uint64 `json:"size_bytes"`
 }
 
 // eventSink is what an event callback's cgo.Handle refers to: a bounded

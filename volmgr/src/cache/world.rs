@@ -130,6 +130,31 @@ impl VolumeEvent {
 /// A subscriber to volume events. Called on a volmgr runtime thread; must not block.
 pub type EventListener = Arc<dyn Fn(&VolumeEvent) + Send + Sync>;
 
+/// A claim whose file system was grown on the node beyond what its
+/// `status.capacity` says: what the kubelet's `MarkFSResizeFinished` /
+/// `MarkNodeExpansionFinishedWithRecovery` patch into the claim's status
+/// (`status.capacity` to the new size, `allocatedResourceStatuses.storage`
+/// and the resize conditions such as `FileSystemResizePending` removed).
+/// volmgr has no API client of its own: whoever has one (the agent in API
+/// mode, a C ABI caller) patches the claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimResize {
+    /// The claim's namespace (its pod's).
+    pub namespace: String,
+    /// The claim's name.
+    pub claim: String,
+    /// Its PersistentVolume.
+    pub persistent_volume: Option<String>,
+    /// The volume's unique name.
+    pub volume_name: UniqueVolumeName,
+    /// The size the file system now has, in bytes (the PV's capacity).
+    pub size_bytes: u64,
+}
+
+/// A subscriber to [`ClaimResize`]s. Called on a volmgr runtime thread;
+/// must not block.
+pub type ClaimResizeListener = Arc<dyn Fn(&ClaimResize) + Send + Sync>;
+
 /// Which volumes the next reconcile pass must look at.
 #[derive(Debug, Default)]
 pub struct Dirty {
@@ -162,6 +187,7 @@ pub struct World {
     reconstructed: AtomicBool,
     synced: AtomicBool,
     listeners: RwLock<Vec<EventListener>>,
+    claim_listeners: RwLock<Vec<ClaimResizeListener>>,
 }
 
 impl Default for World {
@@ -178,6 +204,7 @@ impl Default for World {
             reconstructed: AtomicBool::new(false),
             synced: AtomicBool::new(false),
             listeners: RwLock::default(),
+            claim_listeners: RwLock::default(),
         }
     }
 }
@@ -329,6 +356,19 @@ impl World {
         let listeners = self.listeners.read_locked();
         for l in listeners.iter() {
             l(&ev);
+        }
+    }
+
+    /// Adds a listener of claims grown on the node.
+    pub fn add_claim_resize_listener(&self, l: ClaimResizeListener) {
+        self.claim_listeners.write_locked().push(l);
+    }
+
+    /// Tells every claim resize listener.
+    pub fn claim_resized(&self, ev: &ClaimResize) {
+        let listeners = self.claim_listeners.read_locked();
+        for l in listeners.iter() {
+            l(ev);
         }
     }
 }

@@ -12,18 +12,18 @@ use crate::cache::actual_state_of_world::{
     DeviceMountState, ForeignMounts, MountedPod, VolumeMountState,
 };
 use crate::cache::out_of_band::OutOfBandLog;
-use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, World};
+use crate::cache::world::{ClaimResize, VolumeEvent, VolumeEventKind, VolumeOperation, World};
 use crate::plugins::foreign::is_foreign;
 use crate::plugins::subpath;
 use crate::plugins::{
-    DeviceMountRequest, DeviceUnmountRequest, MountRequest, NodeExpandRequest, UnmountRequest,
-    VolumeError, VolumePlugin,
+    DeviceMountRequest, DeviceUnmountRequest, MountRequest, NodeExpandRequest,
+    NodeExpandableVolumePlugin, UnmountRequest, VolumeError, VolumePlugin,
 };
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::root_dir::RootDir;
 use crate::sys::Mounter;
-use crate::volume::VolumeSpec;
 use crate::volume::{PodUid, SubPath, UniqueVolumeName};
+use crate::volume::{VolumeSource, VolumeSpec};
 
 /// The subPath bind mounts of a pod's volume
 /// ([`subpath`](crate::plugins::subpath)): made after its set-up for the
@@ -87,10 +87,15 @@ pub async fn mount_volume(
     }
     let keys = subs.keys();
     let (res, set_up) = match plugin.set_up(req).await {
-        Ok(path) if subs.subs.is_empty() => (Ok(path.clone()), Some(path)),
         Ok(path) => {
-            let r = bind_sub_paths(subs, pod.clone(), spec.name.clone(), path.clone()).await;
-            (r.map(|_| path.clone()), Some(path))
+            let r = match expand_during_mount(&world, &plugin, &volume, &pod, &spec, &path).await {
+                Ok(()) if subs.subs.is_empty() => Ok(path.clone()),
+                Ok(()) => bind_sub_paths(subs, pod.clone(), spec.name.clone(), path.clone())
+                    .await
+                    .map(|_| path.clone()),
+                Err(e) => Err(e),
+            };
+            (r, Some(path))
         }
         Err(e) => (Err(e), None),
     };
@@ -203,12 +208,13 @@ fn record_mount(
     let known_path = || asw.pod_mount(volume, pod).map(|m| m.path.clone());
     let outcome = match (res, set_up) {
         (Ok(path), _) => Some((path.clone(), VolumeMountState::Mounted)),
-        (Err(e), _) if e.is_uncertain() => Some((
+        // Set up, but not expanded or not its subPaths (the kubelet's
+        // `MarkVolumeMountAsUncertain` after a failed expansion).
+        (Err(_), Some(path)) => Some((path, VolumeMountState::Uncertain)),
+        (Err(e), None) if e.is_uncertain() => Some((
             known_path().unwrap_or_default(),
             VolumeMountState::Uncertain,
         )),
-        // Set up, but not its subPaths.
-        (Err(_), Some(path)) => Some((path, VolumeMountState::Uncertain)),
         (Err(_), None) => None,
     };
     if let Some((path, state)) = outcome {
@@ -348,9 +354,11 @@ pub async fn mount_device(
             fs_group,
         })
         .await;
+    // The size the file system has: the claim's status says it (the
+    // kubelet's `InitializeClaimSize`); without one, the PV's capacity.
     let size = plugin
         .node_expandable()
-        .and_then(|e| e.requested_size(&spec));
+        .and_then(|e| e.claim_size(&spec).or_else(|| e.requested_size(&spec)));
     {
         let mut asw = world.asw_mut();
         match &res {
@@ -504,6 +512,9 @@ pub async fn expand_volume(
         Ok(()) => {
             world.asw_mut().set_volume_size(&volume, Some(new_size));
             tracing::info!(%volume, new_size, "volume expanded on the node");
+            if let Some((pod, _, _)) = pods.first() {
+                tell_claim_resized(&world, ex, &volume, pod, &spec, new_size);
+            }
         }
         Err(e) if e.is_expansion_infeasible() => {
             world.asw_mut().mark_expansion_infeasible(&volume, new_size);
@@ -515,6 +526,103 @@ pub async fn expand_volume(
     let outcome = res.as_ref().map(|()| VolumeEventKind::Expanded);
     report_to_pods(&world, &volume, VolumeOperation::NodeExpand, pods, outcome);
     res
+}
+
+/// The kubelet's `expandVolumeDuringMount`, after a set-up at `path`: a
+/// volume whose claim's `status.capacity` is below its PV's capacity (the
+/// claim was expanded while no pod used it) is grown (NodeExpandVolume)
+/// before the pod may use it. Not a read-only volume (a
+/// `FileSystemResizeFailed` event says so). The driver refusing for good
+/// (`FAILED_PRECONDITION`: not while published) does not fail the set-up;
+/// any other failure does (the volume is recorded uncertain, the mount
+/// retried). Success records the new size, is told to the pod
+/// (`FileSystemResizeSuccessful`) and to claim resize listeners (who patch
+/// the claim's status).
+async fn expand_during_mount(
+    world: &Arc<World>,
+    plugin: &Arc<dyn VolumePlugin>,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    spec: &Arc<VolumeSpec>,
+    path: &std::path::Path,
+) -> Result<(), VolumeError> {
+    let Some(ex) = plugin.node_expandable() else {
+        return Ok(());
+    };
+    let (Some(claim), Some(want)) = (ex.claim_size(spec), ex.requested_size(spec)) else {
+        return Ok(());
+    };
+    if claim >= want {
+        return Ok(());
+    }
+    let this_pod = || vec![(pod.clone(), spec.name.clone(), spec.is_block())];
+    let op = VolumeOperation::NodeExpand;
+    if spec.read_only() {
+        let e = VolumeError::InvalidSpec("requested read-only file system".into());
+        tracing::warn!(%volume, %pod, "not expanding a read-only volume");
+        report_to_pods(world, volume, op, this_pod(), Err(&e));
+        return Ok(());
+    }
+    let device_mount_path = world
+        .asw()
+        .volume(volume)
+        .and_then(|v| v.device_mount_path.clone());
+    let res = ex
+        .node_expand(NodeExpandRequest {
+            volume_name: volume.clone(),
+            spec: Arc::clone(spec),
+            new_size: want,
+            volume_path: path.to_path_buf(),
+            device_mount_path,
+        })
+        .await;
+    match res {
+        Ok(()) => {
+            world.asw_mut().set_volume_size(volume, Some(want));
+            tracing::info!(%volume, %pod, new_size = want, "volume expanded during mount");
+            report_to_pods(world, volume, op, this_pod(), Ok(VolumeEventKind::Expanded));
+            tell_claim_resized(world, ex, volume, pod, spec, want);
+            Ok(())
+        }
+        Err(e @ VolumeError::Final(_)) => {
+            tracing::warn!(%volume, %pod, error = %e, "expanding during mount failed for good; mounting anyway");
+            report_to_pods(world, volume, op, this_pod(), Err(&e));
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Tells claim resize listeners that the claim of `spec` (in the namespace
+/// of `pod`) now has `size` bytes, when its `status.capacity` says less (the
+/// kubelet patches the claim only then).
+fn tell_claim_resized(
+    world: &World,
+    ex: &dyn NodeExpandableVolumePlugin,
+    volume: &UniqueVolumeName,
+    pod: &PodUid,
+    spec: &VolumeSpec,
+    size: u64,
+) {
+    if ex.claim_size(spec).is_none_or(|c| c >= size) {
+        return;
+    }
+    let VolumeSource::Csi(c) = &spec.source else {
+        return;
+    };
+    let Some(claim) = c.claim_name.clone() else {
+        return;
+    };
+    let Some(namespace) = world.dsw().pod(pod).map(|p| p.namespace.to_string()) else {
+        return;
+    };
+    world.claim_resized(&ClaimResize {
+        namespace,
+        claim,
+        persistent_volume: c.pv_name.clone(),
+        volume_name: volume.clone(),
+        size_bytes: size,
+    });
 }
 
 /// What [`remove_foreign_mounts`] works on.

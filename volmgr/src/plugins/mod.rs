@@ -240,8 +240,19 @@ pub trait DeviceMountableVolumePlugin: Send + Sync {
 /// on the node when its desired size grows.
 #[async_trait::async_trait]
 pub trait NodeExpandableVolumePlugin: Send + Sync {
-    /// The size the spec asks for, if it says.
+    /// The size the spec asks for, if it says (a PV's capacity).
     fn requested_size(&self, spec: &VolumeSpec) -> Option<u64>;
+
+    /// The size the volume's claim says its file system has (the claim's
+    /// `status.capacity`), if known: below [`requested_size`] the volume is
+    /// expanded while it is set up for a pod (the kubelet's
+    /// `expandVolumeDuringMount`), and the record of the size a mounted
+    /// volume has starts from it (`InitializeClaimSize`).
+    ///
+    /// [`requested_size`]: NodeExpandableVolumePlugin::requested_size
+    fn claim_size(&self, _spec: &VolumeSpec) -> Option<u64> {
+        None
+    }
 
     /// Expands the volume to `req.new_size`.
     async fn node_expand(&self, req: NodeExpandRequest) -> Result<(), VolumeError>;

@@ -73,6 +73,7 @@ pub(super) fn persistent_volume_claim(
         volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
         mount_options: spec.mount_options.clone().unwrap_or_default(),
         capacity_bytes: capacity(&pv_name, spec)?,
+        claim_capacity_bytes: claim_capacity(&pvc),
         node_stage_secrets: secret(&csi.node_stage_secret_ref, "nodeStageSecretRef")?,
         node_publish_secrets: secret(&csi.node_publish_secret_ref, "nodePublishSecretRef")?,
         node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
@@ -276,6 +277,14 @@ fn capacity(pv_name: &str, spec: &PersistentVolumeSpec) -> Result<Option<u64>> {
                 .map_err(|e| invalid(format!("PersistentVolume {pv_name}: capacity.storage: {e}")))
         })
         .transpose()
+}
+
+/// The claim's `status.capacity.storage` in bytes, if set (and valid: a
+/// status the API server wrote always is; a hand-written one that does not
+/// parse counts as absent).
+fn claim_capacity(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    let q = pvc.status.as_ref()?.capacity.as_ref()?.get("storage")?;
+    quantity::parse_bytes(&q.0).ok()
 }
 
 /// The Secret a `spec.csi.*SecretRef` names, if any.

@@ -488,6 +488,7 @@ fn inline_csi(
         volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
         mount_options: Vec::new(),
         capacity_bytes: None,
+        claim_capacity_bytes: None,
         node_stage_secrets: None,
         node_publish_secrets,
         node_expand_secrets: None,
@@ -940,6 +941,7 @@ mod tests {
         assert_eq!(c.access_mode, CsiAccessMode::MultiNodeMultiWriter);
         assert_eq!(c.mount_options, vec!["noatime".to_string()]);
         assert_eq!(c.capacity_bytes, Some(64 << 20));
+        assert_eq!(c.claim_capacity_bytes, None, "a claim without a status");
         assert_eq!(c.volume_attributes["size"], "64Mi");
         for s in [
             &c.node_stage_secrets,
@@ -948,6 +950,14 @@ mod tests {
         ] {
             assert_eq!(s.as_ref().unwrap().0["key"], "value");
         }
+        // The claim's status.capacity: the size its file system has.
+        let mut claim = pvc("claim", Some("pv-1"));
+        claim.status = Some(
+            serde_json::from_value(serde_json::json!({"capacity": {"storage": "32Mi"}})).unwrap(),
+        );
+        o.pvcs = vec![claim];
+        let c = csi_of(resolve(&pvc_pod("claim", false), &o));
+        assert_eq!(c.claim_capacity_bytes, Some(32 << 20));
         // Debug of the whole pod never shows a secret value.
         let d = DesiredPod::from_pod_with(&pvc_pod("claim", false), Some(&o)).unwrap();
         assert!(!format!("{d:?}").contains("value\""), "{d:?}");

@@ -407,7 +407,8 @@ impl Reconciler {
 
     /// Phase 3 (the kubelet's `mountOrAttachVolumes`): set up what is
     /// desired and not (certainly) set up, after the device where the
-    /// plugin has a device phase; grow volumes whose desired size grew.
+    /// plugin has a device phase; grow mounted volumes whose desired size
+    /// is beyond the size recorded (the kubelet's `volumeNeedsExpansion`).
     fn mount_or_attach_volumes(
         &self,
         dsw: &DesiredStateOfWorld,
@@ -548,13 +549,22 @@ impl Reconciler {
         let (Some(ex), Some(av)) = (plugin.node_expandable(), asw.volume(v)) else {
             return false;
         };
-        if let (Some(want), Some(have)) = (ex.requested_size(&first.spec), av.size_bytes) {
+        // The recorded size, or the claim's (the kubelet's
+        // `InitializeClaimSize`, for a volume found without a record).
+        let have = av.size_bytes.or_else(|| ex.claim_size(&first.spec));
+        if let (Some(want), Some(have)) = (ex.requested_size(&first.spec), have) {
             let mounted = av
                 .pods
                 .values()
                 .any(|m| m.state == VolumeMountState::Mounted);
-            // A size the driver said it cannot reach is not asked again.
-            if want > have && mounted && av.expansion_infeasible != Some(want) {
+            // A size the driver said it cannot reach is not asked again; not a
+            // read-only volume (the kubelet's populator records no desired size
+            // for one).
+            if want > have
+                && mounted
+                && av.expansion_infeasible != Some(want)
+                && !first.spec.read_only()
+            {
                 pass.actions.push(Action::Expand {
                     volume: v.clone(),
                     plugin: Arc::clone(&dv.plugin_name),

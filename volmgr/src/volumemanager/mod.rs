@@ -486,6 +486,13 @@ impl VolumeManager {
         self.world.add_listener(l);
     }
 
+    /// Subscribes to claims whose file system was grown on the node beyond
+    /// their `status.capacity` (to patch the claim's status, as the
+    /// kubelet does after NodeExpandVolume).
+    pub fn add_claim_resize_listener(&self, l: crate::cache::world::ClaimResizeListener) {
+        self.world.add_claim_resize_listener(l);
+    }
+
     /// Adds a producer of extra Prometheus text (e.g. the tracer's counters).
     pub fn add_metrics_source(&self, f: Arc<dyn Fn() -> String + Send + Sync>) {
         self.extra_metrics.locked().push(f);

@@ -154,6 +154,7 @@ mod tests {
                 volume_attributes: BTreeMap::new(),
                 mount_options: vec![],
                 capacity_bytes: Some(1 << 26),
+                claim_capacity_bytes: None,
                 node_stage_secrets: None,
                 node_publish_secrets: None,
                 node_expand_secrets: None,

@@ -734,6 +734,10 @@ impl NodeExpandableVolumePlugin for CsiPlugin {
         source(spec).ok().and_then(|s| s.capacity_bytes)
     }
 
+    fn claim_size(&self, spec: &VolumeSpec) -> Option<u64> {
+        source(spec).ok().and_then(|s| s.claim_capacity_bytes)
+    }
+
     /// NodeExpandVolume, when the driver has EXPAND_VOLUME (otherwise there
     /// is nothing to do on the node); records the new size with the stage.
     async fn node_expand(&self, req: NodeExpandRequest) -> Result<(), VolumeError> {

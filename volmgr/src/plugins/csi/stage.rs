@@ -119,8 +119,11 @@ impl CsiPlugin {
                 classify(CsiOp::Stage, e)?;
             }
         }
+        // The size the file system is known to have: the claim's status
+        // (a pending expansion is then still found after a restart), or,
+        // without one, the PV's capacity.
         let record = serde_json::to_vec(&StagedRecord {
-            capacity_bytes: src.capacity_bytes,
+            capacity_bytes: src.claim_capacity_bytes.or(src.capacity_bytes),
         })
         .map_err(VolumeError::Encode)?;
         self.root
