@@ -1202,6 +1202,7 @@ mod tests {
                     name: n.into(),
                     source: Ok(s),
                     sub_paths: vec![],
+                    stale: None,
                 })
                 .collect(),
             terminated: false,
