@@ -223,6 +223,77 @@ fn api_pods_are_mounted_and_follow_their_objects() {
     });
 }
 
+/// Issue 28 item 5 through the API: an optional Secret deleted while a
+/// pod uses it leaves the volume (the kubelet writes the payload without
+/// it); a non-optional one keeps its files and the error shows on the
+/// pod's volume.
+#[test]
+fn api_deleted_optional_secret_leaves_the_volume() {
+    isolated("api_deleted_optional_secret_leaves_the_volume", || {
+        let c = Cluster::new();
+        c.api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": "test"}, "data": {"password": "b3B0LXNlY3JldA=="}}));
+        c.api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s2", "namespace": "test"}, "data": {"password": "cmVxLXNlY3JldA=="}}));
+        let uid = "d4444444-0000-0000-0000-000000000004";
+        c.api.apply(pod(
+            "del",
+            uid,
+            NODE,
+            json!([{"name": "opt", "secret": {"secretName": "s", "optional": true}},
+                   {"name": "req", "secret": {"secretName": "s2"}}]),
+        ));
+        let _agent = c.start_agent();
+        c.wait_mounted(uid, "opt");
+        c.wait_mounted(uid, "req");
+        let vol = |name: &str| {
+            c.env
+                .root
+                .join("pods")
+                .join(uid)
+                .join("volumes/kubernetes.io~secret")
+                .join(name)
+        };
+        let read = |p: PathBuf| std::fs::read_to_string(p).ok();
+        assert_eq!(
+            read(vol("opt").join("password")).as_deref(),
+            Some("opt-secret")
+        );
+
+        c.api.delete("Secret", "test", "s", false);
+        c.env.wait_for("optional secret gone", || {
+            std::fs::read_dir(vol("opt")).unwrap().count() == 2
+        });
+        let left: Vec<String> = std::fs::read_dir(vol("opt"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "..data")
+            .collect();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(
+            std::fs::read_dir(vol("opt").join(&left[0]))
+                .unwrap()
+                .count(),
+            0
+        );
+        assert_eq!(c.state(uid, "opt").as_deref(), Some("mounted"));
+
+        c.api.delete("Secret", "test", "s2", false);
+        c.env.wait_for("error on the volume", || {
+            c.env
+                .volume_state(uid, "req")
+                .and_then(|(_, _, e)| e)
+                .is_some_and(|e| e.contains("Secret test/s2 not found"))
+        });
+        assert_eq!(
+            read(vol("req").join("password")).as_deref(),
+            Some("req-secret")
+        );
+        assert_eq!(c.state(uid, "req").as_deref(), Some("mounted"));
+        c.assert_node_authorizer_content();
+    });
+}
+
 /// While the API server is down (503, watches cut) nothing is torn down;
 /// a pod created meanwhile is mounted after recovery. A compaction (410 on
 /// the next watch) while a pod is deleted without the watch seeing it: the

@@ -56,13 +56,16 @@ fn is_tmpfs(env: &Env, p: &Path) -> bool {
 /// A reader in another process: 1,000 snapshots of keys `x` and `y` (through
 /// one resolution of `..data`, as a reader that wants a consistent view
 /// does; a snapshot whose payload was replaced and removed meanwhile is
-/// retried), each also reading `x` through its user-visible name, which must
-/// never be missing. Exits 2 on a mix, 3 on a missing file.
+/// retried), each also reading `x` through its user-visible name. That read
+/// may fail once when it resolved `..data` just before a swap and the
+/// previous payload was removed before it opened `x` (the kubelet removes
+/// it right after the swap too); read again, it must succeed. Exits 2 on a
+/// mix, 3 on a name missing twice in a row.
 fn start_reader(dir: &Path) -> std::process::Child {
     let script = r#"
 i=0
 while [ $i -lt 1000 ]; do
-  cat "$V/x" >/dev/null || exit 3
+  cat "$V/x" >/dev/null 2>&1 || cat "$V/x" >/dev/null || exit 3
   if cd "$V/..data" 2>/dev/null; then
     if a=$(cat x 2>/dev/null) && b=$(cat y 2>/dev/null); then
       [ "$a" = "$b" ] || { echo "mix: $a $b"; exit 2; }
@@ -161,9 +164,9 @@ fn config_map_secret_and_downward_api_volumes_and_updates() {
             assert_eq!(last.writes, 1 + n as u64);
             assert_ne!(last.generation, first.generation);
             assert_eq!(read(&cfg.join("y")), Some(n.to_string()));
-            // The current payload and the previous one.
+            // The current payload only: the previous one went with the swap.
             let st = std::fs::read_dir(&cfg).unwrap().count();
-            assert_eq!(st, 5, "two payload directories left: {:?}", names(&cfg));
+            assert_eq!(st, 4, "one payload directory left: {:?}", names(&cfg));
 
             // Pod deletion removes the tmpfs and the directories.
             env.remove_manifest("p.yaml");
@@ -307,12 +310,238 @@ fn a_crash_during_an_update_leaves_the_old_or_the_new_payload() {
                 read(&cfg.join("x")).as_deref() == Some("new")
             });
             assert_eq!(read(&cfg.join("y")).as_deref(), Some("new"));
-            // The half-done payload and `..data_tmp` go, the previous stays.
+            // The half-done payload, `..data_tmp` and the previous go.
             env.wait_for("stale payload removed", || {
-                std::fs::read_dir(&cfg).unwrap().count() == 5
+                std::fs::read_dir(&cfg).unwrap().count() == 4
             });
             assert!(!cfg.join("..data_tmp").exists());
             assert!(agent.term());
         },
     );
+}
+
+/// Every payload directory (`..<timestamp>`) of a volume.
+fn payload_dirs(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("..") && n != "..data")
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every regular file under `dir` (symlinks not followed) holding `needle`.
+fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            out.extend(files_holding(&e.path(), needle));
+        } else if t.is_file() && std::fs::read_to_string(e.path()).unwrap().contains(needle) {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> String {
+    let d: Vec<String> = data.iter().map(|(k, v)| format!("{k}: \"{v}\"")).collect();
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: test}}\nstringData: {{{}}}\n",
+        d.join(", ")
+    )
+}
+
+/// Issue 25 item 4: a rotated-out secret (a revoked credential) does not
+/// stay on the pod's disk. Two updates in quick succession leave exactly
+/// one `..<timestamp>` directory and the old values nowhere under the
+/// volume; a payload directory left behind (a crash between the swap and
+/// the removal) goes at the set-up after a restart.
+#[test]
+fn a_rotated_out_secret_leaves_the_volume_at_once() {
+    isolated("a_rotated_out_secret_leaves_the_volume_at_once", || {
+        let env = Env::new();
+        env.write_manifest("s.yaml", &secret("s", &[("password", "revoked-1")]));
+        env.write_manifest(
+            "p.yaml",
+            &pod_yaml("p", "uid-rot", &[("sec", "secret: {secretName: s}")]),
+        );
+        let agent = env.start_agent(&[]);
+        assert_eq!(env.wait_pod("uid-rot", 30.0), 0, "{}", agent.log());
+        let sec = vol_dir(&env, "uid-rot", "secret", "sec");
+        env.write_manifest("s.yaml", &secret("s", &[("password", "revoked-2")]));
+        env.write_manifest("s.yaml", &secret("s", &[("password", "current")]));
+        env.wait_for("current secret", || {
+            read(&sec.join("password")).as_deref() == Some("current")
+        });
+        assert_eq!(payload_dirs(&sec).len(), 1, "{:?}", payload_dirs(&sec));
+        let left = files_holding(&sec, "revoked");
+        assert!(left.is_empty(), "old secret values left: {left:?}");
+
+        // A payload directory left behind, then a restart.
+        agent.kill9();
+        let stale = sec.join("..2020_01_01_00_00_00.123456789");
+        std::fs::create_dir(&stale).unwrap();
+        std::fs::write(stale.join("password"), "revoked-0").unwrap();
+        let agent = env.start_agent(&[]);
+        env.wait_for("leftover removed", || !stale.exists());
+        assert_eq!(payload_dirs(&sec).len(), 1, "{:?}", payload_dirs(&sec));
+        assert!(files_holding(&sec, "revoked").is_empty());
+        assert_eq!(read(&sec.join("password")).as_deref(), Some("current"));
+        assert!(agent.term());
+    });
+}
+
+/// A projected `kube-api-access` volume whose token lives an hour.
+const KUBE_API_ACCESS_HOUR: &str = "projected: {defaultMode: 420, sources: [\
+{serviceAccountToken: {expirationSeconds: 3600, path: token}}, \
+{configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}}]}";
+
+fn token_pod(uid: &str, pod_sc: &str, container_sc: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {uid}, namespace: test, uid: \"{uid}\"}}\nspec:\n  securityContext: {pod_sc}\n  containers: [{{name: c, image: i, securityContext: {container_sc}, volumeMounts: [{{name: kube-api-access, mountPath: /var/run/secrets}}]}}]\n  volumes:\n  - {{name: kube-api-access, {KUBE_API_ACCESS_HOUR}}}\n"
+    )
+}
+
+/// Issue 25 item 5: service account token files as the kubelet writes them
+/// (`projected.go`'s FsUser rule, then the fsGroup walk): 0600 owned by the
+/// user all containers run as, group read added by an fsGroup; the other
+/// files keep `defaultMode`.
+#[test]
+fn token_files_are_owned_by_the_pods_user() {
+    isolated("token_files_are_owned_by_the_pods_user", || {
+        use std::os::unix::fs::MetadataExt;
+        let env = Env::new();
+        let tokens = env.dir.path().join("tokens");
+        std::fs::create_dir_all(tokens.join("test")).unwrap();
+        std::fs::write(tokens.join("test/default"), "tok\n").unwrap();
+        env.write_manifest(
+            "ca.yaml",
+            &config_map("kube-root-ca.crt", &[("ca.crt", "CA")]),
+        );
+        // (uid, pod securityContext, container's, token's (uid, gid, mode),
+        // ca.crt's gid)
+        let cases = [
+            ("uid-none", "{}", "{}", (0, 0, 0o644), 0),
+            ("uid-user", "{runAsUser: 1000}", "{}", (1000, 0, 0o600), 0),
+            (
+                "uid-group",
+                "{runAsUser: 1000, fsGroup: 2000}",
+                "{}",
+                (1000, 2000, 0o640),
+                2000,
+            ),
+            (
+                "uid-own",
+                "{runAsUser: 1000, fsGroup: 2000}",
+                "{runAsUser: 1001}",
+                (1001, 2000, 0o640),
+                2000,
+            ),
+        ];
+        for (uid, pod_sc, c_sc, _, _) in &cases {
+            env.write_manifest(&format!("{uid}.yaml"), &token_pod(uid, pod_sc, c_sc));
+        }
+        let agent = env.start_agent(&["--token-file", tokens.to_str().unwrap()]);
+        for (uid, _, _, token, ca_gid) in cases {
+            assert_eq!(env.wait_pod(uid, 30.0), 0, "{}", agent.log());
+            let v = vol_dir(&env, uid, "projected", "kube-api-access");
+            let m = std::fs::metadata(v.join("token")).unwrap();
+            assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), token, "{uid}");
+            assert_eq!(read(&v.join("token")).as_deref(), Some("tok"));
+            let ca = std::fs::metadata(v.join("ca.crt")).unwrap();
+            assert_eq!((ca.uid(), ca.gid(), ca.mode() & 0o7777), (0, ca_gid, 0o644));
+        }
+        assert!(agent.term());
+    });
+}
+
+/// Issue 28 item 5: an optional Secret deleted while mounted empties what
+/// it gave (the kubelet writes the payload without it); a non-optional
+/// one keeps its files and the error shows on the pod's volume.
+#[test]
+fn deleted_optional_sources_leave_the_volume() {
+    isolated("deleted_optional_sources_leave_the_volume", || {
+        let env = Env::new();
+        env.write_manifest("s.yaml", &secret("s", &[("password", "opt-secret")]));
+        env.write_manifest("s2.yaml", &secret("s2", &[("password", "req-secret")]));
+        env.write_manifest("cm.yaml", &config_map("cm", &[("a", "1")]));
+        let proj =
+            "projected: {sources: [{secret: {name: s, optional: true}}, {configMap: {name: cm}}]}";
+        let vols = [
+            ("opt", "secret: {secretName: s, optional: true}"),
+            ("req", "secret: {secretName: s2}"),
+            ("proj", proj),
+        ];
+        env.write_manifest("p.yaml", &pod_yaml("p", "uid-del", &vols));
+        let agent = env.start_agent(&[]);
+        assert_eq!(env.wait_pod("uid-del", 30.0), 0, "{}", agent.log());
+        let opt = vol_dir(&env, "uid-del", "secret", "opt");
+        let req = vol_dir(&env, "uid-del", "secret", "req");
+        let proj = vol_dir(&env, "uid-del", "projected", "proj");
+        assert_eq!(names(&opt), vec!["..data", "password"]);
+        assert_eq!(names(&proj), vec!["..data", "a", "password"]);
+
+        env.remove_manifest("s.yaml");
+        env.wait_for("optional secret gone", || {
+            names(&opt) == ["..data"] && names(&proj) == ["..data", "a"]
+        });
+        assert!(files_holding(&opt, "opt-secret").is_empty());
+        assert!(files_holding(&proj, "opt-secret").is_empty());
+        assert_eq!(read(&proj.join("a")).as_deref(), Some("1"));
+        assert_eq!(env.volume_state("uid-del", "opt").unwrap().0, "mounted");
+
+        // Not optional: the files stay, the error is on the pod's volume.
+        env.remove_manifest("s2.yaml");
+        env.wait_for("error on the volume", || {
+            env.volume_state("uid-del", "req")
+                .and_then(|(_, _, e)| e)
+                .is_some_and(|e| e.contains("Secret test/s2 not found"))
+        });
+        assert_eq!(read(&req.join("password")).as_deref(), Some("req-secret"));
+        assert_eq!(env.volume_state("uid-del", "req").unwrap().0, "mounted");
+
+        // Back: written again, the error gone.
+        env.write_manifest("s.yaml", &secret("s", &[("password", "new")]));
+        env.write_manifest("s2.yaml", &secret("s2", &[("password", "new2")]));
+        env.wait_for("secrets back", || {
+            read(&opt.join("password")).as_deref() == Some("new")
+                && read(&proj.join("password")).as_deref() == Some("new")
+                && read(&req.join("password")).as_deref() == Some("new2")
+        });
+        env.wait_for("error cleared", || {
+            env.volume_state("uid-del", "req").unwrap().2.is_none()
+        });
+        assert!(agent.term());
+    });
+}
+
+/// Issue 28 item 6: a ConfigMap of 10,000 keys (about 150 KB, valid for the
+/// API server) is mounted whole.
+#[test]
+fn a_config_map_of_10000_keys_is_mounted_whole() {
+    isolated("a_config_map_of_10000_keys_is_mounted_whole", || {
+        let env = Env::new();
+        let data: Vec<(String, String)> = (0..10_000)
+            .map(|i| (format!("key-{i:05}"), format!("value-{i}")))
+            .collect();
+        let pairs: Vec<(&str, &str)> = data.iter().map(|(k, v)| (&**k, &**v)).collect();
+        env.write_manifest("cm.yaml", &config_map("big", &pairs));
+        env.write_manifest(
+            "p.yaml",
+            &pod_yaml("p", "uid-big", &[("cfg", "configMap: {name: big}")]),
+        );
+        let agent = env.start_agent(&[]);
+        let started = std::time::Instant::now();
+        assert_eq!(env.wait_pod("uid-big", 300.0), 0, "{}", agent.log());
+        eprintln!("10,000-key configMap mounted in {:?}", started.elapsed());
+        let cfg = vol_dir(&env, "uid-big", "configmap", "cfg");
+        assert_eq!(names(&cfg).len(), 10_001, "..data and 10,000 names");
+        for (k, v) in &data {
+            assert_eq!(read(&cfg.join(k)).as_deref(), Some(v.as_str()), "{k}");
+        }
+        assert!(agent.term());
+    });
 }

@@ -347,6 +347,10 @@ pub struct PayloadFile {
     pub data: Arc<[u8]>,
     /// The file mode (permission bits; `defaultMode` or the item's `mode`).
     pub mode: u32,
+    /// The file's owner, when not the writer (the kubelet's
+    /// `FileProjection.FsUser`: service account tokens of a pod whose
+    /// containers all run as one user).
+    pub fs_user: Option<u32>,
 }
 
 /// A projected `serviceAccountToken` source: not resolvable from objects,
@@ -374,8 +378,13 @@ pub struct TokenProjection {
     pub pod_name: String,
     /// The pod's UID (the token's bound object).
     pub pod_uid: String,
-    /// The file mode.
+    /// The file mode: `defaultMode`, or 0600 when the pod has an `fsUser`
+    /// or an `fsGroup` (the kubelet's `projected.go`; the `fsGroup` then
+    /// adds group read).
     pub mode: u32,
+    /// The file's owner: the kubelet's `FsUser`, the `runAsUser` every
+    /// container of the pod runs as (`volume/util.FsUserFrom`), if any.
+    pub fs_user: Option<u32>,
 }
 
 /// A `configMap`, `secret`, `downwardAPI` or `projected` volume, resolved:

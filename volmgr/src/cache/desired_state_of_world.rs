@@ -66,6 +66,9 @@ pub struct PodVolumeEntry {
     pub plugin_name: Option<Arc<str>>,
     /// Its unique name, or why it cannot be mounted.
     pub volume: Result<UniqueVolumeName, String>,
+    /// Why it is no longer updated, when it stays as last resolved (an
+    /// object it needs went away while it is mounted).
+    pub stale: Option<String>,
 }
 
 /// A desired pod.
@@ -260,6 +263,7 @@ mod tests {
                 outer_name: v.to_string(),
                 plugin_name: Some(plugin.clone()),
                 volume: Ok(name.clone()),
+                stale: None,
             });
             mounts.push((
                 name,

@@ -13,13 +13,16 @@
 //! and renames that over `..data`: one `rename(2)`, so a reader that opens
 //! `key` (through `..data`) sees either the old payload or the new one, never
 //! a mix, never a missing file. User-visible symlinks are added for new
-//! names, those of names gone are removed, then every other `..` entry but
-//! the previous payload (older payloads, a half-written one a crash left
-//! behind) is deleted. The previous payload is kept until the next write so
-//! a reader that resolved `..data` just before the swap still finds its
-//! files (with the kubelet's immediate removal such a reader can get
-//! `ENOENT`). Nothing is rewritten when the payload is the same as what
-//! `..data` holds (and then the previous payload is removed too).
+//! names, those of names gone are removed, then every other `..` entry is
+//! deleted: the previous payload right after the swap, as the kubelet does
+//! (a rotated-out secret — a revoked credential — must not stay readable
+//! in the pod's volume), and whatever older payloads or half-written ones a
+//! crash left behind. A reader that resolved `..data` just before the swap
+//! can then get `ENOENT` for a file of the previous payload (as with the
+//! kubelet); opening the name again finds the new one. Nothing is rewritten
+//! when the payload is the same as what `..data` holds (and then leftovers
+//! are removed too, so the set-up after a restart cleans up after a crash
+//! between the swap and the removal).
 //!
 //! Every call works relative to the volume directory's descriptor, never
 //! follows a symlink (`O_NOFOLLOW`, `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`)
@@ -35,7 +38,7 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{fchmod, fstat, mkdirat, Mode};
-use nix::unistd::{fchown, fchownat, symlinkat, unlinkat, Gid, UnlinkatFlags};
+use nix::unistd::{fchown, fchownat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
 
 use crate::sys::beneath::{self, Last};
 use crate::sys::dirents::{self, EntryKind};
@@ -50,9 +53,17 @@ const NEW_DATA_DIR_NAME: &str = "..data_tmp";
 /// The kubelet's limits on a payload path and on one of its components.
 const MAX_PATH_LENGTH: usize = 4096;
 const MAX_FILE_NAME_LENGTH: usize = 255;
-/// Most files (and directories) in one payload: bounds the work a hostile
-/// object can cause.
-pub const MAX_PAYLOAD_FILES: usize = 4096;
+/// Most files in one payload. Above the keys any one ConfigMap or Secret
+/// the API server accepts can hold (a request body is at most 3 MiB, and
+/// each key takes at least 7 bytes of it, `"k":"",`: about 450,000), so a
+/// valid object is never refused; it bounds the memory and work of one
+/// volume, the manifests directory's included (no API server bounds its
+/// objects).
+pub const MAX_PAYLOAD_FILES: usize = 1 << 19;
+/// Most bytes (paths and contents) in one payload: 64 MiB, the data of 21
+/// objects at the API server's 3 MiB request limit (a ConfigMap's or a
+/// Secret's data is at most 1 MiB by the API's validation).
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
 
 /// Why a payload could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +75,14 @@ pub enum WriterError {
         path: String,
         /// Why.
         why: &'static str,
+    },
+    /// The payload is over [`MAX_PAYLOAD_FILES`] or [`MAX_PAYLOAD_BYTES`].
+    #[error("the payload has {files} files and {bytes} bytes, more than a volume may hold ({MAX_PAYLOAD_FILES} files, {MAX_PAYLOAD_BYTES} bytes)")]
+    TooLarge {
+        /// Its files.
+        files: usize,
+        /// Its bytes (paths and contents).
+        bytes: usize,
     },
     /// A file of the volume could not be written or read.
     #[error(transparent)]
@@ -108,17 +127,26 @@ pub fn validate_path(path: &str) -> Result<Vec<&str>, WriterError> {
     }
 }
 
+/// The bytes of a payload: its paths and contents.
+pub fn payload_bytes(payload: &BTreeMap<String, PayloadFile>) -> usize {
+    payload.iter().map(|(p, f)| p.len() + f.data.len()).sum()
+}
+
+/// Whether a payload of `files` files and `bytes` bytes is within
+/// [`MAX_PAYLOAD_FILES`] and [`MAX_PAYLOAD_BYTES`].
+pub fn check_size(files: usize, bytes: usize) -> Result<(), WriterError> {
+    if files > MAX_PAYLOAD_FILES || bytes > MAX_PAYLOAD_BYTES {
+        return Err(WriterError::TooLarge { files, bytes });
+    }
+    Ok(())
+}
+
 /// Checks every path of a payload, and that no file is also a directory
 /// of another (`a` and `a/b`). Returns the payload keyed by cleaned path.
 fn clean_payload(
     payload: &BTreeMap<String, PayloadFile>,
 ) -> Result<BTreeMap<String, &PayloadFile>, WriterError> {
-    if payload.len() > MAX_PAYLOAD_FILES {
-        return Err(WriterError::InvalidPath {
-            path: String::new(),
-            why: "more than 4096 files",
-        });
-    }
+    check_size(payload.len(), payload_bytes(payload))?;
     let mut out = BTreeMap::new();
     let mut dirs = BTreeSet::new();
     for (p, f) in payload {
@@ -167,10 +195,18 @@ impl Ownership {
         }
     }
 
-    fn apply(self, fd: BorrowedFd<'_>, mode: u32, what: &Path) -> Result<(), SyscallError> {
-        if let Some(gid) = self.fs_group {
-            fchown(fd, None, Some(Gid::from_raw(gid)))
-                .map_err(|e| SyscallError::new("fchown", what, e))?;
+    /// Owner `user` (a file's `fs_user`) and group `fsGroup`, where given,
+    /// then `mode` (after the `fchown`, which clears set-id bits).
+    fn apply(
+        self,
+        fd: BorrowedFd<'_>,
+        mode: u32,
+        user: Option<u32>,
+        what: &Path,
+    ) -> Result<(), SyscallError> {
+        if user.is_some() || self.fs_group.is_some() {
+            let (uid, gid) = (user.map(Uid::from_raw), self.fs_group.map(Gid::from_raw));
+            fchown(fd, uid, gid).map_err(|e| SyscallError::new("fchown", what, e))?;
         }
         fchmod(fd, Mode::from_bits_truncate(mode)).map_err(|e| SyscallError::new("fchmod", what, e))
     }
@@ -199,7 +235,7 @@ pub fn write(
     let clean = clean_payload(payload)?;
     let old = current_payload_dir(dir)?;
     let unchanged = match &old {
-        Some(old) => same_payload(dir, old, &clean)?,
+        Some(old) => same_payload(dir, old, &clean, owner)?,
         None => false,
     };
     let outcome = if unchanged {
@@ -213,12 +249,11 @@ pub fn write(
     };
     let visible: BTreeSet<&str> = clean.keys().filter_map(|p| p.split('/').next()).collect();
     update_user_visible(dir, &visible, owner)?;
-    // After a swap the previous payload stays (until the next write): a
-    // reader that resolved `..data` just before the rename still finds its
-    // files. Everything older, and what a crash left, goes.
-    let keep: Vec<OsString> = match &outcome {
-        WriteOutcome::Written { dir } => std::iter::once(OsString::from(dir)).chain(old).collect(),
-        WriteOutcome::Unchanged => old.into_iter().collect(),
+    // The kubelet's step 11: the previous payload goes right after the
+    // swap, with anything older a crash left. Only `..data`'s target stays.
+    let keep = match &outcome {
+        WriteOutcome::Written { dir } => OsString::from(dir),
+        WriteOutcome::Unchanged => old.unwrap_or_default(),
     };
     remove_stale(root, dir, &keep)?;
     Ok(outcome)
@@ -240,11 +275,12 @@ fn sys(call: &'static str, dir: &Target, name: impl AsRef<OsStr>, e: Errno) -> S
 }
 
 /// Whether payload directory `old` holds exactly `clean` (same paths, bytes
-/// and modes; ownership is not compared).
+/// and modes as `owner` gives them, and owners where a file names one).
 fn same_payload(
     dir: &Target,
     old: &OsStr,
     clean: &BTreeMap<String, &PayloadFile>,
+    owner: Ownership,
 ) -> Result<bool, WriterError> {
     let old_fd = match beneath::open(dir.as_fd(), Path::new(old), dir_flags(), Last::OnSameMount) {
         Ok(fd) => fd,
@@ -264,7 +300,11 @@ fn same_payload(
         let fd = beneath::open(old_fd.as_fd(), Path::new(p), flags, Last::OnSameMount)
             .map_err(|e| sys("open", dir, Path::new(old).join(p), e))?;
         let st = fstat(&fd).map_err(|e| sys("fstat", dir, p, e))?;
-        if st.st_mode & 0o7777 != f.mode & 0o7777 || st.st_size as usize != f.data.len() {
+        let owner_differs = f.fs_user.is_some_and(|u| st.st_uid != u);
+        if st.st_mode & 0o7777 != owner.file_mode(f.mode)
+            || st.st_size as usize != f.data.len()
+            || owner_differs
+        {
             return Ok(false);
         }
         let mut have = Vec::with_capacity(f.data.len());
@@ -343,6 +383,11 @@ fn timestamp_name(attempt: u32) -> String {
     format!("..{stamp}.{nanos:09}{suffix}")
 }
 
+/// Payloads of up to this many files are synced file by file (`fsync`);
+/// larger ones with one `syncfs(2)` once written: 10,000 `fsync`s on a busy
+/// ext4 disk take a minute, one `syncfs` a fraction of it.
+const FSYNC_EACH_MAX: usize = 64;
+
 /// Creates a new payload directory in `dir` and writes `clean` into it,
 /// every file and directory synced. Returns its name.
 fn write_payload_dir(
@@ -360,7 +405,12 @@ fn write_payload_dir(
         }
     };
     let ts = open_dir_at(dir.as_fd(), Path::new(&name)).map_err(|e| sys("open", dir, &name, e))?;
-    let mut dirs: BTreeMap<String, OwnedFd> = BTreeMap::new();
+    let each = clean.len() <= FSYNC_EACH_MAX;
+    let sync = |fd: &OwnedFd| nix::unistd::fsync(fd).map_err(|e| sys("fsync", dir, &name, e));
+    // The directory of the last file written (one descriptor open at a
+    // time, however many directories; files of one directory are mostly
+    // next to each other in path order), synced when left.
+    let mut current: Option<(&str, OwnedFd)> = None;
     for (p, f) in clean {
         let (parent, file) = match p.rsplit_once('/') {
             Some((parent, file)) => (Some(parent), file),
@@ -369,22 +419,33 @@ fn write_payload_dir(
         let pfd = match parent {
             None => ts.as_fd(),
             Some(parent) => {
-                if !dirs.contains_key(parent) {
+                if current.as_ref().is_none_or(|(d, _)| *d != parent) {
+                    if let (Some((_, fd)), true) = (current.take(), each) {
+                        sync(&fd)?;
+                    }
                     let fd = make_dirs(ts.as_fd(), parent, owner)
                         .map_err(|e| sys("mkdirat", dir, Path::new(&name).join(parent), e))?;
-                    dirs.insert(parent.to_string(), fd);
+                    current = Some((parent, fd));
                 }
-                dirs.get(parent).map_or(ts.as_fd(), |fd| fd.as_fd())
+                current.as_ref().map_or(ts.as_fd(), |(_, fd)| fd.as_fd())
             }
         };
-        write_file(pfd, file, f, owner)
+        write_file(pfd, file, f, owner, each)
             .map_err(|e| sys("write", dir, Path::new(&name).join(p), e))?;
     }
-    for fd in dirs.values() {
-        nix::unistd::fsync(fd).map_err(|e| sys("fsync", dir, &name, e))?;
+    if let (Some((_, fd)), true) = (current.take(), each) {
+        sync(&fd)?;
     }
-    owner.apply(ts.as_fd(), owner.dir_mode(0o755), &dir.path().join(&name))?;
-    nix::unistd::fsync(&ts).map_err(|e| sys("fsync", dir, &name, e))?;
+    owner.apply(
+        ts.as_fd(),
+        owner.dir_mode(0o755),
+        None,
+        &dir.path().join(&name),
+    )?;
+    match each {
+        true => sync(&ts)?,
+        false => nix::unistd::syncfs(&ts).map_err(|e| sys("syncfs", dir, &name, e))?,
+    }
     Ok(OsString::from(name))
 }
 
@@ -405,18 +466,20 @@ fn make_dirs(ts: BorrowedFd<'_>, rel: &str, owner: Ownership) -> Result<OwnedFd,
         }
         let fd = open_dir_at(ts, &path)?;
         owner
-            .apply(fd.as_fd(), owner.dir_mode(0o755), &path)
+            .apply(fd.as_fd(), owner.dir_mode(0o755), None, &path)
             .map_err(|e| Errno::from_raw(e.errno().unwrap_or(libc::EIO)))?;
         last = Some(fd);
     }
     last.ok_or(Errno::EINVAL)
 }
 
+/// Writes one file (synced when `sync`).
 fn write_file(
     parent: BorrowedFd<'_>,
     name: &str,
     f: &PayloadFile,
     owner: Ownership,
+    sync: bool,
 ) -> Result<(), Errno> {
     let flags =
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
@@ -425,8 +488,16 @@ fn write_file(
     file.write_all(&f.data)
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
     owner
-        .apply(file.as_fd(), owner.file_mode(f.mode), Path::new(name))
+        .apply(
+            file.as_fd(),
+            owner.file_mode(f.mode),
+            f.fs_user,
+            Path::new(name),
+        )
         .map_err(|e| Errno::from_raw(e.errno().unwrap_or(libc::EIO)))?;
+    if !sync {
+        return Ok(());
+    }
     file.sync_all()
         .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
 }
@@ -507,15 +578,15 @@ fn update_user_visible(
     sync_dir(dir)
 }
 
-/// Removes every `..` entry but `..data` and the payloads in `keep`: older
-/// payloads, and whatever a crash left behind (a half-written payload, a
-/// `..data_tmp`).
-fn remove_stale(root: &RootDir, dir: &Target, keep: &[OsString]) -> Result<(), WriterError> {
+/// Removes every `..` entry but `..data` and the payload `keep` it points
+/// at: the previous payload, and whatever a crash left behind (older
+/// payloads, a half-written one, a `..data_tmp`).
+fn remove_stale(root: &RootDir, dir: &Target, keep: &OsStr) -> Result<(), WriterError> {
     let listing = open_self(dir)?;
     let entries = dirents::read_all(listing.as_fd()).map_err(|e| sys("getdents64", dir, ".", e))?;
     for e in entries {
         let n = e.name.as_bytes();
-        if !n.starts_with(b"..") || n == DATA_DIR_NAME.as_bytes() || keep.contains(&e.name) {
+        if !n.starts_with(b"..") || n == DATA_DIR_NAME.as_bytes() || e.name == keep {
             continue;
         }
         root.remove_all_at(dir, &e.name)?;
@@ -538,6 +609,7 @@ mod tests {
         PayloadFile {
             data: Arc::from(data.as_bytes()),
             mode,
+            fs_user: None,
         }
     }
 
@@ -647,19 +719,117 @@ mod tests {
         let WriteOutcome::Written { dir: ts } = out else {
             panic!()
         };
-        // The previous payload stays until the next write.
-        let want = [&ts1, &ts, "..data", "b", "c", "mine"];
+        // The previous payload is removed right after the swap.
+        assert!(!v.join(&ts1).exists());
+        let want = [&ts, "..data", "b", "c", "mine"];
         assert_eq!(names(&v), want.map(String::from).to_vec());
         assert_eq!(read(&v, "b"), "3");
         assert_eq!(read(&v, "c"), "4");
-        // An empty payload (optional and missing): `..data`, its directory
-        // and the previous one.
-        write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
-        assert_eq!(names(&v).len(), 4, "{:?}", names(&v));
-        assert!(!v.join(&ts1).exists());
-        // Nothing changed: nothing written, the previous payload goes.
-        write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
-        assert_eq!(names(&v).len(), 3, "{:?}", names(&v));
+        // An empty payload (an optional source gone): `..data` and its
+        // (empty) directory; the names of the payload go.
+        let out = write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
+        let WriteOutcome::Written { dir: empty } = out else {
+            panic!()
+        };
+        let want = [&empty, "..data", "mine"];
+        assert_eq!(names(&v), want.map(String::from).to_vec());
+        // Nothing changed: nothing written.
+        let out = write(&root, &dir, &BTreeMap::new(), Ownership::default()).unwrap();
+        assert_eq!(out, WriteOutcome::Unchanged);
+        assert_eq!(names(&v), want.map(String::from).to_vec());
+    }
+
+    /// Every regular file under `dir` (not following symlinks) holding
+    /// `needle`.
+    fn files_holding(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            if t.is_dir() {
+                out.extend(files_holding(&e.path(), needle));
+            } else if t.is_file() {
+                let data = std::fs::read(e.path()).unwrap();
+                if data.windows(needle.len()).any(|w| w == needle) {
+                    out.push(e.path());
+                }
+            }
+        }
+        out
+    }
+
+    fn payload_dirs(v: &Path) -> Vec<String> {
+        names(v)
+            .into_iter()
+            .filter(|n| n.starts_with("..") && n != "..data")
+            .collect()
+    }
+
+    /// Issue 25 item 4: a rotated-out secret does not stay on the pod's
+    /// disk. Two updates in quick succession leave exactly one payload
+    /// directory, and the old values are nowhere under the volume.
+    #[test]
+    fn a_rotated_out_secret_is_removed_right_after_the_swap() {
+        let (_d, root, dir) = setup();
+        let v = dir.path().to_path_buf();
+        for value in ["revoked-1", "revoked-2", "current"] {
+            let p = payload(&[("password", value), ("sub/key", value)]);
+            write(&root, &dir, &p, Ownership::default()).unwrap();
+        }
+        assert_eq!(payload_dirs(&v).len(), 1, "{:?}", names(&v));
+        assert_eq!(read(&v, "password"), "current");
+        assert_eq!(read(&v, "sub/key"), "current");
+        for old in ["revoked-1", "revoked-2"] {
+            let left = files_holding(&v, old.as_bytes());
+            assert!(left.is_empty(), "{old} left in {left:?}");
+        }
+    }
+
+    /// A payload past the file-by-file sync (one `syncfs`), in many
+    /// directories visited out of order (`d1/x`, `d1.x`, `d1/y`...): every
+    /// file written, then recognised as unchanged.
+    #[test]
+    fn a_large_payload_in_many_directories() {
+        let (_d, root, dir) = setup();
+        let mut p = BTreeMap::new();
+        for i in 0..3000 {
+            p.insert(
+                format!("d{}/sub/f{i}", i % 100),
+                file(&format!("v{i}"), 0o644),
+            );
+            p.insert(format!("d{}.x", i % 100), file("dot", 0o644));
+            p.insert(format!("top{i}"), file(&format!("t{i}"), 0o600));
+        }
+        assert!(p.len() > FSYNC_EACH_MAX);
+        write(&root, &dir, &p, Ownership::default()).unwrap();
+        let v = dir.path();
+        for i in 0..3000 {
+            assert_eq!(read(v, &format!("d{}/sub/f{i}", i % 100)), format!("v{i}"));
+            assert_eq!(read(v, &format!("top{i}")), format!("t{i}"));
+        }
+        assert_eq!(read(v, "d7.x"), "dot");
+        let again = write(&root, &dir, &p, Ownership::default()).unwrap();
+        assert_eq!(again, WriteOutcome::Unchanged);
+    }
+
+    /// What a crash between the swap and the removal (or an older agent)
+    /// left: removed by the next write, even one that rewrites nothing (the
+    /// set-up every payload volume gets after a restart).
+    #[test]
+    fn payloads_left_behind_go_at_the_next_write() {
+        let (_d, root, dir) = setup();
+        let v = dir.path().to_path_buf();
+        let p = payload(&[("password", "current")]);
+        write(&root, &dir, &p, Ownership::default()).unwrap();
+        for old in ["..2020_01_01_00_00_00.1", "..2020_01_01_00_00_00.2"] {
+            std::fs::create_dir_all(v.join(old).join("sub")).unwrap();
+            std::fs::write(v.join(old).join("sub/password"), "revoked").unwrap();
+        }
+        let out = write(&root, &dir, &p, Ownership::default()).unwrap();
+        assert_eq!(out, WriteOutcome::Unchanged);
+        assert_eq!(payload_dirs(&v).len(), 1, "{:?}", names(&v));
+        assert!(files_holding(&v, b"revoked").is_empty());
+        assert_eq!(read(&v, "password"), "current");
     }
 
     #[test]
@@ -765,12 +935,59 @@ mod tests {
         assert_eq!(std::fs::symlink_metadata(v.join("k")).unwrap().gid(), 4321);
     }
 
+    /// A file with an `fs_user` (a token of a pod that runs as one user) is
+    /// owned by it, with and without `fsGroup`; the others by the writer.
+    /// A change of owner alone is a change.
+    #[test]
+    fn fs_user_owns_its_file() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: needs root to chown");
+            return;
+        }
+        let token = |user| PayloadFile {
+            fs_user: Some(user),
+            ..file("jwt", 0o600)
+        };
+        for (fs_group, user, want) in [
+            (None, 1000, (1000, 0, 0o600)),
+            (Some(2000), 1000, (1000, 2000, 0o640)),
+            (Some(2000), 1001, (1001, 2000, 0o640)),
+        ] {
+            let (_d, root, dir) = setup();
+            let p: BTreeMap<_, _> = [
+                ("token".to_string(), token(user)),
+                ("ca.crt".to_string(), file("CA", 0o644)),
+            ]
+            .into();
+            write(&root, &dir, &p, Ownership { fs_group }).unwrap();
+            let m = std::fs::metadata(dir.path().join("token")).unwrap();
+            assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), want);
+            let ca = std::fs::metadata(dir.path().join("ca.crt")).unwrap();
+            assert_eq!(
+                (ca.uid(), ca.gid(), ca.mode() & 0o7777),
+                (0, fs_group.unwrap_or(0), 0o644)
+            );
+            let again = write(&root, &dir, &p, Ownership { fs_group }).unwrap();
+            assert_eq!(again, WriteOutcome::Unchanged);
+        }
+        let (_d, root, dir) = setup();
+        let p: BTreeMap<_, _> = [("token".to_string(), token(1000))].into();
+        write(&root, &dir, &p, Ownership::default()).unwrap();
+        let p: BTreeMap<_, _> = [("token".to_string(), token(1001))].into();
+        let out = write(&root, &dir, &p, Ownership::default()).unwrap();
+        assert!(matches!(out, WriteOutcome::Written { .. }), "{out:?}");
+        let m = std::fs::metadata(dir.path().join("token")).unwrap();
+        assert_eq!(m.uid(), 1001);
+    }
+
     /// A reader (another thread) reading two keys always changed together
-    /// never sees them disagree or missing while 1,000 updates swap in.
-    /// Updates are paced by the reader (each waits until a read that began
-    /// after the previous update finished), as real updates are seconds
-    /// apart: a reader never lags a whole update behind, so the payload it
-    /// resolved is the current or the previous one, both still there.
+    /// never sees them disagree while 1,000 updates swap in. Updates are
+    /// paced by the reader (each waits until a read that began after the
+    /// previous update finished), as real updates are seconds apart. The
+    /// previous payload is removed right after the swap (as the kubelet
+    /// does), so a read that resolved `..data` just before it may find its
+    /// files gone (`ENOENT`): such a read starts again, and the one after it
+    /// (the new payload) succeeds.
     #[test]
     fn readers_never_see_a_mix() {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -788,15 +1005,26 @@ mod tests {
         let reader = {
             let (stop, reads, v) = (Arc::clone(&stop), Arc::clone(&reads), v.clone());
             std::thread::spawn(move || {
+                let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+                let mut retries_in_a_row = 0;
                 while !stop.load(SeqCst) {
                     // Resolve `..data` once, as a reader that opens the
                     // directory does: both keys from one payload.
                     let data = v.join(std::fs::read_link(v.join("..data")).unwrap());
-                    let x = std::fs::read_to_string(data.join("x")).expect("x missing");
-                    let y = std::fs::read_to_string(data.join("y")).expect("y missing");
-                    assert_eq!(x, y, "mixed payload");
+                    let both = std::fs::read_to_string(data.join("x"))
+                        .and_then(|x| std::fs::read_to_string(data.join("y")).map(|y| (x, y)));
                     // Through the user-visible name.
-                    std::fs::read_to_string(v.join("x")).expect("x missing");
+                    let visible =
+                        both.and_then(|xy| std::fs::read_to_string(v.join("x")).map(|_| xy));
+                    match visible {
+                        Ok((x, y)) => assert_eq!(x, y, "mixed payload"),
+                        Err(e) if gone(&e) && retries_in_a_row < 2 => {
+                            retries_in_a_row += 1;
+                            continue;
+                        }
+                        Err(e) => panic!("read failed again: {e}"),
+                    }
+                    retries_in_a_row = 0;
                     reads.fetch_add(1, SeqCst);
                 }
             })
@@ -871,5 +1099,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(names(&v).len(), 4, "{:?}", names(&v));
+        assert_eq!(payload_dirs(&v).len(), 1, "{:?}", names(&v));
     }
 }

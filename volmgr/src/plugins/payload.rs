@@ -204,6 +204,7 @@ impl PayloadPlugin {
                 PayloadFile {
                     data: token.token.into_bytes().into(),
                     mode: t.mode,
+                    fs_user: t.fs_user,
                 },
             );
         }
@@ -220,7 +221,9 @@ fn token_error(e: TokenError) -> VolumeError {
 
 fn writer_error(e: WriterError) -> VolumeError {
     match e {
-        WriterError::InvalidPath { .. } => VolumeError::InvalidSpec(e.to_string()),
+        WriterError::InvalidPath { .. } | WriterError::TooLarge { .. } => {
+            VolumeError::InvalidSpec(e.to_string())
+        }
         WriterError::Syscall(e) => VolumeError::Syscall(e),
         WriterError::Path(e) => VolumeError::Path(e),
     }
@@ -445,6 +448,7 @@ mod tests {
             PayloadFile {
                 data: Arc::from(value.as_bytes()),
                 mode: 0o644,
+                fs_user: None,
             },
         )]
         .into();
@@ -460,6 +464,7 @@ mod tests {
                 pod_name: "p".into(),
                 pod_uid: "pod1".into(),
                 mode: 0o600,
+                fs_user: None,
             }],
         };
         Arc::new(VolumeSpec {

@@ -123,23 +123,12 @@ impl Populator {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume cannot be mounted");
-                    // The kubelet's FailedMount for a volume it cannot
-                    // even start to set up (a missing object, an
-                    // unsupported source).
-                    self.world.emit(VolumeEvent {
-                        kind: VolumeEventKind::Failed,
-                        pod_uid: pod.uid.clone(),
-                        volume: v.name.clone(),
-                        volume_name: UniqueVolumeName::new(format!("unresolved/{}", v.name)),
-                        path: None,
-                        error: Some(e.clone()),
-                        operation,
-                        block: false,
-                    });
+                    self.emit_unresolved(&pod.uid, &v.name, &e, operation);
                     entry.volumes.push(PodVolumeEntry {
                         outer_name: v.name,
                         plugin_name: None,
                         volume: Err(e),
+                        stale: None,
                     });
                     continue;
                 }
@@ -149,10 +138,14 @@ impl Populator {
                 source,
             });
             let name = plugin.unique_volume_name(&pod.uid, &spec);
+            if let Some(e) = &v.stale {
+                self.emit_unresolved(&pod.uid, &v.name, e, VolumeOperation::SetUp);
+            }
             entry.volumes.push(PodVolumeEntry {
                 outer_name: v.name.clone(),
                 plugin_name: Some(Arc::clone(&plugin_name)),
                 volume: Ok(name.clone()),
+                stale: v.stale.clone(),
             });
             if !pod.terminated {
                 let to_mount = PodToMount {
@@ -172,6 +165,22 @@ impl Populator {
             entry,
             mounts,
         }
+    }
+
+    /// The kubelet's FailedMount (FailedAttachVolume) for a volume it
+    /// cannot even start to set up, or to update (a missing object, an
+    /// unsupported source).
+    fn emit_unresolved(&self, pod: &PodUid, volume: &str, error: &str, op: VolumeOperation) {
+        self.world.emit(VolumeEvent {
+            kind: VolumeEventKind::Failed,
+            pod_uid: pod.clone(),
+            volume: volume.to_string(),
+            volume_name: UniqueVolumeName::new(format!("unresolved/{volume}")),
+            path: None,
+            error: Some(error.to_string()),
+            operation: op,
+            block: false,
+        });
     }
 
     /// Keeps a deleted pod's namespace and name for status while its volumes

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
 use super::resolve::{
     invalid, pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError,
 };
-use crate::plugins::atomic_writer::validate_path;
+use crate::plugins::atomic_writer::{self, validate_path};
 use crate::quantity;
 use crate::volume::{PayloadFile, PayloadKind, PayloadVolumeSource, TokenProjection, VolumeSource};
 
@@ -53,15 +53,29 @@ fn mode_of(mode: Option<i32>, default: Option<i32>) -> Result<u32, VolumeSpecErr
     Ok(m as u32)
 }
 
+/// Adds one file; an invalid path is an error naming `whose` it is (the
+/// object and key, the item).
 fn insert(
     files: &mut Files,
     path: &str,
     data: Arc<[u8]>,
     mode: u32,
+    whose: impl FnOnce() -> String,
 ) -> Result<(), VolumeSpecError> {
-    validate_path(path).map_err(|e| invalid(e.to_string()))?;
-    files.insert(path.to_string(), PayloadFile { data, mode });
+    validate_path(path).map_err(|e| invalid(format!("{}: {e}", whose())))?;
+    let file = PayloadFile {
+        data,
+        mode,
+        fs_user: None,
+    };
+    files.insert(path.to_string(), file);
     Ok(())
+}
+
+/// A payload within the atomic writer's bounds; over them, an error naming
+/// `what` (the object, or the volume).
+fn check_size(what: &str, files: usize, bytes: usize) -> Result<(), VolumeSpecError> {
+    atomic_writer::check_size(files, bytes).map_err(|e| invalid(format!("{what}: {e}")))
 }
 
 fn objects<'a>(
@@ -87,8 +101,13 @@ fn project_keys(
 ) -> Result<(), VolumeSpecError> {
     let items = items.unwrap_or_default();
     if items.is_empty() {
+        let bytes = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        check_size(what, data.len(), bytes)?;
+        let mode = mode_of(None, default_mode)?;
         for (k, v) in data {
-            insert(files, k, Arc::clone(v), mode_of(None, default_mode)?)?;
+            insert(files, k, Arc::clone(v), mode, || {
+                format!("{what} key {k:?}")
+            })?;
         }
         return Ok(());
     }
@@ -107,6 +126,7 @@ fn project_keys(
             &it.path,
             Arc::clone(v),
             mode_of(it.mode, default_mode)?,
+            || format!("{what} key {:?}", it.key),
         )?;
     }
     Ok(())
@@ -346,18 +366,55 @@ fn add_downward_api(
             &it.path,
             Arc::from(value.as_bytes()),
             mode_of(it.mode, default_mode)?,
+            || "downwardAPI item".to_string(),
         )?;
     }
     Ok(())
 }
 
-/// A projected `serviceAccountToken`: requested at set-up.
+/// The kubelet's `util.FsUserFrom`: the `runAsUser` every container
+/// (init, regular and ephemeral) runs as, each container's own
+/// `securityContext.runAsUser` over the pod's; none when one container has
+/// none or two differ.
+fn fs_user_from(pod: &Pod) -> Result<Option<u32>, VolumeSpecError> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(None);
+    };
+    let pod_user = spec.security_context.as_ref().and_then(|c| c.run_as_user);
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .map(|c| c.security_context.as_ref())
+        .chain(
+            spec.ephemeral_containers
+                .iter()
+                .flatten()
+                .map(|c| c.security_context.as_ref()),
+        );
+    let mut fs_user = None;
+    for sc in containers {
+        match sc.and_then(|c| c.run_as_user).or(pod_user) {
+            Some(u) if fs_user.is_none_or(|f| f == u) => fs_user = Some(u),
+            _ => return Ok(None),
+        }
+    }
+    fs_user
+        .map(|u| u32::try_from(u).map_err(|_| invalid(format!("runAsUser {u} is out of range"))))
+        .transpose()
+}
+
+/// A projected `serviceAccountToken`: requested at set-up. Its file is
+/// `defaultMode`, or 0600 owned by the pod's `fsUser` when the pod has one
+/// or an `fsGroup` (the kubelet's `projected.go`; the `fsGroup` walk then
+/// gives the group read, 0640).
 fn token_projection(
     ctx: &PayloadContext<'_>,
     t: &ServiceAccountTokenProjection,
     default_mode: Option<i32>,
 ) -> Result<TokenProjection, VolumeSpecError> {
-    validate_path(&t.path).map_err(|e| invalid(e.to_string()))?;
+    validate_path(&t.path).map_err(|e| invalid(format!("serviceAccountToken: {e}")))?;
     let expiration_seconds = t.expiration_seconds.unwrap_or(DEFAULT_TOKEN_EXPIRATION);
     if expiration_seconds <= 0 {
         return Err(invalid(
@@ -365,6 +422,17 @@ fn token_projection(
         ));
     }
     let service_account = pod_service_account(ctx.pod);
+    let fs_user = fs_user_from(ctx.pod)?;
+    let fs_group = ctx
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.as_ref())
+        .and_then(|c| c.fs_group);
+    let mode = match (fs_user, fs_group) {
+        (None, None) => mode_of(None, default_mode)?,
+        _ => 0o600,
+    };
     Ok(TokenProjection {
         path: t.path.clone(),
         audience: t.audience.clone().unwrap_or_default(),
@@ -374,7 +442,8 @@ fn token_projection(
         service_account,
         pod_name: ctx.pod.metadata.name.clone().unwrap_or_default(),
         pod_uid: ctx.uid.to_string(),
-        mode: mode_of(None, default_mode)?,
+        mode,
+        fs_user,
     })
 }
 
@@ -428,6 +497,7 @@ fn add_projection(
             &b.path,
             Arc::from(data),
             mode_of(None, default_mode)?,
+            || "clusterTrustBundle".to_string(),
         )?;
     } else if p.pod_certificate.is_some() {
         return Err(VolumeSpecError::Unsupported(
@@ -486,7 +556,14 @@ pub(crate) fn payload_source(
     } else {
         return None;
     };
-    Some(res)
+    Some(res.and_then(|source| {
+        if let VolumeSource::Payload(p) = &source {
+            let bytes = atomic_writer::payload_bytes(&p.files);
+            let what = format!("volume {:?}", v.name);
+            check_size(&what, p.files.len() + p.tokens.len(), bytes)?;
+        }
+        Ok(source)
+    }))
 }
 
 /// Whether volume `v` reads objects (a configMap or Secret, directly or
@@ -708,6 +785,114 @@ mod tests {
         assert!(e.to_string().contains("spec.nodeName"), "{e}");
     }
 
+    /// Issue 28 item 6: a large but valid object (10,000 keys) is a
+    /// payload like any other; an error names the object and key, or the
+    /// object and the bound.
+    #[test]
+    fn large_objects_resolve_and_errors_name_the_key() {
+        let mut o = store();
+        let data: BTreeMap<String, String> = (0..10_000)
+            .map(|i| (format!("key-{i:05}"), format!("value {i}")))
+            .collect();
+        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "big", "namespace": "ns"}, "data": data});
+        o.insert(KubeObject::from_json(cm).unwrap());
+        let p = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "big"}}),
+            &o,
+        )
+        .unwrap();
+        assert_eq!(p.files.len(), 10_000);
+        assert_eq!(&*p.files["key-09999"].data, b"value 9999");
+        // `..x` is a valid key for the API, not a file name the writer
+        // allows (the kubelet refuses it too).
+        let cm = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "dots", "namespace": "ns"}, "data": {"..x": "1"}});
+        o.insert(KubeObject::from_json(cm).unwrap());
+        let e = resolve(
+            serde_json::json!({"name": "v", "configMap": {"name": "dots"}}),
+            &o,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "ConfigMap ns/dots key \"..x\": invalid payload path \"..x\": must not start with '..'"
+        );
+        let over = atomic_writer::MAX_PAYLOAD_FILES + 1;
+        let e = check_size("ConfigMap ns/huge", over, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("ConfigMap ns/huge: the payload has {over} files")),
+            "{e}"
+        );
+        assert!(check_size("x", 10, atomic_writer::MAX_PAYLOAD_BYTES + 1).is_err());
+    }
+
+    /// Token files follow the kubelet's FsUser rule (`projected.go`,
+    /// `util.FsUserFrom`): 0600 owned by the user all containers run as
+    /// when there is one, or when the pod has an fsGroup (whose walk adds
+    /// group read at set-up); `defaultMode` otherwise.
+    #[test]
+    fn token_files_are_owned_by_the_user_all_containers_run_as() {
+        use serde_json::json;
+        let o = store();
+        let c = |name: &str, sc: serde_json::Value| {
+            json!({"name": name, "image": "i", "securityContext": sc,
+                   "volumeMounts": [{"name": "v", "mountPath": "/v"}]})
+        };
+        let token = |pod_sc: serde_json::Value, spec: serde_json::Value| {
+            let mut spec_json = json!({"securityContext": pod_sc,
+                "volumes": [{"name": "v", "projected": {"defaultMode": 0o444, "sources": [
+                    {"serviceAccountToken": {"path": "token"}}]}}]});
+            for (k, v) in spec.as_object().unwrap() {
+                spec_json[k] = v.clone();
+            }
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+                "spec": spec_json,
+            }))
+            .unwrap();
+            let d = DesiredPod::from_pod_with(&pod, Some(&o)).unwrap();
+            match d.volumes[0].source.clone() {
+                Ok(VolumeSource::Payload(p)) => Ok((p.tokens[0].mode, p.tokens[0].fs_user)),
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => Err(e),
+            }
+        };
+        let one = |sc| json!({"containers": [c("c", sc)]});
+        let none = json!({});
+        assert_eq!(token(json!({}), one(none.clone())), Ok((0o444, None)));
+        let pod_user = json!({"runAsUser": 1000});
+        assert_eq!(
+            token(pod_user.clone(), one(none.clone())),
+            Ok((0o600, Some(1000)))
+        );
+        let with_group = json!({"runAsUser": 1000, "fsGroup": 2000});
+        assert_eq!(
+            token(with_group.clone(), one(none.clone())),
+            Ok((0o600, Some(1000)))
+        );
+        let own = one(json!({"runAsUser": 1001}));
+        assert_eq!(token(with_group.clone(), own), Ok((0o600, Some(1001))));
+        assert_eq!(
+            token(json!({"fsGroup": 2000}), one(none.clone())),
+            Ok((0o600, None))
+        );
+        // Two users, or a container without one: no FsUser.
+        let two = json!({"containers": [c("a", none.clone()), c("b", json!({"runAsUser": 1001}))]});
+        assert_eq!(token(pod_user.clone(), two), Ok((0o444, None)));
+        let init = json!({"containers": [c("a", json!({"runAsUser": 7}))],
+                          "initContainers": [{"name": "i", "image": "i"}]});
+        assert_eq!(token(json!({}), init), Ok((0o444, None)));
+        let both = json!({"containers": [c("a", json!({"runAsUser": 7}))],
+                          "initContainers": [{"name": "i", "image": "i", "securityContext": {"runAsUser": 7}}]});
+        assert_eq!(token(json!({}), both), Ok((0o600, Some(7))));
+        let e = token(json!({"runAsUser": -1}), one(none)).unwrap_err();
+        assert!(e.to_string().contains("runAsUser -1"), "{e}");
+    }
+
     /// The volume every API-admitted pod gets.
     #[test]
     fn kube_api_access_projected_volume() {
@@ -733,6 +918,7 @@ mod tests {
             pod_name: "p".into(),
             pod_uid: "u-1".into(),
             mode: 0o644,
+            fs_user: None,
         };
         assert_eq!(p.tokens, vec![token.clone()]);
         // Once the ServiceAccount is known, its UID is part of the request:

@@ -322,6 +322,7 @@ impl PodResolver {
                         "volume {:?}: {e}; the volume stays as last resolved",
                         v.name
                     ));
+                    v.stale = Some(e.to_string());
                     v.source = Ok(old.clone());
                 }
             }

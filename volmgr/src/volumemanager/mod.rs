@@ -1212,6 +1212,7 @@ mod tests {
                     name: n.into(),
                     source: Ok(s),
                     sub_paths: vec![],
+                    stale: None,
                 })
                 .collect(),
             terminated: false,

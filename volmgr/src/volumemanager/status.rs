@@ -259,14 +259,16 @@ impl VolumeManager {
             }
         });
         let oob = self.out_of_band.volume(name, uid);
+        let stale = v.stale.clone();
         VolumeStatus {
             name: v.outer_name.clone(),
             plugin,
             state: state.into(),
             path: mount.map(|m| m.path.display().to_string()),
             attempts,
-            // A failed expansion of a mounted volume shows too.
-            error: rec.and_then(|r| r.last_error).or_else(|| {
+            // A failed expansion of a mounted volume shows too, and why a
+            // volume kept as last resolved is not updated.
+            error: rec.and_then(|r| r.last_error).or(stale).or_else(|| {
                 self.executor
                     .record(name, None)
                     .filter(|d| d.kind == OperationKind::ExpandVolume)
