@@ -268,6 +268,11 @@ pub async fn mount_device(
     let size = plugin
         .node_expandable()
         .and_then(|e| e.requested_size(&spec));
+    // Before the lock: a syscall or two.
+    let mount_id = match &res {
+        Ok(_) => dm.device_mount_id(&spec),
+        Err(_) => None,
+    };
     {
         let mut asw = world.asw_mut();
         match &res {
@@ -279,6 +284,7 @@ pub async fn mount_device(
                     Arc::clone(&spec),
                     Some(p.clone()),
                 );
+                asw.set_device_mount_id(&volume, mount_id);
                 asw.set_volume_size(&volume, size);
             }
             Err(e) if e.is_uncertain() => {

@@ -64,6 +64,11 @@ pub fn reconstruct(
         table = MountTable::new(mounter.mount_table()?);
     }
     let all_plugins = plugins.all();
+    let found = Found {
+        root,
+        table: &table,
+        world,
+    };
     let plugin_dirs: Vec<_> = plugins
         .all()
         .into_iter()
@@ -90,7 +95,7 @@ pub fn reconstruct(
                 let Some(vol) = vol.to_str() else { continue };
                 match plugin.reconstruct(&uid, vol, &table) {
                     Ok(Some(rec)) => {
-                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
+                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
                     }
                     Ok(None) => {}
                     Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
@@ -99,9 +104,9 @@ pub fn reconstruct(
         }
         for (plugin_name, plugin) in &all_plugins {
             match plugin.reconstruct_block_volumes(&uid, &table) {
-                Ok(found) => {
-                    for rec in found {
-                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
+                Ok(recs) => {
+                    for rec in recs {
+                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
                     }
                 }
                 Err(e) => report.errors.push(format!("pod {uid} block volumes: {e}")),
@@ -114,17 +119,20 @@ pub fn reconstruct(
     Ok(report)
 }
 
-/// Records a pod's volume found on disk: mounted if its set-up completed,
+/// Records a pod's volume found on disk: mounted if its set-up completed
+/// and the mount table confirms it (its subPath binds on disk included),
 /// uncertain otherwise.
 fn record(
-    world: &World,
+    ctx: &Found<'_>,
     plugin_name: &Arc<str>,
     plugin: &dyn crate::plugins::VolumePlugin,
     uid: &PodUid,
     rec: crate::plugins::ReconstructedVolume,
     report: &mut ReconstructionReport,
 ) {
-    let state = if rec.complete {
+    let world = ctx.world;
+    let complete = rec.complete && sub_paths_mounted(ctx.root, ctx.table, uid, &rec.spec.name);
+    let state = if complete {
         report.mounted += 1;
         VolumeMountState::Mounted
     } else {
@@ -152,6 +160,45 @@ fn record(
     );
 }
 
+/// What [`record`] reads besides the volume: ROOT, the mount table, and
+/// the world it records into.
+struct Found<'a> {
+    root: &'a RootDir,
+    table: &'a MountTable,
+    world: &'a World,
+}
+
+/// Whether every subPath bind of `pod`'s volume `volume` found on disk
+/// (`pods/<uid>/volume-subpaths/<volume>/<container>/<index>`) is mounted:
+/// one that is not (lost to a reboot) makes the volume uncertain, so its
+/// set-up, subPaths included, runs again.
+fn sub_paths_mounted(root: &RootDir, table: &MountTable, pod: &PodUid, volume: &str) -> bool {
+    let Ok(dir) = RelPath::new([
+        "pods",
+        pod.as_str(),
+        crate::plugins::subpath::SUBPATHS_DIR,
+        volume,
+    ]) else {
+        return false;
+    };
+    let Ok(containers) = root.read_dir(&dir) else {
+        return false;
+    };
+    for c in containers {
+        let Ok(cdir) = dir.join(&c) else { return false };
+        let Ok(entries) = root.read_dir(&cdir) else {
+            return false;
+        };
+        for e in entries {
+            match cdir.join(&e) {
+                Ok(rel) if table.is_mount_point(&root.abs(&rel)) => {}
+                _ => return false,
+            }
+        }
+    }
+    true
+}
+
 /// Records the device mounts the plugins find, and marks volumes that have
 /// pod mounts and a device phase but no device record as uncertain.
 fn reconstruct_devices(
@@ -171,9 +218,19 @@ fn reconstruct_devices(
                 Vec::new()
             }
         };
+        // The ids of the confirmed device mounts, before the lock (syscalls).
+        let found: Vec<_> = found
+            .into_iter()
+            .map(|d| {
+                let id = d.complete.then(|| dm.device_mount_id(&d.spec)).flatten();
+                (d, id)
+            })
+            .collect();
         let mut asw = world.asw_mut();
-        for d in found {
+        for (d, mount_id) in found {
             report.devices += 1;
+            // Not confirmed: uncertain, and so are the pods' mounts made
+            // from it (the actual state sees to that).
             let state = if d.complete {
                 DeviceMountState::Mounted
             } else {
@@ -186,6 +243,7 @@ fn reconstruct_devices(
                 Arc::new(d.spec),
                 Some(d.device_mount_path),
             );
+            asw.set_device_mount_id(&d.volume_name, mount_id);
             asw.set_volume_size(&d.volume_name, d.size_bytes);
             world.mark_dirty([d.volume_name]);
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::errors::{classify, CsiOp};
-use super::layout::{handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
+use super::layout::{global_map_path, handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
 use super::vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
 use super::{
     capability, context, fs_group, path_string, secrets, source, spec_vol_id, CsiPlugin,
@@ -60,17 +60,26 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         Ok(())
     }
 
+    /// The id of the driver's mount at the staging path, if it mounted one
+    /// there (filesystem volumes of drivers that stage, usually).
+    fn device_mount_id(&self, spec: &VolumeSpec) -> Option<u64> {
+        let src = source(spec).ok()?;
+        let target = stage_layout(spec, src).ok()?.target;
+        crate::plugins::mount_id_at(&self.root, self.mounter.as_ref(), &target)
+    }
+
     /// Every stage directory with a `vol_data.json`; complete when the
-    /// staged record is there. Their volumes, staged or maybe, are in use on
+    /// staged record is there and the mount table shows the stage (see
+    /// [`staged_in_table`]). Their volumes, staged or maybe, are in use on
     /// the node.
     fn reconstruct_devices(
         &self,
-        _table: &MountTable,
+        table: &MountTable,
         problems: &mut Vec<String>,
     ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
         let mut out = Vec::new();
         for dir in self.stage_data_dirs()? {
-            if let Some(device) = self.reconstruct_device(&dir, problems)? {
+            if let Some(device) = self.reconstruct_device(&dir, table, problems)? {
                 out.push(device);
             }
         }
@@ -165,6 +174,41 @@ impl CsiPlugin {
         Ok(())
     }
 
+    /// Whether the mount table shows the stage of `spec` at `target`: a
+    /// filesystem volume's staging path is a mount point; a block volume
+    /// has a mount at or below its staging path (where drivers that map
+    /// the device at stage bind it), or the device is published for a pod
+    /// (a mount below its publish directory or its global map path: the
+    /// binds of the published device). What a
+    /// driver does at stage is its own business: a stage the table cannot
+    /// show is uncertain, and NodeStageVolume (idempotent) runs again, as
+    /// the kubelet runs it for every volume it reconstructs.
+    fn staged_in_table(
+        &self,
+        spec: &VolumeSpec,
+        src: &CsiVolumeSource,
+        target: &std::path::Path,
+        table: &MountTable,
+    ) -> Result<bool, VolumeError> {
+        if table.is_mount_point(target) {
+            return Ok(true);
+        }
+        if src.volume_mode != CsiVolumeMode::Block {
+            return Ok(false);
+        }
+        let id = spec_vol_id(spec, src);
+        let global = self.abs(&global_map_path(id)?);
+        let published = self.abs(
+            &RelPath::new(CSI_DIR)?
+                .join(VOLUME_DEVICES)?
+                .join("publish")?
+                .join(id)?,
+        );
+        Ok([target, global.as_path(), published.as_path()]
+            .iter()
+            .any(|dir| table.below(dir).next().is_some()))
+    }
+
     /// The directories that may hold a stage's `vol_data.json`: one per
     /// volume handle under each driver's directory, and each block PV's
     /// `data/`.
@@ -198,10 +242,12 @@ impl CsiPlugin {
     /// The stage recorded in `dir`; `None` (with a problem reported when
     /// it cannot be read) when its `vol_data.json` does not name a driver
     /// and handle. An unreadable staged record (not a regular file, too
-    /// large) leaves the stage uncertain, reported too.
+    /// large) leaves the stage uncertain, reported too; so does a staged
+    /// record the mount `table` does not confirm.
     fn reconstruct_device(
         &self,
         dir: &RelPath,
+        table: &MountTable,
         problems: &mut Vec<String>,
     ) -> Result<Option<ReconstructedDevice>, VolumeError> {
         let data = match read_vol_data(&self.root, &dir.join(VOL_DATA_FILE)?) {
@@ -231,12 +277,17 @@ impl CsiPlugin {
         let spec = staged_spec(&data, driver, handle);
         let src = source(&spec)?;
         let target = self.abs(&stage_layout(&spec, src)?.target);
+        let confirmed = staged.is_some() && self.staged_in_table(&spec, src, &target, table)?;
+        if staged.is_some() && !confirmed {
+            tracing::info!(%driver, %handle, path = %target.display(),
+                "staged before, but the mount table does not show it (a reboot?): staging again");
+        }
         let volume_name = UniqueVolumeName::new(format!("{PLUGIN_NAME}/{driver}^{handle}"));
         self.limits.adopt(driver, &volume_name);
         Ok(Some(ReconstructedDevice {
             volume_name,
             device_mount_path: target,
-            complete: staged.is_some(),
+            complete: confirmed,
             size_bytes: staged.and_then(|s| s.capacity_bytes),
             spec,
         }))
