@@ -959,6 +959,15 @@ fn a_reboot_stages_again_before_publishing() {
         driver.start();
         let agent = start_agent(&env, &driver, &["--tracer", "mountinfo"]);
         assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        // The pod's data is in its volume (the node's empty directory or
+        // file would not have it).
+        assert_eq!(
+            std::fs::read(data.join("keep")).unwrap_or_default(),
+            b"written before the reboot",
+            "{}",
+            agent.log()
+        );
+        assert_eq!(read_block(&link, 10), b"block data");
         driver.expect("NodeStageVolume", "vol-1", "OK", 2);
         driver.expect("NodeStageVolume", "vol-b", "OK", 2);
         let calls = driver.calls();
@@ -974,13 +983,6 @@ fn a_reboot_stages_again_before_publishing() {
                 "{v}: staged before it was published again: {calls:?}"
             );
         }
-        assert_eq!(
-            std::fs::read(data.join("keep")).unwrap(),
-            b"written before the reboot",
-            "{}",
-            agent.log()
-        );
-        assert_eq!(read_block(&link, 10), b"block data");
         assert_block_mapped(&env, "uid-p", "pv-b");
 
         // The staging mount unmounted behind the agent's back: the tracer

@@ -3,18 +3,24 @@
 //! directories, so that a restart neither remounts what is mounted nor leaks
 //! what a crash left half-done.
 //!
-//! - A volume directory whose set-up completed is recorded as mounted (adopted
-//!   without a remount); one whose set-up did not complete is *uncertain*, so
-//!   the reconciler finishes it if the pod is still desired and tears it down
-//!   otherwise.
+//! - Every record read from disk (staged, published, payload, subPath, block
+//!   map) is a claim: a reboot keeps the files, not the mounts. A volume
+//!   directory whose set-up completed *and* whose mounts the table shows
+//!   (the plugin's check, and every subPath bind on disk) is recorded as
+//!   mounted (adopted without a remount); otherwise it is *uncertain*, so
+//!   the reconciler sets it up again if the pod is still desired and tears
+//!   it down otherwise.
 //! - Mounts stacked on one volume path (a crash between a mount and its
 //!   bookkeeping, repeated) are unmounted down to one, by the same
 //!   [`unstack`] that removes foreign mounts the tracer finds.
 //! - Device mounts (CSI staging) are rebuilt from the plugins' global
-//!   directories: a completed one is recorded as mounted (never mounted
-//!   again, and unmounted only after the last pod using it — counted from
-//!   the pod volume directories — is torn down); an incomplete one, or a
-//!   volume with pod mounts but no device record, is *uncertain*.
+//!   directories: a completed one the table confirms is recorded as mounted
+//!   (never mounted again, and unmounted only after the last pod using it —
+//!   counted from the pod volume directories — is torn down); any other,
+//!   or a volume with pod mounts but no device record, is *uncertain*, and
+//!   the pods' mounts of it with it (the actual state sees to that), so the
+//!   kubelet's order follows: the device mounted again (NodeStageVolume),
+//!   then each pod's mount set up again (NodePublishVolume).
 //! - Every pod directory found is queued for the orphan check, which removes
 //!   it once the sources are populated if its pod is not desired and nothing
 //!   is mounted in it.

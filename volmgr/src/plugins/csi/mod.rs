@@ -28,9 +28,14 @@
 //! NodeStageVolume succeeded and `volmgr-published` (block:
 //! `volmgr-published-<podUID>` in the PV's `data/`, holding the pod's name
 //! of the volume) once NodePublishVolume did. Each is removed before the call that undoes it. At start-up a
-//! volume is trusted only with its record (and, for a publish, its mount in
-//! mountinfo): an existing mount is not proof that the call succeeded, and
-//! a staged volume is never staged again nor unstaged while a pod uses it.
+//! volume is trusted only with its record *and* the mount table's word (an
+//! existing mount is not proof that the call succeeded; a record is not
+//! proof that its mount survived, a reboot keeps the files): a stage whose
+//! staging mount is there (block: a mount at or below the staging path, or
+//! the device published for a pod), a publish whose target is mounted from
+//! the staging mount's device. A confirmed stage is never staged again nor
+//! unstaged while a pod uses it; an unconfirmed one is uncertain, and so
+//! are the publishes made from it: staged again, then published again.
 
 pub mod errors;
 pub mod limits;

@@ -315,3 +315,82 @@ fn staged_spec(data: &BTreeMap<String, String>, driver: &str, handle: &str) -> V
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::VolumePlugin;
+    use crate::sys::mountinfo::parse_line;
+    use crate::volume::PodUid;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn plugin(root: &Path) -> CsiPlugin {
+        let registry = crate::csi::registry::DriverRegistry::new();
+        CsiPlugin::new(
+            Arc::new(crate::sys::root_dir::RootDir::open(root).unwrap()),
+            crate::csi::client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+            "node".into(),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+    }
+
+    /// A mount of device `dev` (`major:minor`) at `at`.
+    fn mount(id: u32, dev: &str, at: &Path) -> crate::sys::mountinfo::MountInfo {
+        parse_line(&format!(
+            "{id} 1 {dev} / {} rw - ext4 /dev/loop0 rw",
+            at.display()
+        ))
+        .unwrap()
+    }
+
+    /// The staged and published records are claims: complete only when the
+    /// mount table shows the staging mount, and the publish mounted from
+    /// the same device.
+    #[test]
+    fn records_are_complete_only_when_the_mount_table_agrees() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let p = plugin(&root);
+        let stage = root
+            .join("plugins/kubernetes.io/csi/d")
+            .join(handle_hash("vol-1"));
+        std::fs::create_dir_all(stage.join("globalmount")).unwrap();
+        std::fs::write(
+            stage.join(VOL_DATA_FILE),
+            r#"{"driverName":"d","volumeHandle":"vol-1","specVolID":"pv-1"}"#,
+        )
+        .unwrap();
+        std::fs::write(stage.join(STAGED_FILE), "{}").unwrap();
+        let publish = root.join("pods/u1/volumes/kubernetes.io~csi/pv-1");
+        std::fs::create_dir_all(publish.join("mount")).unwrap();
+        std::fs::write(
+            publish.join(VOL_DATA_FILE),
+            r#"{"driverName":"d","volumeHandle":"vol-1","specVolID":"pv-1"}"#,
+        )
+        .unwrap();
+        std::fs::write(publish.join(crate::plugins::csi::PUBLISHED_FILE), "").unwrap();
+        let pod = PodUid::new("u1").unwrap();
+        let check = |table: Vec<crate::sys::mountinfo::MountInfo>| {
+            let table = MountTable::new(table);
+            let mut problems = Vec::new();
+            let devices = p.reconstruct_devices(&table, &mut problems).unwrap();
+            assert_eq!(devices.len(), 1, "{problems:?}");
+            let volume = p.reconstruct(&pod, "pv-1", &table).unwrap().unwrap();
+            (devices[0].complete, volume.complete)
+        };
+        // After a reboot: nothing mounted, both records are claims only.
+        assert_eq!(check(vec![]), (false, false));
+        // The staging mount gone, the publish still there (unmounted behind
+        // the manager's back): the stage is uncertain.
+        let published = mount(10, "7:1", &publish.join("mount"));
+        assert_eq!(check(vec![published.clone()]), (false, true));
+        // Both there, the publish made from the staging mount's device.
+        let staged = mount(11, "7:1", &stage.join("globalmount"));
+        assert_eq!(check(vec![staged.clone(), published]), (true, true));
+        // The publish is of another device (the node's disk, bound from an
+        // empty staging directory): not the volume.
+        let elsewhere = mount(12, "8:1", &publish.join("mount"));
+        assert_eq!(check(vec![staged, elsewhere]), (true, false));
+    }
+}
