@@ -17,7 +17,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use csi_driver::{wait_for, Driver};
+use csi_driver::{wait_for, wait_or_dump, Driver};
 use support::{free_port, isolated, metrics, Agent, Env};
 use volmgr::sys::linux::LinuxMounter;
 use volmgr::sys::Mounter;
@@ -911,9 +911,9 @@ fn reboot(env: &Env, agent: support::Agent, driver: &mut Driver) {
     });
 }
 
-/// A pod with filesystem PV `pv-1` at `/data` and block PV `pv-b` at
-/// `/dev/xvda`.
-const FS_AND_BLOCK_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-p}\nspec:\n  containers: [{name: c, image: i, volumeMounts: [{name: data, mountPath: /data}], volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: claim-pv-1}}, {name: dev, persistentVolumeClaim: {claimName: claim-pv-b}}]\n";
+/// A pod with filesystem PV `pv-1` at `/data` (and its `sub` directory at
+/// `/sub`) and block PV `pv-b` at `/dev/xvda`.
+const FS_AND_BLOCK_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-p}\nspec:\n  containers: [{name: c, image: i, volumeMounts: [{name: data, mountPath: /data}, {name: data, mountPath: /sub, subPath: sub}], volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: claim-pv-1}}, {name: dev, persistentVolumeClaim: {claimName: claim-pv-b}}]\n";
 
 /// The first bytes of the block device the pod sees at `link`.
 fn read_block(link: &Path, n: usize) -> Vec<u8> {
@@ -984,6 +984,19 @@ fn a_reboot_stages_again_before_publishing() {
             );
         }
         assert_block_mapped(&env, "uid-p", "pv-b");
+
+        // A subPath bind lost while the agent was down: the volume's mounts
+        // are there, yet it is set up again (subPaths included), without a
+        // second stage.
+        let sub = env.root.join("pods/uid-p/volume-subpaths/data/c/1");
+        assert_eq!(env.mount_count(&sub), 1);
+        agent.kill9();
+        nix::mount::umount2(&sub, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        let agent = start_agent(&env, &driver, &["--tracer", "mountinfo"]);
+        wait_or_dump(&env, &agent, &driver, "the subPath bound again", || {
+            env.mount_count(&sub) == 1
+        });
+        assert_eq!(driver.count("NodeStageVolume", "vol-1", "OK"), 2);
 
         // The staging mount unmounted behind the agent's back: the tracer
         // sees it; staged again, and the pod's volume still has its data.
