@@ -17,7 +17,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use csi_driver::{wait_for, Driver};
+use csi_driver::{wait_for, wait_or_dump, Driver};
 use support::{free_port, isolated, metrics, Agent, Env};
 use volmgr::sys::linux::LinuxMounter;
 use volmgr::sys::Mounter;
@@ -996,4 +996,150 @@ fn fs_group_is_applied_to_read_write_once_volumes_only() {
             assert!(agent.term());
         },
     );
+}
+
+/// What a reboot leaves under ROOT: every mount gone (unmounted lazily,
+/// deepest first, in the test's own mount namespace), the files kept; and
+/// no loop device of the driver (it loses them too). The agent and the
+/// driver are killed first (`kill -9`).
+fn reboot(env: &Env, agent: support::Agent, driver: &mut Driver) {
+    agent.kill9();
+    driver.kill();
+    for _ in 0..16 {
+        let mut points: Vec<PathBuf> = env.mounts().into_iter().map(|m| m.mount_point).collect();
+        if points.is_empty() {
+            break;
+        }
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        points.dedup();
+        for p in points {
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    assert!(env.mounts().is_empty(), "every mount under ROOT gone");
+    for dev in driver.loop_devices() {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &format!("/dev/{dev}")])
+            .status();
+    }
+    wait_for("the driver's loop devices gone", || {
+        driver.loop_devices().is_empty()
+    });
+}
+
+/// A pod with filesystem PV `pv-1` at `/data` (and its `sub` directory at
+/// `/sub`) and block PV `pv-b` at `/dev/xvda`.
+const FS_AND_BLOCK_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: test, uid: uid-p}\nspec:\n  containers: [{name: c, image: i, volumeMounts: [{name: data, mountPath: /data}, {name: data, mountPath: /sub, subPath: sub}], volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: data, persistentVolumeClaim: {claimName: claim-pv-1}}, {name: dev, persistentVolumeClaim: {claimName: claim-pv-b}}]\n";
+
+/// The first bytes of the block device the pod sees at `link`.
+fn read_block(link: &Path, n: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut buf = vec![0u8; n];
+    let mut f = std::fs::File::open(link).unwrap();
+    let got = f.read(&mut buf).unwrap();
+    buf.truncate(got);
+    buf
+}
+
+/// After a reboot (files kept, every mount and loop device gone) the staged
+/// and published records are only claims: the agent stages again before it
+/// publishes again, as the kubelet does. With a driver that publishes from
+/// the staging path without checking (EBS-style), trusting the staged
+/// record would give the pod the node's empty `globalmount` (block: the
+/// empty device file at the staging path) and its data would not be there.
+/// Then an out-of-band unmount of the staging mount, seen by the tracer and
+/// by the resync: staged again, published again.
+#[test]
+fn a_reboot_stages_again_before_publishing() {
+    isolated("a_reboot_stages_again_before_publishing", || {
+        let env = Env::new();
+        let mut driver = Driver::new(&env, DRIVER);
+        driver.with_args(&["--publish-without-stage-check"]);
+        driver.start();
+        env.write_manifest("pv1.yaml", &pv_yaml("pv-1", "vol-1", "64Mi", false, ""));
+        env.write_manifest("pvb.yaml", &pv_yaml("pv-b", "vol-b", "64Mi", true, ""));
+        env.write_manifest("p.yaml", FS_AND_BLOCK_POD);
+        let agent = start_agent(&env, &driver, &[]);
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        let data = publish_path(&env, "uid-p", "pv-1");
+        std::fs::write(data.join("keep"), b"written before the reboot").unwrap();
+        let (_, link, _) = block_paths(&env, "uid-p", "pv-b");
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&link).unwrap();
+            f.write_all(b"block data").unwrap();
+            f.sync_all().unwrap();
+        }
+
+        reboot(&env, agent, &mut driver);
+        driver.start();
+        let agent = start_agent(&env, &driver, &["--tracer", "mountinfo"]);
+        assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
+        // The pod's data is in its volume (the node's empty directory or
+        // file would not have it).
+        assert_eq!(
+            std::fs::read(data.join("keep")).unwrap_or_default(),
+            b"written before the reboot",
+            "{}",
+            agent.log()
+        );
+        assert_eq!(read_block(&link, 10), b"block data");
+        driver.expect("NodeStageVolume", "vol-1", "OK", 2);
+        driver.expect("NodeStageVolume", "vol-b", "OK", 2);
+        let calls = driver.calls();
+        let last = |m: &str, v: &str| {
+            calls
+                .iter()
+                .rposition(|c| c["method"] == m && c["volume_id"] == v && c["code"] == "OK")
+                .unwrap()
+        };
+        for v in ["vol-1", "vol-b"] {
+            assert!(
+                last("NodeStageVolume", v) < last("NodePublishVolume", v),
+                "{v}: staged before it was published again: {calls:?}"
+            );
+        }
+        assert_block_mapped(&env, "uid-p", "pv-b");
+
+        // A subPath bind lost while the agent was down: the volume's mounts
+        // are there, yet it is set up again (subPaths included), without a
+        // second stage.
+        let sub = env.root.join("pods/uid-p/volume-subpaths/data/c/1");
+        assert_eq!(env.mount_count(&sub), 1);
+        agent.kill9();
+        nix::mount::umount2(&sub, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        let agent = start_agent(&env, &driver, &["--tracer", "mountinfo"]);
+        wait_or_dump(&env, &agent, &driver, "the subPath bound again", || {
+            env.mount_count(&sub) == 1
+        });
+        assert_eq!(driver.count("NodeStageVolume", "vol-1", "OK"), 2);
+
+        // The staging mount unmounted behind the agent's back: the tracer
+        // sees it; staged again, and the pod's volume still has its data.
+        let stage = stage_path(&env, "vol-1");
+        nix::mount::umount2(&stage, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        driver.expect("NodeStageVolume", "vol-1", "OK", 3);
+        wait_for("staged again", || env.mount_count(&stage) == 1);
+        // Both unmounted: staged again, then published again.
+        agent.kill9();
+        let agent = start_agent(&env, &driver, &["--tracer", "off", "--resync-period", "1s"]);
+        env.wait_synced();
+        for p in [&data, &stage] {
+            nix::mount::umount2(p.as_path(), nix::mount::MntFlags::MNT_DETACH).unwrap();
+        }
+        driver.expect("NodeStageVolume", "vol-1", "OK", 4);
+        wait_for("published again", || env.mount_count(&data) == 1);
+        assert_eq!(
+            std::fs::read(data.join("keep")).unwrap(),
+            b"written before the reboot",
+            "{}",
+            agent.log()
+        );
+
+        env.remove_manifest("p.yaml");
+        driver.expect("NodeUnstageVolume", "vol-1", "OK", 1);
+        driver.expect("NodeUnstageVolume", "vol-b", "OK", 1);
+        assert_nothing_leaked(&env, &driver);
+        drop(agent);
+    });
 }

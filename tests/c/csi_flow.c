@@ -3,6 +3,10 @@
  * (loop device + ext4) registers through ROOT/plugins_registry as
  * node-driver-registrar would, and a pod's inline CSI volume is staged,
  * published, unpublished and unstaged through `volmgr_new`'s "csi" config.
+ * A reboot in the middle (the handle gone, every mount under ROOT and the
+ * driver's loop devices gone, files kept; the driver back in a mode that
+ * publishes from the staging path without checking) must stage again
+ * before publishing: the file written before is there after.
  * Run it inside a private mount namespace (tests/c/run.sh does).
  *   csi_flow ROOT_DIR DRIVER_BIN STATE_DIR
  */
@@ -11,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,19 +27,68 @@
 #define DRIVER "loop.csi.volmgr.dev"
 
 /* Starts the driver serving its CSI socket and the registration API in
- * ROOT/plugins_registry; returns its pid (or -1). */
-static pid_t start_driver(const char *bin, const char *root, const char *state) {
+ * ROOT/plugins_registry (UNCHECKED: publishing from the staging path
+ * without checking it is staged); returns its pid (or -1). */
+static pid_t start_driver(const char *bin, const char *root, const char *state, int unchecked) {
   char endpoint[1024], registry[1024];
   snprintf(endpoint, sizeof endpoint, "%s/csi.sock", state);
   snprintf(registry, sizeof registry, "%s/plugins_registry", root);
   pid_t pid = fork();
   if (pid == 0) {
     execl(bin, bin, "--endpoint", endpoint, "--state-dir", state, "--registration-dir", registry,
-          "--node-id", "c-node", (char *)NULL);
+          "--node-id", "c-node", unchecked ? "--publish-without-stage-check" : (char *)NULL,
+          (char *)NULL);
     perror("execl");
     _exit(127);
   }
   return pid;
+}
+
+/* Unmounts every mount below ROOT, deepest first, lazily (what a reboot
+ * leaves: no mount, the files kept). Returns how many are left. */
+static int unmount_below(const char *root) {
+  size_t n = strlen(root);
+  for (int pass = 0; pass < 16; pass++) {
+    static char points[512][1024];
+    int count = 0;
+    FILE *f = fopen("/proc/self/mountinfo", "r");
+    char line[8192];
+    if (f == NULL) return -1;
+    while (count < 512 && fgets(line, sizeof line, f) != NULL) {
+      char *p = line;
+      for (int i = 0; i < 4 && p != NULL; i++) {
+        p = strchr(p, ' ');
+        if (p != NULL) p++;
+      }
+      char *end = p ? strchr(p, ' ') : NULL;
+      if (end == NULL || (size_t)(end - p) <= n || strncmp(p, root, n) != 0 || p[n] != '/') continue;
+      snprintf(points[count++], sizeof points[0], "%.*s", (int)(end - p), p);
+    }
+    fclose(f);
+    if (count == 0) return 0;
+    /* Deepest (longest) first. */
+    for (int depth = 1024; depth > 0 && count > 0; depth--) {
+      for (int i = 0; i < count; i++) {
+        if ((int)strlen(points[i]) == depth) umount2(points[i], MNT_DETACH);
+      }
+    }
+  }
+  return 1;
+}
+
+/* How many calls of METHOD the driver journalled with code OK. */
+static int driver_calls(const char *state, const char *method) {
+  char path[1024], line[4096], want[256];
+  snprintf(path, sizeof path, "%s/calls.jsonl", state);
+  snprintf(want, sizeof want, "\"method\":\"%s\"", method);
+  FILE *f = fopen(path, "r");
+  int count = 0;
+  if (f == NULL) return -1;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strstr(line, want) != NULL && strstr(line, "\"code\":\"OK\"") != NULL) count++;
+  }
+  fclose(f);
+  return count;
 }
 
 /* Bad "csi" settings are refused with a clear error. */
@@ -79,7 +133,7 @@ int main(int argc, char **argv) {
   struct stat st;
   CHECK(stat(registry, &st) == 0 && S_ISDIR(st.st_mode), "volmgr_new created %s", registry);
   EXPECT(volmgr_start(vm), VOLMGR_OK);
-  pid_t driver = start_driver(bin, root, state);
+  pid_t driver = start_driver(bin, root, state, 0);
   CHECK(driver > 0, "driver started");
 
   /* The pod first: its claim waits for the objects, which come as a
@@ -117,6 +171,46 @@ int main(int argc, char **argv) {
   FILE *f = fopen(file, "w");
   CHECK(f != NULL && fputs("hi", f) >= 0, "write into the CSI volume");
   if (f != NULL) fclose(f);
+  CHECK(driver_calls(state, "NodeStageVolume") == 1, "staged once");
+
+  /* A reboot: the handle gone (mounts stay), the driver killed, then every
+   * mount under ROOT and the driver's loop devices gone, files kept. The
+   * driver comes back publishing from the staging path without a check. */
+  EXPECT(volmgr_stop(vm), VOLMGR_OK);
+  volmgr_free(vm);
+  kill(driver, SIGKILL);
+  waitpid(driver, NULL, 0);
+  CHECK(unmount_below(root) == 0, "every mount under %s gone", root);
+  char detach[2048];
+  snprintf(detach, sizeof detach,
+           "losetup -j '%s/images/vol-c.img' | cut -d: -f1 | xargs -r -n1 losetup -d", state);
+  CHECK(system(detach) == 0, "loop devices detached");
+  vm = NULL;
+  EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
+  if (vm == NULL) goto done;
+  EXPECT(volmgr_start(vm), VOLMGR_OK);
+  driver = start_driver(bin, root, state, 1);
+  EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"v1\",\"kind\":\"PersistentVolumeClaim\","
+                                  "\"metadata\":{\"name\":\"claim\",\"namespace\":\"c\"},"
+                                  "\"spec\":{\"volumeName\":\"pv-c\",\"accessModes\":[\"ReadWriteOnce\"]}}"),
+         VOLMGR_OK);
+  EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"v1\",\"kind\":\"PersistentVolume\","
+                                  "\"metadata\":{\"name\":\"pv-c\"},\"spec\":{\"capacity\":{\"storage\":\"64Mi\"},"
+                                  "\"accessModes\":[\"ReadWriteOnce\"],"
+                                  "\"claimRef\":{\"namespace\":\"c\",\"name\":\"claim\"},"
+                                  "\"csi\":{\"driver\":\"" DRIVER "\",\"volumeHandle\":\"vol-c\","
+                                  "\"fsType\":\"ext4\",\"volumeAttributes\":{\"size\":\"64Mi\"}}}}"),
+         VOLMGR_OK);
+  EXPECT(volmgr_pod_upsert(vm, pod), VOLMGR_OK);
+  EXPECT(volmgr_wait_for_attach_and_mount(vm, "csi-1", 60000), VOLMGR_OK);
+  CHECK(driver_calls(state, "NodeStageVolume") == 2, "staged again after the reboot");
+  CHECK(mount_count(target) == 1, "%s is mounted once after the reboot", target);
+  char back[16] = {0};
+  f = fopen(file, "r");
+  CHECK(f != NULL && fgets(back, sizeof back, f) != NULL && strcmp(back, "hi") == 0,
+        "the file written before the reboot is there after: \"%s\"", back);
+  if (f != NULL) fclose(f);
+
   EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "csi-1", &out), VOLMGR_OK);
   CHECK(out != NULL && strstr(out, "kubernetes.io/csi") != NULL, "listed as a CSI volume: %s",
         out ? out : "(null)");

@@ -30,6 +30,11 @@ pub struct Driver {
     pub volume_mount_group: bool,
     /// NodeGetInfo's accessible topology segments (none: no topology).
     pub topology: std::collections::HashMap<String, String>,
+    /// Publish from the staging path without checking that the volume is
+    /// staged, as many drivers do (EBS binds the staging path; ceph-csi's
+    /// rbd binds the device file it put there at stage): unstaged, the pod
+    /// gets what the node's disk has at that path.
+    pub publish_without_stage_check: bool,
     /// The CSI socket path.
     pub endpoint: PathBuf,
     /// State directory (absolute): images/, faults.json, calls.jsonl.
@@ -117,6 +122,7 @@ impl Driver {
             single_node_multi_writer: false,
             volume_mount_group: false,
             topology: std::collections::HashMap::new(),
+            publish_without_stage_check: false,
             endpoint,
             state_dir,
         }

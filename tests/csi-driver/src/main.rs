@@ -6,6 +6,7 @@
 //!                   [--node-id ID] [--max-volumes-per-node N]
 //!                   [--single-node-multi-writer] [--volume-mount-group]
 //!                   [--topology KEY=VALUE]... [--registration-dir DIR]
+//!                   [--publish-without-stage-check]
 //! ```
 //!
 //! - Identity: GetPluginInfo, GetPluginCapabilities (ONLINE volume
@@ -25,7 +26,9 @@
 //! - NodePublishVolume: bind mount of the staging mount (read-only: bind then
 //!   remount ro), or for block a bind mount of the loop device node onto a
 //!   file the driver creates at target_path. FAILED_PRECONDITION when the
-//!   volume is not staged.
+//!   volume is not staged; with `--publish-without-stage-check`, whatever is
+//!   at the staging path is bound without a check (block: stage also binds
+//!   the device onto `staging_target_path/dev`, and publish binds that).
 //! - NodeUnpublishVolume: unmount and remove target_path. NodeUnstageVolume:
 //!   unmount, detach the loop device.
 //! - NodeExpandVolume: grow the image, LOOP_SET_CAPACITY, resize2fs
@@ -106,6 +109,11 @@ struct Args {
     /// Serve the kubelet plugin registration API on DIR/<name>-reg.sock.
     #[arg(long)]
     registration_dir: Option<PathBuf>,
+    /// NodePublishVolume binds what is at the staging path without checking
+    /// that the volume is staged (EBS-style; block: the device file stage
+    /// binds there, ceph-csi rbd-style).
+    #[arg(long)]
+    publish_without_stage_check: bool,
 }
 
 fn parse_segment(s: &str) -> Result<(String, String), String> {
@@ -164,6 +172,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     driver.single_node_multi_writer = args.single_node_multi_writer;
     driver.volume_mount_group = args.volume_mount_group;
     driver.topology = args.topology.iter().cloned().collect();
+    driver.publish_without_stage_check = args.publish_without_stage_check;
     let driver = Arc::new(driver);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

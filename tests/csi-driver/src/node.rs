@@ -226,6 +226,106 @@ fn same_device(entry: &mounts::MountEntry, dev: LoopDevice) -> Result<bool, Stat
     Ok(entry.dev == mounts::split_dev(rdev))
 }
 
+/// The file at the staging path a block volume's device is bound onto when
+/// publishing unchecked (ceph-csi's rbd puts it there at stage).
+const STAGED_DEVICE_FILE: &str = "dev";
+
+/// Block stage for unchecked publishing: binds the loop device node onto
+/// `staging/dev` (a file made for it), unless it already is.
+fn stage_device_file(staging: &Path, dev: LoopDevice) -> Result<(), Status> {
+    std::fs::create_dir_all(staging).map_err(|e| internal("creating the staging path", e))?;
+    let file = staging.join(STAGED_DEVICE_FILE);
+    if let Some(m) = mounts::mount_at(&file).map_err(|e| internal("mountinfo", e))? {
+        let rdev = dev.rdev().map_err(|e| internal("stat loop device", e))?;
+        let meta = std::fs::metadata(&file).map_err(|e| internal("stat staged device", e))?;
+        if meta.file_type().is_block_device() && meta.rdev() == rdev {
+            return Ok(());
+        }
+        return Err(Status::already_exists(format!(
+            "{} already has another mount ({})",
+            file.display(),
+            m.fs_type
+        )));
+    }
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&file)
+        .map_err(|e| internal("creating the staged device file", e))?;
+    mounts::bind(&dev.path(), &file, false, nix::mount::MsFlags::empty())
+        .map_err(|e| mount_error("bind-mounting the device at the staging path", e))
+}
+
+/// Unstage: the device file [`stage_device_file`] made, unmounted and
+/// removed. Nothing there is fine; a file that is not an empty one (a
+/// volume's own file, with its file system still mounted) is left alone.
+fn unstage_device_file(staging: &Path) -> Result<(), Status> {
+    let file = staging.join(STAGED_DEVICE_FILE);
+    let mounted = mounts::mount_at(&file).map_err(|e| internal("mountinfo", e))?;
+    let device = std::fs::metadata(&file).is_ok_and(|m| m.file_type().is_block_device());
+    match (mounted, device) {
+        (Some(_), true) => {
+            mounts::unmount(&file).map_err(|e| internal("unmounting the staged device", e))?
+        }
+        (Some(_), false) => return Ok(()),
+        (None, _) => {}
+    }
+    match std::fs::symlink_metadata(&file) {
+        Ok(m) if m.file_type().is_file() && m.len() == 0 => {}
+        _ => return Ok(()),
+    }
+    match std::fs::remove_file(&file) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(internal("removing the staged device file", e)),
+    }
+}
+
+/// NodePublishVolume without a check that the volume is staged (EBS-style):
+/// binds the staging path (block: the device file stage put there) onto
+/// the target, whatever it holds. A target already mounted is done.
+fn publish_unchecked(
+    staging: &Path,
+    target: &Path,
+    access: &Access,
+    read_only: bool,
+) -> Result<(), Status> {
+    let source = match access {
+        Access::Mount { .. } => {
+            match std::fs::create_dir(target) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(internal("creating the target path", e)),
+            }
+            staging.to_path_buf()
+        }
+        Access::Block => {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(target)
+                .map_err(|e| internal("creating the target file", e))?;
+            staging.join(STAGED_DEVICE_FILE)
+        }
+    };
+    if mounts::mount_at(target)
+        .map_err(|e| internal("mountinfo", e))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let flags = match access {
+        Access::Mount { flags, .. } => mounts::parse_mount_flags(flags).0,
+        Access::Block => nix::mount::MsFlags::empty(),
+    };
+    mounts::bind(&source, target, read_only, flags)
+        .map_err(|e| mount_error("bind-mounting the staging path", e))
+}
+
 impl Driver {
     fn images_dir(&self) -> PathBuf {
         self.state_dir.join("images")
@@ -329,7 +429,11 @@ impl Driver {
             group,
         } = access
         else {
-            // Block: staged means attached.
+            // Block: staged means attached (and, publishing unchecked,
+            // the device bound at the staging path).
+            if self.publish_without_stage_check {
+                return stage_device_file(staging, dev);
+            }
             return Ok(());
         };
         std::fs::create_dir_all(staging).map_err(|e| internal("creating the staging path", e))?;
@@ -391,6 +495,7 @@ impl Driver {
                     .map_err(|e| internal("unmounting the staging path", e))?;
             }
         }
+        unstage_device_file(&staging)?;
         if let Some(dev) = dev {
             dev.detach()
                 .map_err(|e| internal("detaching the loop device", e))?;
@@ -416,6 +521,9 @@ impl Driver {
             self.volume_mount_group,
         )?;
         let read_only = req.readonly || reader_only;
+        if self.publish_without_stage_check {
+            return publish_unchecked(&staging, &target, &access, read_only);
+        }
         let not_staged = || {
             Status::failed_precondition(format!(
                 "volume {id} is not staged at {}",

@@ -67,6 +67,11 @@ pub struct AttachedVolume {
     pub device_mount_state: DeviceMountState,
     /// Where the device is (or may be) mounted.
     pub device_mount_path: Option<PathBuf>,
+    /// The unique id of the mount at `device_mount_path`, when the plugin
+    /// (its driver) mounted something there: the resync and the tracer then
+    /// watch it, and a device whose mount is gone becomes uncertain (see
+    /// [`DeviceMountableVolumePlugin::device_mount_id`](crate::plugins::DeviceMountableVolumePlugin::device_mount_id)).
+    pub device_mount_id: Option<u64>,
     /// The spec the device was mounted with (kept after the last pod's
     /// tear-down, for unmounting the device).
     pub device_spec: Option<Arc<VolumeSpec>>,
@@ -84,6 +89,21 @@ pub struct AttachedVolume {
     /// Per pod, the subPath bind mounts prepared for its containers
     /// (`(container, index)` of the `volumeMount`).
     pub sub_paths: PodMap<Vec<(String, usize)>>,
+}
+
+impl AttachedVolume {
+    /// Sets the device's state; unless it is mounted, its pods' mounts
+    /// become uncertain and its mount id is forgotten.
+    fn set_device_state(&mut self, state: DeviceMountState) {
+        self.device_mount_state = state;
+        if state == DeviceMountState::Mounted {
+            return;
+        }
+        self.device_mount_id = None;
+        for m in self.pods.values_mut() {
+            m.state = VolumeMountState::Uncertain;
+        }
+    }
 }
 
 /// A row of [`ActualStateOfWorld::mounted_volumes_for_pod`].
@@ -121,6 +141,7 @@ impl ActualStateOfWorld {
                 plugin_name: plugin,
                 device_mount_state: DeviceMountState::NotMounted,
                 device_mount_path: None,
+                device_mount_id: None,
                 device_spec: None,
                 size_bytes: None,
                 expansion_infeasible: None,
@@ -294,16 +315,24 @@ impl ActualStateOfWorld {
         }
     }
 
-    /// Records the staging state of a volume.
+    /// Records the staging state of a volume. A device no longer certainly
+    /// mounted takes its pods' mounts with it (see [`Self::mark_device`]).
     pub fn set_device_mount_state(&mut self, volume: &UniqueVolumeName, state: DeviceMountState) {
         if let Some(v) = self.volumes.get_mut(volume) {
-            v.device_mount_state = state;
+            v.set_device_state(state);
         }
     }
 
     /// Records a volume's device as mounted (or uncertain) at `path` with
     /// `spec` (the kubelet's `MarkDeviceAsMounted` / `MarkDeviceAsUncertain`).
     /// The volume must be attached.
+    ///
+    /// A pod's mount of a volume with a device phase is made from the
+    /// device's mount (a CSI publish is often a bind of the staging path):
+    /// it is mounted only while the device is. A device that is not (or not
+    /// certainly) mounted makes every pod's mount of it *uncertain*, so the
+    /// reconciler mounts the device again and then sets each pod's mount up
+    /// again, in the kubelet's order (NodeStage, then NodePublish).
     pub fn mark_device(
         &mut self,
         volume: &UniqueVolumeName,
@@ -312,7 +341,7 @@ impl ActualStateOfWorld {
         path: Option<PathBuf>,
     ) {
         if let Some(v) = self.volumes.get_mut(volume) {
-            v.device_mount_state = state;
+            v.set_device_state(state);
             v.device_spec = Some(spec);
             if path.is_some() {
                 v.device_mount_path = path;
@@ -320,10 +349,18 @@ impl ActualStateOfWorld {
         }
     }
 
+    /// Records the unique id of the mount at a volume's device mount path
+    /// (`None`: nothing the manager can watch there).
+    pub fn set_device_mount_id(&mut self, volume: &UniqueVolumeName, id: Option<u64>) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            v.device_mount_id = id;
+        }
+    }
+
     /// Records a volume's device as unmounted (the kubelet's `MarkDeviceAsUnmounted`).
     pub fn mark_device_as_unmounted(&mut self, volume: &UniqueVolumeName) {
         if let Some(v) = self.volumes.get_mut(volume) {
-            v.device_mount_state = DeviceMountState::NotMounted;
+            v.set_device_state(DeviceMountState::NotMounted);
         }
     }
 
@@ -461,6 +498,49 @@ mod tests {
         assert!(a.mark_volume_as_unmounted(&v, &pod));
         assert!(a.mark_volume_as_detached(&v));
         assert!(a.volume(&v).is_none());
+    }
+
+    /// A pod's mount is made from the device's: a device that is no longer
+    /// certainly mounted (found so at start-up, lost, failed) makes its
+    /// pods' mounts uncertain, so they are set up again after it.
+    #[test]
+    fn a_device_not_certainly_mounted_makes_its_pods_uncertain() {
+        let mut a = ActualStateOfWorld::default();
+        let v = UniqueVolumeName::new("x");
+        let spec = Arc::new(VolumeSpec {
+            name: "x".into(),
+            source: VolumeSource::EmptyDir {
+                medium: StorageMedium::Default,
+                size_limit: None,
+            },
+        });
+        a.mark_volume_as_attached(&v, "plug".into());
+        a.mark_device(
+            &v,
+            DeviceMountState::Mounted,
+            spec.clone(),
+            Some("/g".into()),
+        );
+        a.set_device_mount_id(&v, Some(7));
+        let (p, q) = (PodUid::new("p").unwrap(), PodUid::new("q").unwrap());
+        for pod in [&p, &q] {
+            let m = MountedPod {
+                outer_volume_spec_name: "x".into(),
+                spec: spec.clone(),
+                path: "/a".into(),
+                state: VolumeMountState::Mounted,
+                mount_id: None,
+            };
+            a.mark_volume_as_mounted(&v, pod, m);
+        }
+        a.set_device_mount_state(&v, DeviceMountState::Uncertain);
+        for pod in [&p, &q] {
+            assert_eq!(
+                a.pod_mount(&v, pod).unwrap().state,
+                VolumeMountState::Uncertain
+            );
+        }
+        assert_eq!(a.volume(&v).unwrap().device_mount_id, None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A read-only view of the operations on volumes, for the observers below
 //! the operation executor (the tracer's check): whether an operation on a
-//! pod's volume is in flight, and whether one started or finished between two
+//! pod's volume (or on a volume's device) is in flight, and whether one started or finished between two
 //! looks. The executor implements it; nothing here can start an operation.
 
 use crate::volume::{PodUid, UniqueVolumeName};
@@ -21,6 +21,7 @@ pub struct OperationStamp {
 
 /// Reads the operations on pods' volumes.
 pub trait OperationsView: Send + Sync {
-    /// The stamp of the last operation on `pod`'s mount of `volume`, if any.
-    fn stamp(&self, volume: &UniqueVolumeName, pod: &PodUid) -> Option<OperationStamp>;
+    /// The stamp of the last operation on `pod`'s mount of `volume`, or
+    /// with no pod on the volume's device (its mount or unmount), if any.
+    fn stamp(&self, volume: &UniqueVolumeName, pod: Option<&PodUid>) -> Option<OperationStamp>;
 }

@@ -359,6 +359,11 @@ pub async fn mount_device(
     let size = plugin
         .node_expandable()
         .and_then(|e| e.claim_size(&spec).or_else(|| e.requested_size(&spec)));
+    // Before the lock: a syscall or two.
+    let mount_id = match &res {
+        Ok(_) => dm.device_mount_id(&spec),
+        Err(_) => None,
+    };
     {
         let mut asw = world.asw_mut();
         match &res {
@@ -370,6 +375,7 @@ pub async fn mount_device(
                     Arc::clone(&spec),
                     Some(p.clone()),
                 );
+                asw.set_device_mount_id(&volume, mount_id);
                 asw.set_volume_size(&volume, size);
             }
             Err(e) if e.is_uncertain() => {
@@ -584,7 +590,8 @@ async fn expand_during_mount(
             tell_claim_resized(world, ex, volume, pod, spec, want);
             Ok(())
         }
-        Err(e @ VolumeError::Final(_)) => {
+        Err(e) if e.is_expansion_infeasible() => {
+            world.asw_mut().mark_expansion_infeasible(volume, want);
             tracing::warn!(%volume, %pod, error = %e, "expanding during mount failed for good; mounting anyway");
             report_to_pods(world, volume, op, this_pod(), Err(&e));
             Ok(())

@@ -424,8 +424,8 @@ impl OperationExecutor {
 }
 
 impl OperationsView for OperationExecutor {
-    fn stamp(&self, volume: &UniqueVolumeName, pod: &PodUid) -> Option<OperationStamp> {
-        self.record(volume, Some(pod)).map(|r| OperationStamp {
+    fn stamp(&self, volume: &UniqueVolumeName, pod: Option<&PodUid>) -> Option<OperationStamp> {
+        self.record(volume, pod).map(|r| OperationStamp {
             kind: r.kind.metric_name(),
             attempts: r.attempts,
             failures: r.failures,

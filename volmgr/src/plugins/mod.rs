@@ -150,7 +150,10 @@ pub struct ReconstructedVolume {
     pub spec: VolumeSpec,
     /// Where it is.
     pub path: PathBuf,
-    /// Whether set-up had completed (otherwise the mount is uncertain).
+    /// Whether set-up had completed *and* the mount table confirms it
+    /// (the volume's mount, with the expected source, is there): otherwise
+    /// the mount is uncertain and set up again. A record on disk is only a
+    /// claim: a reboot keeps the files, not the mounts.
     pub complete: bool,
 }
 
@@ -201,7 +204,9 @@ pub struct ReconstructedDevice {
     pub spec: VolumeSpec,
     /// Where it is mounted.
     pub device_mount_path: PathBuf,
-    /// Whether the device mount completed (otherwise it is uncertain).
+    /// Whether the device mount completed *and* the mount table confirms
+    /// it (otherwise it is uncertain: its record is only a claim, a reboot
+    /// keeps the files but not the mounts).
     pub complete: bool,
     /// The size it was mounted or last expanded to, when recorded.
     pub size_bytes: Option<u64>,
@@ -223,6 +228,17 @@ pub trait DeviceMountableVolumePlugin: Send + Sync {
 
     /// Undoes `mount_device`. Idempotent: a device already gone is success.
     async fn unmount_device(&self, req: DeviceUnmountRequest) -> Result<(), VolumeError>;
+
+    /// The unique id of the mount at the volume's device mount path, when
+    /// something is mounted there (see
+    /// [`Mounter::mount_id`](crate::sys::Mounter::mount_id)), asked once
+    /// the device is mounted. With one, the resync and the tracer watch the
+    /// device mount: when it is gone the device becomes uncertain (and its
+    /// pods' mounts with it), so it is mounted again, then the pods' mounts
+    /// set up again. Default: none (nothing to watch).
+    fn device_mount_id(&self, _spec: &VolumeSpec) -> Option<u64> {
+        None
+    }
 
     /// At start-up: every device mount found on disk. Records that cannot
     /// be read are reported in `problems` (one line each, naming the

@@ -3,18 +3,24 @@
 //! directories, so that a restart neither remounts what is mounted nor leaks
 //! what a crash left half-done.
 //!
-//! - A volume directory whose set-up completed is recorded as mounted (adopted
-//!   without a remount); one whose set-up did not complete is *uncertain*, so
-//!   the reconciler finishes it if the pod is still desired and tears it down
-//!   otherwise.
+//! - Every record read from disk (staged, published, payload, subPath, block
+//!   map) is a claim: a reboot keeps the files, not the mounts. A volume
+//!   directory whose set-up completed *and* whose mounts the table shows
+//!   (the plugin's check, and every subPath bind on disk) is recorded as
+//!   mounted (adopted without a remount); otherwise it is *uncertain*, so
+//!   the reconciler sets it up again if the pod is still desired and tears
+//!   it down otherwise.
 //! - Mounts stacked on one volume path (a crash between a mount and its
 //!   bookkeeping, repeated) are unmounted down to one, by the same
 //!   [`unstack`] that removes foreign mounts the tracer finds.
 //! - Device mounts (CSI staging) are rebuilt from the plugins' global
-//!   directories: a completed one is recorded as mounted (never mounted
-//!   again, and unmounted only after the last pod using it — counted from
-//!   the pod volume directories — is torn down); an incomplete one, or a
-//!   volume with pod mounts but no device record, is *uncertain*.
+//!   directories: a completed one the table confirms is recorded as mounted
+//!   (never mounted again, and unmounted only after the last pod using it —
+//!   counted from the pod volume directories — is torn down); any other,
+//!   or a volume with pod mounts but no device record, is *uncertain*, and
+//!   the pods' mounts of it with it (the actual state sees to that), so the
+//!   kubelet's order follows: the device mounted again (NodeStageVolume),
+//!   then each pod's mount set up again (NodePublishVolume).
 //! - Every pod directory found is queued for the orphan check, which removes
 //!   it once the sources are populated if its pod is not desired and nothing
 //!   is mounted in it.
@@ -64,6 +70,11 @@ pub fn reconstruct(
         table = MountTable::new(mounter.mount_table()?);
     }
     let all_plugins = plugins.all();
+    let found = Found {
+        root,
+        table: &table,
+        world,
+    };
     let plugin_dirs: Vec<_> = plugins
         .all()
         .into_iter()
@@ -90,7 +101,7 @@ pub fn reconstruct(
                 let Some(vol) = vol.to_str() else { continue };
                 match plugin.reconstruct(&uid, vol, &table) {
                     Ok(Some(rec)) => {
-                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
+                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
                     }
                     Ok(None) => {}
                     Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
@@ -99,9 +110,9 @@ pub fn reconstruct(
         }
         for (plugin_name, plugin) in &all_plugins {
             match plugin.reconstruct_block_volumes(&uid, &table) {
-                Ok(found) => {
-                    for rec in found {
-                        record(world, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
+                Ok(recs) => {
+                    for rec in recs {
+                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
                     }
                 }
                 Err(e) => report.errors.push(format!("pod {uid} block volumes: {e}")),
@@ -115,17 +126,20 @@ pub fn reconstruct(
     Ok(report)
 }
 
-/// Records a pod's volume found on disk: mounted if its set-up completed,
+/// Records a pod's volume found on disk: mounted if its set-up completed
+/// and the mount table confirms it (its subPath binds on disk included),
 /// uncertain otherwise.
 fn record(
-    world: &World,
+    ctx: &Found<'_>,
     plugin_name: &Arc<str>,
     plugin: &dyn crate::plugins::VolumePlugin,
     uid: &PodUid,
     rec: crate::plugins::ReconstructedVolume,
     report: &mut ReconstructionReport,
 ) {
-    let state = if rec.complete {
+    let world = ctx.world;
+    let complete = rec.complete && sub_paths_mounted(ctx.root, ctx.table, uid, &rec.spec.name);
+    let state = if complete {
         report.mounted += 1;
         VolumeMountState::Mounted
     } else {
@@ -181,6 +195,45 @@ fn reconstruct_sub_paths(pods_dir: &std::path::Path, table: &MountTable, world: 
     }
 }
 
+/// What [`record`] reads besides the volume: ROOT, the mount table, and
+/// the world it records into.
+struct Found<'a> {
+    root: &'a RootDir,
+    table: &'a MountTable,
+    world: &'a World,
+}
+
+/// Whether every subPath bind of `pod`'s volume `volume` found on disk
+/// (`pods/<uid>/volume-subpaths/<volume>/<container>/<index>`) is mounted:
+/// one that is not (lost to a reboot) makes the volume uncertain, so its
+/// set-up, subPaths included, runs again.
+fn sub_paths_mounted(root: &RootDir, table: &MountTable, pod: &PodUid, volume: &str) -> bool {
+    let Ok(dir) = RelPath::new([
+        "pods",
+        pod.as_str(),
+        crate::plugins::subpath::SUBPATHS_DIR,
+        volume,
+    ]) else {
+        return false;
+    };
+    let Ok(containers) = root.read_dir(&dir) else {
+        return false;
+    };
+    for c in containers {
+        let Ok(cdir) = dir.join(&c) else { return false };
+        let Ok(entries) = root.read_dir(&cdir) else {
+            return false;
+        };
+        for e in entries {
+            match cdir.join(&e) {
+                Ok(rel) if table.is_mount_point(&root.abs(&rel)) => {}
+                _ => return false,
+            }
+        }
+    }
+    true
+}
+
 /// Records the device mounts the plugins find, and marks volumes that have
 /// pod mounts and a device phase but no device record as uncertain.
 fn reconstruct_devices(
@@ -200,9 +253,19 @@ fn reconstruct_devices(
                 Vec::new()
             }
         };
+        // The ids of the confirmed device mounts, before the lock (syscalls).
+        let found: Vec<_> = found
+            .into_iter()
+            .map(|d| {
+                let id = d.complete.then(|| dm.device_mount_id(&d.spec)).flatten();
+                (d, id)
+            })
+            .collect();
         let mut asw = world.asw_mut();
-        for d in found {
+        for (d, mount_id) in found {
             report.devices += 1;
+            // Not confirmed: uncertain, and so are the pods' mounts made
+            // from it (the actual state sees to that).
             let state = if d.complete {
                 DeviceMountState::Mounted
             } else {
@@ -215,6 +278,7 @@ fn reconstruct_devices(
                 Arc::new(d.spec),
                 Some(d.device_mount_path),
             );
+            asw.set_device_mount_id(&d.volume_name, mount_id);
             asw.set_volume_size(&d.volume_name, d.size_bytes);
             world.mark_dirty([d.volume_name]);
         }

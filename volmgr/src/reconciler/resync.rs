@@ -2,17 +2,21 @@
 //! volume recorded as mounted — against the mount table when it must read
 //! it, or against cheaper signals when they show nothing changed — marks
 //! those lost behind the manager's back uncertain (so they are set up again),
-//! and asks for a full reconcile pass.
+//! and asks for a full reconcile pass. Device mounts it can watch (a CSI
+//! `globalmount` the driver mounted) are checked too: one that is gone makes
+//! the device uncertain, and its pods' mounts with it, so it is staged
+//! again, then published again.
 
 use std::sync::Arc;
 
 use super::{LostVolume, Reconciler};
-use crate::cache::actual_state_of_world::{MountedPod, VolumeMountState};
+use crate::cache::actual_state_of_world::{DeviceMountState, MountedPod, VolumeMountState};
 use crate::cache::world::VolumeEvent;
 use crate::plugins::VolumeError;
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::{MountTableWatch, Mounter};
 use crate::util::sync::MutexExt;
+use crate::volume::UniqueVolumeName;
 
 /// A resync reads the mount table at least this often, even when a cheaper
 /// check would do: what those checks cannot see (a mount stacked over a
@@ -91,15 +95,18 @@ impl Reconciler {
         let this = Arc::clone(self);
         let lost = self.pool.run(move || this.check_mounted()).await;
         match lost {
-            Ok(lost) => self.forget_lost(lost),
+            Ok((lost, devices)) => {
+                self.forget_lost_devices(devices);
+                self.forget_lost(lost);
+            }
             Err(e) => tracing::warn!(error = %e, "resync: cannot check the mounted volumes"),
         }
         self.world.mark_all_dirty();
     }
 
     /// The resync's check of every volume recorded as mounted (see
-    /// [`ResyncCheck`]). Blocking.
-    fn check_mounted(&self) -> Result<Vec<LostVolume>, VolumeError> {
+    /// [`ResyncCheck`]), and of every device mount it watches. Blocking.
+    fn check_mounted(&self) -> Result<(Vec<LostVolume>, Vec<UniqueVolumeName>), VolumeError> {
         let started = std::time::Instant::now();
         // Only a cache of what the last resyncs saw: usable after a panic.
         let mut state = self.resync_state.locked();
@@ -109,26 +116,27 @@ impl Reconciler {
                 let lost = self.find_lost(MountTableView::NotRead);
                 state.checked(generation, false);
                 tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table unchanged");
-                return Ok(lost);
+                return Ok((lost, Vec::new()));
             }
             ResyncCheck::MountIds if self.mount_ids_all_listed() => {
                 let lost = self.find_lost(MountTableView::NotRead);
                 state.checked(generation, false);
                 tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: every mount id listed");
-                return Ok(lost);
+                return Ok((lost, Vec::new()));
             }
             ResyncCheck::MountIds | ResyncCheck::ReadTable => {}
         }
         state.checked = None;
         let table = MountTable::new(self.mounter.mount_table()?);
         let lost = self.find_lost(MountTableView::Read(&table));
+        let devices = self.find_lost_devices(&table);
         state.checked(generation, true);
         drop(table);
         // The parsed table (megabytes at 10,000 mounts) is freed by now:
         // hand its pages back instead of keeping them resident.
         crate::sys::memory::release_free_heap();
         tracing::debug!(elapsed = ?started.elapsed(), lost = lost.len(), "resync: mount table read");
-        Ok(lost)
+        Ok((lost, devices))
     }
 
     /// Whether every volume recorded as mounted whose check reads the mount
@@ -145,6 +153,12 @@ impl Reconciler {
         };
         let asw = self.world.asw();
         for (_, av) in asw.volumes() {
+            // A watched device mount (its id is known) whose id is gone.
+            if av.device_mount_state == DeviceMountState::Mounted
+                && av.device_mount_id.is_some_and(|id| !ids.contains(&id))
+            {
+                return false;
+            }
             let Some(p) = self.plugins.find_by_name(&av.plugin_name) else {
                 continue;
             };
@@ -180,6 +194,45 @@ impl Reconciler {
             }
         }
         lost
+    }
+
+    /// Devices recorded as mounted whose watched mount (see
+    /// [`AttachedVolume::device_mount_id`](crate::cache::actual_state_of_world::AttachedVolume::device_mount_id))
+    /// `table` no longer shows: someone unmounted a CSI `globalmount`.
+    pub fn find_lost_devices(&self, table: &MountTable) -> Vec<UniqueVolumeName> {
+        self.world
+            .asw()
+            .volumes()
+            .filter(|(_, av)| {
+                av.device_mount_state == DeviceMountState::Mounted
+                    && av.device_mount_id.is_some()
+                    && av
+                        .device_mount_path
+                        .as_ref()
+                        .is_some_and(|p| !table.is_mount_point(p))
+            })
+            .map(|(v, _)| v.clone())
+            .collect()
+    }
+
+    /// Marks lost devices uncertain, and with them their pods' mounts: the
+    /// device is mounted again, then the pods' mounts set up again (a
+    /// publish made from the staging path would otherwise be made from an
+    /// empty directory).
+    pub fn forget_lost_devices(&self, lost: Vec<UniqueVolumeName>) {
+        if lost.is_empty() {
+            return;
+        }
+        let mut asw = self.world.asw_mut();
+        for v in &lost {
+            if asw.device_mount_state(v) == DeviceMountState::Mounted {
+                tracing::warn!(volume = %v,
+                    "device mount was unmounted behind the manager's back; mounting it again");
+                asw.set_device_mount_state(v, DeviceMountState::Uncertain);
+            }
+        }
+        drop(asw);
+        self.world.mark_dirty(lost);
     }
 
     /// Marks lost volumes as unmounted (so they are mounted again if desired).

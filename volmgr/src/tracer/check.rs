@@ -12,7 +12,10 @@
 //! - **Lost**: a volume recorded as mounted that the mount table no longer
 //!   shows (someone ran `umount` on it). It is marked *uncertain* — as the
 //!   resync marks what it finds lost — so the reconciler sets it up again if
-//!   still desired, and tears it down (idempotently) if not.
+//!   still desired, and tears it down (idempotently) if not. A watched
+//!   device mount (a CSI `globalmount` the driver mounted) that is gone is
+//!   lost too: the device becomes uncertain, and the pods' mounts made from
+//!   it with it, so the reconciler stages it again, then publishes again.
 //! - **Foreign mount**: more mounts on a volume's path than its plugin puts
 //!   there (something mounted over a tmpfs emptyDir, or on a disk emptyDir's
 //!   directory), or as many but not the volume (its tmpfs unmounted and
@@ -45,7 +48,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::TracerContext;
-use crate::cache::actual_state_of_world::{ForeignMounts, MountedPod, VolumeMountState};
+use crate::cache::actual_state_of_world::{
+    DeviceMountState, ForeignMounts, MountedPod, VolumeMountState,
+};
 use crate::cache::operations::{OperationStamp, OperationsView};
 use crate::cache::out_of_band::{DetectedBy, Detection, OutOfBandLog};
 use crate::cache::world::{VolumeEvent, World};
@@ -140,6 +145,15 @@ struct Candidate {
     pod: PodUid,
     plugin_name: Arc<str>,
     mounted: MountedPod,
+    origin: Origin,
+    stamp: Option<OperationStamp>,
+}
+
+/// A watched device mount (CSI staging) under a requested path, as the
+/// actual state had it.
+struct DeviceCandidate {
+    volume: UniqueVolumeName,
+    path: PathBuf,
     origin: Origin,
     stamp: Option<OperationStamp>,
 }
@@ -312,23 +326,108 @@ impl Checker {
     pub fn check(&self, batch: Vec<CheckRequest>) -> Result<CheckOutcome, VolumeError> {
         // 1. Snapshot of the candidates (actual state, then operations: the
         // executor's lock is never taken under the actual state's here).
-        let (candidates, deferred) = self.candidates(&batch);
+        let (candidates, mut deferred) = self.candidates(&batch);
+        let devices = self.device_candidates(&batch, &mut deferred);
         let mut out = CheckOutcome {
             deferred,
             ..CheckOutcome::default()
         };
-        if candidates.is_empty() {
+        if candidates.is_empty() && devices.is_empty() {
             return Ok(out);
         }
         // 2. The source of truth, read after the snapshot.
         let table = self.read_table()?;
+        // 3. Record what the manager did not cause: lost devices first (their
+        // pods' mounts become uncertain with them), then the pods' mounts.
+        let lost_devices = self.record_lost_devices(devices, &table);
         let findings = self.judge(candidates, &table);
-        // 3. Record what the manager did not cause.
         let recorded = self.record(findings, &mut out.deferred);
-        out.lost = recorded.iter().filter(|(_, f)| *f == Finding::Lost).count();
-        out.foreign = recorded.len() - out.lost;
+        let lost_pods = recorded.iter().filter(|(_, f)| *f == Finding::Lost).count();
+        out.foreign = recorded.len() - lost_pods;
+        out.lost = lost_pods + lost_devices;
         self.announce(recorded);
         Ok(out)
+    }
+
+    /// The device mounts the actual state watches (those with a known
+    /// mount id) under the requested paths; a request for a device with an
+    /// operation in flight is put off (into `deferred`).
+    fn device_candidates(
+        &self,
+        batch: &[CheckRequest],
+        deferred: &mut Vec<CheckRequest>,
+    ) -> Vec<DeviceCandidate> {
+        let coverage = Coverage::new(batch);
+        let mut out: Vec<DeviceCandidate> = {
+            let asw = self.world.asw();
+            asw.volumes()
+                .filter(|(_, av)| {
+                    av.device_mount_state == DeviceMountState::Mounted
+                        && av.device_mount_id.is_some()
+                })
+                .filter_map(|(v, av)| {
+                    let path = av.device_mount_path.clone()?;
+                    let req = coverage.covering(&path)?;
+                    Some(DeviceCandidate {
+                        volume: v.clone(),
+                        path,
+                        origin: req.origin.clone(),
+                        stamp: None,
+                    })
+                })
+                .collect()
+        };
+        out.retain_mut(|c| {
+            c.stamp = self.operations.stamp(&c.volume, None);
+            if c.stamp.is_some_and(|s| s.running) {
+                deferred.push(CheckRequest {
+                    scope: Scope::Below(c.path.clone()),
+                    origin: c.origin.clone(),
+                    deferrals: 0,
+                });
+                return false;
+            }
+            true
+        });
+        out
+    }
+
+    /// Marks the candidates whose device mount `table` no longer shows
+    /// uncertain, if the actual state still has them mounted and no
+    /// operation on them started or finished since the snapshot (the
+    /// actual state makes their pods' mounts uncertain too). Returns how
+    /// many.
+    fn record_lost_devices(&self, devices: Vec<DeviceCandidate>, table: &MountTable) -> usize {
+        let lost: Vec<DeviceCandidate> = devices
+            .into_iter()
+            .filter(|c| !table.is_mount_point(&c.path))
+            .collect();
+        if lost.is_empty() {
+            return 0;
+        }
+        let mut recorded = Vec::new();
+        {
+            let mut asw = self.world.asw_mut();
+            for c in lost {
+                let same = asw.volume(&c.volume).is_some_and(|av| {
+                    av.device_mount_state == DeviceMountState::Mounted
+                        && av.device_mount_path.as_deref() == Some(c.path.as_path())
+                });
+                if !same || self.operations.stamp(&c.volume, None) != c.stamp {
+                    continue;
+                }
+                asw.set_device_mount_state(&c.volume, DeviceMountState::Uncertain);
+                recorded.push(c);
+            }
+        }
+        let n = recorded.len();
+        for c in recorded {
+            tracing::warn!(volume = %c.volume, path = %c.path.display(),
+                detected_by = c.origin.by.as_str(), cause = c.origin.cause.as_deref().unwrap_or("-"),
+                "device mount was unmounted behind the manager's back; mounting it again");
+            self.world.mark_dirty([c.volume]);
+        }
+        n
     }
 
     /// The volumes recorded as mounted under the requested paths, and the
@@ -359,7 +458,7 @@ impl Checker {
         }
         let mut deferred: HashMap<PathBuf, CheckRequest> = HashMap::new();
         candidates.retain_mut(|c| {
-            c.stamp = self.operations.stamp(&c.volume, &c.pod);
+            c.stamp = self.operations.stamp(&c.volume, Some(&c.pod));
             if c.stamp.is_some_and(|s| s.running) {
                 if let Some(mut req) = coverage.covering(&c.mounted.path).cloned() {
                     req.scope = Scope::Below(c.mounted.path.clone());
@@ -423,7 +522,7 @@ impl Checker {
             if !same {
                 continue;
             }
-            if self.operations.stamp(&c.volume, &c.pod) != c.stamp {
+            if self.operations.stamp(&c.volume, Some(&c.pod)) != c.stamp {
                 if finding == Finding::Foreign {
                     retry.push(CheckRequest {
                         scope: Scope::Below(c.mounted.path.clone()),

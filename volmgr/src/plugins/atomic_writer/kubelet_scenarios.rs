@@ -25,6 +25,7 @@ fn payload(items: Items<'_>) -> BTreeMap<String, PayloadFile> {
             let f = PayloadFile {
                 data: Arc::from(*d),
                 mode: *m,
+                fs_user: None,
             };
             (p.to_string(), f)
         })

@@ -28,9 +28,14 @@
 //! NodeStageVolume succeeded and `volmgr-published` (block:
 //! `volmgr-published-<podUID>` in the PV's `data/`, holding the pod's name
 //! of the volume) once NodePublishVolume did. Each is removed before the call that undoes it. At start-up a
-//! volume is trusted only with its record (and, for a publish, its mount in
-//! mountinfo): an existing mount is not proof that the call succeeded, and
-//! a staged volume is never staged again nor unstaged while a pod uses it.
+//! volume is trusted only with its record *and* the mount table's word (an
+//! existing mount is not proof that the call succeeded; a record is not
+//! proof that its mount survived, a reboot keeps the files): a stage whose
+//! staging mount is there (block: a mount at or below the staging path, or
+//! the device published for a pod), a publish whose target is mounted from
+//! the staging mount's device. A confirmed stage is never staged again nor
+//! unstaged while a pod uses it; an unconfirmed one is uncertain, and so
+//! are the publishes made from it: staged again, then published again.
 
 pub mod errors;
 pub mod limits;
@@ -266,6 +271,41 @@ impl CsiPlugin {
         data.insert(key::OUTER_NAME, spec.name.clone());
         data.insert(key::READ_ONLY, src.read_only.to_string());
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)
+    }
+
+    /// Whether the mount table confirms the publish of `spec` at `mount`:
+    /// something is mounted there and, when the volume's staging path is a
+    /// mount point, it is a mount of the same device (a driver that binds
+    /// the staging path gives the pod the node's disk when the stage is
+    /// gone: such a publish is not the volume).
+    fn published_in_table(
+        &self,
+        spec: &VolumeSpec,
+        mount: &std::path::Path,
+        table: &MountTable,
+    ) -> bool {
+        let Some(published) = table.top(mount) else {
+            return false;
+        };
+        let staged = source(spec)
+            .ok()
+            .filter(|src| !src.ephemeral)
+            .and_then(|src| stage_layout(spec, src).ok())
+            .and_then(|l| table.top(&self.abs(&l.target)));
+        staged.is_none_or(|s| (s.major, s.minor) == (published.major, published.minor))
+    }
+
+    /// A block volume's publish target and global map entry for the pod
+    /// whose view of it is `link` (`ROOT/pods/<uid>/volumeDevices/...`).
+    fn block_mounts(
+        &self,
+        spec: &VolumeSpec,
+        link: &std::path::Path,
+    ) -> Option<(PathBuf, PathBuf)> {
+        let rest = link.strip_prefix(self.root.path().join("pods")).ok()?;
+        let uid = PodUid::new(rest.iter().next()?.to_str()?).ok()?;
+        let layout = publish_layout(&uid, spec, source(spec).ok()?).ok()?;
+        Some((self.abs(&layout.target), self.abs(&layout.global_map?)))
     }
 
     fn remove_file(&self, rel: &RelPath) -> Result<(), VolumeError> {
@@ -636,29 +676,30 @@ impl VolumePlugin for CsiPlugin {
         Ok(())
     }
 
-    fn verify_reads_mount_table(&self, spec: &VolumeSpec) -> bool {
-        // Filesystem volumes (and specs that do not parse: the safe answer).
-        !matches!(
-            source(spec).map(|s| s.volume_mode),
-            Ok(CsiVolumeMode::Block)
-        )
-    }
-
     fn mount_id(&self, pod: &PodUid, spec: &VolumeSpec) -> Option<u64> {
         let src = source(spec).ok()?;
-        if src.volume_mode != CsiVolumeMode::Filesystem {
-            return None;
-        }
-        // The publish target, where the driver mounted.
-        let target = publish_layout(pod, spec, src).ok()?.target;
-        crate::plugins::mount_id_at(&self.root, self.mounter.as_ref(), &target)
+        let layout = publish_layout(pod, spec, src).ok()?;
+        // Filesystem: the publish target, where the driver mounted. Block:
+        // the pod's global map entry, the manager's bind of the device.
+        let at = match src.volume_mode {
+            CsiVolumeMode::Filesystem => layout.target,
+            CsiVolumeMode::Block => layout.global_map?,
+        };
+        crate::plugins::mount_id_at(&self.root, self.mounter.as_ref(), &at)
     }
 
     fn verify(&self, spec: &VolumeSpec, path: &std::path::Path, table: MountTableView<'_>) -> bool {
         match source(spec).map(|s| s.volume_mode) {
             Ok(CsiVolumeMode::Filesystem) => table.holds(|t| t.is_mount_point(path)),
-            // The pod's view is a symlink; its target is checked by the driver.
-            _ => true,
+            // The pod's view is a symlink: the publish target and the
+            // pod's global map entry are what must be mounted.
+            Ok(CsiVolumeMode::Block) => match self.block_mounts(spec, path) {
+                Some((target, global)) => {
+                    table.holds(|t| t.is_mount_point(&target) && t.is_mount_point(&global))
+                }
+                None => true,
+            },
+            Err(_) => true,
         }
     }
 
@@ -676,7 +717,9 @@ impl VolumePlugin for CsiPlugin {
 
     /// A publish directory found at start-up: the spec from its
     /// `vol_data.json`; complete only with the published record and the
-    /// mount in the table. Its volume is in use on the node.
+    /// mount in the table, from the staged device when that is mounted
+    /// (see [`CsiPlugin::published_in_table`]). Its volume is in use on the
+    /// node.
     fn reconstruct(
         &self,
         pod: &PodUid,
@@ -713,12 +756,12 @@ impl VolumePlugin for CsiPlugin {
             )
         };
         let mount = dir.join("mount")?;
-        let complete = self.root.exists(&dir.join(PUBLISHED_FILE)?)?
-            && table.is_mount_point(&self.abs(&mount));
         let spec = VolumeSpec {
             name: outer,
             source: VolumeSource::Csi(src),
         };
+        let complete = self.root.exists(&dir.join(PUBLISHED_FILE)?)?
+            && self.published_in_table(&spec, &self.abs(&mount), table);
         self.adopt(pod, &spec);
         Ok(Some(ReconstructedVolume {
             spec,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::errors::{classify, CsiOp};
-use super::layout::{handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
+use super::layout::{global_map_path, handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
 use super::vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
 use super::{
     capability, context, fs_group, path_string, secrets, source, spec_vol_id, CsiPlugin,
@@ -60,17 +60,26 @@ impl DeviceMountableVolumePlugin for CsiPlugin {
         Ok(())
     }
 
+    /// The id of the driver's mount at the staging path, if it mounted one
+    /// there (filesystem volumes of drivers that stage, usually).
+    fn device_mount_id(&self, spec: &VolumeSpec) -> Option<u64> {
+        let src = source(spec).ok()?;
+        let target = stage_layout(spec, src).ok()?.target;
+        crate::plugins::mount_id_at(&self.root, self.mounter.as_ref(), &target)
+    }
+
     /// Every stage directory with a `vol_data.json`; complete when the
-    /// staged record is there. Their volumes, staged or maybe, are in use on
+    /// staged record is there and the mount table shows the stage (see
+    /// [`staged_in_table`]). Their volumes, staged or maybe, are in use on
     /// the node.
     fn reconstruct_devices(
         &self,
-        _table: &MountTable,
+        table: &MountTable,
         problems: &mut Vec<String>,
     ) -> Result<Vec<ReconstructedDevice>, VolumeError> {
         let mut out = Vec::new();
         for dir in self.stage_data_dirs()? {
-            if let Some(device) = self.reconstruct_device(&dir, problems)? {
+            if let Some(device) = self.reconstruct_device(&dir, table, problems)? {
                 out.push(device);
             }
         }
@@ -168,6 +177,41 @@ impl CsiPlugin {
         Ok(())
     }
 
+    /// Whether the mount table shows the stage of `spec` at `target`: a
+    /// filesystem volume's staging path is a mount point; a block volume
+    /// has a mount at or below its staging path (where drivers that map
+    /// the device at stage bind it), or the device is published for a pod
+    /// (a mount below its publish directory or its global map path: the
+    /// binds of the published device). What a
+    /// driver does at stage is its own business: a stage the table cannot
+    /// show is uncertain, and NodeStageVolume (idempotent) runs again, as
+    /// the kubelet runs it for every volume it reconstructs.
+    fn staged_in_table(
+        &self,
+        spec: &VolumeSpec,
+        src: &CsiVolumeSource,
+        target: &std::path::Path,
+        table: &MountTable,
+    ) -> Result<bool, VolumeError> {
+        if table.is_mount_point(target) {
+            return Ok(true);
+        }
+        if src.volume_mode != CsiVolumeMode::Block {
+            return Ok(false);
+        }
+        let id = spec_vol_id(spec, src);
+        let global = self.abs(&global_map_path(id)?);
+        let published = self.abs(
+            &RelPath::new(CSI_DIR)?
+                .join(VOLUME_DEVICES)?
+                .join("publish")?
+                .join(id)?,
+        );
+        Ok([target, global.as_path(), published.as_path()]
+            .iter()
+            .any(|dir| table.below(dir).next().is_some()))
+    }
+
     /// The directories that may hold a stage's `vol_data.json`: one per
     /// volume handle under each driver's directory, and each block PV's
     /// `data/`.
@@ -201,10 +245,12 @@ impl CsiPlugin {
     /// The stage recorded in `dir`; `None` (with a problem reported when
     /// it cannot be read) when its `vol_data.json` does not name a driver
     /// and handle. An unreadable staged record (not a regular file, too
-    /// large) leaves the stage uncertain, reported too.
+    /// large) leaves the stage uncertain, reported too; so does a staged
+    /// record the mount `table` does not confirm.
     fn reconstruct_device(
         &self,
         dir: &RelPath,
+        table: &MountTable,
         problems: &mut Vec<String>,
     ) -> Result<Option<ReconstructedDevice>, VolumeError> {
         let data = match read_vol_data(&self.root, &dir.join(VOL_DATA_FILE)?) {
@@ -234,12 +280,17 @@ impl CsiPlugin {
         let spec = staged_spec(&data, driver, handle);
         let src = source(&spec)?;
         let target = self.abs(&stage_layout(&spec, src)?.target);
+        let confirmed = staged.is_some() && self.staged_in_table(&spec, src, &target, table)?;
+        if staged.is_some() && !confirmed {
+            tracing::info!(%driver, %handle, path = %target.display(),
+                "staged before, but the mount table does not show it (a reboot?): staging again");
+        }
         let volume_name = UniqueVolumeName::new(format!("{PLUGIN_NAME}/{driver}^{handle}"));
         self.limits.adopt(driver, &volume_name);
         Ok(Some(ReconstructedDevice {
             volume_name,
             device_mount_path: target,
-            complete: staged.is_some(),
+            complete: confirmed,
             size_bytes: staged.and_then(|s| s.capacity_bytes),
             spec,
         }))
@@ -265,5 +316,84 @@ fn staged_spec(data: &BTreeMap<String, String>, driver: &str, handle: &str) -> V
             pv_name: Some(spec_vol_id),
             ..reconstructed_source(driver.to_string(), handle.to_string(), volume_mode)
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugins::VolumePlugin;
+    use crate::sys::mountinfo::parse_line;
+    use crate::volume::PodUid;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    fn plugin(root: &Path) -> CsiPlugin {
+        let registry = crate::csi::registry::DriverRegistry::new();
+        CsiPlugin::new(
+            Arc::new(crate::sys::root_dir::RootDir::open(root).unwrap()),
+            crate::csi::client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+            "node".into(),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+    }
+
+    /// A mount of device `dev` (`major:minor`) at `at`.
+    fn mount(id: u32, dev: &str, at: &Path) -> crate::sys::mountinfo::MountInfo {
+        parse_line(&format!(
+            "{id} 1 {dev} / {} rw - ext4 /dev/loop0 rw",
+            at.display()
+        ))
+        .unwrap()
+    }
+
+    /// The staged and published records are claims: complete only when the
+    /// mount table shows the staging mount, and the publish mounted from
+    /// the same device.
+    #[test]
+    fn records_are_complete_only_when_the_mount_table_agrees() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let p = plugin(&root);
+        let stage = root
+            .join("plugins/kubernetes.io/csi/d")
+            .join(handle_hash("vol-1"));
+        std::fs::create_dir_all(stage.join("globalmount")).unwrap();
+        std::fs::write(
+            stage.join(VOL_DATA_FILE),
+            r#"{"driverName":"d","volumeHandle":"vol-1","specVolID":"pv-1"}"#,
+        )
+        .unwrap();
+        std::fs::write(stage.join(STAGED_FILE), "{}").unwrap();
+        let publish = root.join("pods/u1/volumes/kubernetes.io~csi/pv-1");
+        std::fs::create_dir_all(publish.join("mount")).unwrap();
+        std::fs::write(
+            publish.join(VOL_DATA_FILE),
+            r#"{"driverName":"d","volumeHandle":"vol-1","specVolID":"pv-1"}"#,
+        )
+        .unwrap();
+        std::fs::write(publish.join(crate::plugins::csi::PUBLISHED_FILE), "").unwrap();
+        let pod = PodUid::new("u1").unwrap();
+        let check = |table: Vec<crate::sys::mountinfo::MountInfo>| {
+            let table = MountTable::new(table);
+            let mut problems = Vec::new();
+            let devices = p.reconstruct_devices(&table, &mut problems).unwrap();
+            assert_eq!(devices.len(), 1, "{problems:?}");
+            let volume = p.reconstruct(&pod, "pv-1", &table).unwrap().unwrap();
+            (devices[0].complete, volume.complete)
+        };
+        // After a reboot: nothing mounted, both records are claims only.
+        assert_eq!(check(vec![]), (false, false));
+        // The staging mount gone, the publish still there (unmounted behind
+        // the manager's back): the stage is uncertain.
+        let published = mount(10, "7:1", &publish.join("mount"));
+        assert_eq!(check(vec![published.clone()]), (false, true));
+        // Both there, the publish made from the staging mount's device.
+        let staged = mount(11, "7:1", &stage.join("globalmount"));
+        assert_eq!(check(vec![staged.clone(), published]), (true, true));
+        // The publish is of another device (the node's disk, bound from an
+        // empty staging directory): not the volume.
+        let elsewhere = mount(12, "8:1", &publish.join("mount"));
+        assert_eq!(check(vec![staged, elsewhere]), (true, false));
     }
 }
