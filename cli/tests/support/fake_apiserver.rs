@@ -16,7 +16,8 @@
 //!   counter;
 //! - an outage switch (every request `503`, open watches cut), a switch
 //!   refusing (`403`) every read of one resource (the node authorizer of
-//!   older clusters for serviceaccounts), and every request recorded.
+//!   older clusters for serviceaccounts), and every request recorded (with
+//!   its JSON body).
 //!
 //! TLS with a self-signed certificate for 127.0.0.1 (rcgen); the test
 //! writes a kubeconfig that trusts it.
@@ -47,6 +48,9 @@ pub struct Recorded {
     pub path: String,
     pub query: String,
     pub status: u16,
+    /// The request's body as JSON (`Null` when empty or not JSON): e.g.
+    /// every Node status patch, to assert on all of them.
+    pub body: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -474,6 +478,7 @@ impl Server {
             path,
             query,
             status: resp.status().as_u16(),
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         });
         resp
     }
