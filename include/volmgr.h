@@ -263,34 +263,64 @@ extern "C" {
 const char *volmgr_last_error(void);
 
 /**
- * Creates a manager from `config_json`:
+ * Creates a manager from `config_json` (only `root_dir` is required):
  * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
- *   "wait_for_sources_ready": false, "wait_for_reported_in_use": false,
+ *   "wait_for_sources_ready": true, "wait_for_reported_in_use": false,
  *   "make_root_shared": false,
  *   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
  *           "timeout_ms": 120000, "republish_period_ms": 60000}}`
- * (only `root_dir` is required). With `"csi"`, the kubelet's CSI plugin is
- * installed as `volmgr agent` installs it: drivers named in `drivers` are
- * called on their socket at once, and with `watch_plugins_registry` (the
- * default) drivers that register through `ROOT/plugins_registry`
- * (node-driver-registrar) are added and removed as they come and go.
- * With `wait_for_sources_ready`, nothing is torn down until
- * `volmgr_sources_ready` is called (so a restarted kubelet can re-add its
- * pods first). With `wait_for_reported_in_use`, an attachable volume (CSI)
- * is set up only once `volmgr_mark_volumes_as_reported_in_use` has listed
- * it (the kubelet's reconciler: a volume must be in the node status'
- * `volumesInUse` first); until then it is pending, and the waits and
- * status say why. With `make_root_shared`, ROOT is made recursively shared
- * (bound onto itself first if it is not a mount point), as the agent does;
- * a kubelet fork leaves it off, since the kubelet's `setupDataDirs` does it.
- * `tracer` picks what finds volumes changed behind the
- * manager's back between resyncs (see `volmgr agent --tracer`): `ebpf` that
- * cannot be loaded, or `mountinfo` that cannot watch the mount table, is
- * `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` (the default) falls back
- * from eBPF to mountinfo. Mount calls made by the host process itself
- * outside volmgr's threads count as out-of-band changes. On success `*out`
- * owns the handle (free with `volmgr_free`).
+ * (the values shown are the defaults).
+ *
+ * The restart rule: by default nothing is torn down until
+ * `volmgr_sources_ready` is called, as the kubelet's reconciler unmounts
+ * nothing before `sourcesReady.AllReady()`. A restarted kubelet fork calls
+ * `volmgr_start` (the volumes found mounted are rebuilt), upserts its pods
+ * as its pod sources deliver them, then calls `volmgr_sources_ready`: the
+ * volumes of running pods are adopted with their mounts, and only those of
+ * pods gone meanwhile are torn down. A consumer that has no pod source of
+ * its own (it upserts every pod before `volmgr_start`) opts out with
+ * `"wait_for_sources_ready": false`: `volmgr_start` then counts as sources
+ * ready, and every volume found of a pod not upserted yet is torn down.
+ *
+ * The other settings, each with its default and what the kubelet does
+ * when nothing is said:
+ * - `wait_for_reported_in_use` (false): an attachable volume (CSI) is set
+ *   up only once `volmgr_mark_volumes_as_reported_in_use` has listed it
+ *   (a volume must be in the node status' `volumesInUse` first); until
+ *   then it is pending, and the waits and status say why. The kubelet
+ *   always waits (`VerifyControllerAttachedVolume`); volmgr does not by
+ *   default because only a consumer that writes the node status can
+ *   release the wait: a kubelet fork that keeps the kubelet's node status
+ *   setter (`GetVolumesInUse`, then `MarkVolumesAsReportedInUse`) sets it.
+ * - `make_root_shared` (false): ROOT is made recursively shared (bound
+ *   onto itself first if it is not a mount point), as the agent does. The
+ *   kubelet does it itself (`setupDataDirs`), so a fork leaves it off.
+ * - `tracer` ("auto"): what finds volumes changed behind the manager's
+ *   back between resyncs (see `volmgr agent --tracer`): `ebpf` that cannot
+ *   be loaded, or `mountinfo` that cannot watch the mount table, is
+ *   `VOLMGR_ERR_UNSUPPORTED` with the reason; `auto` falls back from eBPF
+ *   to mountinfo. The kubelet has no tracer and does not notice a volume
+ *   unmounted behind its back (`off` is its behaviour); a tracer only sets
+ *   up again what is still desired. Mount calls made by the host process
+ *   itself outside volmgr's threads count as out-of-band changes.
+ * - `resync_period_ms` (60000): the safety-net resync, as the agent's
+ *   `--resync-period`; the kubelet has none.
+ * - `backoff_initial_ms` (500), `backoff_max_ms` (122000): the kubelet's
+ *   exponential backoff of a failing operation (500 ms doubling up to
+ *   2 min 2 s).
+ * - `csi` (absent: no CSI plugin): with it, the kubelet's CSI plugin is
+ *   installed as `volmgr agent` installs it: drivers named in `drivers` are
+ *   called on their socket at once, and with `watch_plugins_registry`
+ *   (true, as the kubelet's plugin watcher always runs) drivers that
+ *   register through `ROOT/plugins_registry` (node-driver-registrar) are
+ *   added and removed as they come and go. `timeout_ms` (120000) bounds
+ *   each CSI call: the kubelet's `csiTimeout`, 2 minutes.
+ *   `republish_period_ms` (60000, also for 0): how often volumes of
+ *   `requiresRepublish` drivers are published again, the kubelet's sync
+ *   period (`--sync-frequency`, 1 minute).
+ *
+ * On success `*out` owns the handle (free with `volmgr_free`).
  *
  * # Safety
  * `config_json` is NULL or a NUL-terminated string; `out` is NULL or writable.
@@ -307,9 +337,12 @@ volmgr_status volmgr_new(const char *config_json, volmgr **out);
 volmgr_status volmgr_start(volmgr *vm);
 
 /**
- * Tells the manager that every pod source has delivered its pods, so
- * volumes of unknown pods may be torn down (only needed with
- * `"wait_for_sources_ready": true`).
+ * Tells the manager that every pod source has delivered its pods (the
+ * kubelet's `sourcesReady.AllReady()`), so volumes of pods not upserted
+ * may now be torn down. Until then (with the default
+ * `"wait_for_sources_ready": true`) nothing is torn down; call it once the
+ * pods running on the node have been upserted. May be called before or
+ * after `volmgr_start`; later calls do nothing.
  *
  * # Safety
  * `vm` is NULL or a live handle.
@@ -528,10 +561,18 @@ volmgr_status volmgr_get_extra_supplemental_groups_for_pod(volmgr *vm,
 
 /**
  * The kubelet's `GetVolumesInUse`: a JSON array of the unique names of the
- * attachable volumes (CSI: the kubelet treats CSI as attachable unless a
- * CSIDriver says `attachRequired: false`, which volmgr does not read yet;
- * emptyDir, hostPath and host plugins' volumes are not attachable) that
- * are desired or still known to the actual state. Sorted.
+ * attachable volumes (the kubelet's `CanAttach`: a CSI volume from a
+ * PersistentVolume, unless its driver's CSIDriver says
+ * `attachRequired: false`; inline CSI volumes, emptyDir, hostPath and host
+ * plugins' volumes are not) that are desired, or mounted or uncertain in
+ * the actual state (listed until unmounted). Sorted.
+ *
+ * Only once the states have synced (`volmgr_reconciler_states_synced`):
+ * before, the volumes mounted by an earlier process may not be known yet,
+ * and a list written into the node status then would tell the
+ * attach/detach controller it may detach them; so the call fails with
+ * `VOLMGR_ERR_BUSY` and the node status keeps its list (the kubelet's
+ * `VolumesInUse` setter waits the same way).
  *
  * # Safety
  * `vm` live or NULL; `out_json` writable or NULL.

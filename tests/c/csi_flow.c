@@ -18,6 +18,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "volmgr.h"
@@ -133,6 +134,7 @@ int main(int argc, char **argv) {
   struct stat st;
   CHECK(stat(registry, &st) == 0 && S_ISDIR(st.st_mode), "volmgr_new created %s", registry);
   EXPECT(volmgr_start(vm), VOLMGR_OK);
+  EXPECT(volmgr_sources_ready(vm), VOLMGR_OK);
   pid_t driver = start_driver(bin, root, state, 0);
   CHECK(driver > 0, "driver started");
 
@@ -202,6 +204,8 @@ int main(int argc, char **argv) {
                                   "\"fsType\":\"ext4\",\"volumeAttributes\":{\"size\":\"64Mi\"}}}}"),
          VOLMGR_OK);
   EXPECT(volmgr_pod_upsert(vm, pod), VOLMGR_OK);
+  /* The pod source has delivered every pod (wait_for_sources_ready is on by default). */
+  EXPECT(volmgr_sources_ready(vm), VOLMGR_OK);
   EXPECT(volmgr_wait_for_attach_and_mount(vm, "csi-1", 60000), VOLMGR_OK);
   CHECK(driver_calls(state, "NodeStageVolume") == 2, "staged again after the reboot");
   CHECK(mount_count(target) == 1, "%s is mounted once after the reboot", target);
@@ -221,6 +225,32 @@ int main(int argc, char **argv) {
         out ? out : "(null)");
   volmgr_string_free(out);
   out = NULL;
+
+  /* In use: a CSI volume from a PV is attachable (no CSIDriver object: the
+   * kubelet's CanAttach says yes); once its CSIDriver says
+   * attachRequired: false, it is not (bounded wait: the pod is converted
+   * again when the object arrives). */
+  for (int i = 0; i < 20000; i++) {
+    volmgr_string_free(out);
+    out = NULL;
+    if (volmgr_get_volumes_in_use(vm, &out) == VOLMGR_OK) break;
+    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 1000000}, NULL);
+  }
+  CHECK(out != NULL && strcmp(out, "[\"kubernetes.io/csi/" DRIVER "^vol-c\"]") == 0, "in use: %s",
+        out ? out : "(null)");
+  EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"storage.k8s.io/v1\",\"kind\":\"CSIDriver\","
+                                  "\"metadata\":{\"name\":\"" DRIVER "\"},\"spec\":{\"attachRequired\":false}}"),
+         VOLMGR_OK);
+  for (int i = 0; i < 20000 && out != NULL && strcmp(out, "[]") != 0; i++) {
+    volmgr_string_free(out);
+    out = NULL;
+    EXPECT(volmgr_get_volumes_in_use(vm, &out), VOLMGR_OK);
+    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 1000000}, NULL);
+  }
+  CHECK(out != NULL && strcmp(out, "[]") == 0, "attachRequired: false, not in use: %s", out ? out : "(null)");
+  volmgr_string_free(out);
+  out = NULL;
+  CHECK(mount_count(target) == 1, "%s still mounted once", target);
 
   /* Objects: bad ones refused without harm; deleting the claim keeps the
    * running pod's volume (last resolution). */

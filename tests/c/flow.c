@@ -64,6 +64,7 @@ static void out_of_band(const char *root, const char *host, const char *tracer) 
   EXPECT(st, VOLMGR_OK);
   if (vm == NULL) return;
   EXPECT(volmgr_start(vm), VOLMGR_OK);
+  EXPECT(volmgr_sources_ready(vm), VOLMGR_OK);
   EXPECT(volmgr_pod_upsert(vm, make_pod("oob", host, "Directory")), VOLMGR_OK);
   EXPECT(volmgr_wait_for_attach_and_mount(vm, "oob", 20000), VOLMGR_OK);
   snprintf(path, sizeof path, "%s/pods/oob/volumes/kubernetes.io~empty-dir/cache", dir);
@@ -209,6 +210,7 @@ static void projected(const char *root) {
   EXPECT(volmgr_set_token_callback(vm, NULL, NULL), VOLMGR_ERR_INVALID_ARGUMENT);
   EXPECT(volmgr_set_token_callback(vm, give_token, NULL), VOLMGR_OK);
   EXPECT(volmgr_start(vm), VOLMGR_OK);
+  EXPECT(volmgr_sources_ready(vm), VOLMGR_OK);
   EXPECT(volmgr_object_upsert(vm, "{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{\"name\":\"kube-root-ca.crt\","
                                   "\"namespace\":\"c\"},\"data\":{\"ca.crt\":\"THE-CA\"}}"),
          VOLMGR_OK);
@@ -271,7 +273,8 @@ static void thread_safety(const char *root, const char *host) {
   volmgr *vm = NULL;
   pthread_t th[THREADS];
   struct worker w[THREADS];
-  snprintf(config, sizeof config, "{\"root_dir\":\"%s/threads\"}", root);
+  /* No pod source: every pod is upserted here, so no need to wait for one. */
+  snprintf(config, sizeof config, "{\"root_dir\":\"%s/threads\",\"wait_for_sources_ready\":false}", root);
   EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
   EXPECT(volmgr_start(vm), VOLMGR_OK);
   for (int i = 0; i < THREADS; i++) {
@@ -419,8 +422,15 @@ int main(int argc, char **argv) {
   EXPECT(volmgr_new(config, &vm), VOLMGR_OK);
   CHECK(vm != NULL, "handle");
   EXPECT(volmgr_set_event_callback(vm, on_event, NULL), VOLMGR_OK);
+  /* Before the states have synced, no list of volumes in use to write
+   * into the node status. */
+  EXPECT(volmgr_get_volumes_in_use(vm, &out), VOLMGR_ERR_BUSY);
+  CHECK(out == NULL && strstr(volmgr_last_error(), "not synced") != NULL, "in use before sync: %s",
+        volmgr_last_error());
   EXPECT(volmgr_start(vm), VOLMGR_OK);
   EXPECT(volmgr_start(vm), VOLMGR_ERR_BUSY);
+  /* The pod sources (the pods upserted below) are ready. */
+  EXPECT(volmgr_sources_ready(vm), VOLMGR_OK);
 
   /* A pod with a tmpfs emptyDir and a hostPath. */
   EXPECT(volmgr_pod_upsert(vm, make_pod("pod-1", host, "Directory")), VOLMGR_OK);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the C consumers (tests/c/flow.c, tests/c/csi_flow.c) against
+# Builds the C consumers (tests/c/flow.c, tests/c/csi_flow.c,
+# tests/c/restart.c) against
 # include/volmgr.h and libvolmgr.a with -Wall -Wextra -Werror and
 # AddressSanitizer (+ LeakSanitizer, which also sees Rust's allocations: they
 # go through malloc), and runs them inside private mount namespaces: the
@@ -42,7 +43,7 @@ if [ "$documented" != "$libs" ]; then
   echo "c flow: 0 passed, 1 failed"
   exit 1
 fi
-for prog in flow csi_flow; do
+for prog in flow csi_flow restart; do
   gcc -std=c11 -Wall -Wextra -Werror -g -O1 -fsanitize=address -fno-omit-frame-pointer \
     -Iinclude -Itests/c "tests/c/$prog.c" target/debug/libvolmgr.a $libs -o "$out/$prog"
 done
@@ -58,6 +59,11 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
 mkdir -p "$out/old-root" "$out/old-host"
 VOLMGR_C_EXPECT_OPENAT_WALK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
   isolated "$out/older_kernel" "$out/flow" "$out/old-root" "$out/old-host"
+# The restart rule: a first process mounts and dies; the next one, with the
+# defaults, tears nothing down before volmgr_sources_ready.
+mkdir -p "$out/restart-root"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:exitcode=99 \
+  isolated "$out/restart" "$out/restart-root"
 # Under valgrind (memcheck), which does not know openat2 either.
 if command -v valgrind >/dev/null; then
   mkdir -p "$out/vg-root" "$out/vg-host"

@@ -573,6 +573,14 @@ impl CsiVolumeSource {
             driver_info: Default::default(),
         }
     }
+
+    /// The kubelet's `csiPlugin.CanAttach`: a volume from a
+    /// PersistentVolume is attachable unless its driver's CSIDriver says
+    /// `attachRequired: false` (no CSIDriver: attachable); an inline
+    /// (ephemeral) volume never is.
+    pub fn can_attach(&self) -> bool {
+        !self.ephemeral && !self.driver_info.skip_attach
+    }
 }
 
 /// What a CSI driver's `CSIDriver` object says about one volume (the
@@ -605,6 +613,10 @@ pub struct CsiDriverInfo {
     /// filesystem volume of a pod with an SELinux level (see
     /// `populator::selinux`).
     pub selinux_mount_label: Option<String>,
+    /// `spec.attachRequired: false` (the kubelet's `skipAttach`): the
+    /// driver's volumes are not attachable, so they are not in the node's
+    /// `volumesInUse` and never wait to be reported there.
+    pub skip_attach: bool,
 }
 
 /// One of a CSIDriver's `spec.tokenRequests`.

@@ -4,12 +4,18 @@
 //!
 //! - with `--report-volumes-in-use`, `status.volumesInUse` of this node
 //!   lists the unique names of the attachable volumes in use
-//!   ([`VolumeManager::volumes_in_use`]: CSI volumes, from the moment they
-//!   are wanted until they are unmounted), patched only when the set
-//!   changes (and once at start, so a stale list from an earlier run goes),
-//!   then told to the manager (`mark_volumes_as_reported_in_use`): the
-//!   attach/detach controller does not detach a volume the node lists, and
-//!   the manager sets up an attachable volume only once it is listed;
+//!   ([`VolumeManager::volumes_in_use`]: CSI volumes from a
+//!   PersistentVolume, from the moment they are wanted until they are
+//!   unmounted), then told to the manager
+//!   (`mark_volumes_as_reported_in_use`): the attach/detach controller does
+//!   not detach a volume the node lists, and the manager sets up an
+//!   attachable volume only once it is listed. It is written only once the
+//!   manager's states have synced (the kubelet's `VolumesInUse` setter
+//!   waits for `ReconcilerStatesHasBeenSynced`): before, the volumes an
+//!   earlier run left mounted may not be known yet, and a list without them
+//!   would let the controller detach them under a running pod; the Node
+//!   keeps the earlier run's list meanwhile. Then it is patched at once
+//!   (a stale list goes) and again whenever the set changes;
 //! - the Node's `status.volumesAttached` is read (from the patch's answer,
 //!   at every period, and every `attach_poll` while a volume in use is not
 //!   listed) and handed to the manager (`mark_volumes_attached`), which
@@ -35,6 +41,8 @@ use volmgr::volumemanager::VolumeManager;
 
 /// What the reporter needs of the volume manager (the seam the tests fake).
 pub trait NodeVolumes: Send + Sync {
+    /// The kubelet's `ReconcilerStatesHasBeenSynced`.
+    fn reconciler_states_synced(&self) -> bool;
     /// The kubelet's `GetVolumesInUse`: attachable volumes in use, sorted.
     fn volumes_in_use(&self) -> Vec<UniqueVolumeName>;
     /// The kubelet's `MarkVolumesAsReportedInUse`.
@@ -44,6 +52,9 @@ pub trait NodeVolumes: Send + Sync {
 }
 
 impl NodeVolumes for VolumeManager {
+    fn reconciler_states_synced(&self) -> bool {
+        VolumeManager::reconciler_states_synced(self)
+    }
     fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
         VolumeManager::volumes_in_use(self)
     }
@@ -115,9 +126,9 @@ pub struct Reporter {
 }
 
 impl Reporter {
-    /// One round: patches `volumesInUse` if the set changed, reads the
-    /// Node if due. Returns whether a volume in use waits for attachment
-    /// (the caller polls sooner).
+    /// One round: once the states have synced, patches `volumesInUse` if
+    /// the set changed; reads the Node if due. Returns whether a volume in
+    /// use waits for attachment (the caller polls sooner).
     pub async fn step(
         &mut self,
         nodes: &Api<Node>,
@@ -125,8 +136,9 @@ impl Reporter {
         vm: &dyn NodeVolumes,
         config: &NodeStatusConfig,
     ) -> Result<bool, Error> {
+        let synced = vm.reconciler_states_synced();
         let in_use = vm.volumes_in_use();
-        if config.report_volumes_in_use && self.reported.as_ref() != Some(&in_use) {
+        if config.report_volumes_in_use && synced && self.reported.as_ref() != Some(&in_use) {
             let list = match in_use.is_empty() {
                 true => serde_json::Value::Null,
                 false => in_use.iter().map(|v| v.as_str()).collect(),
@@ -242,12 +254,17 @@ mod tests {
 
     #[derive(Default)]
     struct Fake {
+        /// The manager's states have not synced yet.
+        not_synced: std::sync::atomic::AtomicBool,
         in_use: Mutex<Vec<UniqueVolumeName>>,
         reported: Mutex<Vec<Vec<UniqueVolumeName>>>,
         attached: Mutex<Vec<Vec<UniqueVolumeName>>>,
     }
 
     impl NodeVolumes for Fake {
+        fn reconciler_states_synced(&self) -> bool {
+            !self.not_synced.load(std::sync::atomic::Ordering::SeqCst)
+        }
         fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
             self.in_use.lock().unwrap().clone()
         }
@@ -320,6 +337,44 @@ mod tests {
         assert_eq!(vm.reported.lock().unwrap().len(), 2);
         r.step(&nodes, "n1", &vm, &config).await.unwrap();
         assert_eq!(vm.reported.lock().unwrap().last().unwrap(), &names(&["x"]));
+    }
+
+    /// Until the manager's states have synced, the Node's list is left as
+    /// the earlier run wrote it (with a volume still mounted that the
+    /// manager does not know yet): no write; then one, at once.
+    #[tokio::test]
+    async fn volumes_in_use_waits_for_the_states_to_sync() {
+        let api = FakeApi::default();
+        let earlier = json!({"metadata": {"name": "n1"},
+                             "status": {"volumesInUse": ["kubernetes.io/csi/d^a"]}});
+        api.put("/api/v1/nodes/n1", earlier.clone());
+        let nodes: Api<Node> = Api::all(api.client());
+        let vm = Fake::default();
+        vm.not_synced
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let config = NodeStatusConfig {
+            read_volumes_attached: false,
+            ..NodeStatusConfig::default()
+        };
+        let mut r = Reporter::default();
+        r.step(&nodes, "n1", &vm, &config).await.unwrap();
+        assert!(api.take_requests().is_empty(), "no write before the sync");
+        assert_eq!(
+            api.get("/api/v1/nodes/n1").unwrap()["status"],
+            earlier["status"]
+        );
+        assert!(vm.reported.lock().unwrap().is_empty());
+
+        vm.not_synced
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        *vm.in_use.lock().unwrap() = names(&["kubernetes.io/csi/d^a"]);
+        r.step(&nodes, "n1", &vm, &config).await.unwrap();
+        let reqs = api.take_requests();
+        assert_eq!(reqs.len(), 1, "{reqs:?}");
+        assert_eq!(
+            reqs[0].body,
+            json!({"status": {"volumesInUse": ["kubernetes.io/csi/d^a"]}})
+        );
     }
 
     /// `volumesAttached` reaches the manager when it changes; a volume in

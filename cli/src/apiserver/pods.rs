@@ -9,7 +9,10 @@
 //!   again only if their spec or metadata changed, so nothing is mounted
 //!   twice. An API server that is down or answers 5xx tears nothing down;
 //!   volumes of pods no source knows are only cleaned once the first list
-//!   came through.
+//!   came through and every pod it listed has had its objects read (a pod
+//!   still waiting for them is not in the desired state yet: counting the
+//!   source as ready before would tear down the volumes a restarted agent
+//!   found mounted for it, as if the pod were gone).
 //! - A pod's volumes are torn down when the pod is deleted, when its phase
 //!   is `Succeeded` or `Failed`, or when its deletion was requested and
 //!   none of its containers runs any more (the kubelet's `notRunning`).
@@ -76,6 +79,9 @@ pub struct ApiPodSource {
     /// During a (re)list: the pods listed so far.
     relist: Option<HashSet<String>>,
     /// Whether the first list came through.
+    listed: bool,
+    /// Whether the sink was told the source is populated (the first list
+    /// came through and no pod waits for its objects any more).
     populated: bool,
     /// One watch per referenced object.
     watches: HashMap<ObjectRef, JoinHandle<()>>,
@@ -99,6 +105,7 @@ impl ApiPodSource {
             sink,
             pods: HashMap::new(),
             relist: None,
+            listed: false,
             populated: false,
             watches: HashMap::new(),
             updates_tx,
@@ -134,6 +141,7 @@ impl ApiPodSource {
                         self.on_object(r, update);
                     }
                     self.sync_watches();
+                    self.populate_once_resolved();
                 }
             }
         }
@@ -178,11 +186,26 @@ impl ApiPodSource {
             tracing::info!(pod = %uid, "pod gone from the API server's list");
             self.remove_pod(&uid);
         }
-        if !self.populated {
-            self.populated = true;
+        if !self.listed {
+            self.listed = true;
             tracing::info!(
                 pods = self.pods.len(),
                 "initial pod list from the API server done"
+            );
+        }
+        self.populate_once_resolved();
+    }
+
+    /// The kubelet's sources-ready for this source: once the first list
+    /// came through and no pod of it is held back for its objects (the
+    /// kubelet reads a pod's claim and volume before its populator counts
+    /// it added).
+    fn populate_once_resolved(&mut self) {
+        if self.listed && !self.populated && !self.resolver.holds_pods() {
+            self.populated = true;
+            tracing::info!(
+                pods = self.pods.len(),
+                "the listed pods' objects are read: volumes of other pods may be torn down"
             );
             self.sink.set_populated();
         }

@@ -181,7 +181,8 @@ func (r readySources) AllReady() bool { return bool(r) }
 func TestKubeletAdapter(t *testing.T) {
 	dir := t.TempDir()
 	root, host := dir+"/root", dir+"/host"
-	m, err := New(Config{RootDir: root, Tracer: "off", WaitForSourcesReady: true, WaitForReportedInUse: true})
+	// WaitForSourcesReady is left unset: the kubelet's rule is the default.
+	m, err := New(Config{RootDir: root, Tracer: "off", WaitForReportedInUse: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,9 +213,14 @@ func TestKubeletAdapter(t *testing.T) {
 	if v, ok := vols["m0"]; !ok || !v.SELinuxRelabel || v.Path == "" || len(vols) != 2 {
 		t.Fatalf("volume map %+v", vols)
 	}
-	// The node status setter: report what is in use (nothing attachable
-	// here), then mark it.
-	vm.MarkVolumesAsReportedInUse(vm.GetVolumesInUse())
+	// The node status setter (setters.VolumesInUse): once the states have
+	// synced, report what is in use (nothing attachable here); then mark
+	// what the node lists.
+	var nodeVolumesInUse []UniqueVolumeName
+	if vm.ReconcilerStatesHasBeenSynced() {
+		nodeVolumesInUse = vm.GetVolumesInUse()
+	}
+	vm.MarkVolumesAsReportedInUse(nodeVolumesInUse)
 	if len(vm.GetExtraSupplementalGroupsForPod(pod)) != 0 || !vm.HasPossiblyMountedVolumesForPod(UniquePodName(pod.UID)) {
 		t.Fatal("queries")
 	}

@@ -125,15 +125,22 @@ var (
 	ErrClosed          = errors.New("volmgr: manager is closed")
 )
 
-// Config is volmgr_new's configuration.
+// Config is volmgr_new's configuration. A field left at its zero value
+// takes volmgr_new's default (include/volmgr.h), which is the kubelet's.
 type Config struct {
-	RootDir             string `json:"root_dir"`
-	NodeName            string `json:"node_name,omitempty"`
-	Tracer              string `json:"tracer,omitempty"`
-	ResyncPeriodMs      uint64 `json:"resync_period_ms,omitempty"`
-	BackoffInitialMs    uint64 `json:"backoff_initial_ms,omitempty"`
-	BackoffMaxMs        uint64 `json:"backoff_max_ms,omitempty"`
-	WaitForSourcesReady bool   `json:"wait_for_sources_ready,omitempty"`
+	RootDir          string `json:"root_dir"`
+	NodeName         string `json:"node_name,omitempty"`
+	Tracer           string `json:"tracer,omitempty"`
+	ResyncPeriodMs   uint64 `json:"resync_period_ms,omitempty"`
+	BackoffInitialMs uint64 `json:"backoff_initial_ms,omitempty"`
+	BackoffMaxMs     uint64 `json:"backoff_max_ms,omitempty"`
+	// WaitForSourcesReady: nil (unset) or true, the kubelet's rule, tears
+	// nothing down until SourcesReady is called, so a restarted kubelet
+	// fork keeps the volumes of its running pods (it upserts them, then
+	// calls SourcesReady). Bool(false) opts out, for a caller without a
+	// pod source of its own: Start then counts as sources ready, and the
+	// volumes of pods not upserted yet are torn down.
+	WaitForSourcesReady *bool `json:"wait_for_sources_ready,omitempty"`
 	// WaitForReportedInUse sets attachable volumes (CSI) up only once
 	// MarkVolumesAsReportedInUse has listed them, as the kubelet does
 	// (the node status must list a volume in volumesInUse first).
@@ -145,6 +152,10 @@ type Config struct {
 	// CSI installs the kubelet's CSI plugin; nil: no CSI volumes.
 	CSI *CSIConfig `json:"csi,omitempty"`
 }
+
+// Bool returns a pointer to b, for the optional fields of Config
+// (Config{WaitForSourcesReady: volmgr.Bool(false)}).
+func Bool(b bool) *bool { return &b }
 
 // CSIConfig is volmgr_new's "csi" key.
 type CSIConfig struct {
@@ -261,8 +272,10 @@ func (m *Manager) Start() error {
 	})
 }
 
-// SourcesReady allows tearing down volumes of unknown pods (only needed
-// with Config.WaitForSourcesReady).
+// SourcesReady tells volmgr that the pod sources have delivered their pods
+// (the kubelet's sourcesReady.AllReady()): volumes of pods not upserted
+// may now be torn down. Until then (unless Config.WaitForSourcesReady is
+// Bool(false)) nothing is.
 func (m *Manager) SourcesReady() error {
 	return m.with(func(h *C.volmgr) error {
 		return call(func() C.volmgr_status { return C.volmgr_sources_ready(h) })
@@ -690,9 +703,12 @@ func (m *Manager) GetExtraSupplementalGroupsForPod(uid string) ([]int64, error) 
 	return v, err
 }
 
-// GetVolumesInUse lists the attachable volumes (CSI) desired or still
-// known to be attached; emptyDir, hostPath and host plugins' volumes are
-// not attachable.
+// GetVolumesInUse lists the attachable volumes (CSI volumes from a
+// PersistentVolume whose CSIDriver does not say attachRequired: false)
+// desired, or mounted or uncertain until unmounted; inline CSI, emptyDir,
+// hostPath and host plugins' volumes are not attachable. Before
+// ReconcilerStatesHasBeenSynced it fails with ErrBusy: keep the node
+// status' volumesInUse as it is (the kubelet's setter waits the same way).
 func (m *Manager) GetVolumesInUse() ([]string, error) {
 	var v []string
 	err := m.jsonCall(&v, func(h *C.volmgr, r **C.char) C.volmgr_status {

@@ -21,6 +21,10 @@ const childEnv = "VOLMGR_GO_TEST_IN_PRIVATE_NS"
 // made recursively private (Go's SysProcAttr.Unshareflags does both), so the
 // real mounts of these tests never reach the host. Without root it skips.
 func TestMain(m *testing.M) {
+	if os.Getenv(firstProcessEnv) != "" {
+		// A helper process of a test, in that test's namespace already.
+		os.Exit(m.Run())
+	}
 	if os.Getenv(childEnv) == "1" {
 		// The host read-only but the temporary directory: a bug that binds
 		// "/" or "/etc" into a test's directory cannot cost the host its
@@ -96,6 +100,10 @@ func newManager(t testing.TB) (*Manager, string, string) {
 		t.Fatal(err)
 	}
 	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh root: every pod is upserted by the test itself.
+	if err := m.SourcesReady(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -543,6 +551,9 @@ func TestOutOfBandUnmount(t *testing.T) {
 			}
 			defer m.Close()
 			if err := m.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.SourcesReady(); err != nil {
 				t.Fatal(err)
 			}
 			if err := m.UpsertPod(podJSON("go-oob", host, 1)); err != nil {

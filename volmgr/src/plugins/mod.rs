@@ -389,12 +389,13 @@ pub trait VolumePlugin: Send + Sync + 'static {
         None
     }
 
-    /// Whether this plugin's volumes are attachable (the kubelet's
-    /// `AttachableVolumePlugin`, `PluginIsAttachable`): such volumes are
-    /// listed by `GetVolumesInUse` and, when the manager is configured to,
-    /// are set up only once reported in use in the node status. Default:
-    /// no (emptyDir, hostPath, configMap, ... are not attachable).
-    fn is_attachable(&self) -> bool {
+    /// Whether the volume of `spec` is attachable (the kubelet's
+    /// `AttachableVolumePlugin.CanAttach`, behind `PluginIsAttachable`):
+    /// such volumes are listed by `GetVolumesInUse` and, when the manager
+    /// is configured to, are set up only once reported in use in the node
+    /// status. Default: no (emptyDir, hostPath, configMap, ... are not
+    /// attachable).
+    fn can_attach(&self, _spec: &VolumeSpec) -> bool {
         false
     }
 

@@ -110,7 +110,8 @@ pub(super) fn apply(
     {
         info.selinux_mount_label = super::selinux::mount_label(pod.pod, pod.volume)?;
     }
-    if !src.ephemeral && spec.attach_required != Some(false) {
+    info.skip_attach = spec.attach_required == Some(false);
+    if !src.ephemeral && !info.skip_attach {
         info.publish_context = attachment_metadata(src, pod, objects)?;
     }
     src.driver_info = std::sync::Arc::new(info);
@@ -341,6 +342,13 @@ mod tests {
         assert_eq!(info["csi.storage.k8s.io/serviceAccount.name"], "sa");
         assert_eq!(info["csi.storage.k8s.io/ephemeral"], "true");
 
+        // attachRequired: false: not attachable (the kubelet's skipAttach).
+        assert!(s.driver_info.skip_attach && !s.can_attach());
+        let mut pv = source(false);
+        assert!(pv.can_attach(), "no CSIDriver: attachable");
+        run(&mut pv, &objects).unwrap();
+        assert!(pv.driver_info.skip_attach && !pv.can_attach());
+
         let persistent_only = store(vec![driver(json!({"attachRequired": false}))]);
         let e = run(&mut source(true), &persistent_only).unwrap_err();
         assert!(e.to_string().contains("does not support inline"), "{e}");
@@ -390,6 +398,7 @@ mod tests {
         let mut s = source(false);
         run(&mut s, &objects).unwrap();
         assert_eq!(s.driver_info.publish_context["devicePath"], "/dev/xvdf");
+        assert!(s.can_attach(), "attachRequired unset: attachable");
         // Inline volumes are never attached.
         let mut inline = source(true);
         let eph = store(vec![driver(json!({"volumeLifecycleModes": ["Ephemeral"]}))]);

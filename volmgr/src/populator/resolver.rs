@@ -172,6 +172,12 @@ impl PodResolver {
         self.resolvable.insert(pod.uid.clone(), raw);
     }
 
+    /// Whether some pod is held back for objects not confirmed yet (it is
+    /// not in the desired state: a source whose pods are held is not ready).
+    pub fn holds_pods(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// `uid` is no longer held back.
     fn release(&mut self, uid: &PodUid) {
         if let Some(key) = self.held.remove(uid) {

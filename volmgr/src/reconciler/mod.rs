@@ -275,7 +275,7 @@ impl Reconciler {
     }
 
     /// The kubelet's `VerifyControllerAttachedVolume` gate: an attachable
-    /// volume (see [`VolumePlugin::is_attachable`]) not attached yet (not
+    /// volume (see [`VolumePlugin::can_attach`]) not attached yet (not
     /// in the actual state) is not set up, with [`AttachWait`]
     /// `reported_in_use`, until the node status has listed it in use
     /// (`MarkVolumesAsReportedInUse`), and with `volumes_attached`, until
@@ -291,10 +291,11 @@ impl Reconciler {
         let w = self.attach_wait;
         if !(w.reported_in_use || w.volumes_attached)
             || asw.volume(v).is_some()
-            || !self
-                .plugins
-                .find_by_name(&dv.plugin_name)
-                .is_some_and(|p| p.is_attachable())
+            || !dv.pods.values().next().is_some_and(|p| {
+                self.plugins
+                    .find_by_name(&dv.plugin_name)
+                    .is_some_and(|plugin| plugin.can_attach(&p.spec))
+            })
         {
             return None;
         }

@@ -669,28 +669,37 @@ impl VolumeManager {
     }
 
     /// The kubelet's `GetVolumesInUse`: the attachable volumes (see
-    /// [`VolumePlugin::is_attachable`]: CSI volumes; emptyDir, hostPath and
-    /// the like are not) that are desired or still in the actual state, so
-    /// a volume is in use from the moment it is wanted until it is safely
-    /// unmounted. Sorted.
+    /// [`VolumePlugin::can_attach`]: CSI volumes from a PersistentVolume
+    /// whose CSIDriver does not say `attachRequired: false`; inline CSI
+    /// volumes, emptyDir, hostPath and the like are not) that are desired
+    /// or still in the actual state (mounted or uncertain), so a volume is
+    /// in use from the moment it is wanted until it is safely unmounted.
+    /// A desired volume's spec decides; a volume only in the actual state
+    /// is judged by the spec it was mounted (or reconstructed) with.
+    /// Sorted. Meaningful once [`Self::reconciler_states_synced`]: before,
+    /// the volumes found at start-up may not be known yet.
     pub fn volumes_in_use(&self) -> Vec<UniqueVolumeName> {
-        let attachable = |plugin: &str| {
-            self.plugins
-                .find_by_name(plugin)
-                .is_some_and(|p| p.is_attachable())
+        let can_attach = |plugin: &str, spec: Option<&Arc<crate::volume::VolumeSpec>>| {
+            spec.is_some_and(|s| {
+                self.plugins
+                    .find_by_name(plugin)
+                    .is_some_and(|p| p.can_attach(s))
+            })
         };
-        let mut set: HashSet<UniqueVolumeName> = self
-            .world
-            .dsw()
+        let dsw = self.world.dsw();
+        let asw = self.world.asw();
+        let mut set: HashSet<UniqueVolumeName> = dsw
             .volumes()
-            .filter(|(_, v)| attachable(&v.plugin_name))
+            .filter(|(_, v)| can_attach(&v.plugin_name, v.pods.values().next().map(|p| &p.spec)))
             .map(|(n, _)| n.clone())
             .collect();
         set.extend(
-            self.world
-                .asw()
-                .volumes()
-                .filter(|(_, v)| attachable(&v.plugin_name))
+            asw.volumes()
+                .filter(|(n, v)| {
+                    let spec = v.pods.values().next().map(|m| &m.spec);
+                    dsw.volume(n).is_none()
+                        && can_attach(&v.plugin_name, spec.or(v.device_spec.as_ref()))
+                })
                 .map(|(n, _)| n.clone()),
         );
         let mut v: Vec<_> = set.into_iter().collect();
@@ -1182,8 +1191,8 @@ mod tests {
         ) -> bool {
             true
         }
-        fn is_attachable(&self) -> bool {
-            true
+        fn can_attach(&self, spec: &crate::volume::VolumeSpec) -> bool {
+            matches!(&spec.source, crate::volume::VolumeSource::Csi(c) if c.can_attach())
         }
     }
 
@@ -1375,6 +1384,43 @@ mod tests {
         vm.mark_volumes_attached(vec![]);
         vm.wait_converged(Some(1), T).await.unwrap();
         assert_eq!(vm.mounted_volumes_for_pod(&uid).len(), 2);
+    }
+
+    /// The kubelet's `CanAttach`: an inline CSI volume, and one whose
+    /// CSIDriver says `attachRequired: false`, are not attachable: not in
+    /// use, and set up without waiting to be reported in use.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn inline_and_attach_free_csi_volumes_are_not_in_use() {
+        use crate::volume::{CsiDriverInfo, CsiVolumeSource, VolumeSource};
+        let (_t, _fake, vm) = manager_with(true).await;
+        let uid = PodUid::new("i").unwrap();
+        let inline = VolumeSource::Csi(CsiVolumeSource {
+            ephemeral: true,
+            ..CsiVolumeSource::new("d", "inline")
+        });
+        let attach_free = VolumeSource::Csi(CsiVolumeSource {
+            pv_name: Some("pv-free".into()),
+            driver_info: Arc::new(CsiDriverInfo {
+                skip_attach: true,
+                ..CsiDriverInfo::default()
+            }),
+            ..CsiVolumeSource::new("d", "free")
+        });
+        vm.set_desired_pod(desired(
+            "i",
+            vec![("inline", inline), ("free", attach_free), ("c", csi(None))],
+        ));
+        until(&vm, |vm| vm.mounted_volumes_for_pod(&uid).len() == 2).await;
+        assert_eq!(
+            vm.volumes_in_use(),
+            vec![UniqueVolumeName::new("test/attachable/i-c")]
+        );
+        vm.mark_volumes_as_reported_in_use(vm.volumes_in_use());
+        vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+        // Deleted: in use until unmounted, then not.
+        vm.delete_pod(&uid);
+        vm.wait_for_unmount(&uid, T).await.unwrap();
+        until(&vm, |vm| vm.volumes_in_use().is_empty()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -636,13 +636,11 @@ impl VolumePlugin for CsiPlugin {
         Some(self)
     }
 
-    /// CSI volumes are attachable. The kubelet treats a CSI volume as
-    /// attachable unless the driver's CSIDriver object says
-    /// `attachRequired: false`; this answer is the plugin's, without a
-    /// spec, so every CSI volume counts (`attachRequired: false` removes
-    /// the wait for a VolumeAttachment, see `populator::csi_driver`).
-    fn is_attachable(&self) -> bool {
-        true
+    /// The kubelet's `CanAttach` ([`CsiVolumeSource::can_attach`]): a
+    /// volume from a PersistentVolume, unless the driver's CSIDriver says
+    /// `attachRequired: false`; never an inline volume.
+    fn can_attach(&self, spec: &VolumeSpec) -> bool {
+        source(spec).is_ok_and(|s| s.can_attach())
     }
 
     fn node_expandable(&self) -> Option<&dyn NodeExpandableVolumePlugin> {
