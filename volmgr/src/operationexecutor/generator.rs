@@ -72,9 +72,12 @@ pub async fn mount_volume(
         Err(e) => (Err(e), None),
     };
     // Before the lock: a syscall or two.
-    let mount_id = match &res {
-        Ok(_) => plugin.mount_id(&pod, &spec),
-        Err(_) => None,
+    let (mount_id, selinux_relabel) = match &res {
+        Ok(p) => (
+            plugin.mount_id(&pod, &spec),
+            plugin.selinux_relabel(&spec, p),
+        ),
+        Err(_) => (None, spec.supports_selinux_relabel()),
     };
     record_mount(
         &world,
@@ -84,7 +87,7 @@ pub async fn mount_volume(
         &volume,
         &pod,
         &spec,
-        mount_id,
+        (mount_id, selinux_relabel),
     );
     let (kind, path) = match &res {
         Ok(p) => (VolumeEventKind::Mounted, Some(p.clone())),
@@ -129,7 +132,8 @@ async fn bind_sub_paths(
 }
 
 /// Records the outcome of a set-up (see [`mount_volume`]); `set_up` is the
-/// path when the plugin's set-up itself succeeded.
+/// path when the plugin's set-up itself succeeded, `found` the mount id and
+/// SELinux relabel answer the plugin gave.
 #[allow(clippy::too_many_arguments)]
 fn record_mount(
     world: &World,
@@ -139,8 +143,9 @@ fn record_mount(
     volume: &UniqueVolumeName,
     pod: &PodUid,
     spec: &Arc<VolumeSpec>,
-    mount_id: Option<u64>,
+    found: (Option<u64>, bool),
 ) {
+    let (mount_id, selinux_relabel) = found;
     let mut asw = world.asw_mut();
     if let Err(VolumeError::NeedsDeviceMount(_)) = res {
         // Stage again before the next set-up.
@@ -170,6 +175,7 @@ fn record_mount(
                 path,
                 state,
                 mount_id,
+                selinux_relabel,
             },
         );
     }

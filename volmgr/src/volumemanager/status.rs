@@ -104,6 +104,7 @@ impl VolumeManager {
                     content: None,
                     sub_paths: Vec::new(),
                     read_only: false,
+                    selinux_relabel: false,
                 }
             })
             .collect()
@@ -179,6 +180,7 @@ impl VolumeManager {
                     content: None,
                     sub_paths: Vec::new(),
                     read_only: false,
+                    selinux_relabel: false,
                 }
             }
             Ok(n) => n,
@@ -231,6 +233,7 @@ impl VolumeManager {
                 .volume(name)
                 .and_then(|dv| dv.pods.get(uid))
                 .is_some_and(|p| p.spec.read_only()),
+            selinux_relabel: mount.is_some_and(|m| m.selinux_relabel),
         }
     }
 
