@@ -76,6 +76,8 @@ pub struct ApiPodSource {
     /// During a (re)list: the pods listed so far.
     relist: Option<HashSet<String>>,
     /// Whether the first list came through.
+    listed: bool,
+    /// Whether the sink was told the desired state is populated.
     populated: bool,
     /// One watch per referenced object.
     watches: HashMap<ObjectRef, JoinHandle<()>>,
@@ -96,6 +98,7 @@ impl ApiPodSource {
             sink,
             pods: HashMap::new(),
             relist: None,
+            listed: false,
             populated: false,
             watches: HashMap::new(),
             updates_tx,
@@ -131,6 +134,7 @@ impl ApiPodSource {
                         self.on_object(r, update);
                     }
                     self.sync_watches();
+                    self.set_populated_when_settled();
                 }
             }
         }
@@ -175,14 +179,25 @@ impl ApiPodSource {
             tracing::info!(pod = %uid, "pod gone from the API server's list");
             self.remove_pod(&uid);
         }
-        if !self.populated {
-            self.populated = true;
-            tracing::info!(
-                pods = self.pods.len(),
-                "initial pod list from the API server done"
-            );
-            self.sink.set_populated();
+        self.listed = true;
+        self.set_populated_when_settled();
+    }
+
+    /// Tells the sink the desired state is populated once the first list
+    /// is done and no listed pod is held back waiting for an object to be
+    /// read (its Node, a ConfigMap): such a pod is not gone, and what a
+    /// restart found on disk for it must not be torn down meanwhile (the
+    /// kubelet's desired state has every listed pod).
+    fn set_populated_when_settled(&mut self) {
+        if self.populated || !self.listed || self.resolver.holds_pods() {
+            return;
         }
+        self.populated = true;
+        tracing::info!(
+            pods = self.pods.len(),
+            "initial pod list from the API server done"
+        );
+        self.sink.set_populated();
     }
 
     fn apply_pod(&mut self, pod: Pod) {

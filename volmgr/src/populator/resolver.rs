@@ -221,6 +221,11 @@ impl PodResolver {
         true
     }
 
+    /// Whether a pod is held back until objects it reads are confirmed.
+    pub fn holds_pods(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// Whether no pod is followed (none reads an object).
     pub fn follows_no_pod(&self) -> bool {
         self.resolvable.is_empty()
@@ -236,7 +241,9 @@ impl PodResolver {
     /// hands it to the sink: a pod of a source that has no notion of files
     /// (the Kubernetes API, the C ABI).
     pub fn upsert_pod(&mut self, raw: Arc<Pod>) -> Result<PodUid, PodRejected> {
-        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw) {
+        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw)
+            || crate::populator::pod::reads_node(&raw)
+        {
             let (pod, deps) = self.resolve(&raw)?;
             if self.waits_for(&deps) {
                 self.hold(&pod, raw, deps);
