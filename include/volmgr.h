@@ -214,7 +214,9 @@ typedef struct {
    */
   bool read_only;
   /**
-   * Whether the runtime may relabel it for SELinux.
+   * Whether the runtime may relabel it for SELinux (the kubelet's
+   * `GetAttributes().SELinuxRelabel`; see
+   * `volmgr_get_mounted_volumes_for_pod`).
    */
   bool selinux_relabel;
   /**
@@ -522,7 +524,11 @@ volmgr_status volmgr_resize_ephemeral_volume(volmgr *vm,
  * "read_only", "selinux_relabel", "block_device_path", "sub_paths"}` for the volumes
  * certainly mounted (empty for an unknown pod). `read_only` is the volume's
  * own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
- * may relabel it (true for emptyDir, false when unknown), and
+ * may relabel it for SELinux (the kubelet's `GetAttributes().SELinuxRelabel`:
+ * true for emptyDir, configMap, secret, downwardAPI, projected, local and
+ * image volumes, false for hostPath; for CSI, true when the host has
+ * SELinux, the volume was not mounted with its label and its mount says
+ * `seclabel`), and
  * `block_device_path` the device file of a raw block volume
  * (`volumeDevices`), null otherwise. `sub_paths` lists the containers'
  * subPath bind mounts of a mounted volume, `[{"container", "index",

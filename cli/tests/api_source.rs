@@ -659,6 +659,105 @@ fn api_local_pv_node_affinity_uses_the_node_object() {
     });
 }
 
+/// The Node object's allocatable stands in for what a pod does not say,
+/// as in the kubelet: a downwardAPI limit the container leaves unset is
+/// the node's allocatable (and follows it when it changes); a
+/// memory-backed emptyDir without `sizeLimit` is sized to the node's
+/// allocatable memory, or to the pod's memory limit when lower. Status
+/// says the runtime may relabel both volumes for SELinux, not a hostPath.
+#[test]
+fn api_node_allocatable_sizes_memory_and_fills_the_downward_api() {
+    isolated(
+        "api_node_allocatable_sizes_memory_and_fills_the_downward_api",
+        || {
+            let c = Cluster::new();
+            let node = |memory: &str| {
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+                    "status": {"allocatable": {"cpu": "1500m", "memory": memory},
+                               "capacity": {"cpu": "2", "memory": "1Gi"}}})
+            };
+            c.api.apply(node("96Mi"));
+            let free = "ae000001-0000-0000-0000-00000000000e";
+            let limited = "ae000002-0000-0000-0000-00000000000e";
+            let host = c.env.dir.path().join("host");
+            std::fs::create_dir_all(&host).unwrap();
+            c.api.apply(pod(
+                "free",
+                free,
+                NODE,
+                json!([
+                    {"name": "scratch", "emptyDir": {"medium": "Memory"}},
+                    {"name": "info", "downwardAPI": {"items": [
+                        {"path": "cpu", "resourceFieldRef": {"containerName": "c", "resource": "limits.cpu", "divisor": "1m"}},
+                        {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory", "divisor": "1Mi"}}]}},
+                    {"name": "h", "hostPath": {"path": host.to_str().unwrap()}}
+                ]),
+            ));
+            let mut with_limit = pod(
+                "limited",
+                limited,
+                NODE,
+                json!([{"name": "scratch", "emptyDir": {"medium": "Memory"}}]),
+            );
+            with_limit["spec"]["containers"][0]["resources"] =
+                json!({"limits": {"memory": "32Mi"}});
+            c.api.apply(with_limit);
+            let _agent = c.start_agent();
+            for (uid, vol) in [
+                (free, "scratch"),
+                (free, "info"),
+                (free, "h"),
+                (limited, "scratch"),
+            ] {
+                c.wait_mounted(uid, vol);
+            }
+            let size = |uid: &str| {
+                let dir = c.scratch(uid);
+                c.env
+                    .mounts()
+                    .into_iter()
+                    .find(|m| m.mount_point == dir)
+                    .and_then(|m| m.super_option("size").map(str::to_string))
+            };
+            assert_eq!(
+                size(free).as_deref(),
+                Some("98304k"),
+                "the node's allocatable"
+            );
+            assert_eq!(size(limited).as_deref(), Some("32768k"), "the pod's limit");
+            let info = c
+                .env
+                .root
+                .join("pods")
+                .join(free)
+                .join("volumes/kubernetes.io~downward-api/info");
+            let read = |f: &str| std::fs::read_to_string(info.join(f)).ok();
+            assert_eq!(read("cpu").as_deref(), Some("1500"));
+            assert_eq!(read("mem").as_deref(), Some("96"));
+            let status = c.env.status();
+            let relabel = |uid: &str, vol: &str| {
+                let p = status.pods.iter().find(|p| p.uid == uid).unwrap();
+                p.volumes
+                    .iter()
+                    .find(|v| v.name == vol)
+                    .unwrap()
+                    .selinux_relabel
+            };
+            assert!(
+                relabel(free, "scratch") && relabel(free, "info") && relabel(limited, "scratch")
+            );
+            assert!(!relabel(free, "h"), "hostPath: no");
+            // The Node's allocatable changes: the file follows.
+            c.api.apply(node("80Mi"));
+            c.env
+                .wait_for("the downward API file follows the Node", || {
+                    read("mem").as_deref() == Some("80")
+                });
+            c.assert_node_authorizer_content();
+        },
+    );
+}
+
 /// Pods from the API and from the manifests directory side by side (the
 /// kubelet's static pods): both are mounted, and removing the manifest
 /// tears down only its pod.

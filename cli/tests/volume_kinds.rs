@@ -159,6 +159,31 @@ fn read_only_local_persistent_volume() {
     });
 }
 
+/// A local PV of the whole root file system (`local.path: /`) is bound:
+/// the volume shows `/` itself; deleting the pod releases it.
+#[test]
+fn local_persistent_volume_of_the_root_directory() {
+    isolated("local_persistent_volume_of_the_root_directory", || {
+        use std::os::unix::fs::MetadataExt;
+        let env = Env::new();
+        env.write_manifest("local.yaml", &local_manifests(Path::new("/"), true));
+        let agent = env.start_agent(&[]);
+        assert_eq!(env.wait_pod("uid-local", 30.0), 0, "{}", agent.log());
+        let vol = local_volume_path(&env);
+        let (seen, root) = (
+            std::fs::metadata(&vol).unwrap(),
+            std::fs::metadata("/").unwrap(),
+        );
+        assert_eq!((seen.dev(), seen.ino()), (root.dev(), root.ino()));
+        assert_eq!(env.mount_count(&vol), 1);
+        env.remove_manifest("local.yaml");
+        env.wait_for("pod cleaned up", || {
+            !env.root.join("pods/uid-local").exists() && env.mounts().is_empty()
+        });
+        assert!(agent.term());
+    });
+}
+
 /// The optional fields (`shared:N`, ...) of the top mount at `path` in a
 /// mountinfo file.
 fn propagation_of(mountinfo: &str, path: &Path) -> Option<Vec<String>> {

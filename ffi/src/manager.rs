@@ -846,7 +846,8 @@ struct VolumeJson<'a> {
     state: &'static str,
     /// The kubelet's `VolumeSpec.ReadOnly` (a read-only CSI volume).
     read_only: bool,
-    /// Whether the runtime may relabel it for SELinux (false unless known).
+    /// Whether the runtime may relabel it for SELinux (the kubelet's
+    /// mounters' `GetAttributes().SELinuxRelabel`).
     selinux_relabel: bool,
     /// For a raw block volume (`volumeDevices`): the device file to hand to
     /// the runtime (the kubelet's `BlockVolumeMapper` path); else null.
@@ -882,7 +883,7 @@ fn volumes_json(
                     VolumeMountState::Uncertain => "uncertain",
                 },
                 read_only: m.spec.read_only(),
-                selinux_relabel: m.spec.supports_selinux_relabel(),
+                selinux_relabel: m.selinux_relabel,
                 block_device_path: m.spec.is_block().then(|| m.path.to_string_lossy()),
                 sub_paths: subs
                     .get(&m.outer_volume_spec_name)
@@ -974,7 +975,11 @@ unsafe fn pod_query(
 /// "read_only", "selinux_relabel", "block_device_path", "sub_paths"}` for the volumes
 /// certainly mounted (empty for an unknown pod). `read_only` is the volume's
 /// own flag (a read-only CSI volume), `selinux_relabel` whether the runtime
-/// may relabel it (true for emptyDir, false when unknown), and
+/// may relabel it for SELinux (the kubelet's `GetAttributes().SELinuxRelabel`:
+/// true for emptyDir, configMap, secret, downwardAPI, projected, local and
+/// image volumes, false for hostPath; for CSI, true when the host has
+/// SELinux, the volume was not mounted with its label and its mount says
+/// `seclabel`), and
 /// `block_device_path` the device file of a raw block volume
 /// (`volumeDevices`), null otherwise. `sub_paths` lists the containers'
 /// subPath bind mounts of a mounted volume, `[{"container", "index",

@@ -37,7 +37,9 @@ pub struct volmgr_mounted_volume {
     pub state: u32,
     /// The volume's own read-only flag (a read-only CSI volume).
     pub read_only: bool,
-    /// Whether the runtime may relabel it for SELinux.
+    /// Whether the runtime may relabel it for SELinux (the kubelet's
+    /// `GetAttributes().SELinuxRelabel`; see
+    /// `volmgr_get_mounted_volumes_for_pod`).
     pub selinux_relabel: bool,
     /// The containers' subPath bind mounts of this volume (`sub_paths_len`
     /// of them; NULL when none), in the list's ownership.
@@ -153,7 +155,7 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
                     VolumeMountState::Uncertain => VOLMGR_VOLUME_UNCERTAIN,
                 },
                 read_only: m.spec.read_only(),
-                selinux_relabel: m.spec.supports_selinux_relabel(),
+                selinux_relabel: m.selinux_relabel,
                 subs: first_sub..sub_rows.len(),
             };
             rows.push((m.outer_volume_spec_name.as_bytes().to_vec(), row));

@@ -233,6 +233,17 @@ static void projected(const char *root) {
     CHECK(strcmp(text, files[i][1]) == 0, "%s holds %s, got %s", files[i][0], files[i][1], text);
   }
   CHECK(atomic_load(&token_calls) >= 1, "the token came from the callback");
+  /* The runtime is told it may relabel the token volume for SELinux (the
+   * kubelet's projected mounter says so), as JSON and as the struct list. */
+  char *out = NULL;
+  EXPECT(volmgr_get_mounted_volumes_for_pod(vm, "proj-1", &out), VOLMGR_OK);
+  CHECK(out != NULL && strstr(out, "\"selinux_relabel\":true") != NULL, "projected relabel: %s", out ? out : "");
+  volmgr_string_free(out);
+  volmgr_volume_list *list = NULL;
+  EXPECT(volmgr_get_volume_list_for_pod(vm, "proj-1", false, &list), VOLMGR_OK);
+  CHECK(list != NULL && list->len == 1 && list->volumes[0].selinux_relabel && list->volumes[0].read_only,
+        "projected volume flags");
+  volmgr_volume_list_free(list);
   EXPECT(volmgr_pod_delete(vm, "proj-1"), VOLMGR_OK);
   EXPECT(volmgr_wait_for_unmount(vm, "proj-1", 20000), VOLMGR_OK);
   EXPECT(volmgr_stop(vm), VOLMGR_OK);

@@ -214,6 +214,10 @@ pub struct VolumeStatus {
     /// configMap/secret/downwardAPI/projected volumes).
     #[serde(default)]
     pub read_only: bool,
+    /// Whether the container runtime may relabel it for SELinux (the
+    /// kubelet's `GetAttributes().SELinuxRelabel`), once it is set up.
+    #[serde(default)]
+    pub selinux_relabel: bool,
 }
 
 /// The content of a configMap, secret, downwardAPI or projected volume.

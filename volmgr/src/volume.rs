@@ -698,12 +698,23 @@ impl VolumeSpec {
         }
     }
 
-    /// Whether the container runtime may relabel the volume for SELinux
-    /// (the kubelet's `Attributes.SELinuxRelabel`): known only for emptyDir
-    /// (yes); false for everything else (hostPath: no; CSI: it depends on
-    /// the driver, which volmgr does not know).
+    /// Whether the container runtime may relabel the volume for SELinux,
+    /// as far as the spec tells (the kubelet's mounters' `GetAttributes`,
+    /// `SELinuxRelabel`): yes for emptyDir, configMap, secret, downwardAPI,
+    /// projected, local and image volumes; no for hostPath and volumes of
+    /// host plugins. A CSI volume's answer depends on its mount, known only
+    /// once it is published (`needSELinuxRelabel`, see
+    /// `VolumePlugin::selinux_relabel`): no here.
     pub fn supports_selinux_relabel(&self) -> bool {
-        matches!(self.source, VolumeSource::EmptyDir { .. })
+        match &self.source {
+            VolumeSource::EmptyDir { .. }
+            | VolumeSource::Payload(_)
+            | VolumeSource::Local(_)
+            | VolumeSource::Image { .. } => true,
+            VolumeSource::HostPath { .. } | VolumeSource::Csi(_) | VolumeSource::Other { .. } => {
+                false
+            }
+        }
     }
 
     /// Whether the volume is a raw block device (`volumeDevices`), whose
@@ -725,6 +736,59 @@ impl VolumeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kubelet's `GetAttributes().SELinuxRelabel` per volume type.
+    #[test]
+    fn selinux_relabel_follows_the_kubelets_mounters() {
+        let spec = |source| VolumeSpec {
+            name: "v".into(),
+            source,
+        };
+        let payload = |kind| {
+            VolumeSource::Payload(Arc::new(PayloadVolumeSource {
+                kind,
+                files: Default::default(),
+                tokens: Vec::new(),
+            }))
+        };
+        let yes = [
+            VolumeSource::EmptyDir {
+                medium: StorageMedium::Memory,
+                size_limit: None,
+            },
+            payload(PayloadKind::ConfigMap),
+            payload(PayloadKind::Secret),
+            payload(PayloadKind::DownwardApi),
+            payload(PayloadKind::Projected),
+            VolumeSource::Local(LocalVolumeSource {
+                pv_name: "pv".into(),
+                path: "/mnt/disk".into(),
+                read_only: false,
+                volume_mode: CsiVolumeMode::Filesystem,
+            }),
+            VolumeSource::Image {
+                reference: "r".into(),
+                pull_policy: None,
+            },
+        ];
+        for s in yes {
+            assert!(spec(s.clone()).supports_selinux_relabel(), "{s:?}");
+        }
+        let no = [
+            VolumeSource::HostPath {
+                path: "/x".into(),
+                kind: HostPathType::Unset,
+            },
+            VolumeSource::Csi(CsiVolumeSource::new("d", "h")),
+            VolumeSource::Other {
+                kind: "nfs".into(),
+                spec: Arc::new(serde_json::Value::Null),
+            },
+        ];
+        for s in no {
+            assert!(!spec(s.clone()).supports_selinux_relabel(), "{s:?}");
+        }
+    }
 
     #[test]
     fn secrets_never_print_values() {

@@ -80,8 +80,7 @@ pub struct ApiPodSource {
     relist: Option<HashSet<String>>,
     /// Whether the first list came through.
     listed: bool,
-    /// Whether the sink was told the source is populated (the first list
-    /// came through and no pod waits for its objects any more).
+    /// Whether the sink was told the desired state is populated.
     populated: bool,
     /// One watch per referenced object.
     watches: HashMap<ObjectRef, JoinHandle<()>>,
@@ -141,7 +140,7 @@ impl ApiPodSource {
                         self.on_object(r, update);
                     }
                     self.sync_watches();
-                    self.populate_once_resolved();
+                    self.set_populated_when_settled();
                 }
             }
         }
@@ -186,29 +185,25 @@ impl ApiPodSource {
             tracing::info!(pod = %uid, "pod gone from the API server's list");
             self.remove_pod(&uid);
         }
-        if !self.listed {
-            self.listed = true;
-            tracing::info!(
-                pods = self.pods.len(),
-                "initial pod list from the API server done"
-            );
-        }
-        self.populate_once_resolved();
+        self.listed = true;
+        self.set_populated_when_settled();
     }
 
-    /// The kubelet's sources-ready for this source: once the first list
-    /// came through and no pod of it is held back for its objects (the
-    /// kubelet reads a pod's claim and volume before its populator counts
-    /// it added).
-    fn populate_once_resolved(&mut self) {
-        if self.listed && !self.populated && !self.resolver.holds_pods() {
-            self.populated = true;
-            tracing::info!(
-                pods = self.pods.len(),
-                "the listed pods' objects are read: volumes of other pods may be torn down"
-            );
-            self.sink.set_populated();
+    /// Tells the sink the desired state is populated once the first list
+    /// is done and no listed pod is held back waiting for an object to be
+    /// read (its Node, a ConfigMap): such a pod is not gone, and what a
+    /// restart found on disk for it must not be torn down meanwhile (the
+    /// kubelet's desired state has every listed pod).
+    fn set_populated_when_settled(&mut self) {
+        if self.populated || !self.listed || self.resolver.holds_pods() {
+            return;
         }
+        self.populated = true;
+        tracing::info!(
+            pods = self.pods.len(),
+            "initial pod list from the API server done and the listed pods' objects read"
+        );
+        self.sink.set_populated();
     }
 
     fn apply_pod(&mut self, pod: Pod) {

@@ -187,8 +187,11 @@ type MountedVolume struct {
 	State string `json:"state"`
 	// ReadOnly is the volume's own read-only flag (a read-only CSI volume).
 	ReadOnly bool `json:"read_only"`
-	// SELinuxRelabel tells whether the runtime may relabel the volume
-	// (true for emptyDir; false when unknown).
+	// SELinuxRelabel tells whether the runtime may relabel the volume for
+	// SELinux, as the kubelet's mounters' GetAttributes say: true for
+	// emptyDir, configMap, secret, downwardAPI, projected, local and image
+	// volumes, false for hostPath; for CSI, true when the host has SELinux,
+	// the volume was not mounted with its label and its mount says seclabel.
 	SELinuxRelabel bool `json:"selinux_relabel"`
 	// BlockDevicePath is, for a volume in volumeDevices, the device file to
 	// hand to the runtime; empty otherwise.

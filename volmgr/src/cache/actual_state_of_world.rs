@@ -47,6 +47,10 @@ pub struct MountedPod {
     /// The unique id of the mount at `path`, for volumes set up by a mount,
     /// when known (see [`VolumePlugin::mount_id`](crate::plugins::VolumePlugin::mount_id)).
     pub mount_id: Option<u64>,
+    /// Whether the container runtime may relabel it for SELinux, as its
+    /// plugin said once it was set up (see
+    /// [`VolumePlugin::selinux_relabel`](crate::plugins::VolumePlugin::selinux_relabel)).
+    pub selinux_relabel: bool,
 }
 
 /// Mounts found on a pod's volume path that its plugin did not make (the
@@ -483,6 +487,7 @@ mod tests {
             path: "/a".into(),
             state: VolumeMountState::Uncertain,
             mount_id: None,
+            selinux_relabel: false,
         };
         assert!(!a.mark_volume_as_mounted(&v, &pod, m.clone()));
         a.mark_volume_as_attached(&v, "plug".into());
@@ -530,6 +535,7 @@ mod tests {
                 path: "/a".into(),
                 state: VolumeMountState::Mounted,
                 mount_id: None,
+                selinux_relabel: false,
             };
             a.mark_volume_as_mounted(&v, pod, m);
         }

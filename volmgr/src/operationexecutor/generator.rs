@@ -100,9 +100,12 @@ pub async fn mount_volume(
         Err(e) => (Err(e), None),
     };
     // Before the lock: a syscall or two.
-    let mount_id = match &res {
-        Ok(_) => plugin.mount_id(&pod, &spec),
-        Err(_) => None,
+    let (mount_id, selinux_relabel) = match &res {
+        Ok(p) => (
+            plugin.mount_id(&pod, &spec),
+            plugin.selinux_relabel(&spec, p),
+        ),
+        Err(_) => (None, spec.supports_selinux_relabel()),
     };
     record_mount(
         &world,
@@ -112,7 +115,7 @@ pub async fn mount_volume(
         &volume,
         &pod,
         &spec,
-        mount_id,
+        (mount_id, selinux_relabel),
     );
     if res.is_ok() {
         mark_prepared(&world, &volume, &pod, &keys);
@@ -186,7 +189,8 @@ pub async fn prepare_sub_paths(
 }
 
 /// Records the outcome of a set-up (see [`mount_volume`]); `set_up` is the
-/// path when the plugin's set-up itself succeeded.
+/// path when the plugin's set-up itself succeeded, `found` the mount id and
+/// SELinux relabel answer the plugin gave.
 #[allow(clippy::too_many_arguments)]
 fn record_mount(
     world: &World,
@@ -196,8 +200,9 @@ fn record_mount(
     volume: &UniqueVolumeName,
     pod: &PodUid,
     spec: &Arc<VolumeSpec>,
-    mount_id: Option<u64>,
+    found: (Option<u64>, bool),
 ) {
+    let (mount_id, selinux_relabel) = found;
     let mut asw = world.asw_mut();
     if let Err(VolumeError::NeedsDeviceMount(_)) = res {
         // Stage again before the next set-up.
@@ -228,6 +233,7 @@ fn record_mount(
                 path,
                 state,
                 mount_id,
+                selinux_relabel,
             },
         );
     }

@@ -362,6 +362,14 @@ pub trait VolumePlugin: Send + Sync + 'static {
         None
     }
 
+    /// The kubelet's `GetAttributes().SELinuxRelabel` of the volume `spec`
+    /// set up at `path` (asked once it is): whether the container runtime
+    /// may relabel it for SELinux. Default: what the spec tells
+    /// ([`VolumeSpec::supports_selinux_relabel`]).
+    fn selinux_relabel(&self, spec: &VolumeSpec, _path: &Path) -> bool {
+        spec.supports_selinux_relabel()
+    }
+
     /// The directory under `pods/<uid>/volumes/` this plugin owns, for
     /// reconstruction (`kubernetes.io~empty-dir`), if it keeps state there.
     fn volumes_dir_name(&self) -> Option<String> {

@@ -231,8 +231,12 @@ fn describe(names: &[&OsStr], e: Errno) -> String {
 
 /// `names` below `base`, `O_PATH`, through symlinks only while they stay
 /// below `base` ([`beneath::open_in_volume`]); missing directories are made
-/// on the way (`doSafeMakeDir`), each relative to its parent's descriptor,
-/// never through a symlink, with the mode of `base`.
+/// on the way (`doSafeMakeDir`): below the longest prefix that exists
+/// (`findExistingPrefix`, which may go through symlinks that stay below
+/// `base`, e.g. `link -> dir` for subPath `link/new`), each relative to
+/// its parent's descriptor, never through a symlink, with the mode of
+/// `base`. A dangling symlink on the way is refused, as the kubelet's
+/// `mkdirat` of its name fails.
 fn safe_open_or_make(base: BorrowedFd<'_>, names: &[&OsStr]) -> Result<OwnedFd, MakeError> {
     let path: PathBuf = names.iter().collect();
     let path = if names.is_empty() {
@@ -248,8 +252,8 @@ fn safe_open_or_make(base: BorrowedFd<'_>, names: &[&OsStr]) -> Result<OwnedFd, 
     let mode = fstat(base)
         .map(|st| Mode::from_bits_truncate(st.st_mode & 0o7777))
         .map_err(|e| MakeError::Make(describe(&[], e)))?;
-    let mut cur: Option<OwnedFd> = None;
-    for (i, name) in names.iter().enumerate() {
+    let (existing, mut cur) = existing_prefix(base, names)?;
+    for (i, name) in names.iter().enumerate().skip(existing) {
         let parent = cur.as_ref().map_or(base, |f| f.as_fd());
         let last = i + 1 == names.len();
         let flags = if last {
@@ -265,6 +269,27 @@ fn safe_open_or_make(base: BorrowedFd<'_>, names: &[&OsStr]) -> Result<OwnedFd, 
         cur = Some(fd);
     }
     cur.ok_or_else(|| MakeError::Open("empty subPath".into()))
+}
+
+/// The kubelet's `findExistingPrefix`: how many of `names` exist below
+/// `base`, and the last of them opened `O_PATH` (`None`: none does, start
+/// from `base`). Each prefix is resolved from `base` with
+/// [`beneath::open_in_volume`], so a symlink on the way is followed only
+/// while it stays below `base`; one leading out is refused here.
+fn existing_prefix(
+    base: BorrowedFd<'_>,
+    names: &[&OsStr],
+) -> Result<(usize, Option<OwnedFd>), MakeError> {
+    let mut found = (0, None);
+    for i in 1..=names.len() {
+        let prefix: PathBuf = names[..i].iter().collect();
+        match beneath::open_in_volume(base, &prefix, OFlag::O_PATH) {
+            Ok(fd) => found = (i, Some(fd)),
+            Err(Errno::ENOENT) => break,
+            Err(e) => return Err(MakeError::Open(describe(&names[..i], e))),
+        }
+    }
+    Ok(found)
 }
 
 /// `mkdirat(parent, name)` (someone else making it meanwhile is fine), its
@@ -738,11 +763,67 @@ mod tests {
         run_in_child(name, Child::PrivateMounts, nested_mounts_and_bad_paths);
     }
 
+    /// A subPath through a symlink that stays inside the volume, to a
+    /// directory there, with the rest not made yet: the rest is made where
+    /// the symlink leads, inside the volume (the kubelet's
+    /// `findExistingPrefix` follows it). Through a dangling symlink, one
+    /// leading out (absolute, or climbing with `..`), even to a directory
+    /// that does not exist: refused, nothing made anywhere.
+    fn made_through_inside_symlinks() {
+        let f = Fixture::new();
+        let vol = f.vol();
+        std::fs::create_dir_all(vol.join("data/logs")).unwrap();
+        std::fs::create_dir(vol.join("d")).unwrap();
+        symlink("data", vol.join("link")).unwrap();
+        symlink("../data/logs", vol.join("d/logs")).unwrap();
+        symlink("missing", vol.join("dangling")).unwrap();
+        symlink(f.outside(), vol.join("out")).unwrap();
+        symlink("../../../../../../../..", vol.join("up")).unwrap();
+        symlink("../../../../../../../../nothere", vol.join("up-missing")).unwrap();
+        let paths = f
+            .set_up(&[sub("c", 0, "link/new/deeper"), sub("c", 1, "d/logs/app")])
+            .unwrap();
+        assert_eq!(ino(&paths[0]), ino(&vol.join("data/new/deeper")));
+        assert_eq!(ino(&paths[1]), ino(&vol.join("data/logs/app")));
+        assert!(vol.join("link").is_symlink() && vol.join("d/logs").is_symlink());
+        f.clean();
+        let before = tree(&f.outside());
+        for path in [
+            "dangling",
+            "dangling/x",
+            "out/new",
+            "out/etc/new",
+            "up/new",
+            "up-missing/new",
+            "up-missing",
+        ] {
+            let err = f.set_up(&[sub("c", 0, path)]).unwrap_err().to_string();
+            assert!(
+                err.contains("subPath") && err.contains("symlink"),
+                "{path}: {err}"
+            );
+            assert!(f.binds().is_empty(), "{path}: bound {:?}", f.binds());
+        }
+        assert_eq!(tree(&f.outside()), before, "nothing made outside");
+        assert!(
+            !vol.join("missing").exists(),
+            "nothing made for the dangling link"
+        );
+        f.clean();
+    }
+
+    #[test]
+    fn sub_paths_are_made_through_symlinks_that_stay_inside() {
+        let name = crate::test_name!("sub_paths_are_made_through_symlinks_that_stay_inside");
+        run_in_child(name, Child::PrivateMounts, made_through_inside_symlinks);
+    }
+
     /// The same where `openat2` fails with `ENOSYS`: the fallback walk.
     mod without_openat2 {
         crate::again_without_openat2!(
             binds_and_cleans,
             symlinks_refused,
+            made_through_inside_symlinks,
             swaps_never_bind_outside(1000),
             nested_mounts_and_bad_paths,
         );

@@ -8,6 +8,7 @@
 //! Sources only see the narrow [`PodSink`] trait: they never reach the
 //! reconciler, the executor or the manager.
 
+mod allocatable;
 mod claim;
 pub mod csi_driver;
 mod desired_state_of_world_populator;

@@ -301,6 +301,27 @@ pub fn as_v1_trust_bundle(mut v: serde_json::Value) -> serde_json::Value {
     v
 }
 
+/// What pods' volumes read of a Node: its name and labels (local PVs'
+/// node affinity) and `status.allocatable` (downwardAPI limits,
+/// memory-backed emptyDir sizes). Its heartbeats, conditions, images and
+/// `volumesInUse` are left out, so updates of those convert no pod again.
+fn node_read(n: &Node) -> Node {
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    Node {
+        metadata: ObjectMeta {
+            name: n.metadata.name.clone(),
+            labels: n.metadata.labels.clone(),
+            ..Default::default()
+        },
+        spec: None,
+        status: n.status.as_ref().map(|s| NodeStatus {
+            allocatable: s.allocatable.clone(),
+            ..Default::default()
+        }),
+    }
+}
+
 /// The objects of a source, by reference.
 #[derive(Debug, Default)]
 pub struct ObjectStore {
@@ -311,7 +332,13 @@ pub struct ObjectStore {
 
 impl ObjectStore {
     /// Inserts or replaces an object. Returns whether anything changed.
+    /// Of a Node only what pods' volumes read is kept (see [`node_read`]),
+    /// so its frequent status updates change nothing here.
     pub fn insert(&mut self, obj: KubeObject) -> bool {
+        let obj = match obj {
+            KubeObject::Node(n) => KubeObject::Node(Arc::new(node_read(&n))),
+            o => o,
+        };
         let r = obj.reference();
         if self.objects.get(&r) == Some(&obj) {
             return false;
@@ -673,6 +700,36 @@ impl Dependents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Node's heartbeat or condition change is no change to the store;
+    /// a new label or allocatable is.
+    #[test]
+    fn a_node_changes_only_with_what_volumes_read() {
+        let node = |labels: serde_json::Value, mem: &str, beat: &str| {
+            KubeObject::from_json(serde_json::json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n1", "resourceVersion": beat, "labels": labels},
+                "status": {"allocatable": {"memory": mem},
+                           "conditions": [{"type": "Ready", "status": "True",
+                                           "lastHeartbeatTime": format!("2026-01-01T00:00:0{beat}Z")}],
+                           "volumesInUse": [beat]}}))
+            .unwrap()
+        };
+        let mut s = ObjectStore::default();
+        s.set_node_name("n1");
+        let zone = serde_json::json!({"zone": "a"});
+        assert!(s.insert(node(zone.clone(), "1Gi", "1")));
+        assert!(!s.insert(node(zone.clone(), "1Gi", "2")), "a heartbeat");
+        assert!(s.insert(node(zone.clone(), "2Gi", "3")), "allocatable");
+        assert!(
+            s.insert(node(serde_json::json!({"zone": "b"}), "2Gi", "4")),
+            "labels"
+        );
+        let kept = s.node().unwrap();
+        assert_eq!(kept.metadata.labels.as_ref().unwrap()["zone"], "b");
+        let st = kept.status.as_ref().unwrap();
+        assert_eq!(st.allocatable.as_ref().unwrap()["memory"].0, "2Gi");
+        assert!(st.conditions.is_none() && st.volumes_in_use.is_none());
+    }
 
     fn pv(name: &str, claim: Option<(&str, &str)>) -> KubeObject {
         let mut v = serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolume",

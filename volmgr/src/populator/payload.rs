@@ -7,9 +7,10 @@
 //! `binaryData` and Secret `data` as bytes, downwardAPI `fieldRef`
 //! (metadata.name, namespace, uid, labels, annotations, in the kubelet's
 //! `key="value"` format) and `resourceFieldRef` (container limits and
-//! requests divided by `divisor`, rounded up; an unset limit is the node's
-//! allocatable, taken here as the node's capacity: online CPUs and
-//! `MemTotal`). Paths are checked by the atomic writer's rules.
+//! requests of CPU, memory, ephemeral storage and hugepages divided by
+//! `divisor`, rounded up; an unset CPU, memory or ephemeral-storage limit
+//! is the node's allocatable, see [`super::allocatable`]). Paths are
+//! checked by the atomic writer's rules.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -261,27 +262,14 @@ fn field_value(ctx: &PayloadContext<'_>, path: &str) -> Result<String, VolumeSpe
     })
 }
 
-/// The node's capacity, standing in for its allocatable: (CPU millicores,
-/// memory bytes).
-fn node_capacity() -> (u64, u64) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024;
-    (cpus * 1000, mem)
-}
-
 /// A quantity parser of [`quantity`].
 type QuantityParser = fn(&str) -> Result<u64, quantity::QuantityError>;
 
-/// The kubelet's `ExtractContainerResourceValue`: the container's limit or
-/// request divided by `divisor` (default 1), rounded up.
+/// The kubelet's `ExtractResourceValueByContainerNameAndNodeAllocatable`:
+/// the container's limit or request of `cpu`, `memory`,
+/// `ephemeral-storage` or `hugepages-<size>`, divided by `divisor` (default
+/// 1), rounded up; an unset or zero CPU, memory or ephemeral-storage limit
+/// is the node's allocatable (see [`super::allocatable`]).
 fn resource_value(
     ctx: &PayloadContext<'_>,
     r: &ResourceFieldSelector,
@@ -301,46 +289,50 @@ fn resource_value(
                 "resourceFieldRef: container {container_name:?} not found"
             ))
         })?;
-    let (kind, res) = r.resource.split_once('.').ok_or_else(|| {
+    let unsupported = || {
         invalid(format!(
-            "resourceFieldRef: unsupported resource {:?}",
+            "resourceFieldRef: unsupported resource {:?} (limits. or requests. of cpu, memory, ephemeral-storage or hugepages-<size>)",
             r.resource
         ))
-    })?;
+    };
+    let (kind, res) = r.resource.split_once('.').ok_or_else(unsupported)?;
     let resources = container.resources.as_ref();
     let list = match kind {
         "limits" => resources.and_then(|x| x.limits.as_ref()),
         "requests" => resources.and_then(|x| x.requests.as_ref()),
-        _ => None,
+        _ => return Err(unsupported()),
     };
-    let given = list.and_then(|l| l.get(res)).map(|q| q.0.as_str());
+    // (parser, the divisor's default: one core, one byte)
+    let (parse, unit): (QuantityParser, u64) = match res {
+        "cpu" => (quantity::parse_milli, 1000),
+        "memory" | "ephemeral-storage" => (quantity::parse_bytes, 1),
+        h if h.starts_with("hugepages-") => (quantity::parse_bytes, 1),
+        _ => return Err(unsupported()),
+    };
     let bad = |e: quantity::QuantityError| invalid(format!("resourceFieldRef {}: {e}", r.resource));
+    let given = list
+        .and_then(|l| l.get(res))
+        .map(|q| parse(&q.0))
+        .transpose()
+        .map_err(bad)?
+        .unwrap_or(0);
+    let value =
+        if given == 0 && kind == "limits" && super::allocatable::DEFAULTED_LIMITS.contains(&res) {
+            super::allocatable::node_allocatable(ctx.objects, res).unwrap_or(0)
+        } else {
+            given
+        };
     let divisor = r
         .divisor
         .as_ref()
         .map(|q| q.0.as_str())
-        .filter(|d| !d.is_empty() && *d != "0");
-    let (cpu, mem) = match (kind, given) {
-        ("limits", None) => node_capacity(),
-        _ => (0, 0),
-    };
-    // (parser, unit of the divisor's default, value of an unset limit)
-    let (parse, unit, fallback): (QuantityParser, u64, u64) = match res {
-        "cpu" => (quantity::parse_milli, 1000, cpu),
-        "memory" => (quantity::parse_bytes, 1, mem),
-        "ephemeral-storage" => (quantity::parse_bytes, 1, 0),
-        _ => {
-            return Err(invalid(format!(
-                "resourceFieldRef: unsupported resource {:?}",
-                r.resource
-            )))
-        }
-    };
-    let parse_or = |q: Option<&str>, default: u64| -> Result<u64, VolumeSpecError> {
-        Ok(q.map(parse).transpose().map_err(bad)?.unwrap_or(default))
-    };
-    let value = parse_or(given, fallback)?.div_ceil(parse_or(divisor, unit)?.max(1));
-    Ok(value.to_string())
+        .filter(|d| !d.is_empty())
+        .map(parse)
+        .transpose()
+        .map_err(bad)?
+        .filter(|&d| d > 0)
+        .unwrap_or(unit);
+    Ok(value.div_ceil(divisor).to_string())
 }
 
 /// downwardAPI items (volume or projection) into `files`.
@@ -566,6 +558,26 @@ pub(crate) fn payload_source(
     }))
 }
 
+/// Whether volume `v` may read this node's Node object: a downwardAPI
+/// `resourceFieldRef` of a limit (directly or projected), whose unset value
+/// is the node's allocatable.
+pub(crate) fn reads_node(v: &k8s_openapi::api::core::v1::Volume) -> bool {
+    let limits = |items: Option<&Vec<DownwardAPIVolumeFile>>| {
+        items.into_iter().flatten().any(|i| {
+            i.resource_field_ref
+                .as_ref()
+                .is_some_and(|r| r.resource.starts_with("limits."))
+        })
+    };
+    limits(v.downward_api.as_ref().and_then(|d| d.items.as_ref()))
+        || v.projected.as_ref().is_some_and(|p| {
+            p.sources
+                .iter()
+                .flatten()
+                .any(|s| limits(s.downward_api.as_ref().and_then(|d| d.items.as_ref())))
+        })
+}
+
 /// Whether volume `v` reads objects (a configMap or Secret, directly or
 /// projected).
 pub(crate) fn reads_objects(v: &k8s_openapi::api::core::v1::Volume) -> bool {
@@ -767,7 +779,7 @@ mod tests {
             ),
             ("68", "1", "250")
         );
-        // An unset limit is the node's capacity.
+        // An unset limit, without a Node object, is the host's.
         let items = serde_json::json!([{"path": "c", "resourceFieldRef": {"containerName": "c", "resource": "limits.cpu", "divisor": "1m"}}]);
         let p = resolve(
             serde_json::json!({"name": "v", "downwardAPI": {"items": items}}),
@@ -891,6 +903,73 @@ mod tests {
         assert_eq!(token(json!({}), both), Ok((0o600, Some(7))));
         let e = token(json!({"runAsUser": -1}), one(none)).unwrap_err();
         assert!(e.to_string().contains("runAsUser -1"), "{e}");
+    }
+
+    /// Unset (or zero) CPU, memory and ephemeral-storage limits are the
+    /// node's allocatable from its Node object when the source has it, the
+    /// host's CPUs and memory without (no ephemeral-storage figure: 0);
+    /// a given limit is the container's; hugepages are read, never
+    /// defaulted.
+    #[test]
+    fn downward_api_limits_default_to_the_node_allocatable() {
+        let items = serde_json::json!([
+            {"path": "cpu", "resourceFieldRef": {"containerName": "c", "resource": "limits.cpu", "divisor": "1m"}},
+            {"path": "mem", "resourceFieldRef": {"containerName": "c", "resource": "limits.memory", "divisor": "1Mi"}},
+            {"path": "eph", "resourceFieldRef": {"containerName": "c", "resource": "limits.ephemeral-storage", "divisor": "1Gi"}},
+            {"path": "hp", "resourceFieldRef": {"containerName": "c", "resource": "limits.hugepages-2Mi", "divisor": "1Mi"}},
+            {"path": "hpr", "resourceFieldRef": {"containerName": "c", "resource": "requests.hugepages-1Gi"}},
+            {"path": "init", "resourceFieldRef": {"containerName": "i", "resource": "limits.memory", "divisor": "1Mi"}}
+        ]);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+            "spec": {"volumes": [{"name": "v", "downwardAPI": {"items": items}}],
+                     "initContainers": [{"name": "i", "image": "i"}],
+                     "containers": [{"name": "c", "image": "i",
+                                     "resources": {"limits": {"memory": "0", "hugepages-2Mi": "4Mi"}},
+                                     "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}
+        }))
+        .unwrap();
+        assert!(
+            crate::populator::pod::reads_node(&pod),
+            "a limit may read the Node"
+        );
+        let values = |objects: &ObjectStore| -> BTreeMap<String, String> {
+            let d = DesiredPod::from_pod_with(&pod, Some(objects)).unwrap();
+            match d.volumes[0].source.clone().unwrap() {
+                VolumeSource::Payload(p) => files(&p).into_iter().map(|(k, v, _)| (k, v)).collect(),
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut o = store();
+        o.set_node_name("node-a");
+        o.insert(KubeObject::Node(Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "node-a"},
+                "status": {"allocatable": {"cpu": "3500m", "memory": "7Gi",
+                                           "ephemeral-storage": "100Gi", "hugepages-2Mi": "1Gi"}}
+            }))
+            .unwrap(),
+        )));
+        let f = values(&o);
+        assert_eq!(f["cpu"], "3500");
+        assert_eq!(f["mem"], "7168", "a zero limit is the allocatable");
+        assert_eq!(f["eph"], "100");
+        assert_eq!(f["hp"], "4", "the container's hugepages limit");
+        assert_eq!(f["hpr"], "0");
+        assert_eq!(f["init"], "7168", "an init container's too");
+        // Without a Node object: the host's CPUs and memory.
+        let f = values(&store());
+        let cpus = std::thread::available_parallelism().unwrap().get() * 1000;
+        assert_eq!(f["cpu"], cpus.to_string());
+        assert_ne!(f["mem"], "0");
+        assert_eq!(f["eph"], "0");
+        let bad = serde_json::json!([{"path": "x", "resourceFieldRef": {"containerName": "c", "resource": "limits.nvidia.com/gpu"}}]);
+        let e = resolve(
+            serde_json::json!({"name": "v", "downwardAPI": {"items": bad}}),
+            &o,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unsupported resource"), "{e}");
     }
 
     /// The volume every API-admitted pod gets.

@@ -309,7 +309,7 @@ fn parse_plain_source(
         return res;
     }
     if let Some(ed) = &v.empty_dir {
-        return empty_dir_source(ed);
+        return empty_dir_source(ed).map(|s| size_memory_medium(s, ctx));
     }
     if let Some(hp) = &v.host_path {
         return host_path_source(hp);
@@ -344,6 +344,27 @@ fn empty_dir_source(
         // for a positive limit; tmpfs takes `size=0` as unlimited).
         .filter(|&bytes| bytes > 0);
     Ok(VolumeSource::EmptyDir { medium, size_limit })
+}
+
+/// A memory-backed emptyDir's tmpfs size: the kubelet's
+/// `calculateEmptyDirMemorySize` of the node's allocatable memory, the
+/// pod's memory limit and the volume's `sizeLimit`
+/// (see [`super::allocatable`]).
+fn size_memory_medium(source: VolumeSource, ctx: &ResolveContext<'_>) -> VolumeSource {
+    match source {
+        VolumeSource::EmptyDir {
+            medium: StorageMedium::Memory,
+            size_limit,
+        } => VolumeSource::EmptyDir {
+            medium: StorageMedium::Memory,
+            size_limit: super::allocatable::empty_dir_memory_size(
+                super::allocatable::node_allocatable(ctx.objects, "memory"),
+                super::allocatable::pod_memory_limit(ctx.pod),
+                size_limit,
+            ),
+        },
+        other => other,
+    }
 }
 
 /// `hostPath`: an absolute, clean path and a known type.
@@ -419,6 +440,26 @@ pub fn inline_volume_handle(pod_uid: &PodUid, volume: &str) -> String {
     h.update(volume.as_bytes());
     let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
     format!("csi-{hex}")
+}
+
+/// Whether converting `pod` may read this node's Node object (a used
+/// memory-backed `emptyDir`, or a downwardAPI limit: the node's
+/// allocatable), so a source that has the Node (the API server, the C ABI)
+/// must convert it with its objects and again when the Node changes.
+pub fn reads_node(pod: &Pod) -> bool {
+    let used = used_volume_names(pod);
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|v| used.usage(&v.name).is_some())
+        .any(|v| {
+            v.empty_dir
+                .as_ref()
+                .is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+                || super::payload::reads_node(v)
+        })
 }
 
 /// Whether converting `pod` reads other objects (a used `persistentVolumeClaim`

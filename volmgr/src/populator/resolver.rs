@@ -251,7 +251,9 @@ impl PodResolver {
     /// hands it to the sink: a pod of a source that has no notion of files
     /// (the Kubernetes API, the C ABI).
     pub fn upsert_pod(&mut self, raw: Arc<Pod>) -> Result<PodUid, PodRejected> {
-        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw) {
+        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw)
+            || crate::populator::pod::reads_node(&raw)
+        {
             let (pod, deps) = self.resolve(&raw)?;
             if self.waits_for(&deps) {
                 self.hold(&pod, raw, deps);

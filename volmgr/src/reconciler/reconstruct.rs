@@ -148,9 +148,12 @@ fn record(
     };
     let spec = Arc::new(rec.spec);
     let volume_name = plugin.unique_volume_name(uid, &spec);
-    let mount_id = match state {
-        VolumeMountState::Mounted => plugin.mount_id(uid, &spec),
-        VolumeMountState::Uncertain => None,
+    let (mount_id, selinux_relabel) = match state {
+        VolumeMountState::Mounted => (
+            plugin.mount_id(uid, &spec),
+            plugin.selinux_relabel(&spec, &rec.path),
+        ),
+        VolumeMountState::Uncertain => (None, spec.supports_selinux_relabel()),
     };
     let mut asw = world.asw_mut();
     asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
@@ -163,6 +166,7 @@ fn record(
             path: rec.path,
             state,
             mount_id,
+            selinux_relabel,
         },
     );
 }

@@ -260,6 +260,11 @@ pub fn open_host_path(path: &Path) -> Result<Target, SyscallError> {
     let rel = path
         .strip_prefix("/")
         .map_err(|_| SyscallError::new("open", path, nix::errno::Errno::EINVAL))?;
+    if rel.as_os_str().is_empty() {
+        // `/` itself (a local PV of the whole root file system): no
+        // component to resolve, and `openat2` refuses an empty path.
+        return Ok(Target::new(root, path.to_path_buf()));
+    }
     let fd = crate::sys::beneath::open(
         root.as_fd(),
         rel,
@@ -380,6 +385,23 @@ fn statx_at(dir: &Target, name: &CString, flags: i32, mask: u32) -> std::io::Res
 mod tests {
     use super::*;
     use crate::sys::test_child::{bind, run_in_child, Child};
+
+    /// `/` itself opens (a local PV of the whole root file system), as do
+    /// paths below it; a symlink on the way is refused.
+    #[test]
+    fn host_paths_open_from_the_root_itself() {
+        let t = open_host_path(Path::new("/")).unwrap();
+        let st = nix::sys::stat::fstat(&t).unwrap();
+        let root = nix::sys::stat::stat("/").unwrap();
+        assert_eq!((st.st_dev, st.st_ino), (root.st_dev, root.st_ino));
+        assert_eq!(t.path(), Path::new("/"));
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("dir")).unwrap();
+        std::os::unix::fs::symlink("dir", d.path().join("link")).unwrap();
+        assert!(open_host_path(&d.path().join("dir")).is_ok());
+        let e = open_host_path(&d.path().join("link")).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ELOOP), "{e}");
+    }
 
     /// The check of kernels before 5.8 (no `STATX_ATTR_MOUNT_ROOT`) tells a
     /// bind mount of the same file system by its mount id.

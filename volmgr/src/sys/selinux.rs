@@ -23,9 +23,64 @@ fn is_selinuxfs(fs: Option<FsType>) -> bool {
     fs.is_some_and(|t| i64::from(t.0) == SELINUX_MAGIC)
 }
 
+/// The kubelet's `GetSELinuxSupport` (`hostutil.GetSELinux`) for `path`:
+/// with SELinux `enabled` on the host, whether the mount holding `path` in
+/// `table` (the last listed whose mount point is `path` or above it) has
+/// `seclabel` among its super or mount options, i.e. its files carry
+/// labels a container runtime can change.
+pub fn mount_supports_labels(
+    enabled: bool,
+    table: &[super::mountinfo::MountInfo],
+    path: &std::path::Path,
+) -> bool {
+    if !enabled {
+        return false;
+    }
+    let has = |opts: &str| opts.split(',').any(|o| o == "seclabel");
+    table
+        .iter()
+        .rev()
+        .find(|m| path.starts_with(&m.mount_point))
+        .is_some_and(|m| has(&m.super_options) || has(&m.mount_options))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only with SELinux on, and only on a mount whose options say
+    /// `seclabel`: the mount holding the path, the top one where mounts
+    /// are stacked.
+    #[test]
+    fn labels_are_supported_where_the_mount_says_seclabel() {
+        let table = crate::sys::mountinfo::parse(concat!(
+            "1 0 8:1 / / rw,relatime - ext4 /dev/sda1 rw,seclabel\n",
+            "2 1 0:5 / /var/lib/kubelet/pods/u/vol rw - tmpfs tmpfs rw,size=1024k\n",
+            "3 1 0:6 / /mnt rw - xfs /dev/sdb rw,seclabel\n",
+            "4 3 0:7 / /mnt rw - nfs srv:/x rw,vers=4\n",
+        ))
+        .unwrap();
+        let p = |s: &str| std::path::PathBuf::from(s);
+        assert!(mount_supports_labels(true, &table, &p("/var/lib/x")));
+        assert!(!mount_supports_labels(false, &table, &p("/var/lib/x")));
+        assert!(!mount_supports_labels(
+            true,
+            &table,
+            &p("/var/lib/kubelet/pods/u/vol")
+        ));
+        assert!(!mount_supports_labels(
+            true,
+            &table,
+            &p("/var/lib/kubelet/pods/u/vol/d")
+        ));
+        assert!(mount_supports_labels(
+            true,
+            &table,
+            &p("/var/lib/kubelet/pods/u/volume")
+        ));
+        // Stacked on /mnt: the top mount (nfs) counts.
+        assert!(!mount_supports_labels(true, &table, &p("/mnt/a")));
+    }
 
     #[test]
     fn only_selinuxfs_counts() {

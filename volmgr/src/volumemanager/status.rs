@@ -162,6 +162,7 @@ impl VolumeManager {
                     content: None,
                     sub_paths: Vec::new(),
                     read_only: false,
+                    selinux_relabel: false,
                 }
             })
             .collect()
@@ -237,6 +238,7 @@ impl VolumeManager {
                     content: None,
                     sub_paths: Vec::new(),
                     read_only: false,
+                    selinux_relabel: false,
                 }
             }
             Ok(n) => n,
@@ -293,6 +295,7 @@ impl VolumeManager {
                 .volume(name)
                 .and_then(|dv| dv.pods.get(uid))
                 .is_some_and(|p| p.spec.read_only()),
+            selinux_relabel: mount.is_some_and(|m| m.selinux_relabel),
         }
     }
 

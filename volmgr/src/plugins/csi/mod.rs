@@ -330,6 +330,36 @@ impl CsiPlugin {
     }
 }
 
+/// The kubelet's `needSELinuxRelabel` of a published CSI volume at `path`:
+/// no when the host has no SELinux (`selinux`), for a raw block volume, and
+/// for one mounted with its SELinux label (`context=`, so it is labelled
+/// already); otherwise `GetSELinuxSupport`: whether the mount holding
+/// `path` in the mount `table` says `seclabel`. A table that cannot be read
+/// is a no (the kubelet makes the mount uncertain), with a warning.
+fn need_selinux_relabel(
+    selinux: bool,
+    src: &CsiVolumeSource,
+    path: &std::path::Path,
+    table: impl FnOnce() -> Result<
+        Vec<crate::sys::mountinfo::MountInfo>,
+        crate::sys::mountinfo::MountInfoError,
+    >,
+) -> bool {
+    if !selinux
+        || src.volume_mode == CsiVolumeMode::Block
+        || src.driver_info.selinux_mount_label.is_some()
+    {
+        return false;
+    }
+    match table() {
+        Ok(t) => crate::sys::selinux::mount_supports_labels(true, &t, path),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "SELinux support of a CSI volume's mount unknown: the mount table could not be read");
+            false
+        }
+    }
+}
+
 /// The CSI source of `spec`.
 fn source(spec: &VolumeSpec) -> Result<&CsiVolumeSource, VolumeError> {
     match &spec.source {
@@ -674,6 +704,22 @@ impl VolumePlugin for CsiPlugin {
         Ok(())
     }
 
+    fn verify_reads_mount_table(&self, spec: &VolumeSpec) -> bool {
+        // Filesystem volumes (and specs that do not parse: the safe answer).
+        !matches!(
+            source(spec).map(|s| s.volume_mode),
+            Ok(CsiVolumeMode::Block)
+        )
+    }
+
+    /// `csiMountMgr.needSELinuxRelabel`, decided once the volume is
+    /// published (see [`need_selinux_relabel`]).
+    fn selinux_relabel(&self, spec: &VolumeSpec, path: &std::path::Path) -> bool {
+        source(spec).is_ok_and(|src| {
+            need_selinux_relabel(self.selinux, src, path, crate::sys::mountinfo::read_self)
+        })
+    }
+
     fn mount_id(&self, pod: &PodUid, spec: &VolumeSpec) -> Option<u64> {
         let src = source(spec).ok()?;
         let layout = publish_layout(pod, spec, src).ok()?;
@@ -824,6 +870,60 @@ impl NodeExpandableVolumePlugin for CsiPlugin {
 
 #[cfg(test)]
 mod tests {
+    /// `needSELinuxRelabel`: only on an SELinux host, for a filesystem
+    /// volume not mounted with its label, whose mount says `seclabel`.
+    #[test]
+    fn selinux_relabel_is_decided_by_the_mount() {
+        use crate::sys::mountinfo::parse;
+        let table = |opts: &'static str| {
+            move || {
+                parse(&format!(
+                    "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n2 1 0:9 / /p/mount rw - xfs /dev/sdb {opts}\n"
+                ))
+            }
+        };
+        let path = std::path::Path::new("/p/mount");
+        let fs = super::CsiVolumeSource::new("d", "h");
+        assert!(super::need_selinux_relabel(
+            true,
+            &fs,
+            path,
+            table("rw,seclabel")
+        ));
+        assert!(!super::need_selinux_relabel(true, &fs, path, table("rw")));
+        assert!(!super::need_selinux_relabel(
+            false,
+            &fs,
+            path,
+            table("rw,seclabel")
+        ));
+        let labelled = super::CsiVolumeSource {
+            driver_info: std::sync::Arc::new(crate::volume::CsiDriverInfo {
+                selinux_mount_label: Some("system_u:object_r:container_file_t:s0:c1,c2".into()),
+                ..Default::default()
+            }),
+            ..fs.clone()
+        };
+        assert!(!super::need_selinux_relabel(
+            true,
+            &labelled,
+            path,
+            table("rw,seclabel")
+        ));
+        let block = super::CsiVolumeSource {
+            volume_mode: super::CsiVolumeMode::Block,
+            ..fs.clone()
+        };
+        assert!(!super::need_selinux_relabel(
+            true,
+            &block,
+            path,
+            table("rw,seclabel")
+        ));
+        let unreadable = || parse("not a mountinfo line\n");
+        assert!(!super::need_selinux_relabel(true, &fs, path, unreadable));
+    }
+
     use super::*;
     use crate::volume::CsiDriverInfo;
     use csi::volume_capability::access_mode::Mode;
