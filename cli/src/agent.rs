@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::limits::{serve_bounded, ClientLimits, READ_DEADLINE, WRITE_DEADLINE};
+use crate::limits::{serve_bounded, Admission, ClientLimits, Peer, READ_DEADLINE, WRITE_DEADLINE};
 use crate::{api, apiserver};
 use volmgr::csi::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
@@ -441,6 +441,9 @@ fn replace_lock(root: &std::path::Path, path: &std::path::Path) -> Result<(), Ag
     std::fs::rename(&tmp, path).map_err(io(format!("replacing {}", path.display())))
 }
 
+/// The answer to a connection over the client bounds.
+const BUSY_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 24\r\nRetry-After: 1\r\nConnection: close\r\n\r\ntoo many clients, retry\n";
+
 /// A minimal HTTP/1.1 responder for `GET /metrics` and `GET /healthz`,
 /// its clients bounded like the API's (see [`crate::limits`]).
 async fn serve_metrics(
@@ -449,17 +452,18 @@ async fn serve_metrics(
     limits: ClientLimits,
     shutdown: watch::Receiver<bool>,
 ) {
-    let accept = || async { listener.accept().await.map(|(stream, _)| stream) };
-    let refuse = |stream: &tokio::net::TcpStream| {
-        let _ = stream.try_write(
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        );
+    let accept = || async {
+        let (stream, addr) = listener.accept().await?;
+        Ok((stream, Peer::Ip(addr.ip())))
     };
-    let serve = |stream| {
+    let busy = (BUSY_503, |stream: &tokio::net::TcpStream| {
+        let _ = stream.try_write(BUSY_503);
+    });
+    let serve = |stream, admission| {
         let (vm, limits) = (Arc::clone(&vm), limits.clone());
-        async move { metrics_request(stream, &vm, &limits).await }
+        async move { metrics_request(stream, &vm, &limits, admission).await }
     };
-    serve_bounded(&limits, "metrics", accept, refuse, serve, shutdown).await;
+    serve_bounded(&limits, "metrics", accept, busy, serve, shutdown).await;
 }
 
 /// Answers one HTTP request (its head at most 4 KiB, read within
@@ -468,6 +472,7 @@ async fn metrics_request(
     mut stream: tokio::net::TcpStream,
     vm: &VolumeManager,
     limits: &ClientLimits,
+    admission: Admission,
 ) {
     let mut buf = vec![0u8; 4096];
     let mut n = 0;
@@ -484,7 +489,13 @@ async fn metrics_request(
             }
         }
     };
-    if tokio::time::timeout(READ_DEADLINE, read).await.is_err() {
+    tokio::select! {
+        r = tokio::time::timeout(READ_DEADLINE, read) => if r.is_err() {
+            return;
+        },
+        () = admission.evicted() => return,
+    }
+    if !admission.busy() {
         return;
     }
     let req = String::from_utf8_lossy(&buf[..n]);

@@ -19,13 +19,19 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
-use crate::limits::{serve_bounded, ClientLimits, MAX_REQUEST_LINE, READ_DEADLINE, WRITE_DEADLINE};
+use crate::limits::{
+    serve_bounded, Admission, ClientLimits, Peer, BUSY, MAX_REQUEST_LINE, READ_DEADLINE,
+    WRITE_DEADLINE,
+};
 
 use volmgr::volume::PodUid;
 use volmgr::volumemanager::VolumeManager;
 
 /// The socket's file name under ROOT.
 pub const SOCKET_NAME: &str = "volmgr.sock";
+
+/// The answer to a connection over the client bounds.
+const BUSY_LINE: &str = "{\"ok\":false,\"error\":\"too many clients, retry\"}\n";
 
 /// Longest wait a client may ask for.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
@@ -48,6 +54,15 @@ pub enum ApiError {
     /// The agent reported an error.
     #[error("{0}")]
     Remote(String),
+    /// The agent has too many clients: it answered so, or closed the
+    /// connection before answering (reset, broken pipe, end of file).
+    #[error("{path}: the agent {how}; retry")]
+    Busy {
+        /// The socket.
+        path: PathBuf,
+        /// What the agent did.
+        how: &'static str,
+    },
     /// The agent did not answer in time.
     #[error("{path}: the agent did not answer within {after:?}")]
     Timeout {
@@ -166,20 +181,25 @@ pub async fn serve(
     limits: ClientLimits,
     shutdown: watch::Receiver<bool>,
 ) {
-    let accept = || async { listener.accept().await.map(|(stream, _)| stream) };
-    // Over budget: a short answer if it fits the socket buffer at once.
-    let refuse = |stream: &UnixStream| {
-        let _ = stream.try_write(b"{\"ok\":false,\"error\":\"too many connections\"}\n");
+    let accept = || async {
+        let (stream, _) = listener.accept().await?;
+        let peer = stream
+            .peer_cred()
+            .map_or(Peer::Unknown, |c| Peer::Uid(c.uid()));
+        Ok((stream, peer))
     };
-    let serve = |stream| {
+    let busy = (BUSY_LINE.as_bytes(), |stream: &UnixStream| {
+        let _ = stream.try_write(BUSY_LINE.as_bytes());
+    });
+    let serve = |stream, admission| {
         let (vm, limits) = (Arc::clone(&vm), limits.clone());
         async move {
-            if let Err(e) = handle(stream, vm, limits).await {
+            if let Err(e) = handle(stream, vm, limits, admission).await {
                 tracing::debug!(error = %e, "api connection");
             }
         }
     };
-    serve_bounded(&limits, "api", accept, refuse, serve, shutdown).await;
+    serve_bounded(&limits, "api", accept, busy, serve, shutdown).await;
 }
 
 /// One connection: request lines in, one response line out per request.
@@ -187,6 +207,7 @@ async fn handle(
     stream: UnixStream,
     vm: Arc<VolumeManager>,
     limits: ClientLimits,
+    admission: Admission,
 ) -> std::io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
@@ -196,13 +217,20 @@ async fn handle(
         let limit = u64::try_from(MAX_REQUEST_LINE).unwrap_or(u64::MAX) + 1;
         let mut limited = (&mut r).take(limit);
         let read = limited.read_until(b'\n', &mut line);
-        match tokio::time::timeout(READ_DEADLINE, read).await {
-            Err(_) => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
-            Ok(r) => {
-                if r? == 0 {
-                    return Ok(());
+        admission.idle();
+        tokio::select! {
+            r = tokio::time::timeout(READ_DEADLINE, read) => match r {
+                Err(_) => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                Ok(r) => {
+                    if r? == 0 {
+                        return Ok(());
+                    }
                 }
-            }
+            },
+            () = admission.evicted() => return Ok(()),
+        }
+        if !admission.busy() {
+            return Ok(());
         }
         if line.last() != Some(&b'\n') {
             // Longer than the limit (or cut by end of file): answered, then closed.
@@ -221,9 +249,32 @@ async fn handle(
         };
         let resp = match req {
             Err(e) => err(format!("invalid request: {e}")),
-            Ok(req) => answer(req, &vm).await,
+            Ok(req) => match answer_unless_gone(req, &vm, &mut r).await {
+                Some(resp) => resp,
+                None => return Ok(()),
+            },
         };
         write_response(&mut w, &resp).await?;
+    }
+}
+
+/// The answer to `req`, or `None` when the client hangs up first (a wait
+/// of a client that is gone no longer holds its place).
+async fn answer_unless_gone(
+    req: Request,
+    vm: &VolumeManager,
+    r: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+) -> Option<Response> {
+    let answer = answer(req, vm);
+    tokio::pin!(answer);
+    tokio::select! {
+        resp = &mut answer => Some(resp),
+        // End of file or an error: gone. A next request already sent:
+        // answer this one first.
+        gone = r.fill_buf() => match gone {
+            Ok(b) if !b.is_empty() => Some(answer.await),
+            _ => None,
+        },
     }
 }
 
@@ -319,18 +370,34 @@ async fn call_once(root: &Path, req: &Request) -> Result<serde_json::Value, ApiE
     let (r, mut w) = stream.into_split();
     let mut line = serde_json::to_vec(req).map_err(|e| ApiError::Protocol(e.to_string()))?;
     line.push(b'\n');
-    w.write_all(&line).await.map_err(io)?;
+    // An agent with too many clients answers and closes, maybe before it
+    // reads: the answer is still there to read after a broken pipe.
+    let sent = w.write_all(&line).await;
+    let dropped = |e: &std::io::Error| {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+        matches!(e.kind(), BrokenPipe | ConnectionReset | ConnectionAborted)
+    };
+    let busy = |how| ApiError::Busy {
+        path: path.clone(),
+        how,
+    };
+    let closed = "closed the connection before answering (too many clients?)";
     let mut lines = BufReader::new(r).lines();
-    let resp = lines
-        .next_line()
-        .await
-        .map_err(io)?
-        .ok_or_else(|| ApiError::Protocol("connection closed".into()))?;
+    let resp = match lines.next_line().await {
+        Ok(Some(resp)) => resp,
+        Err(e) if !dropped(&e) => return Err(io(e)),
+        Ok(None) | Err(_) => match sent {
+            Err(e) if !dropped(&e) => return Err(io(e)),
+            _ => return Err(busy(closed)),
+        },
+    };
     let resp: Response =
         serde_json::from_str(&resp).map_err(|e| ApiError::Protocol(e.to_string()))?;
-    if resp.ok {
-        Ok(resp.result.unwrap_or(serde_json::Value::Null))
-    } else {
-        Err(ApiError::Remote(resp.error.unwrap_or_default()))
+    match resp {
+        Response {
+            ok: true, result, ..
+        } => Ok(result.unwrap_or(serde_json::Value::Null)),
+        Response { error: Some(e), .. } if e == BUSY => Err(busy("has too many clients")),
+        Response { error, .. } => Err(ApiError::Remote(error.unwrap_or_default())),
     }
 }

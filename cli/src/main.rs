@@ -240,6 +240,8 @@ fn parse_timeout_secs(s: &str) -> Result<f64, String> {
 /// What `volmgr wait` allows the agent beyond its own timeout (the agent
 /// answers at its timeout; this covers the exchange itself).
 const WAIT_MARGIN: Duration = Duration::from_secs(5);
+/// Pause of `volmgr wait` before it tries again an agent with too many clients.
+const BUSY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Parses `NAME=SOCKET` (an absolute socket path).
 fn parse_csi_driver(s: &str) -> Result<(String, PathBuf), String> {
@@ -380,9 +382,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 /// `volmgr status`: the agent's status document, as JSON or as text.
 async fn status(root: &Path, json: bool, timeout_secs: f64) -> anyhow::Result<()> {
-    let v = api::call(root, &Request::Status, timeout_arg(timeout_secs)?)
-        .await
-        .context("is the agent running on this root?")?;
+    let v = match api::call(root, &Request::Status, timeout_arg(timeout_secs)?).await {
+        Ok(v) => v,
+        Err(e @ api::ApiError::Busy { .. }) => return Err(e.into()),
+        Err(e) => return Err(e).context("is the agent running on this root?"),
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -428,6 +432,7 @@ async fn wait(root: &Path, mut req: Request, timeout: Duration) -> ExitCode {
                 eprintln!("volmgr: cannot reach the agent before the timeout: {e}");
                 return ExitCode::FAILURE;
             }
+            Err(api::ApiError::Busy { .. }) => tokio::time::sleep(BUSY_PAUSE).await,
             Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
         }
         let left_ms = millis(deadline.saturating_duration_since(tokio::time::Instant::now()));

@@ -432,3 +432,124 @@ fn control_characters_in_names_are_escaped() {
         }
     });
 }
+
+/// Lowers the agent's open-file limit to 256: then 64 clients over both
+/// listeners, 48 per listener, 24 per peer (see `cli/src/limits.rs`).
+fn low_nofile(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// One `GET path` on a new connection: the whole answer (the agent
+/// closes after it), or the error.
+fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn idle_metrics_clients_do_not_keep_healthz_out() {
+    isolated("idle_metrics_clients_do_not_keep_healthz_out", || {
+        let env = Env::new();
+        let addr = support::free_port();
+        let _agent = env.start_agent(&["--tracer", "off", "--metrics-addr", &addr]);
+        env.wait_for("metrics endpoint up", || {
+            http_get(&addr, "/healthz").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+        });
+        // 100 connections that never send a request (the agent takes 64
+        // per listener at most): /healthz is answered at once, not after
+        // they give up, and so is /metrics.
+        let mut idle: Vec<std::net::TcpStream> = (0..100)
+            .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+            .collect();
+        let health = http_get(&addr, "/healthz").unwrap();
+        assert!(health.starts_with("HTTP/1.1 200 OK\r\n"), "{health}");
+        assert!(health.ends_with("\r\n\r\nok\n"), "{health}");
+        let metrics = http_get(&addr, "/metrics").unwrap();
+        assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
+        // Idle connections are closed within seconds, all of them.
+        for s in &idle {
+            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        }
+        for s in &mut idle {
+            let mut b = [0u8; 256];
+            let n = s.read(&mut b).unwrap_or(0);
+            assert!(n == 0 || b.starts_with(b"HTTP/1.1 503"), "{:?}", &b[..n]);
+        }
+    });
+}
+
+/// `volmgr status --json` on `root`, bounded.
+fn status_once(root: &Path) -> std::process::Output {
+    run_bounded(
+        Command::new(volmgr_bin())
+            .args(["status", "--json", "--timeout", "30", "--root"])
+            .arg(root),
+    )
+}
+
+#[test]
+fn idle_or_busy_socket_clients_do_not_break_status() {
+    isolated("idle_or_busy_socket_clients_do_not_break_status", || {
+        let env = Env::new();
+        let _agent = env.start_agent_with(&["--tracer", "off"], low_nofile);
+        env.status();
+        let sock = env.root.join("volmgr.sock");
+        // 200 clients that connect and send nothing: status still answers.
+        let idle: Vec<UnixStream> = (0..200)
+            .map(|_| UnixStream::connect(&sock).unwrap())
+            .collect();
+        let out = status_once(&env.root);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        drop(idle);
+        // 200 clients that each wait for a pod that never comes: 24 (this
+        // user's share) are kept, the rest are told to retry. Status is
+        // then told so too, in words, not with a broken pipe.
+        let wait = "{\"method\":\"wait\",\"pod\":\"uid-never\",\"timeout_ms\":120000}\n";
+        let mut waiting: Vec<UnixStream> = (0..200)
+            .map(|_| {
+                let mut s = UnixStream::connect(&sock).unwrap();
+                s.write_all(wait.as_bytes()).unwrap();
+                s.set_nonblocking(true).unwrap();
+                s
+            })
+            .collect();
+        env.wait_for("all but 24 waiting clients closed", || {
+            waiting.iter_mut().map(closed).filter(|c| *c).count() >= 200 - 24
+        });
+        let out = status_once(&env.root);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "status answered with 24 waiting");
+        assert!(
+            err.contains("too many clients") && err.contains("retry"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("Broken pipe") && !err.contains("reset"),
+            "{err}"
+        );
+        // Room again once they are gone.
+        drop(waiting);
+        env.status();
+    });
+}
