@@ -201,6 +201,7 @@ fn desired(uid: &str) -> DesiredPod {
             sub_paths: vec![],
         }],
         terminated: false,
+        sub_path_release: crate::volume::SubPathRelease::All,
     }
 }
 
@@ -482,6 +483,32 @@ async fn a_failed_set_up_again_leaves_a_mounted_volume_mounted() {
     let plugin = Arc::new(ScriptedPlugin::new(
         Script::ok(),
         Script::then(&[Outcome::Ok], Outcome::Fail),
+    ));
+    let (_t, vm) = manager(&plugin).await;
+    let a = PodUid::new("a").unwrap();
+    vm.set_desired_pod(desired_republished("a"));
+    vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+    plugin.remount.store(true, Ordering::SeqCst);
+    vm.reconciler().resync().await;
+    until(&vm, |_| plugin.count("publish a") >= 2).await;
+    vm.wait_converged(Some(1), T).await.unwrap();
+    assert_eq!(pod_state(&vm, &a), Some(VolumeMountState::Mounted));
+    assert_eq!(vm.mounted_volumes_for_pod(&a).len(), 1);
+    vm.delete_pod(&a);
+    until_forgotten(&vm).await;
+    assert_eq!(plugin.count("unpublish a"), 1, "{:?}", plugin.calls());
+}
+
+/// `Test_UncertainVolumeMountState`, "success followed by timeout operation
+/// should result in mounted volume": a mounted volume set up again in place
+/// (a republish) that times out stays mounted (the kubelet's
+/// `markVolumeErrorState` makes only a volume not mounted uncertain), and
+/// is torn down once when the pod goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_set_up_again_leaves_a_mounted_volume_mounted() {
+    let plugin = Arc::new(ScriptedPlugin::new(
+        Script::ok(),
+        Script::then(&[Outcome::Ok], Outcome::Uncertain),
     ));
     let (_t, vm) = manager(&plugin).await;
     let a = PodUid::new("a").unwrap();
