@@ -66,6 +66,9 @@ pub struct PodVolumeEntry {
     pub plugin_name: Option<Arc<str>>,
     /// Its unique name, or why it cannot be mounted.
     pub volume: Result<UniqueVolumeName, String>,
+    /// Why the volume, resolved before, no longer resolves: it keeps its
+    /// previous desired state (the kubelet's `AddErrorToPod`).
+    pub resolve_error: Option<String>,
 }
 
 /// A desired pod.
@@ -260,6 +263,7 @@ mod tests {
                 outer_name: v.to_string(),
                 plugin_name: Some(plugin.clone()),
                 volume: Ok(name.clone()),
+                resolve_error: None,
             });
             mounts.push((
                 name,
