@@ -64,7 +64,14 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
         P(&p.uid)
     );
     if let Some(e) = &p.error {
-        let _ = writeln!(out, "  rejected: {}", P(e));
+        // A rejected pod has no volumes; a pod with volumes kept as they
+        // were (no longer resolving) has.
+        let what = if p.volumes.is_empty() {
+            "rejected"
+        } else {
+            "error"
+        };
+        let _ = writeln!(out, "  {what}: {}", P(e));
     }
     for v in &p.volumes {
         let _ = writeln!(

@@ -218,6 +218,64 @@ fn a_missing_config_map_is_an_error_until_it_is_created() {
     );
 }
 
+/// `TestFindAndAddNewPods_WithReprocessPodAndVolumeRetrievalError` end to
+/// end: the configMap of a mounted volume deleted, then the pod changed (so
+/// processed again while the volume no longer resolves): the volume stays
+/// with its files and the error shows on the pod; the configMap back: the
+/// error goes and the volume is updated in place; the pod deleted: torn
+/// down.
+#[test]
+fn a_pod_changed_while_its_config_map_is_gone_keeps_the_volume() {
+    isolated(
+        "a_pod_changed_while_its_config_map_is_gone_keeps_the_volume",
+        || {
+            let env = Env::new();
+            env.write_manifest("cm.yaml", &config_map("cm", &[("k", "v")]));
+            let pod = pod_yaml("p", "uid-keep", &[("cfg", "configMap: {name: cm}")]);
+            env.write_manifest("p.yaml", &pod);
+            let agent = env.start_agent(&[]);
+            assert_eq!(env.wait_pod("uid-keep", 30.0), 0, "{}", agent.log());
+            let cfg = vol_dir(&env, "uid-keep", "configmap", "cfg");
+            assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
+            env.remove_manifest("cm.yaml");
+            env.wait_for("problem shown", || {
+                env.status()
+                    .errors
+                    .iter()
+                    .any(|e| e.error.contains("ConfigMap test/cm not found"))
+            });
+            let relabelled = pod.replace(
+                "namespace: test, uid",
+                "namespace: test, labels: {v: \"2\"}, uid",
+            );
+            env.write_manifest("p.yaml", &relabelled);
+            let pod_error = || {
+                let s = env.status();
+                let p = s.pods.into_iter().find(|p| p.uid == "uid-keep");
+                p.and_then(|p| p.error)
+            };
+            env.wait_for("error on the pod", || {
+                pod_error().is_some_and(|e| e.contains("ConfigMap test/cm not found"))
+            });
+            assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
+            let (state, _, error) = env.volume_state("uid-keep", "cfg").unwrap();
+            assert_eq!(state, "mounted");
+            assert!(error.unwrap().contains("ConfigMap test/cm not found"));
+            // Back with another value: updated in place, the error gone.
+            env.write_manifest("cm.yaml", &config_map("cm", &[("k", "w")]));
+            env.wait_for("updated", || read(&cfg.join("k")).as_deref() == Some("w"));
+            env.wait_for("error cleared", || pod_error().is_none());
+            assert_eq!(env.volume_state("uid-keep", "cfg").unwrap().0, "mounted");
+            env.remove_manifest("p.yaml");
+            env.wait_for("pod cleaned up", || {
+                !env.root.join("pods/uid-keep").exists()
+            });
+            env.assert_outside_untouched();
+            assert!(agent.term());
+        },
+    );
+}
+
 const KUBE_API_ACCESS: &str = "projected: {defaultMode: 420, sources: [\
 {serviceAccountToken: {expirationSeconds: 2, path: token}}, \
 {configMap: {name: kube-root-ca.crt, items: [{key: ca.crt, path: ca.crt}]}}, \

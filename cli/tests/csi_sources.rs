@@ -691,6 +691,138 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
     );
 }
 
+/// `Test_UncertainVolumeMountState`, "success followed by timeout
+/// operation should result in mounted volume", end to end: a mounted volume
+/// of a `requiresRepublish` driver whose NodePublishVolume again passes
+/// `--csi-timeout` stays mounted, its data in place, never unpublished;
+/// the driver back to normal republishes it; the pod deleted: torn down.
+#[test]
+fn a_timed_out_republish_keeps_the_volume_mounted() {
+    isolated("a_timed_out_republish_keeps_the_volume_mounted", || {
+        let env = Env::new();
+        env.write_manifest(
+            "csidriver.yaml",
+            &format!(
+                "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {{name: {DRIVER}}}\nspec: {{attachRequired: false, requiresRepublish: true}}\n"
+            ),
+        );
+        env.write_manifest("pv.yaml", &pv_and_claim("rp", "ReadWriteOnce", ""));
+        let vols = [("data", "persistentVolumeClaim: {claimName: claim-rp}")];
+        env.write_manifest("pod.yaml", &pod_yaml("p", "uid-rp", &vols));
+        let mut driver = new_driver(&env);
+        driver.spawn();
+        let args = ["--csi-republish-period", "200ms", "--csi-timeout", "500ms"];
+        let agent = env.start_agent(&args);
+        let state = || env.volume_state("uid-rp", "data").map(|s| s.0);
+        wait_or_dump(&env, &agent, &driver, "volume mounted", || {
+            state().as_deref() == Some("mounted")
+        });
+        let s = env.status();
+        let path = s.pods[0].volumes[0].path.clone().unwrap();
+        let file = PathBuf::from(path).join("keep");
+        std::fs::write(&file, "data").unwrap();
+        driver.faults(serde_json::json!([
+            {"method": "NodePublishVolume", "volume_id": "vol-rp", "hang": true}
+        ]));
+        wait_or_dump(&env, &agent, &driver, "two republishes timed out", || {
+            driver.count("NodePublishVolume", "vol-rp", "CANCELLED") >= 2
+        });
+        assert_eq!(state().as_deref(), Some("mounted"));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+        assert_eq!(driver.calls_of("NodeUnpublishVolume").len(), 0);
+        driver.faults(serde_json::json!([]));
+        let ok = driver.count("NodePublishVolume", "vol-rp", "OK");
+        wait_or_dump(&env, &agent, &driver, "republished", || {
+            driver.count("NodePublishVolume", "vol-rp", "OK") > ok
+        });
+        assert_eq!(state().as_deref(), Some("mounted"));
+        assert_eq!(driver.count("NodeStageVolume", "vol-rp", "OK"), 1);
+        env.remove_manifest("pod.yaml");
+        wait_or_dump(&env, &agent, &driver, "torn down", || {
+            driver.count("NodeUnstageVolume", "vol-rp", "OK") == 1
+                && !env.root.join("pods/uid-rp").exists()
+        });
+        assert_eq!(driver.count("NodeUnpublishVolume", "vol-rp", "OK"), 1);
+        assert!(agent.term());
+        driver.stop();
+        env.assert_outside_untouched();
+    });
+}
+
+/// `TestFindAndAddNewPods_WithReprocessPodAndVolumeRetrievalError` end to
+/// end with a CSI volume: the claim of a mounted volume deleted, then the
+/// pod changed (processed again while its volume no longer resolves): the
+/// volume stays published with its data, the error on the pod; the claim
+/// back: the error goes, nothing published again; the pod deleted:
+/// unpublished and unstaged.
+#[test]
+fn a_pod_changed_while_its_claim_is_gone_keeps_the_volume() {
+    isolated(
+        "a_pod_changed_while_its_claim_is_gone_keeps_the_volume",
+        || {
+            let env = Env::new();
+            let both = pv_and_claim("kp", "ReadWriteOnce", "");
+            let (pv, claim) = both.split_once("---\n").unwrap();
+            env.write_manifest("pv.yaml", pv);
+            env.write_manifest("pvc.yaml", claim);
+            let pod = pod_yaml(
+                "p",
+                "uid-kp",
+                &[("data", "persistentVolumeClaim: {claimName: claim-kp}")],
+            );
+            env.write_manifest("pod.yaml", &pod);
+            let mut driver = new_driver(&env);
+            driver.spawn();
+            let agent = env.start_agent(&[]);
+            let state = || env.volume_state("uid-kp", "data").map(|s| s.0);
+            wait_or_dump(&env, &agent, &driver, "volume mounted", || {
+                state().as_deref() == Some("mounted")
+            });
+            let path = env.status().pods[0].volumes[0].path.clone().unwrap();
+            let file = PathBuf::from(path).join("keep");
+            std::fs::write(&file, "data").unwrap();
+            env.remove_manifest("pvc.yaml");
+            wait_or_dump(&env, &agent, &driver, "problem shown", || {
+                env.status()
+                    .errors
+                    .iter()
+                    .any(|e| e.error.contains("claim-kp not found"))
+            });
+            let relabelled = pod.replace(
+                "namespace: test, uid",
+                "namespace: test, labels: {v: \"2\"}, uid",
+            );
+            env.write_manifest("pod.yaml", &relabelled);
+            let pod_error = || {
+                let s = env.status();
+                let p = s.pods.into_iter().find(|p| p.uid == "uid-kp");
+                p.and_then(|p| p.error)
+            };
+            wait_or_dump(&env, &agent, &driver, "error on the pod", || {
+                pod_error().is_some_and(|e| e.contains("claim-kp"))
+            });
+            assert_eq!(state().as_deref(), Some("mounted"));
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), "data");
+            assert_eq!(driver.calls_of("NodeUnpublishVolume").len(), 0);
+            env.write_manifest("pvc.yaml", claim);
+            wait_or_dump(&env, &agent, &driver, "error cleared", || {
+                pod_error().is_none()
+            });
+            assert_eq!(state().as_deref(), Some("mounted"));
+            assert_eq!(driver.count("NodePublishVolume", "vol-kp", "OK"), 1);
+            env.remove_manifest("pod.yaml");
+            wait_or_dump(&env, &agent, &driver, "torn down", || {
+                driver.count("NodeUnstageVolume", "vol-kp", "OK") == 1
+                    && !env.root.join("pods/uid-kp").exists()
+            });
+            assert_eq!(driver.count("NodeUnpublishVolume", "vol-kp", "OK"), 1);
+            assert!(agent.term());
+            driver.stop();
+            env.assert_outside_untouched();
+        },
+    );
+}
+
 /// PersistentVolume `pv-NAME` (volume `vol-NAME` of the test driver, 64Mi,
 /// access mode `mode`, `csi_extra` added to its `csi` fields) bound to
 /// claim `test/claim-NAME`, as one two-document manifest.

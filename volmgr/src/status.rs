@@ -170,7 +170,8 @@ pub struct PodStatus {
     pub namespace: String,
     /// Name.
     pub name: String,
-    /// Set when the pod was rejected as a whole.
+    /// Set when the pod was rejected as a whole, or when volumes it had
+    /// resolved no longer resolve (they keep their desired state).
     pub error: Option<String>,
     /// Its volumes.
     pub volumes: Vec<VolumeStatus>,

@@ -69,6 +69,9 @@ pub struct PodVolumeEntry {
     /// Why it is no longer updated, when it stays as last resolved (an
     /// object it needs went away while it is mounted).
     pub stale: Option<String>,
+    /// Why the volume, resolved before, no longer resolves: it keeps its
+    /// previous desired state (the kubelet's `AddErrorToPod`).
+    pub resolve_error: Option<String>,
 }
 
 /// A desired pod.
@@ -264,6 +267,7 @@ mod tests {
                 plugin_name: Some(plugin.clone()),
                 volume: Ok(name.clone()),
                 stale: None,
+                resolve_error: None,
             });
             mounts.push((
                 name,

@@ -61,7 +61,8 @@ fn mark_prepared(world: &World, volume: &UniqueVolumeName, pod: &PodUid, keys: &
 /// `MountVolume`: set the volume up for the pod, then the subPaths of the
 /// containers that may start (`subs`).
 /// Success records it mounted; an uncertain failure records it uncertain
-/// (so it is set up again, or torn down if no longer wanted), and so does a
+/// (so it is set up again, or torn down if no longer wanted) unless it was
+/// mounted (set up again in place: it stays mounted), and so does a
 /// failure of the subPaths (the volume is set up: its path is recorded); a
 /// certain failure of the set-up changes nothing.
 pub async fn mount_volume(
@@ -210,16 +211,24 @@ fn record_mount(
             asw.set_device_mount_state(volume, DeviceMountState::Uncertain);
         }
     }
-    let known_path = || asw.pod_mount(volume, pod).map(|m| m.path.clone());
+    let known = asw
+        .pod_mount(volume, pod)
+        .map(|m| (m.path.clone(), m.state));
     let outcome = match (res, set_up) {
         (Ok(path), _) => Some((path.clone(), VolumeMountState::Mounted)),
+        // A mounted volume set up again in place (a republish, a payload
+        // update) that timed out stays mounted, as in the kubelet's
+        // `markVolumeErrorState`: only a volume not mounted becomes uncertain.
+        (Err(e), _) if e.is_uncertain() => match known {
+            Some((_, VolumeMountState::Mounted)) => None,
+            k => Some((
+                k.map(|k| k.0).unwrap_or_default(),
+                VolumeMountState::Uncertain,
+            )),
+        },
         // Set up, but not expanded or not its subPaths (the kubelet's
         // `MarkVolumeMountAsUncertain` after a failed expansion).
         (Err(_), Some(path)) => Some((path, VolumeMountState::Uncertain)),
-        (Err(e), None) if e.is_uncertain() => Some((
-            known_path().unwrap_or_default(),
-            VolumeMountState::Uncertain,
-        )),
         (Err(_), None) => None,
     };
     if let Some((path, state)) = outcome {

@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::Pod;
 use super::pod::{DesiredPod, PodRejected};
 use super::resolve::VolumeSpecError;
 use super::PodSink;
-use crate::cache::desired_state_of_world::{PodEntry, PodToMount, PodUpdate, PodVolumeEntry};
+use crate::cache::desired_state_of_world::{
+    DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry,
+};
 use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHold, World};
 use crate::operationexecutor::OperationExecutor;
 use crate::plugins::VolumePluginMgr;
@@ -122,13 +124,13 @@ impl Populator {
             let ((plugin_name, plugin), source) = match resolved {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume cannot be mounted");
-                    self.emit_unresolved(&pod.uid, &v.name, &e, operation);
+                    self.report_unresolved(&pod.uid, &v.name, &e, operation);
                     entry.volumes.push(PodVolumeEntry {
                         outer_name: v.name,
                         plugin_name: None,
                         volume: Err(e),
                         stale: None,
+                        resolve_error: None,
                     });
                     continue;
                 }
@@ -139,13 +141,14 @@ impl Populator {
             });
             let name = plugin.unique_volume_name(&pod.uid, &spec);
             if let Some(e) = &v.stale {
-                self.emit_unresolved(&pod.uid, &v.name, e, VolumeOperation::SetUp);
+                self.report_unresolved(&pod.uid, &v.name, e, VolumeOperation::SetUp);
             }
             entry.volumes.push(PodVolumeEntry {
                 outer_name: v.name.clone(),
                 plugin_name: Some(Arc::clone(&plugin_name)),
                 volume: Ok(name.clone()),
                 stale: v.stale.clone(),
+                resolve_error: None,
             });
             if !pod.terminated {
                 let to_mount = PodToMount {
@@ -170,15 +173,16 @@ impl Populator {
     /// The kubelet's FailedMount (FailedAttachVolume) for a volume it
     /// cannot even start to set up, or to update (a missing object, an
     /// unsupported source).
-    fn emit_unresolved(&self, pod: &PodUid, volume: &str, error: &str, op: VolumeOperation) {
+    fn report_unresolved(&self, uid: &PodUid, volume: &str, e: &str, operation: VolumeOperation) {
+        tracing::warn!(pod = %uid, volume = %volume, error = %e, "volume cannot be mounted");
         self.world.emit(VolumeEvent {
             kind: VolumeEventKind::Failed,
-            pod_uid: pod.clone(),
+            pod_uid: uid.clone(),
             volume: volume.to_string(),
             volume_name: UniqueVolumeName::new(format!("unresolved/{volume}")),
             path: None,
-            error: Some(error.to_string()),
-            operation: op,
+            error: Some(e.to_string()),
+            operation,
             block: false,
         });
     }
@@ -211,10 +215,59 @@ impl Populator {
     }
 }
 
+/// The kubelet's `processPodVolumes` on a pod it processed before: a volume
+/// that no longer resolves (its claim, PV, configMap or secret deleted or
+/// unreadable) stays in the desired state and the error goes on the pod, so
+/// what is mounted is not torn down under a running pod. Each volume of
+/// `update` that failed to resolve but that the pod has in `dsw` keeps its
+/// desired entry, with the error. A volume never resolved stays unresolved.
+fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate) {
+    let Some(old) = dsw.pod(&update.uid) else {
+        return;
+    };
+    for v in &mut update.entry.volumes {
+        let Err(e) = &v.volume else {
+            continue;
+        };
+        let Some(name) = old
+            .volumes
+            .iter()
+            .find(|p| p.outer_name == v.outer_name)
+            .and_then(|p| p.volume.as_ref().ok())
+        else {
+            continue;
+        };
+        let Some(dv) = dsw.volume(name) else {
+            continue;
+        };
+        let Some(to_mount) = dv.pods.get(&update.uid) else {
+            continue;
+        };
+        tracing::warn!(pod = %update.uid, volume = %v.outer_name, error = %e, "volume kept as it was: it no longer resolves");
+        if !update.mounts.iter().any(|(n, _, _)| n == name) {
+            let plugin = Arc::clone(&dv.plugin_name);
+            update.mounts.push((name.clone(), plugin, to_mount.clone()));
+        }
+        *v = PodVolumeEntry {
+            outer_name: std::mem::take(&mut v.outer_name),
+            plugin_name: Some(Arc::clone(&dv.plugin_name)),
+            volume: Ok(name.clone()),
+            stale: None,
+            resolve_error: Some(e.clone()),
+        };
+    }
+}
+
 impl PodSink for Populator {
     fn set_pod(&self, pod: DesiredPod) {
-        let update = self.resolve(pod);
-        let changed = self.world.dsw_mut().set_pod(update);
+        let terminated = pod.terminated;
+        let mut update = self.resolve(pod);
+        let mut dsw = self.world.dsw_mut();
+        if !terminated {
+            keep_unresolved(&dsw, &mut update);
+        }
+        let changed = dsw.set_pod(update);
+        drop(dsw);
         if changed.is_empty() {
             self.world.bump();
         } else {

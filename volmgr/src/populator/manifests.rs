@@ -1554,14 +1554,21 @@ spec:
         src.rescan().await;
         assert_eq!(stale(&vm), None);
 
-        // A changed pod is resolved afresh: no last good for a new claim.
+        // A changed pod is resolved afresh: a volume that no longer
+        // resolves (a claim that does not exist) keeps its desired state,
+        // the error on the pod (the kubelet's populator for a pod it
+        // processed before: nothing torn down under a running pod).
         put(
             d,
             "pod.yaml",
             &PVC_POD.replace("claimName: claim", "claimName: other"),
         );
         src.rescan().await;
-        let e = volume_of(&vm, "uid-p").unwrap_err();
+        assert_eq!(
+            volume_of(&vm, "uid-p").unwrap().capacity_bytes,
+            Some(128 << 20)
+        );
+        let e = vm.status().pods[0].error.clone().unwrap();
         assert!(
             e.contains("PersistentVolumeClaim ns/other not found"),
             "{e}"

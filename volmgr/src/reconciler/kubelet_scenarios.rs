@@ -499,3 +499,91 @@ async fn a_failed_set_up_again_leaves_a_mounted_volume_mounted() {
     until_forgotten(&vm).await;
     assert_eq!(plugin.count("unpublish a"), 1, "{:?}", plugin.calls());
 }
+
+/// `Test_UncertainVolumeMountState`, "success followed by timeout operation
+/// should result in mounted volume": a mounted volume set up again in place
+/// (a republish) that times out stays mounted (the kubelet's
+/// `markVolumeErrorState` makes only a volume not mounted uncertain), and
+/// is torn down once when the pod goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_set_up_again_leaves_a_mounted_volume_mounted() {
+    let plugin = Arc::new(ScriptedPlugin::new(
+        Script::ok(),
+        Script::then(&[Outcome::Ok], Outcome::Uncertain),
+    ));
+    let (_t, vm) = manager(&plugin).await;
+    let a = PodUid::new("a").unwrap();
+    vm.set_desired_pod(desired_republished("a"));
+    vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+    plugin.remount.store(true, Ordering::SeqCst);
+    vm.reconciler().resync().await;
+    until(&vm, |_| plugin.count("publish a") >= 2).await;
+    vm.wait_converged(Some(1), T).await.unwrap();
+    assert_eq!(pod_state(&vm, &a), Some(VolumeMountState::Mounted));
+    assert_eq!(vm.mounted_volumes_for_pod(&a).len(), 1);
+    vm.delete_pod(&a);
+    until_forgotten(&vm).await;
+    assert_eq!(plugin.count("unpublish a"), 1, "{:?}", plugin.calls());
+}
+
+/// Pod `uid` whose volume `shared` no longer resolves (its claim deleted).
+fn desired_unresolved(uid: &str) -> DesiredPod {
+    use crate::populator::resolve::VolumeSpecError;
+    let mut d = desired(uid);
+    d.volumes[0].source = Err(VolumeSpecError::Missing(
+        "PersistentVolumeClaim ns/claim not found".into(),
+    ));
+    d
+}
+
+/// The pod's error and its volume's state in status.
+fn pod_error_and_state(vm: &VolumeManager, uid: &PodUid) -> (Option<String>, String) {
+    let st = vm.status();
+    let p = st.pods.iter().find(|p| p.uid == uid.as_str()).unwrap();
+    (p.error.clone(), p.volumes[0].state.clone())
+}
+
+/// `TestFindAndAddNewPods_WithReprocessPodAndVolumeRetrievalError`: a pod
+/// processed again whose volume no longer resolves (its claim deleted)
+/// keeps the volume in the desired state, mounted, the error on the pod;
+/// resolving again clears the error without a new set-up. A new pod whose
+/// volume never resolved is not set up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_that_no_longer_resolves_stays_mounted() {
+    let plugin = Arc::new(ScriptedPlugin::new(Script::ok(), Script::ok()));
+    let (_t, vm) = manager(&plugin).await;
+    let a = PodUid::new("a").unwrap();
+    vm.set_desired_pod(desired("a"));
+    vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+    vm.set_desired_pod(desired_unresolved("a"));
+    vm.reconciler().resync().await;
+    vm.wait_converged(Some(1), T).await.unwrap();
+    assert!(vm.world().dsw().pod_exists_in_volume(&volume(), &a));
+    assert_eq!(pod_state(&vm, &a), Some(VolumeMountState::Mounted));
+    let (error, state) = pod_error_and_state(&vm, &a);
+    assert!(error.unwrap().contains("ns/claim not found"));
+    assert_eq!(state, "mounted");
+    // Processed again with the same error: still kept.
+    vm.set_desired_pod(desired_unresolved("a"));
+    vm.wait_converged(Some(1), T).await.unwrap();
+    assert_eq!(pod_state(&vm, &a), Some(VolumeMountState::Mounted));
+    vm.set_desired_pod(desired("a"));
+    vm.wait_converged(Some(1), T).await.unwrap();
+    assert_eq!(pod_error_and_state(&vm, &a), (None, "mounted".into()));
+    let b = PodUid::new("b").unwrap();
+    vm.set_desired_pod(desired_unresolved("b"));
+    vm.reconciler().resync().await;
+    assert_eq!(pod_state(&vm, &b), None);
+    assert_eq!(pod_error_and_state(&vm, &b).1, "error");
+    let calls = plugin.calls();
+    assert_eq!(
+        calls,
+        ["stage", "publish a"],
+        "nothing torn down or set up again"
+    );
+    vm.delete_pod(&b);
+    vm.delete_pod(&a);
+    until_forgotten(&vm).await;
+    assert_eq!(plugin.count("unpublish a"), 1, "{:?}", plugin.calls());
+    assert_eq!(plugin.count("unstage"), 1, "{:?}", plugin.calls());
+}

@@ -109,13 +109,31 @@ impl VolumeManager {
             let volumes = entry
                 .volumes
                 .iter()
-                .map(|v| self.volume_status(uid, v, &dsw, &asw))
+                .map(|v| {
+                    let mut st = self.volume_status(uid, v, &dsw, &asw);
+                    // Kept as it was: why it no longer resolves comes first.
+                    st.error = v.resolve_error.clone().or(st.error);
+                    st
+                })
+                .collect();
+            // Volumes kept as they were since they no longer resolve (the
+            // kubelet's pod errors).
+            let errors: Vec<String> = entry
+                .volumes
+                .iter()
+                .filter_map(|v| {
+                    Some(format!(
+                        "volume {}: {}",
+                        v.outer_name,
+                        v.resolve_error.as_ref()?
+                    ))
+                })
                 .collect();
             pods.push(PodStatus {
                 uid: uid.to_string(),
                 namespace: entry.namespace.to_string(),
                 name: entry.name.to_string(),
-                error: None,
+                error: (!errors.is_empty()).then(|| errors.join("; ")),
                 volumes,
             });
         }
