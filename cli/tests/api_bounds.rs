@@ -40,6 +40,22 @@ fn wait(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Prints a measured figure, and appends it to the file `VOLMGR_MEASURED`
+/// names (under the temporary directory) if set: the isolated child's
+/// output is only shown when it fails.
+fn measured(line: &str) {
+    eprintln!("MEASURED: {line}");
+    if let Some(path) = std::env::var_os("VOLMGR_MEASURED") {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+    }
+}
+
 /// A field of `/proc/PID/status` in KiB (`VmHWM`: peak RSS).
 fn proc_status_kib(pid: u32, field: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -171,11 +187,11 @@ fn eight_hundred_config_maps_use_a_few_descriptors() {
             "{most} connections to the API server at {N} objects"
         );
         assert!(api.open_connections() <= 16, "{}", api.open_connections());
-        eprintln!(
-            "MEASURED: {N} configMaps: at most {most} sockets to the API server, {} descriptors open, peak RSS {} KiB",
+        measured(&format!(
+            "{N} configMaps: at most {most} sockets to the API server, {} descriptors open, peak RSS {} KiB",
             open_fds(pid),
             proc_status_kib(pid, "VmHWM")
-        );
+        ));
         // The local API still answers.
         assert!(env.status().pods.len() >= 2);
         drop(agent);
@@ -237,7 +253,9 @@ fn hostile(name: &str, mode: Mode, expected: &str) {
         }
         assert!(agent.is_alive(), "the agent died:\n{}", agent.log());
         let peak = proc_status_kib(agent.child.id(), "VmHWM");
-        eprintln!("MEASURED: {mode:?}: peak RSS {peak} KiB; status errors {last:?}");
+        measured(&format!(
+            "{mode:?}: peak RSS {peak} KiB; status errors {last:?}"
+        ));
         assert!(peak <= RSS_LIMIT_KIB, "peak RSS {peak} KiB under {mode:?}");
         let log = agent.log();
         let lines = log
