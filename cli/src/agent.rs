@@ -114,6 +114,7 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     check_sources(&opts)?;
+    crate::limits::raise_nofile();
     create_root(&opts.root)?;
     let mut config = Config::new(&opts.root);
     config.resync_period = opts.resync_period;
@@ -214,7 +215,8 @@ fn spawn_sources(
     let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count).into_iter();
     // One sink per source present (`count` of them).
     let api = kube.and_then(|client| {
-        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?);
+        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
+            .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()));
         Some(tokio::spawn(source.run(stop.clone())))
     });
     let manifests = opts.manifests.clone().and_then(|dir| {

@@ -277,6 +277,41 @@ where
     });
 }
 
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, as Go's runtime
+/// does at start (the kubelet runs with it): the usual soft limit of 1024
+/// is a default for `select(2)` users, not a budget. Returns the soft
+/// limit in force. Descriptors stay in reserve for mounts, state files
+/// and the local API: the API server's traffic takes at most
+/// `apiserver::transport::MAX_CONNECTIONS`, local clients a quarter of the
+/// limit ([`ClientLimits::from_rlimit`]).
+pub fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` we own.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let before = lim.rlim_cur;
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads one `rlimit` we own.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            tracing::info!(
+                from = before,
+                to = raised.rlim_cur,
+                "raised the open files limit to the hard limit"
+            );
+            return raised.rlim_cur;
+        }
+    }
+    lim.rlim_cur
+}
+
 /// Backoff of an accept loop after an error: 10 ms doubling to 1 s, reset
 /// by a successful accept. Running out of descriptors (`EMFILE`,
 /// `ENFILE`) then costs a few wake-ups a second, not a core.

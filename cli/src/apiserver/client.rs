@@ -1,7 +1,8 @@
 //! The agent's connection to the API server: a kube-rs client from
 //! `--kubeconfig FILE` (server, CA data, bearer token or client
 //! certificate), or from the in-cluster service account when the agent
-//! runs in a pod (`KUBERNETES_SERVICE_HOST` set).
+//! runs in a pod (`KUBERNETES_SERVICE_HOST` set), over the bounded
+//! HTTP/2 stack of [`super::transport`].
 
 use std::path::{Path, PathBuf};
 
@@ -48,7 +49,15 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientErr
         }
         None => kube::Config::incluster().map_err(|e| ClientError::InCluster(e.to_string()))?,
     };
-    kube::Client::try_from(config).map_err(|e| ClientError::Build(e.to_string()))
+    super::transport::client(&config).map_err(|e| ClientError::Build(e.to_string()))
+}
+
+/// Where the client's CA comes from, for TLS errors in status.
+pub fn ca_origin(kubeconfig: Option<&Path>) -> String {
+    match kubeconfig {
+        Some(path) => format!("kubeconfig {}", path.display()),
+        None => "the in-cluster service account".to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -12,5 +12,7 @@ mod fake;
 pub mod node_status;
 mod object_update;
 pub mod pods;
+pub mod problems;
 pub mod token;
+pub mod transport;
 mod trust_bundles;

@@ -51,6 +51,8 @@ use volmgr::populator::objects::{KubeObject, ObjectKind, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
 use super::object_update::ObjectUpdate;
+use super::problems::ApiProblems;
+use super::transport::PAGE_SIZE;
 use volmgr::volume::PodUid;
 
 /// How many watch events are applied under one hold of the reconciler's
@@ -86,6 +88,8 @@ pub struct ApiPodSource {
     watches: HashMap<ObjectRef, JoinHandle<()>>,
     updates_tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
     updates_rx: mpsc::Receiver<(ObjectRef, ObjectUpdate)>,
+    /// Why lists and watches fail, for status.
+    problems: Arc<ApiProblems>,
 }
 
 impl ApiPodSource {
@@ -97,7 +101,9 @@ impl ApiPodSource {
         // Containers start as the status says: each one's subPaths are
         // prepared once the init containers before it are done.
         resolver.set_sub_path_timing(SubPathTiming::FromStatus);
+        let problems = ApiProblems::new(Arc::clone(&sink), "the client's configuration");
         Self {
+            problems,
             client,
             node: node.to_string(),
             resolver,
@@ -112,10 +118,19 @@ impl ApiPodSource {
         }
     }
 
+    /// Names where the client's CA comes from in TLS errors (e.g.
+    /// `kubeconfig /etc/kubeconfig`).
+    pub fn with_ca_origin(mut self, ca: &str) -> Self {
+        self.problems = ApiProblems::new(Arc::clone(&self.sink), ca);
+        self
+    }
+
     /// Follows the node's pods and the objects they read until `shutdown`.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={}", self.node))
+            .page_size(PAGE_SIZE);
         let mut pods = watcher::watcher(api, config).default_backoff().boxed();
         tracing::info!(node = %self.node, "following the node's pods on the API server");
         loop {
@@ -150,6 +165,10 @@ impl ApiPodSource {
     }
 
     fn on_pod_event(&mut self, ev: Result<Event<Pod>, watcher::Error>) {
+        // `Init` only starts a (re)list: not a sign the server answers.
+        if matches!(&ev, Ok(e) if !matches!(e, Event::Init)) {
+            self.problems.works("pods");
+        }
         match ev {
             Ok(Event::Init) => self.relist = Some(HashSet::new()),
             Ok(Event::InitApply(pod)) => {
@@ -165,8 +184,12 @@ impl ApiPodSource {
                     self.remove_pod(uid);
                 }
             }
-            // The watcher retries with backoff; nothing is torn down.
-            Err(e) => tracing::warn!(node = %self.node, error = %e, "pod watch failed; retrying"),
+            // The watcher retries with backoff; nothing is torn down. The
+            // cause shows in status (and the log, once per change).
+            Err(e) => {
+                tracing::debug!(node = %self.node, error = %e, "pod watch failed; retrying");
+                self.problems.failed("pods", &e);
+            }
         }
     }
 
@@ -321,6 +344,7 @@ impl ApiPodSource {
                 task.abort();
             }
             self.resolver.unconfirm_object(&r);
+            self.problems.works(&r.to_string());
             tracing::debug!(object = %r, "no pod reads it any more: watch stopped");
         }
         for r in wanted {
@@ -330,6 +354,7 @@ impl ApiPodSource {
                     self.client.clone(),
                     r.clone(),
                     self.updates_tx.clone(),
+                    Arc::clone(&self.problems),
                 ));
                 self.watches.insert(r, task);
             }
@@ -392,7 +417,13 @@ pub fn is_terminated(pod: &Pod) -> bool {
 }
 
 /// Follows one object by name until the task is aborted.
-async fn watch_object(client: Client, r: ObjectRef, tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>) {
+async fn watch_object(
+    client: Client,
+    r: ObjectRef,
+    tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
+    problems: Arc<ApiProblems>,
+) {
+    let tx = Followed { tx, problems };
     match r.kind {
         ObjectKind::PersistentVolume => {
             let api = Api::<PersistentVolume>::all(client);
@@ -429,7 +460,7 @@ async fn watch_object(client: Client, r: ObjectRef, tx: mpsc::Sender<(ObjectRef,
             let api = Api::<ServiceAccount>::namespaced(client, &r.namespace);
             follow(api, r, tx, |o| KubeObject::ServiceAccount(Arc::new(o))).await
         }
-        ObjectKind::ClusterTrustBundle => super::trust_bundles::follow_all(client, r, tx).await,
+        ObjectKind::ClusterTrustBundle => super::trust_bundles::follow_all(client, r, tx.tx).await,
     }
 }
 
@@ -444,19 +475,26 @@ fn forbidden(e: &watcher::Error) -> bool {
     }
 }
 
-/// Lists and watches the one object `r` names, sending what it finds.
-async fn follow<K>(
-    api: Api<K>,
-    r: ObjectRef,
+/// Where a watch of one object sends what it finds, and its problems.
+struct Followed {
     tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
-    wrap: fn(K) -> KubeObject,
-) where
+    problems: Arc<ApiProblems>,
+}
+
+/// Lists and watches the one object `r` names, sending what it finds.
+async fn follow<K>(api: Api<K>, r: ObjectRef, out: Followed, wrap: fn(K) -> KubeObject)
+where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    let Followed { tx, problems } = out;
+    let what = r.to_string();
     let config = watcher::Config::default().fields(&format!("metadata.name={}", r.name));
     let mut events = watcher::watcher(api, config).default_backoff().boxed();
     let mut listed: Option<K> = None;
     while let Some(ev) = events.next().await {
+        if matches!(&ev, Ok(e) if !matches!(e, Event::Init)) {
+            problems.works(&what);
+        }
         let update = match ev {
             Ok(Event::Init) => {
                 listed = None;
@@ -481,7 +519,8 @@ async fn follow<K>(
                 return;
             }
             Err(e) => {
-                tracing::warn!(object = %r, error = %e, "watch failed; retrying");
+                tracing::debug!(object = %r, error = %e, "watch failed; retrying");
+                problems.failed(&what, &e);
                 continue;
             }
         };

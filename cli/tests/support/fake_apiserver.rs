@@ -20,7 +20,9 @@
 //!   its content type and JSON body: the patches sent).
 //!
 //! TLS with a self-signed certificate for 127.0.0.1 (rcgen); the test
-//! writes a kubeconfig that trusts it.
+//! writes a kubeconfig that trusts it. HTTP/2 (ALPN `h2`, as the real API
+//! server) or HTTP/1.1; [`FakeApiServer::open_connections`] counts the
+//! connections open now.
 
 #![allow(dead_code)]
 
@@ -77,6 +79,8 @@ struct State {
     /// Tokens issued so far.
     tokens: u64,
     requests: Vec<Recorded>,
+    /// Connections open now.
+    connections: u64,
 }
 
 /// The fake server (stops with its runtime when dropped).
@@ -149,12 +153,13 @@ impl FakeApiServer {
             key.key_pair.serialize_der().into(),
         );
         let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-        let tls = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+        let mut tls = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .unwrap()
             .with_no_client_auth()
             .with_single_cert(vec![cert], private)
             .unwrap();
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -178,13 +183,20 @@ impl FakeApiServer {
                     let Ok(tls) = acceptor.accept(tcp).await else {
                         return;
                     };
+                    let state = Arc::clone(&server.state);
+                    state.lock().unwrap().connections += 1;
                     let service = hyper::service::service_fn(move |req| {
                         let server = server.clone();
                         async move { Ok::<_, Infallible>(server.handle(req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
+                    let mut builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    builder.http2().max_concurrent_streams(4096);
+                    let _ = builder
                         .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
                         .await;
+                    state.lock().unwrap().connections -= 1;
                 });
             }
         });
@@ -295,6 +307,11 @@ impl FakeApiServer {
             .filter(|((r, _, _), _)| *r == resource)
             .map(|(_, o)| o.clone())
             .collect()
+    }
+
+    /// Connections open now.
+    pub fn open_connections(&self) -> u64 {
+        self.state.lock().unwrap().connections
     }
 
     /// Every request so far.
