@@ -279,6 +279,7 @@ impl VolumeManager {
             }
         });
         let oob = self.out_of_band.volume(name, uid);
+        // Why a volume kept as last resolved is not updated shows too.
         let stale = v.stale.clone();
         VolumeStatus {
             name: v.outer_name.clone(),
@@ -286,21 +287,10 @@ impl VolumeManager {
             state: state.into(),
             path: mount.map(|m| m.path.display().to_string()),
             attempts,
-            // A failed expansion of a mounted volume shows too, and why a
-            // volume kept as last resolved is not updated.
-            error: rec.and_then(|r| r.last_error).or(stale).or_else(|| {
-                self.executor
-                    .record(name, None)
-                    .filter(|d| d.kind == OperationKind::ExpandVolume)
-                    .and_then(|d| d.last_error)
-                    // An attachable volume waiting to be reported in use
-                    // or attached.
-                    .or_else(|| {
-                        dsw.volume(name)
-                            .and_then(|dv| self.reconciler.attach_wait(name, dv, asw))
-                            .map(str::to_string)
-                    })
-            }),
+            error: rec
+                .and_then(|r| r.last_error)
+                .or(stale)
+                .or_else(|| self.volume_wait_error(name, dsw, asw)),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),
             stats: mount.and_then(|_| self.stats.status_of(name, uid)),
@@ -315,6 +305,26 @@ impl VolumeManager {
                 .is_some_and(|p| p.spec.read_only()),
             selinux_relabel: mount.is_some_and(|m| m.selinux_relabel),
         }
+    }
+
+    /// What a volume without an error of its own shows: a failed expansion
+    /// of the mounted volume, or, for an attachable volume, why it waits to
+    /// be reported in use or attached.
+    fn volume_wait_error(
+        &self,
+        name: &UniqueVolumeName,
+        dsw: &DesiredStateOfWorld,
+        asw: &ActualStateOfWorld,
+    ) -> Option<String> {
+        self.executor
+            .record(name, None)
+            .filter(|d| d.kind == OperationKind::ExpandVolume)
+            .and_then(|d| d.last_error)
+            .or_else(|| {
+                dsw.volume(name)
+                    .and_then(|dv| self.reconciler.attach_wait(name, dv, asw))
+                    .map(str::to_string)
+            })
     }
 
     /// The subPath bind mounts of `uid`'s `volume` that are prepared (the
