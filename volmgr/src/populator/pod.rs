@@ -442,11 +442,8 @@ pub fn inline_volume_handle(pod_uid: &PodUid, volume: &str) -> String {
     format!("csi-{hex}")
 }
 
-/// Whether converting `pod` may read this node's Node object (a used
-/// memory-backed `emptyDir`, or a downwardAPI limit: the node's
-/// allocatable), so a source that has the Node (the API server, the C ABI)
-/// must convert it with its objects and again when the Node changes.
-pub fn reads_node(pod: &Pod) -> bool {
+/// Whether `f` holds for one of the volumes `pod`'s containers use.
+fn any_used_volume(pod: &Pod, f: impl Fn(&Volume) -> bool) -> bool {
     let used = used_volume_names(pod);
     pod.spec
         .as_ref()
@@ -454,12 +451,20 @@ pub fn reads_node(pod: &Pod) -> bool {
         .into_iter()
         .flatten()
         .filter(|v| used.usage(&v.name).is_some())
-        .any(|v| {
-            v.empty_dir
-                .as_ref()
-                .is_some_and(|e| e.medium.as_deref() == Some("Memory"))
-                || super::payload::reads_node(v)
-        })
+        .any(f)
+}
+
+/// Whether converting `pod` may read this node's Node object (a used
+/// memory-backed `emptyDir`, or a downwardAPI limit: the node's
+/// allocatable), so a source that has the Node (the API server, the C ABI)
+/// must convert it with its objects and again when the Node changes.
+pub fn reads_node(pod: &Pod) -> bool {
+    any_used_volume(pod, |v| {
+        v.empty_dir
+            .as_ref()
+            .is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+            || super::payload::reads_node(v)
+    })
 }
 
 /// Whether converting `pod` reads other objects (a used `persistentVolumeClaim`
@@ -467,24 +472,17 @@ pub fn reads_node(pod: &Pod) -> bool {
 /// projection, or an inline `csi` volume with a `nodePublishSecretRef`), so a
 /// source must re-resolve it when those objects change.
 pub fn needs_objects(pod: &Pod) -> bool {
-    let used = used_volume_names(pod);
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|v| used.usage(&v.name).is_some())
-        .any(|v| {
-            v.persistent_volume_claim.is_some()
-                || v.ephemeral.is_some()
-                // Its driver's CSIDriver object.
-                || v.csi.is_some()
-                || super::payload::reads_objects(v)
-                // Its ServiceAccount (the UID its tokens are bound to).
-                || v.projected.as_ref().is_some_and(|p| {
-                    p.sources.iter().flatten().any(|s| s.service_account_token.is_some())
-                })
-        })
+    any_used_volume(pod, |v| {
+        v.persistent_volume_claim.is_some()
+            || v.ephemeral.is_some()
+            // Its driver's CSIDriver object.
+            || v.csi.is_some()
+            || super::payload::reads_objects(v)
+            // Its ServiceAccount (the UID its tokens are bound to).
+            || v.projected.as_ref().is_some_and(|p| {
+                p.sources.iter().flatten().any(|s| s.service_account_token.is_some())
+            })
+    })
 }
 
 /// `pod.spec.volumes[].csi`: a CSI ephemeral inline volume.
