@@ -179,6 +179,9 @@ mod tests {
         unsafe {
             assert_eq!(volmgr_new(config.as_ptr(), &mut vm), VOLMGR_OK);
             assert_eq!(volmgr_start(vm), VOLMGR_OK);
+            // This test is the pod source: every pod is delivered (nothing is
+            // unmounted before, the kubelet's readyToUnmount).
+            assert_eq!(volmgr_sources_ready(vm), VOLMGR_OK);
             assert_eq!(volmgr_pod_upsert(vm, pod.as_ptr()), VOLMGR_OK);
             assert_eq!(
                 volmgr_wait_for_attach_and_mount(vm, c"uid-sp".as_ptr(), 30_000),
@@ -241,6 +244,9 @@ mod tests {
             volmgr_free(vm);
             assert_eq!(volmgr_new(config.as_ptr(), &mut vm), VOLMGR_OK);
             assert_eq!(volmgr_start(vm), VOLMGR_OK);
+            // This test is the pod source: every pod is delivered (nothing is
+            // unmounted before, the kubelet's readyToUnmount).
+            assert_eq!(volmgr_sources_ready(vm), VOLMGR_OK);
             assert_eq!(volmgr_pod_upsert(vm, pod.as_ptr()), VOLMGR_OK);
             assert_eq!(
                 volmgr_wait_for_attach_and_mount(vm, c"uid-sp".as_ptr(), 30_000),
