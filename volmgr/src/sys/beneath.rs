@@ -112,7 +112,7 @@ fn open_openat2(
     flags: OFlag,
     last: Last,
 ) -> Result<OwnedFd, Errno> {
-    openat2(
+    openat2_retrying(
         dir,
         path,
         OpenHow::new()
@@ -121,6 +121,26 @@ fn open_openat2(
             .flags(flags | OFlag::O_CLOEXEC)
             .resolve(resolve(last)),
     )
+}
+
+/// How many times [`openat2_retrying`] tries again after `EAGAIN`.
+const EAGAIN_RETRIES: usize = 256;
+
+/// `openat2`, tried again on `EAGAIN`: with `RESOLVE_BENEATH` the kernel
+/// answers it when any rename or mount on the system (another pod's set-up,
+/// a test in another namespace) raced the resolution of a `..` component,
+/// and openat2(2) says to retry.
+fn openat2_retrying(dir: BorrowedFd<'_>, path: &Path, how: OpenHow) -> Result<OwnedFd, Errno> {
+    let mut tries = 0;
+    loop {
+        match openat2(dir, path, how) {
+            Err(Errno::EAGAIN) if tries < EAGAIN_RETRIES => {
+                tries += 1;
+                std::thread::yield_now();
+            }
+            r => return r,
+        }
+    }
 }
 
 /// How many symlinks [`open_in_volume`]'s walk follows (the kernel's
@@ -141,7 +161,7 @@ pub fn open_in_volume(dir: BorrowedFd<'_>, path: &Path, flags: OFlag) -> Result<
         let how = OpenHow::new()
             .flags(flags | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        match openat2(dir, path, how) {
+        match openat2_retrying(dir, path, how) {
             Err(Errno::ENOSYS) => OPENAT2.store(NO, Ordering::Relaxed),
             r => return r,
         }
