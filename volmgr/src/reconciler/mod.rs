@@ -1113,27 +1113,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_grpc_code_failing_publish_and_unpublish_once_is_retried() {
         use crate::plugins::csi::errors::CsiOp;
-        use tonic::Code;
         let (_t, plugin, vm) = manager().await;
         vm.set_populated();
-        let codes = [
-            Code::Cancelled,
-            Code::Unknown,
-            Code::InvalidArgument,
-            Code::DeadlineExceeded,
-            Code::NotFound,
-            Code::AlreadyExists,
-            Code::PermissionDenied,
-            Code::ResourceExhausted,
-            Code::FailedPrecondition,
-            Code::Aborted,
-            Code::OutOfRange,
-            Code::Unimplemented,
-            Code::Internal,
-            Code::Unavailable,
-            Code::DataLoss,
-            Code::Unauthenticated,
-        ];
+        let codes = crate::plugins::csi::errors::ALL_CODES;
         let count = |c: &str| plugin.calls().iter().filter(|x| *x == c).count();
         for (i, code) in codes.into_iter().enumerate() {
             let uid = format!("p{i}");

@@ -95,6 +95,27 @@ pub fn classify(op: CsiOp, err: CsiCallError) -> Result<(), VolumeError> {
     }
 }
 
+/// Every gRPC status code but OK (for the tests that try each).
+#[cfg(test)]
+pub(crate) const ALL_CODES: [Code; 16] = [
+    Code::Cancelled,
+    Code::Unknown,
+    Code::InvalidArgument,
+    Code::DeadlineExceeded,
+    Code::NotFound,
+    Code::AlreadyExists,
+    Code::PermissionDenied,
+    Code::ResourceExhausted,
+    Code::FailedPrecondition,
+    Code::Aborted,
+    Code::OutOfRange,
+    Code::Unimplemented,
+    Code::Internal,
+    Code::Unavailable,
+    Code::DataLoss,
+    Code::Unauthenticated,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,24 +203,4 @@ mod tests {
         assert!(e.is_waiting());
         assert_eq!(e.to_string(), "waiting for CSI driver d to register");
     }
-
-    /// Every gRPC status code but OK.
-    const ALL_CODES: [Code; 16] = [
-        Code::Cancelled,
-        Code::Unknown,
-        Code::InvalidArgument,
-        Code::DeadlineExceeded,
-        Code::NotFound,
-        Code::AlreadyExists,
-        Code::PermissionDenied,
-        Code::ResourceExhausted,
-        Code::FailedPrecondition,
-        Code::Aborted,
-        Code::OutOfRange,
-        Code::Unimplemented,
-        Code::Internal,
-        Code::Unavailable,
-        Code::DataLoss,
-        Code::Unauthenticated,
-    ];
 }
