@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::limits::{serve_bounded, Admission, ClientLimits, Peer, READ_DEADLINE, WRITE_DEADLINE};
 use crate::{api, apiserver};
-use volmgr::csi::registry::DriverRegistry;
+use volmgr::pluginmanager::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
 use volmgr::plugins::token::FileTokenSource;
 use volmgr::populator::manifests::{ManifestsSource, SourceError};
@@ -24,7 +24,7 @@ use volmgr::tracer::{self, TracerError, TracerMode};
 use volmgr::volumemanager::{self, Config, VolumeManager};
 
 /// The kubelet's plugin registration directory under ROOT.
-pub use volmgr::volumemanager::csi::PLUGINS_REGISTRY_DIR;
+pub use volmgr::volumemanager::csi_wiring::PLUGINS_REGISTRY_DIR;
 
 /// Agent settings (from the command line).
 #[derive(Debug, Clone)]
@@ -153,7 +153,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
     }
     let watcher_task =
-        volumemanager::csi::watch_plugins_registry(&vm, &csi_registry, stop_rx.clone())?;
+        volumemanager::csi_wiring::watch_plugins_registry(&vm, &csi_registry, stop_rx.clone())?;
     if let Some(client) = &kube {
         spawn_node_components(&opts, client.clone(), &vm, &csi_registry, &stop_rx);
     }
@@ -249,7 +249,7 @@ fn install_csi(
     vm: &Arc<VolumeManager>,
 ) -> Result<Arc<DriverRegistry>, AgentError> {
     let registry = DriverRegistry::new();
-    volumemanager::csi::install(vm, Arc::clone(&registry), opts.csi_timeout)?;
+    volumemanager::csi_wiring::install(vm, Arc::clone(&registry), opts.csi_timeout)?;
     for (name, socket) in &opts.csi_drivers {
         registry.register_fixed(name, socket.clone());
     }

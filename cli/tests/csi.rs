@@ -837,9 +837,9 @@ fn driver_killed_mid_publish_then_restarted() {
 #[test]
 fn client_speaks_every_rpc_and_redials_a_moved_driver() {
     isolated("client_speaks_every_rpc_and_redials_a_moved_driver", || {
-        use volmgr::csi::client::CsiClients;
-        use volmgr::csi::proto::csi;
-        use volmgr::csi::registry::DriverRegistry;
+        use volmgr::pluginmanager::csi_client::CsiClients;
+        use volmgr::pluginmanager::csi_proto::csi;
+        use volmgr::pluginmanager::registry::DriverRegistry;
 
         let env = Env::new();
         let mut driver = start_driver(&env);

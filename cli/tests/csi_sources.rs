@@ -419,8 +419,8 @@ fn inline_csi_volume_resolves_and_publishes() {
 /// registration is gone it registers. No mounts: no namespace needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_tells_a_refused_plugin_why() {
-    use volmgr::csi::plugin_watcher::{PluginWatcher, WatcherConfig};
-    use volmgr::csi::registry::DriverRegistry;
+    use volmgr::pluginmanager::plugin_watcher::{PluginWatcher, WatcherConfig};
+    use volmgr::pluginmanager::registry::DriverRegistry;
 
     let env = Env::new();
     let mut driver = new_driver(&env);

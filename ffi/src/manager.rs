@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::cache::world::{ClaimResize, VolumeEvent, VolumeEventKind};
-use volmgr_core::csi::registry::DriverRegistry;
+use volmgr_core::pluginmanager::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
 use volmgr_core::plugins::VolumeError;
 use volmgr_core::populator::objects::{KubeObject, ObjectDecodeError, ObjectKind, ObjectRef};
@@ -15,7 +15,7 @@ use volmgr_core::populator::{PodResolver, SubPathTiming};
 use volmgr_core::sys::linux::LinuxMounter;
 use volmgr_core::tracer::{self, TracerMode};
 use volmgr_core::volume::{check_pod_uid, PodUid, UniqueVolumeName};
-use volmgr_core::volumemanager::{csi, Config, ResizeError, VolumeManager, WaitError};
+use volmgr_core::volumemanager::{csi_wiring, Config, ResizeError, VolumeManager, WaitError};
 
 use crate::boundary::{guard, guard_value, out_arg, str_arg, to_c_string, try_ffi};
 use crate::error::*;
@@ -31,7 +31,7 @@ pub struct volmgr {
     /// Last volume list served per (pod, with uncertain), with the world
     /// generation it was built at: kubelets ask for the same pods' volumes
     /// again and again, and between changes the answer is the same.
-    volume_lists: Mutex<volmgr_core::volume::FastMap<(String, bool), (u64, std::ffi::CString)>>,
+    volume_lists: Mutex<volmgr_core::util::fast_map::FastMap<(String, bool), (u64, std::ffi::CString)>>,
     /// Stops the tracer's and the plugin watcher's tasks.
     tracer_stop: tokio::sync::watch::Sender<bool>,
     /// The pods and the objects they read (`volmgr_object_upsert`), so a
@@ -318,7 +318,7 @@ fn install_csi(
         ));
     }
     let registry = DriverRegistry::new();
-    csi::install(
+    csi_wiring::install(
         vm,
         Arc::clone(&registry),
         Duration::from_millis(csi.timeout_ms),
@@ -336,7 +336,7 @@ fn install_csi(
     if csi.watch_plugins_registry {
         // The task ends with the handle's runtime (or `stop`).
         drop(
-            csi::watch_plugins_registry(vm, &registry, stop)
+            csi_wiring::watch_plugins_registry(vm, &registry, stop)
                 .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("csi: {e}")))?,
         );
     }

@@ -17,7 +17,7 @@
 //! ```
 
 pub mod cache;
-pub mod csi;
+pub mod pluginmanager;
 pub mod ebpf;
 pub mod failpoint;
 pub mod metrics;

@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 
 use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::sync::MutexExt;
-use crate::volume::FastMap;
+use crate::util::fast_map::FastMap;
 
 /// The kubelet's buckets for `storage_operation_duration_seconds`.
 pub const OPERATION_BUCKETS: [f64; 13] = [

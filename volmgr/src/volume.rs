@@ -4,14 +4,6 @@ use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The hash map used for the large per-volume and per-pod tables: aHash with
-/// random keys (fast on the short string keys here, and still keyed per
-/// process, unlike an unkeyed hash).
-pub type FastMap<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
-
-/// A `HashSet` with the same fast hasher as [`FastMap`].
-pub type FastSet<T> = std::collections::HashSet<T, ahash::RandomState>;
-
 /// A validated pod UID: safe to use as one path component.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PodUid(Arc<str>);

@@ -1,6 +1,6 @@
 //! The kubelet's CSI node-info manager (`pkg/volume/csi/nodeinfomanager`):
 //! for every driver registered through the plugin watcher (with its
-//! `NodeGetInfo` answer, see `volmgr::csi::plugin_watcher`), the node's
+//! `NodeGetInfo` answer, see `volmgr::pluginmanager::plugin_watcher`), the node's
 //! `CSINode` object lists the driver (name, `nodeID`, `topologyKeys`,
 //! `allocatable.count`), the Node carries the driver's node ID in the
 //! `csi.volume.kubernetes.io/nodeid` annotation (a JSON map driver →
@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use tokio::sync::watch;
-use volmgr::csi::registry::{DriverRegistry, NodeInfo};
+use volmgr::pluginmanager::registry::{DriverRegistry, NodeInfo};
 
 /// The Node annotation with every driver's node ID (a JSON map).
 pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";

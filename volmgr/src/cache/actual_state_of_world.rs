@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{FastMap, PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+use crate::util::fast_map::FastMap;
 
 /// The state of one pod's mount of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,7 +11,7 @@ pub mod btf;
 pub mod decode;
 mod loader;
 pub mod report;
-mod stats;
+mod histograms;
 /// The event format shared with the kernel programs (`volmgr-ebpf/src/event.rs`).
 #[path = "../../../volmgr-ebpf/src/event.rs"]
 #[allow(dead_code)]
@@ -20,7 +20,7 @@ pub mod wire;
 pub use loader::{
     enable_run_time_stats, object_built, EbpfTracer, KernelHistogram, ProgramRunStats,
 };
-pub use stats::{
+pub use histograms::{
     kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
 };
 

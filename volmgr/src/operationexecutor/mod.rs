@@ -18,7 +18,8 @@ use crate::cache::world::World;
 use crate::metrics::{Metrics, OperationLabels};
 use crate::plugins::VolumeError;
 use crate::util::sync::MutexExt;
-use crate::volume::{FastMap, PodUid, UniqueVolumeName};
+use crate::volume::{PodUid, UniqueVolumeName};
+use crate::util::fast_map::FastMap;
 
 /// Backoff policy (the kubelet's `exponentialbackoff` defaults).
 #[derive(Debug, Clone, Copy)]

@@ -16,7 +16,8 @@ use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHol
 use crate::operationexecutor::OperationExecutor;
 use crate::plugins::VolumePluginMgr;
 use crate::util::sync::MutexExt;
-use crate::volume::{FastMap, PodUid, UniqueVolumeName, VolumeSpec};
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
+use crate::util::fast_map::FastMap;
 
 /// Deleted pods remembered for status before the list is first pruned.
 const DEPARTING_PRUNE_MIN: usize = 1024;

@@ -63,7 +63,8 @@ use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePlugin, Volu
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
 use crate::util::sync::MutexExt;
-use crate::volume::{FastSet, PodUid, SubPath, UniqueVolumeName, VolumeSpec};
+use crate::volume::{PodUid, SubPath, UniqueVolumeName, VolumeSpec};
+use crate::util::fast_map::FastSet;
 use resync::ResyncState;
 
 /// Prefix of the operation keys of pod-directory clean-ups
@@ -1097,7 +1098,7 @@ mod tests {
     ) -> Result<(), VolumeError> {
         crate::plugins::csi::errors::classify(
             op,
-            crate::csi::client::CsiCallError::Rpc {
+            crate::pluginmanager::csi_client::CsiCallError::Rpc {
                 driver: "d".into(),
                 method,
                 code,
@@ -1233,7 +1234,7 @@ mod tests {
         let infeasible = || {
             crate::plugins::csi::errors::classify(
                 crate::plugins::csi::errors::CsiOp::Expand,
-                crate::csi::client::CsiCallError::Rpc {
+                crate::pluginmanager::csi_client::CsiCallError::Rpc {
                     driver: "d".into(),
                     method: "/csi.v1.Node/NodeExpandVolume",
                     code: tonic::Code::OutOfRange,

@@ -10,7 +10,7 @@ use super::mountinfo::{MountInfo, MountInfoError};
 use super::{
     MountTableReader, MountTableWatch, Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC,
 };
-use crate::volume::FastSet;
+use crate::util::fast_map::FastSet;
 
 /// One recorded call.
 #[derive(Debug, Clone, PartialEq, Eq)]

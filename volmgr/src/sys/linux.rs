@@ -16,7 +16,7 @@ use super::{
     MountTableReader, MountTableWatch, Mounter, MsFlags, PropagationError, RootPropagation,
     SyscallError, Target,
 };
-use crate::volume::FastSet;
+use crate::util::fast_map::FastSet;
 
 /// Mounts for real, in the mount namespace of the calling process.
 #[derive(Debug, Default, Clone, Copy)]

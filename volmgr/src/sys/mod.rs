@@ -174,7 +174,7 @@ pub trait Mounter: MountTableReader {
     /// Linux 6.8+): about 2 ms for 10,000 mounts, where reading
     /// `/proc/self/mountinfo` takes 30-40. `None` when the kernel cannot
     /// list them.
-    fn mount_ids(&self) -> Result<Option<crate::volume::FastSet<u64>>, SyscallError>;
+    fn mount_ids(&self) -> Result<Option<crate::util::fast_map::FastSet<u64>>, SyscallError>;
 }
 
 /// Size and use of a file system, in bytes (from `statfs`).

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::mountinfo::MountInfo;
-use crate::volume::FastMap;
+use crate::util::fast_map::FastMap;
 
 /// The mount table as a check of set-up volumes sees it.
 #[derive(Debug, Clone, Copy)]

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod escape;
 pub mod expansion;
+pub mod fast_map;
 
 pub mod prometheus;
 pub mod shutdown;

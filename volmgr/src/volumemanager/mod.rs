@@ -3,8 +3,8 @@
 //! plugins, the executor and the reconciler, and answers the kubelet's
 //! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
 
-pub mod csi;
-mod stats;
+pub mod csi_wiring;
+mod volume_stats_collector;
 mod status;
 mod sub_paths;
 mod wait;
@@ -30,7 +30,7 @@ use crate::plugins::empty_dir::EmptyDirPlugin;
 use crate::plugins::host_path::HostPathPlugin;
 use crate::plugins::image::ImagePlugin;
 use crate::plugins::local::LocalVolumePlugin;
-use crate::plugins::payload::{PayloadPlugin, PayloadShared, PayloadState, PayloadStates};
+use crate::plugins::config_volumes::{PayloadPlugin, PayloadShared, PayloadState, PayloadStates};
 use crate::plugins::token::{TokenRefresh, TokenSource};
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
 use crate::populator::pod::{DesiredPod, PodRejected};
@@ -200,15 +200,15 @@ pub struct VolumeManager {
     task: Mutex<Option<JoinHandle<()>>>,
     extra_metrics: Mutex<Vec<Arc<dyn Fn() -> String + Send + Sync>>>,
     /// The CSI drivers shown in status, once set.
-    csi_drivers: std::sync::OnceLock<Arc<crate::csi::registry::DriverRegistry>>,
+    csi_drivers: std::sync::OnceLock<Arc<crate::pluginmanager::registry::DriverRegistry>>,
     /// Out-of-band changes to managed volumes.
     out_of_band: Arc<OutOfBandLog>,
     /// ROOT's mount propagation, for status (see [`share_root`]).
     root_propagation: String,
     /// The volume stats cache and how it is collected.
-    stats: Arc<stats::StatsCollector>,
-    /// What the stats collection asks (CSI is added by `csi::install`).
-    stats_provider: Arc<stats::PluginStats>,
+    stats: Arc<volume_stats_collector::StatsCollector>,
+    /// What the stats collection asks (CSI is added by `csi_wiring::install`).
+    stats_provider: Arc<volume_stats_collector::PluginStats>,
     /// The stats collection task, while started.
     stats_task: Mutex<Option<JoinHandle<()>>>,
     /// What the configMap, secret, downwardAPI and projected plugins share.
@@ -352,9 +352,9 @@ impl VolumeManager {
         let metrics_log = Arc::clone(&out_of_band);
         let tracer = Arc::new(TracerStatus::default());
         let tracer_metrics = Arc::clone(&tracer);
-        let stats_provider = Arc::new(stats::PluginStats::default());
-        let stats = Arc::new(stats::StatsCollector::new(
-            Arc::clone(&stats_provider) as Arc<dyn stats::StatsProvider>
+        let stats_provider = Arc::new(volume_stats_collector::PluginStats::default());
+        let stats = Arc::new(volume_stats_collector::StatsCollector::new(
+            Arc::clone(&stats_provider) as Arc<dyn volume_stats_collector::StatsProvider>
         ));
         let (stats_metrics, stats_world) = (Arc::clone(&stats), Arc::clone(&world));
         Ok(Arc::new(Self {
@@ -377,7 +377,7 @@ impl VolumeManager {
                 Arc::new(move || tracer_metrics.prometheus_text()),
                 Arc::new(move || payload_metrics.prometheus_text()),
                 Arc::new(move || {
-                    stats_metrics.prometheus_text(|v, p| stats::is_live(&stats_world, v, p))
+                    stats_metrics.prometheus_text(|v, p| volume_stats_collector::is_live(&stats_world, v, p))
                 }),
             ]),
             out_of_band,
@@ -532,7 +532,7 @@ impl VolumeManager {
         let _ = self.shutdown.send(false);
         let handle = tokio::spawn(Arc::clone(&self.reconciler).run(self.shutdown.subscribe()));
         *self.task.locked() = Some(handle);
-        let stats = tokio::spawn(stats::run(
+        let stats = tokio::spawn(volume_stats_collector::run(
             Arc::clone(&self.stats),
             Arc::clone(&self.world),
             self.config.volume_stats_period,
@@ -606,7 +606,7 @@ impl VolumeManager {
 
     /// Shows the drivers of `registry` in status (`csi_drivers`). The first
     /// registry set stays.
-    pub fn set_csi_driver_registry(&self, registry: Arc<crate::csi::registry::DriverRegistry>) {
+    pub fn set_csi_driver_registry(&self, registry: Arc<crate::pluginmanager::registry::DriverRegistry>) {
         let _ = self.csi_drivers.set(registry);
     }
 
@@ -713,7 +713,7 @@ impl VolumeManager {
     /// [`Config::wait_for_reported_in_use`], newly reported volumes are set
     /// up at once.
     pub fn mark_volumes_as_reported_in_use(&self, names: Vec<UniqueVolumeName>) {
-        let names: crate::volume::FastSet<UniqueVolumeName> = names.into_iter().collect();
+        let names: crate::util::fast_map::FastSet<UniqueVolumeName> = names.into_iter().collect();
         let newly = self.world.dsw_mut().mark_volumes_reported_in_use(&names);
         // Wakes the reconciler for them, and bumps the generation (status).
         self.world.mark_dirty(newly);
@@ -723,7 +723,7 @@ impl VolumeManager {
     /// with [`Config::wait_for_volumes_attached`], attachable volumes it
     /// lists are set up (newly listed ones at once).
     pub fn mark_volumes_attached(&self, names: Vec<UniqueVolumeName>) {
-        let names: crate::volume::FastSet<UniqueVolumeName> = names.into_iter().collect();
+        let names: crate::util::fast_map::FastSet<UniqueVolumeName> = names.into_iter().collect();
         let newly = self.world.dsw_mut().mark_volumes_attached(names);
         self.world.mark_dirty(newly);
     }

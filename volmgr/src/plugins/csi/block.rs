@@ -296,10 +296,10 @@ mod tests {
     use std::sync::Arc;
 
     fn plugin(root: &Path) -> CsiPlugin {
-        let registry = crate::csi::registry::DriverRegistry::new();
+        let registry = crate::pluginmanager::registry::DriverRegistry::new();
         CsiPlugin::new(
             Arc::new(RootDir::open(root).unwrap()),
-            crate::csi::client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+            crate::pluginmanager::csi_client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
             "node".into(),
             Arc::new(crate::sys::fake::FakeMounter::default()),
         )

@@ -25,7 +25,7 @@
 
 use tonic::Code;
 
-use crate::csi::client::CsiCallError;
+use crate::pluginmanager::csi_client::CsiCallError;
 use crate::plugins::VolumeError;
 
 /// The node operation a call belongs to.

@@ -9,7 +9,7 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use crate::csi::client::NodeCapabilities;
+use crate::pluginmanager::csi_client::NodeCapabilities;
 use crate::plugins::volume_ownership::set_volume_ownership;
 use crate::plugins::{MountRequest, VolumeError};
 use crate::volume::{CsiAccessMode, CsiFsGroupPolicy, CsiVolumeMode, CsiVolumeSource};

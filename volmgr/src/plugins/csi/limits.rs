@@ -297,7 +297,7 @@ mod tests {
     mod plugin {
         use super::super::super::CsiPlugin;
         use super::vol;
-        use crate::csi::registry::{DriverInfo, DriverRegistry, NodeInfo};
+        use crate::pluginmanager::registry::{DriverInfo, DriverRegistry, NodeInfo};
         use crate::plugins::{VolumeError, VolumePlugin};
         use crate::sys::mount_table::MountTable;
         use crate::sys::root_dir::RootDir;
@@ -307,7 +307,7 @@ mod tests {
         fn plugin(root: &std::path::Path, registry: Arc<DriverRegistry>) -> CsiPlugin {
             CsiPlugin::new(
                 Arc::new(RootDir::open(root).unwrap()),
-                crate::csi::client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+                crate::pluginmanager::csi_client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
                 "node".into(),
                 Arc::new(crate::sys::fake::FakeMounter::default()),
             )

@@ -44,15 +44,15 @@ pub(in crate::plugins) mod block;
 mod fs_group;
 mod layout;
 mod stage;
-mod stats;
+mod csi_metrics;
 mod vol_data;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::csi::client::{CsiClients, NodeCapabilities};
-use crate::csi::proto::csi;
+use crate::pluginmanager::csi_client::{CsiClients, NodeCapabilities};
+use crate::pluginmanager::csi_proto::csi;
 use crate::plugins::{
     escape_plugin_name, DeviceMountableVolumePlugin, MountRequest, NodeExpandRequest,
     NodeExpandableVolumePlugin, ReconstructedVolume, UnmountRequest, VolumeError, VolumePlugin,

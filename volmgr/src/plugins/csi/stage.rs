@@ -12,8 +12,8 @@ use super::{
     capability, context, fs_group, path_string, secrets, source, spec_vol_id, CsiPlugin,
     PLUGIN_NAME, STAGED_FILE, VOL_DATA_FILE,
 };
-use crate::csi::client::NodeCapabilities;
-use crate::csi::proto::csi;
+use crate::pluginmanager::csi_client::NodeCapabilities;
+use crate::pluginmanager::csi_proto::csi;
 use crate::plugins::{
     DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, ReconstructedDevice,
     VolumeError,
@@ -329,10 +329,10 @@ mod tests {
     use std::sync::Arc;
 
     fn plugin(root: &Path) -> CsiPlugin {
-        let registry = crate::csi::registry::DriverRegistry::new();
+        let registry = crate::pluginmanager::registry::DriverRegistry::new();
         CsiPlugin::new(
             Arc::new(crate::sys::root_dir::RootDir::open(root).unwrap()),
-            crate::csi::client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+            crate::pluginmanager::csi_client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
             "node".into(),
             Arc::new(crate::sys::fake::FakeMounter::default()),
         )

@@ -34,9 +34,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use super::proto::csi;
-use super::proto::pluginregistration::registration_client::RegistrationClient;
-use super::proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
+use super::csi_proto::csi;
+use super::csi_proto::pluginregistration::registration_client::RegistrationClient;
+use super::csi_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
 use super::registry::{DriverInfo, DriverRegistry, NodeInfo};
 use crate::sys::inotify::{self, InotifyFd, WatchError};
 

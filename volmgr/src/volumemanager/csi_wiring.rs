@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::{Error, VolumeManager};
-use crate::csi::client::CsiClients;
-use crate::csi::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
-use crate::csi::registry::DriverRegistry;
+use crate::pluginmanager::csi_client::CsiClients;
+use crate::pluginmanager::plugin_watcher::{PluginWatcher, ProblemSink, WatcherConfig};
+use crate::pluginmanager::registry::DriverRegistry;
 use crate::plugins::csi::CsiPlugin;
 use crate::sys::root_dir::RelPath;
 

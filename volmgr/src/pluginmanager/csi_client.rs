@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
-use super::metrics::CsiMetrics;
-use super::proto::csi;
+use super::csi_call_metrics::CsiMetrics;
+use super::csi_proto::csi;
 use super::registry::DriverRegistry;
 use crate::util::sync::MutexExt;
 

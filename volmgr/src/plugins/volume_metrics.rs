@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::csi::client::CsiCallError;
+use crate::pluginmanager::csi_client::CsiCallError;
 use crate::sys::root_dir::PathError;
 
 /// Usage of one volume (the kubelet's `volume.Metrics`), in bytes and inodes.

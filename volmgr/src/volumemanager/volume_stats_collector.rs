@@ -28,7 +28,7 @@ use crate::cache::actual_state_of_world::VolumeMountState;
 use crate::cache::out_of_band::rfc3339;
 use crate::cache::world::World;
 use crate::plugins::csi::{CsiPlugin, PLUGIN_NAME as CSI_PLUGIN};
-use crate::plugins::stats::{statfs, StatsError, VolumeStats};
+use crate::plugins::volume_metrics::{statfs, StatsError, VolumeStats};
 use crate::status::VolumeStatsStatus;
 use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::shutdown;
@@ -497,7 +497,7 @@ fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::stats::VolumeCondition;
+    use crate::plugins::volume_metrics::VolumeCondition;
     use crate::volume::{CsiVolumeSource, StorageMedium};
     use std::sync::atomic::AtomicUsize;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::layout::{publish_layout, stage_layout};
 use super::{source, CsiPlugin};
-use crate::csi::proto::csi;
-use crate::plugins::stats::{StatsError, VolumeCondition, VolumeStats};
+use crate::pluginmanager::csi_proto::csi;
+use crate::plugins::volume_metrics::{StatsError, VolumeCondition, VolumeStats};
 use crate::volume::{PodUid, VolumeSpec};
 
 impl CsiPlugin {
