@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use crate::limits::{serve_bounded, Admission, ClientLimits, Peer, READ_DEADLINE, WRITE_DEADLINE};
 use crate::{api, apiserver};
-use volmgr::pluginmanager::registry::DriverRegistry;
 use volmgr::operationexecutor::Backoff;
+use volmgr::pluginmanager::registry::DriverRegistry;
 use volmgr::plugins::token::FileTokenSource;
 use volmgr::populator::manifests::{ManifestsSource, SourceError};
 use volmgr::sys::linux::LinuxMounter;

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use volmgr_core::cache::actual_state_of_world::VolumeMountState;
 use volmgr_core::cache::world::{ClaimResize, VolumeEvent, VolumeEventKind};
-use volmgr_core::pluginmanager::registry::DriverRegistry;
 use volmgr_core::operationexecutor::Backoff;
+use volmgr_core::pluginmanager::registry::DriverRegistry;
 use volmgr_core::plugins::VolumeError;
 use volmgr_core::populator::objects::{KubeObject, ObjectDecodeError, ObjectKind, ObjectRef};
 use volmgr_core::populator::{PodResolver, SubPathTiming};
@@ -31,7 +31,8 @@ pub struct volmgr {
     /// Last volume list served per (pod, with uncertain), with the world
     /// generation it was built at: kubelets ask for the same pods' volumes
     /// again and again, and between changes the answer is the same.
-    volume_lists: Mutex<volmgr_core::util::fast_map::FastMap<(String, bool), (u64, std::ffi::CString)>>,
+    volume_lists:
+        Mutex<volmgr_core::util::fast_map::FastMap<(String, bool), (u64, std::ffi::CString)>>,
     /// Stops the tracer's and the plugin watcher's tasks.
     tracer_stop: tokio::sync::watch::Sender<bool>,
     /// The pods and the objects they read (`volmgr_object_upsert`), so a

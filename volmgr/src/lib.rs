@@ -17,11 +17,11 @@
 //! ```
 
 pub mod cache;
-pub mod pluginmanager;
 pub mod ebpf;
 pub mod failpoint;
 pub mod metrics;
 pub mod operationexecutor;
+pub mod pluginmanager;
 pub mod plugins;
 pub mod populator;
 pub mod quantity;

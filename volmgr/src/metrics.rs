@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::util::fast_map::FastMap;
 use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::sync::MutexExt;
-use crate::util::fast_map::FastMap;
 
 /// The kubelet's buckets for `storage_operation_duration_seconds`.
 pub const OPERATION_BUCKETS: [f64; 13] = [

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 use crate::util::fast_map::FastMap;
+use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
 
 /// The state of one pod's mount of a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

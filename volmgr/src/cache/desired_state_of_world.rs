@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::pod_map::PodMap;
-use crate::volume::{PodUid, SubPath, SubPathRelease, UniqueVolumeName, VolumeSpec};
 use crate::util::fast_map::{FastMap, FastSet};
+use crate::volume::{PodUid, SubPath, SubPathRelease, UniqueVolumeName, VolumeSpec};
 
 /// A pod that needs a volume, with what the mount needs to know.
 #[derive(Debug, Clone, PartialEq)]

@@ -10,9 +10,9 @@ use tokio::sync::{watch, Notify};
 
 use crate::cache::actual_state_of_world::ActualStateOfWorld;
 use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use crate::util::fast_map::FastSet;
 use crate::util::sync::{MutexExt, RwLockExt};
 use crate::volume::{PodUid, UniqueVolumeName};
-use crate::util::fast_map::FastSet;
 
 /// What happened to a volume, for event subscribers (logs, the C ABI callback).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

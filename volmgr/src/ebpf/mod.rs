@@ -9,19 +9,19 @@ use std::os::unix::fs::MetadataExt;
 
 pub mod btf;
 pub mod decode;
+mod histograms;
 mod loader;
 pub mod report;
-mod histograms;
 /// The event format shared with the kernel programs (`volmgr-ebpf/src/event.rs`).
 #[path = "../../../volmgr-ebpf/src/event.rs"]
 #[allow(dead_code)]
 pub mod wire;
 
-pub use loader::{
-    enable_run_time_stats, object_built, EbpfTracer, KernelHistogram, ProgramRunStats,
-};
 pub use histograms::{
     kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
+};
+pub use loader::{
+    enable_run_time_stats, object_built, EbpfTracer, KernelHistogram, ProgramRunStats,
 };
 
 /// A syscall that changes a mount table.

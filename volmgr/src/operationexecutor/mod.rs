@@ -17,9 +17,9 @@ use crate::cache::pod_map::PodMap;
 use crate::cache::world::World;
 use crate::metrics::{Metrics, OperationLabels};
 use crate::plugins::VolumeError;
+use crate::util::fast_map::FastMap;
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
-use crate::util::fast_map::FastMap;
 
 /// Backoff policy (the kubelet's `exponentialbackoff` defaults).
 #[derive(Debug, Clone, Copy)]

@@ -4,8 +4,8 @@
 //! volumes, pods or the manager; the kubelet-side plugin that uses it is
 //! [`crate::plugins::csi`] (the lowercase `crate::plugins` link is by name only).
 
-pub mod csi_client;
 pub mod csi_call_metrics;
-pub mod plugin_watcher;
+pub mod csi_client;
 pub mod csi_proto;
+pub mod plugin_watcher;
 pub mod registry;

@@ -2,16 +2,16 @@
 //! one trait) and the [`VolumePluginMgr`] that picks one for a volume.
 
 pub mod atomic_writer;
+pub mod config_volumes;
 pub mod csi;
 pub mod empty_dir;
 pub mod foreign;
 pub mod host_path;
 pub mod image;
 pub mod local;
-pub mod config_volumes;
-pub mod volume_metrics;
 pub mod subpath;
 pub mod token;
+pub mod volume_metrics;
 pub mod volume_ownership;
 
 use std::path::{Path, PathBuf};

@@ -15,9 +15,9 @@ use crate::cache::desired_state_of_world::{
 use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHold, World};
 use crate::operationexecutor::OperationExecutor;
 use crate::plugins::VolumePluginMgr;
+use crate::util::fast_map::FastMap;
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSpec};
-use crate::util::fast_map::FastMap;
 
 /// Deleted pods remembered for status before the list is first pruned.
 const DEPARTING_PRUNE_MIN: usize = 1024;

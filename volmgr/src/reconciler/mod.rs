@@ -62,9 +62,9 @@ use crate::plugins::subpath;
 use crate::plugins::{BlockingPool, MountRequest, VolumeError, VolumePlugin, VolumePluginMgr};
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::sys::Mounter;
+use crate::util::fast_map::FastSet;
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, SubPath, UniqueVolumeName, VolumeSpec};
-use crate::util::fast_map::FastSet;
 use resync::ResyncState;
 
 /// Prefix of the operation keys of pod-directory clean-ups

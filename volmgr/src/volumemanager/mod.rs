@@ -4,9 +4,9 @@
 //! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
 
 pub mod csi_wiring;
-mod volume_stats_collector;
 mod status;
 mod sub_paths;
+mod volume_stats_collector;
 mod wait;
 
 pub use sub_paths::PrepareSubPathsError;
@@ -26,11 +26,11 @@ use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{EventListener, World};
 use crate::metrics::Metrics;
 use crate::operationexecutor::{Backoff, OperationExecutor};
+use crate::plugins::config_volumes::{PayloadPlugin, PayloadShared, PayloadState, PayloadStates};
 use crate::plugins::empty_dir::EmptyDirPlugin;
 use crate::plugins::host_path::HostPathPlugin;
 use crate::plugins::image::ImagePlugin;
 use crate::plugins::local::LocalVolumePlugin;
-use crate::plugins::config_volumes::{PayloadPlugin, PayloadShared, PayloadState, PayloadStates};
 use crate::plugins::token::{TokenRefresh, TokenSource};
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
 use crate::populator::pod::{DesiredPod, PodRejected};
@@ -354,7 +354,7 @@ impl VolumeManager {
         let tracer_metrics = Arc::clone(&tracer);
         let stats_provider = Arc::new(volume_stats_collector::PluginStats::default());
         let stats = Arc::new(volume_stats_collector::StatsCollector::new(
-            Arc::clone(&stats_provider) as Arc<dyn volume_stats_collector::StatsProvider>
+            Arc::clone(&stats_provider) as Arc<dyn volume_stats_collector::StatsProvider>,
         ));
         let (stats_metrics, stats_world) = (Arc::clone(&stats), Arc::clone(&world));
         Ok(Arc::new(Self {
@@ -377,7 +377,8 @@ impl VolumeManager {
                 Arc::new(move || tracer_metrics.prometheus_text()),
                 Arc::new(move || payload_metrics.prometheus_text()),
                 Arc::new(move || {
-                    stats_metrics.prometheus_text(|v, p| volume_stats_collector::is_live(&stats_world, v, p))
+                    stats_metrics
+                        .prometheus_text(|v, p| volume_stats_collector::is_live(&stats_world, v, p))
                 }),
             ]),
             out_of_band,
@@ -606,7 +607,10 @@ impl VolumeManager {
 
     /// Shows the drivers of `registry` in status (`csi_drivers`). The first
     /// registry set stays.
-    pub fn set_csi_driver_registry(&self, registry: Arc<crate::pluginmanager::registry::DriverRegistry>) {
+    pub fn set_csi_driver_registry(
+        &self,
+        registry: Arc<crate::pluginmanager::registry::DriverRegistry>,
+    ) {
         let _ = self.csi_drivers.set(registry);
     }
 

@@ -299,7 +299,10 @@ mod tests {
         let registry = crate::pluginmanager::registry::DriverRegistry::new();
         CsiPlugin::new(
             Arc::new(RootDir::open(root).unwrap()),
-            crate::pluginmanager::csi_client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+            crate::pluginmanager::csi_client::CsiClients::new(
+                registry,
+                std::time::Duration::from_secs(1),
+            ),
             "node".into(),
             Arc::new(crate::sys::fake::FakeMounter::default()),
         )

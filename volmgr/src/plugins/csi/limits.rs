@@ -307,7 +307,10 @@ mod tests {
         fn plugin(root: &std::path::Path, registry: Arc<DriverRegistry>) -> CsiPlugin {
             CsiPlugin::new(
                 Arc::new(RootDir::open(root).unwrap()),
-                crate::pluginmanager::csi_client::CsiClients::new(registry, std::time::Duration::from_secs(1)),
+                crate::pluginmanager::csi_client::CsiClients::new(
+                    registry,
+                    std::time::Duration::from_secs(1),
+                ),
                 "node".into(),
                 Arc::new(crate::sys::fake::FakeMounter::default()),
             )

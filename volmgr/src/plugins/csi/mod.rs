@@ -41,10 +41,10 @@ pub mod errors;
 pub mod limits;
 
 pub(in crate::plugins) mod block;
+mod csi_metrics;
 mod fs_group;
 mod layout;
 mod stage;
-mod csi_metrics;
 mod vol_data;
 
 use std::collections::{BTreeMap, HashMap};
