@@ -7,6 +7,6 @@
 
 pub mod agent;
 pub mod api;
-pub mod apiserver;
+pub use volmgr_kube as apiserver;
 pub mod limits;
 pub mod status_text;

@@ -323,7 +323,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::fake::FakeApi;
     use volmgr::volume::UniqueVolumeName;
 
     fn ev(

@@ -210,7 +210,7 @@ pub fn quantity(size: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::fake::FakeApi;
 
     const PATH: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/c";
 

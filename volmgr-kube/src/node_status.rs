@@ -246,7 +246,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::fake::FakeApi;
     use serde_json::json;
     use std::sync::Mutex;
 

@@ -84,7 +84,7 @@ impl TokenSource for ApiTokenSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::fake::FakeApi;
 
     /// The request is the kubelet's: audience, expiration and the pod it
     /// is bound to, POSTed to the service account's token subresource; an

@@ -355,7 +355,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::fake::FakeApi;
     use serde_json::json;
 
     const NODE: &str = "/api/v1/nodes/n1";
