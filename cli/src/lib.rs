@@ -9,4 +9,5 @@ pub mod agent;
 pub mod api;
 pub use volmgr_kube as apiserver;
 pub mod limits;
+pub mod metrics_server;
 pub mod status_text;
