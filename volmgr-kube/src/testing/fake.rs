@@ -864,7 +864,8 @@ impl Feed {
             };
             for c in events {
                 cursor = c.rv;
-                if self.tx
+                if self
+                    .tx
                     .send(line(json!({"type": c.kind, "object": c.object})))
                     .await
                     .is_err()
