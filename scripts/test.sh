@@ -13,11 +13,13 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== the library and libvolmgr link no command-line crates"
-if cargo tree -p volmgr-ffi -e normal,no-proc-macro --prefix none | grep -E '^(clap|anyhow|tracing-subscriber) '; then
-  echo "volmgr-ffi depends on a command-line crate (above): keep them in cli/" >&2
-  exit 1
-fi
+echo "== the library, libvolmgr and the API source link no command-line crates"
+for crate in volmgr-ffi volmgr-kube; do
+  if cargo tree -p "$crate" -e normal,no-proc-macro --prefix none | grep -E '^(clap|anyhow|tracing-subscriber) '; then
+    echo "$crate depends on a command-line crate (above): keep them in cli/" >&2
+    exit 1
+  fi
+done
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"

@@ -26,9 +26,6 @@
 #[path = "common/mod.rs"]
 mod common;
 
-#[path = "../tests/support/fake_apiserver.rs"]
-mod fake_apiserver;
-
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -114,7 +111,7 @@ fn report(what: &str, v: &mut [Duration]) {
 }
 
 struct Bench {
-    api: fake_apiserver::FakeApiServer,
+    api: volmgr_kube::testing::FakeApiServer,
     root: PathBuf,
     manifests: PathBuf,
 }
@@ -207,7 +204,7 @@ fn main() {
         std::fs::create_dir_all(d).unwrap();
     }
     let root = root.canonicalize().unwrap();
-    let api = fake_apiserver::FakeApiServer::start();
+    let api = volmgr_kube::testing::FakeApiServer::start();
     let kubeconfig = api.write_kubeconfig(base.path());
     let log = std::fs::File::create(base.path().join("agent.log")).unwrap();
     let _agent = Agent(

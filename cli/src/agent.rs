@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::limits::{serve_bounded, Admission, ClientLimits, Peer, READ_DEADLINE, WRITE_DEADLINE};
+use crate::limits::ClientLimits;
+use crate::metrics_server::serve_metrics;
 use crate::{api, apiserver};
 use volmgr::operationexecutor::Backoff;
 use volmgr::pluginmanager::registry::DriverRegistry;
@@ -441,86 +441,4 @@ fn replace_lock(root: &std::path::Path, path: &std::path::Path) -> Result<(), Ag
     f.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(io(format!("chmod {}", tmp.display())))?;
     std::fs::rename(&tmp, path).map_err(io(format!("replacing {}", path.display())))
-}
-
-/// The answer to a connection over the client bounds.
-const BUSY_503: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 24\r\nRetry-After: 1\r\nConnection: close\r\n\r\ntoo many clients, retry\n";
-
-/// A minimal HTTP/1.1 responder for `GET /metrics` and `GET /healthz`,
-/// its clients bounded like the API's (see [`crate::limits`]).
-async fn serve_metrics(
-    listener: TcpListener,
-    vm: Arc<VolumeManager>,
-    limits: ClientLimits,
-    shutdown: watch::Receiver<bool>,
-) {
-    let accept = || async {
-        let (stream, addr) = listener.accept().await?;
-        Ok((stream, Peer::Ip(addr.ip())))
-    };
-    let busy = (BUSY_503, |stream: &tokio::net::TcpStream| {
-        let _ = stream.try_write(BUSY_503);
-    });
-    let serve = |stream, admission| {
-        let (vm, limits) = (Arc::clone(&vm), limits.clone());
-        async move { metrics_request(stream, &vm, &limits, admission).await }
-    };
-    serve_bounded(&limits, "metrics", accept, busy, serve, shutdown).await;
-}
-
-/// Answers one HTTP request (its head at most 4 KiB, read within
-/// [`READ_DEADLINE`]; the answer written within [`WRITE_DEADLINE`]).
-async fn metrics_request(
-    mut stream: tokio::net::TcpStream,
-    vm: &VolumeManager,
-    limits: &ClientLimits,
-    admission: Admission,
-) {
-    let mut buf = vec![0u8; 4096];
-    let mut n = 0;
-    let read = async {
-        while n < buf.len() {
-            match stream.read(&mut buf[n..]).await {
-                Ok(0) | Err(_) => break,
-                Ok(k) => {
-                    n += k;
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
-                    }
-                }
-            }
-        }
-    };
-    tokio::select! {
-        r = tokio::time::timeout(READ_DEADLINE, read) => if r.is_err() {
-            return;
-        },
-        () = admission.evicted() => return,
-    }
-    if !admission.busy() {
-        return;
-    }
-    let req = String::from_utf8_lossy(&buf[..n]);
-    let path = req.split_whitespace().nth(1).unwrap_or("");
-    let _slot = match path {
-        "/metrics" => match limits.response_slot().await {
-            Some(s) => Some(s),
-            None => return,
-        },
-        _ => None,
-    };
-    let (status, ctype, body) = match path {
-        "/metrics" => ("200 OK", "text/plain; version=0.0.4", vm.metrics_text()),
-        "/healthz" => ("200 OK", "text/plain", "ok\n".to_string()),
-        _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let write = async {
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await
-    };
-    let _ = tokio::time::timeout(WRITE_DEADLINE, write).await;
 }

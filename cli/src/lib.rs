@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod api;
-pub mod apiserver;
+pub use volmgr_kube as apiserver;
 pub mod limits;
+pub mod metrics_server;
 pub mod status_text;

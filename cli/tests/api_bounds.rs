@@ -12,19 +12,13 @@
 
 mod support;
 
-#[path = "support/fake_apiserver.rs"]
-mod fake_apiserver;
-#[path = "support/hostile_apiserver.rs"]
-mod hostile_apiserver;
-
 use std::collections::HashSet;
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
-use fake_apiserver::FakeApiServer;
-use hostile_apiserver::{HostileServer, Mode};
 use serde_json::{json, Value};
 use support::{isolated, pod_yaml, Agent, Env};
+use volmgr_kube::testing::{FakeApiServer, HostileServer, Mode};
 
 const NODE: &str = "node-a";
 const LOCAL: &str = "d4444444-0000-0000-0000-000000000004";

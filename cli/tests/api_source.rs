@@ -1,6 +1,6 @@
 //! End-to-end tests of the Kubernetes API as the agent's source of pods:
 //! the real agent, through kube-rs, against an in-process HTTPS fake API
-//! server (`support/fake_apiserver.rs`) that lists and watches with
+//! server (`volmgr_kube::testing::FakeApiServer`) that lists and watches with
 //! resource versions and bookmarks, answers `410 Gone` after a compaction,
 //! can be taken down (503), and refuses what the node authorizer refuses a
 //! node's credentials. Each test runs in a private mount namespace.
@@ -10,15 +10,12 @@
 
 mod support;
 
-#[path = "support/fake_apiserver.rs"]
-mod fake_apiserver;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fake_apiserver::FakeApiServer;
 use serde_json::{json, Value};
 use support::{isolated, Agent, Env};
+use volmgr_kube::testing::FakeApiServer;
 
 const NODE: &str = "node-a";
 

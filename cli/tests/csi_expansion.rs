@@ -1,5 +1,5 @@
 //! End-to-end tests of node expansion as the kubelet finishes it: the real
-//! agent on the fake API server (`support/fake_apiserver.rs`) driving the
+//! agent on the fake API server (`volmgr_kube::testing::FakeApiServer`) driving the
 //! real test CSI driver (`volmgr-csi-driver`: a loop device, a real file
 //! system grown by NodeExpandVolume), each test in a private mount
 //! namespace.
@@ -23,16 +23,14 @@
 
 #[path = "support/csi_driver.rs"]
 mod csi_driver;
-#[path = "support/fake_apiserver.rs"]
-mod fake_apiserver;
 mod support;
 
 use std::path::{Path, PathBuf};
 
 use csi_driver::{wait_for, Driver};
-use fake_apiserver::FakeApiServer;
 use serde_json::{json, Value};
 use support::{isolated, Agent, Env};
+use volmgr_kube::testing::FakeApiServer;
 
 const DRIVER: &str = "loop.csi.volmgr.dev";
 const NODE: &str = "node-1";

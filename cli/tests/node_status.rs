@@ -1,6 +1,6 @@
 //! End-to-end tests of the Node status the agent keeps with
 //! `--report-volumes-in-use`: the real agent, through kube-rs, against the
-//! in-process fake API server (`support/fake_apiserver.rs`, which records
+//! in-process fake API server (`volmgr_kube::testing::FakeApiServer`, which records
 //! every request with its body), with the real test CSI driver, in a
 //! private mount namespace.
 
@@ -9,16 +9,14 @@
 
 #[path = "support/csi_driver.rs"]
 mod csi_driver;
-#[path = "support/fake_apiserver.rs"]
-mod fake_apiserver;
 mod support;
 
 use std::path::{Path, PathBuf};
 
 use csi_driver::{wait_or_dump, Driver};
-use fake_apiserver::{FakeApiServer, Recorded};
 use serde_json::{json, Value};
 use support::{isolated, Agent, Env};
+use volmgr_kube::testing::{FakeApiServer, Recorded};
 
 const NODE: &str = "node-1";
 const DRIVER: &str = "loop.csi.volmgr.dev";

@@ -5,8 +5,6 @@
 //! not sign, and a port that refuses connections. HTTPS (HTTP/1.1, no
 //! ALPN), self-signed with rcgen; every connection ends with the server.
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::self_signed;
 
 /// What the server does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,26 +36,11 @@ pub enum Mode {
 
 /// The server (stops with its runtime when dropped).
 pub struct HostileServer {
+    /// Where it listens.
     pub addr: SocketAddr,
     ca_pem: String,
     requests: Arc<AtomicU64>,
     _runtime: tokio::runtime::Runtime,
-}
-
-fn self_signed() -> (String, tokio_rustls::rustls::ServerConfig) {
-    let key =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .unwrap();
-    let private =
-        tokio_rustls::rustls::pki_types::PrivateKeyDer::Pkcs8(key.key_pair.serialize_der().into());
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let tls = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![key.cert.der().clone()], private)
-        .unwrap();
-    (key.cert.pem(), tls)
 }
 
 impl HostileServer {
@@ -109,19 +94,7 @@ impl HostileServer {
 
     /// Writes a kubeconfig for this server into `dir`; returns its path.
     pub fn write_kubeconfig(&self, dir: &Path) -> PathBuf {
-        let ca = dir.join("hostile-ca.pem");
-        std::fs::write(&ca, &self.ca_pem).unwrap();
-        let file = dir.join("kubeconfig");
-        std::fs::write(
-            &file,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: h\n  cluster:\n    server: https://{}\n    certificate-authority: {}\nusers:\n- name: node\n  user:\n    token: node-token\ncontexts:\n- name: h\n  context:\n    cluster: h\n    user: node\ncurrent-context: h\n",
-                self.addr,
-                ca.display()
-            ),
-        )
-        .unwrap();
-        file
+        super::write_kubeconfig(dir, "hostile", self.addr, &self.ca_pem)
     }
 }
 

@@ -7,12 +7,12 @@ pub mod claim_status;
 pub mod client;
 pub mod csinode;
 pub mod events;
-#[cfg(test)]
-mod fake;
 pub mod node_status;
 mod object_update;
 pub mod pods;
 pub mod problems;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 pub mod token;
 pub mod transport;
 mod trust_bundles;

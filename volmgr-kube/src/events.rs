@@ -323,7 +323,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::testing::FakeApiServer;
     use volmgr::volume::UniqueVolumeName;
 
     fn ev(
@@ -443,7 +443,7 @@ mod tests {
     /// counts.
     #[tokio::test]
     async fn events_reach_the_api_rate_limited() {
-        let api = FakeApi::default();
+        let api = FakeApiServer::in_memory();
         let names: PodNames = Arc::new(|uid: &PodUid| {
             (uid.as_str() == "uid-1").then(|| (Arc::from("ns"), Arc::from("web-0")))
         });

@@ -1,13 +1,17 @@
-//! An in-process HTTPS fake of the Kubernetes API server, speaking the REST
-//! subset the agent uses, for driving the real agent (through kube-rs)
-//! end to end:
+//! An in-process fake of the Kubernetes API server, speaking the REST
+//! subset the agent uses: over HTTPS for driving the real agent (through
+//! kube-rs) end to end ([`FakeApiServer::start`]), or in memory for unit
+//! tests ([`FakeApiServer::in_memory`] and [`FakeApiServer::client`]: the
+//! same answers, through a `tower` service, no socket):
 //!
 //! - list and watch of a collection with `resourceVersion`, bookmarks,
 //!   `timeoutSeconds`, `fieldSelector` (`metadata.name`, `metadata.namespace`,
 //!   `spec.nodeName`, any dotted field); a watch from a compacted version
 //!   gets `410 Gone` (an `ERROR` event, as the real server sends it);
-//! - get, create (POST), replace (PUT), merge patch (PATCH, `/status` too)
-//!   and delete of single objects (events, Node status, CSINode);
+//! - get, create (POST; `409 AlreadyExists` if it exists), replace (PUT;
+//!   `404` if missing, `409 Conflict` on a stale `resourceVersion`), merge
+//!   patch (PATCH, `/status` too; `409` on a stale `resourceVersion` if it
+//!   names one) and delete of single objects (events, Node status, CSINode);
 //! - the node authorizer's rule for node credentials: a list or watch of
 //!   pods without `spec.nodeName=`, or of secrets, configmaps, claims,
 //!   volumes or service accounts without `metadata.name=`, is `403`;
@@ -17,14 +21,14 @@
 //! - an outage switch (every request `503`, open watches cut), a switch
 //!   refusing (`403`) every read of one resource (the node authorizer of
 //!   older clusters for serviceaccounts), and every request recorded (with
-//!   its content type and JSON body: the patches sent).
+//!   its content type, JSON body and answer's status: the patches sent), and
+//!   [`FakeApiServer::fail_next`]: the next request of a method answered
+//!   with a status code (`409`, `503`, ...).
 //!
 //! TLS with a self-signed certificate for 127.0.0.1 (rcgen); the test
-//! writes a kubeconfig that trusts it. HTTP/2 (ALPN `h2`, as the real API
+//! writes a kubeconfig that trusts it ([`FakeApiServer::write_kubeconfig`]). HTTP/2 (ALPN `h2`, as the real API
 //! server) or HTTP/1.1; [`FakeApiServer::open_connections`] counts the
 //! connections open now.
-
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -41,14 +45,19 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
-type Body = BoxBody<Bytes, Infallible>;
+/// The body of the fake's answers.
+pub type Body = BoxBody<Bytes, Infallible>;
 
 /// One request the fake answered.
 #[derive(Debug, Clone)]
 pub struct Recorded {
+    /// `GET`, `PATCH`, ...
     pub method: String,
+    /// The path, without the query.
     pub path: String,
+    /// The query string (empty if none).
     pub query: String,
+    /// The status code answered.
     pub status: u16,
     /// The `Content-Type` header (empty if none).
     pub content_type: String,
@@ -79,19 +88,29 @@ struct State {
     /// Tokens issued so far.
     tokens: u64,
     requests: Vec<Recorded>,
+    /// The next request of a method fails with a code.
+    failures: Vec<(Method, u16)>,
     /// Connections open now.
     connections: u64,
 }
 
 /// The fake server (stops with its runtime when dropped).
 pub struct FakeApiServer {
+    /// Where it listens (`127.0.0.1:0` in memory).
     pub addr: SocketAddr,
     state: Arc<Mutex<State>>,
     /// Bumped on every change; a second channel cuts open watches.
     changed: watch::Sender<u64>,
     cut: watch::Sender<u64>,
     ca_pem: String,
-    _runtime: tokio::runtime::Runtime,
+    /// `None` in memory: requests run on the caller's runtime.
+    _runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Default for FakeApiServer {
+    fn default() -> Self {
+        Self::in_memory()
+    }
 }
 
 /// The collection a kind lives in.
@@ -142,37 +161,17 @@ impl FakeApiServer {
             .enable_all()
             .build()
             .unwrap();
-        let key = rcgen::generate_simple_self_signed(vec![
-            "127.0.0.1".to_string(),
-            "localhost".to_string(),
-        ])
-        .unwrap();
-        let ca_pem = key.cert.pem();
-        let cert = key.cert.der().clone();
-        let private = tokio_rustls::rustls::pki_types::PrivateKeyDer::Pkcs8(
-            key.key_pair.serialize_der().into(),
-        );
-        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-        let mut tls = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert], private)
-            .unwrap();
+        let (ca_pem, mut tls) = super::self_signed();
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let listener = runtime
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State::default()));
-        let (changed, _) = watch::channel(0u64);
-        let (cut, _) = watch::channel(0u64);
-        let server = Server {
-            state: Arc::clone(&state),
-            changed: changed.clone(),
-            cut: cut.clone(),
-        };
+        let mut me = Self::in_memory();
+        me.addr = addr;
+        me.ca_pem = ca_pem;
+        let server = me.server();
         runtime.spawn(async move {
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
@@ -200,32 +199,83 @@ impl FakeApiServer {
                 });
             }
         });
+        me._runtime = Some(runtime);
+        me
+    }
+
+    /// The fake without a socket: [`FakeApiServer::client`] talks to it
+    /// on the caller's tokio runtime.
+    pub fn in_memory() -> Self {
         Self {
-            addr,
-            state,
-            changed,
-            cut,
-            ca_pem,
-            _runtime: runtime,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            state: Arc::new(Mutex::new(State::default())),
+            changed: watch::channel(0u64).0,
+            cut: watch::channel(0u64).0,
+            ca_pem: String::new(),
+            _runtime: None,
         }
+    }
+
+    fn server(&self) -> Server {
+        Server {
+            state: Arc::clone(&self.state),
+            changed: self.changed.clone(),
+            cut: self.cut.clone(),
+        }
+    }
+
+    /// A client talking to this fake in memory (a `tower` service, no
+    /// socket, no TLS), on the caller's runtime.
+    pub fn client(&self) -> kube::Client {
+        let server = self.server();
+        let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let server = server.clone();
+            async move {
+                let (parts, body) = req.into_parts();
+                let body = body.collect_bytes().await.unwrap_or_default();
+                Ok::<_, Infallible>(server.answer(&parts, &body))
+            }
+        });
+        kube::Client::new(svc, "default")
     }
 
     /// Writes a kubeconfig for this server (a bearer token, the fake's CA)
     /// into `dir`; returns its path.
     pub fn write_kubeconfig(&self, dir: &Path) -> PathBuf {
-        let ca = dir.join("fake-apiserver-ca.pem");
-        std::fs::write(&ca, &self.ca_pem).unwrap();
-        let file = dir.join("kubeconfig");
-        std::fs::write(
-            &file,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: https://{}\n    certificate-authority: {}\nusers:\n- name: node\n  user:\n    token: node-token\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: node\ncurrent-context: fake\n",
-                self.addr,
-                ca.display()
-            ),
-        )
-        .unwrap();
-        file
+        super::write_kubeconfig(dir, "fake", self.addr, &self.ca_pem)
+    }
+
+    /// Stores `object` at `path` (e.g. `/api/v1/nodes/n1`), whatever its
+    /// metadata says, with an `ADDED` or `MODIFIED` event.
+    pub fn put_at(&self, path: &str, object: Value) {
+        let t = parse_path(path).unwrap();
+        let key = (
+            t.resource,
+            t.namespace.unwrap_or_default(),
+            t.name.unwrap_or_default(),
+        );
+        let mut s = self.state.lock().unwrap();
+        store_at(&mut s, key, object);
+        drop(s);
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// The object at `path` (`.../status` is the object itself).
+    pub fn get_at(&self, path: &str) -> Option<Value> {
+        let t = parse_path(path)?;
+        let key = (t.resource, t.namespace.unwrap_or_default(), t.name?);
+        self.state.lock().unwrap().objects.get(&key).cloned()
+    }
+
+    /// The next request with `method` fails with `code` (a `Status` with
+    /// the code's reason: `NotFound`, `Conflict`, `ServiceUnavailable`...).
+    pub fn fail_next(&self, method: Method, code: u16) {
+        self.state.lock().unwrap().failures.push((method, code));
+    }
+
+    /// Every request so far, and forgets them.
+    pub fn take_requests(&self) -> Vec<Recorded> {
+        std::mem::take(&mut self.state.lock().unwrap().requests)
     }
 
     /// Creates or replaces an object (by its `kind`, namespace and name).
@@ -320,9 +370,8 @@ impl FakeApiServer {
     }
 }
 
-fn store(s: &mut State, resource: &str, mut object: Value) -> Value {
-    s.rv += 1;
-    let rv = s.rv;
+/// Stores `object` under its kind's `resource`, its namespace and name.
+fn store(s: &mut State, resource: &str, object: Value) -> Value {
     let ns = object["metadata"]["namespace"]
         .as_str()
         .unwrap_or("")
@@ -331,7 +380,13 @@ fn store(s: &mut State, resource: &str, mut object: Value) -> Value {
         .as_str()
         .unwrap_or("")
         .to_string();
-    let key = (resource.to_string(), ns.clone(), name.clone());
+    store_at(s, (resource.to_string(), ns, name), object)
+}
+
+/// Stores `object` at `key`, with a new version and a watch event.
+fn store_at(s: &mut State, key: (String, String, String), mut object: Value) -> Value {
+    s.rv += 1;
+    let rv = s.rv;
     let kind = if s.objects.contains_key(&key) {
         "MODIFIED"
     } else {
@@ -341,11 +396,12 @@ fn store(s: &mut State, resource: &str, mut object: Value) -> Value {
         object["metadata"]["uid"] = json!(format!("fake-uid-{rv}"));
     }
     object["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let (resource, namespace, _) = key.clone();
     s.objects.insert(key, object.clone());
     s.log.push(Change {
         rv,
-        resource: resource.to_string(),
-        namespace: ns,
+        resource,
+        namespace,
         kind,
         object: object.clone(),
     });
@@ -360,6 +416,25 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     subresource: Option<String>,
+}
+
+impl Target {
+    /// The key of the object `name` in this collection.
+    fn key(&self, name: &str) -> (String, String, String) {
+        (
+            self.resource.clone(),
+            self.namespace.clone().unwrap_or_default(),
+            name.to_string(),
+        )
+    }
+}
+
+fn not_found(t: &Target, name: &str) -> Response<Body> {
+    status_response(
+        404,
+        "NotFound",
+        &format!("{} \"{name}\" not found", t.resource),
+    )
 }
 
 fn parse_path(path: &str) -> Option<Target> {
@@ -481,29 +556,34 @@ struct Server {
 
 impl Server {
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let query = req.uri().query().unwrap_or("").to_string();
-        let content_type = req
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let body = req
-            .into_body()
+        let (parts, body) = req.into_parts();
+        let body = body
             .collect()
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
-        let resp = self.route(&method, &path, &query_map(&query), &body);
+        self.answer(&parts, &body)
+    }
+
+    /// Answers a request (over HTTPS or in memory) and records it.
+    fn answer(&self, parts: &http::request::Parts, body: &[u8]) -> Response<Body> {
+        let method = parts.method.clone();
+        let path = parts.uri.path().to_string();
+        let query = parts.uri.query().unwrap_or("").to_string();
+        let content_type = parts
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let resp = self.route(&method, &path, &query_map(&query), body);
         self.state.lock().unwrap().requests.push(Recorded {
             method: method.to_string(),
             path,
             query,
             status: resp.status().as_u16(),
             content_type,
-            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            body: serde_json::from_slice(body).unwrap_or(Value::Null),
         });
         resp
     }
@@ -515,8 +595,8 @@ impl Server {
         q: &BTreeMap<String, String>,
         body: &[u8],
     ) -> Response<Body> {
-        if self.state.lock().unwrap().unavailable {
-            return status_response(503, "ServiceUnavailable", "the fake API server is down");
+        if let Some(failed) = self.injected_failure(method) {
+            return failed;
         }
         let Some(t) = parse_path(path) else {
             return status_response(404, "NotFound", "no such path");
@@ -532,7 +612,7 @@ impl Server {
         if method == Method::POST && t.subresource.as_deref() == Some("token") {
             return self.token_request(&t, body);
         }
-        match (method, &t.name) {
+        match (method, t.name.clone()) {
             (&Method::GET, None) => {
                 if let Some(refused) = node_authorizer(&t.resource, &selector) {
                     return refused;
@@ -544,100 +624,118 @@ impl Server {
                 }
             }
             (&Method::GET, Some(name)) => {
-                let key = (
-                    t.resource.clone(),
-                    t.namespace.clone().unwrap_or_default(),
-                    name.clone(),
-                );
-                match self.state.lock().unwrap().objects.get(&key) {
+                match self.state.lock().unwrap().objects.get(&t.key(&name)) {
                     Some(o) => json_response(StatusCode::OK, o),
-                    None => status_response(
-                        404,
-                        "NotFound",
-                        &format!("{} {name} not found", t.resource),
-                    ),
+                    None => not_found(&t, &name),
                 }
             }
-            (&Method::POST, None) => {
-                let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
-                    return status_response(400, "BadRequest", "not JSON");
-                };
-                if let Some(ns) = &t.namespace {
-                    obj["metadata"]["namespace"] = json!(ns);
-                }
-                if obj["metadata"]["name"].is_null() {
-                    let prefix = obj["metadata"]["generateName"]
-                        .as_str()
-                        .unwrap_or("x")
-                        .to_string();
-                    let n = self.state.lock().unwrap().rv + 1;
-                    obj["metadata"]["name"] = json!(format!("{prefix}{n}"));
-                }
-                let mut s = self.state.lock().unwrap();
-                let out = store(&mut s, &t.resource, obj);
-                drop(s);
-                self.changed.send_modify(|v| *v += 1);
-                json_response(StatusCode::CREATED, &out)
-            }
-            (&Method::PUT | &Method::PATCH, Some(name)) => {
-                let key = (
-                    t.resource.clone(),
-                    t.namespace.clone().unwrap_or_default(),
-                    name.clone(),
-                );
-                let Ok(patch) = serde_json::from_slice::<Value>(body) else {
-                    return status_response(400, "BadRequest", "not JSON");
-                };
-                let mut s = self.state.lock().unwrap();
-                let obj = match (method, s.objects.get(&key)) {
-                    (&Method::PUT, _) => patch,
-                    (_, Some(old)) => {
-                        let mut o = old.clone();
-                        merge(&mut o, &patch);
-                        o
-                    }
-                    (_, None) => {
-                        return status_response(
-                            404,
-                            "NotFound",
-                            &format!("{} {name} not found", t.resource),
-                        )
-                    }
-                };
-                let out = store(&mut s, &t.resource, obj);
-                drop(s);
-                self.changed.send_modify(|v| *v += 1);
-                let _ = &t.subresource;
-                json_response(StatusCode::OK, &out)
-            }
-            (&Method::DELETE, Some(name)) => {
-                let key = (
-                    t.resource.clone(),
-                    t.namespace.clone().unwrap_or_default(),
-                    name.clone(),
-                );
-                let mut s = self.state.lock().unwrap();
-                match s.objects.remove(&key) {
-                    Some(mut obj) => {
-                        s.rv += 1;
-                        let rv = s.rv;
-                        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-                        s.log.push(Change {
-                            rv,
-                            resource: t.resource.clone(),
-                            namespace: key.1.clone(),
-                            kind: "DELETED",
-                            object: obj.clone(),
-                        });
-                        drop(s);
-                        self.changed.send_modify(|v| *v += 1);
-                        json_response(StatusCode::OK, &obj)
-                    }
-                    None => status_response(404, "NotFound", "not found"),
-                }
-            }
+            (&Method::POST, None) => self.create(&t, body),
+            (&Method::PUT | &Method::PATCH, Some(name)) => self.update(method, &t, &name, body),
+            (&Method::DELETE, Some(name)) => self.delete(&t, &name),
             _ => status_response(405, "MethodNotAllowed", "not supported by the fake"),
         }
+    }
+
+    /// The outage switch and [`FakeApiServer::fail_next`]'s failures.
+    fn injected_failure(&self, method: &Method) -> Option<Response<Body>> {
+        let mut s = self.state.lock().unwrap();
+        if s.unavailable {
+            return Some(status_response(
+                503,
+                "ServiceUnavailable",
+                "the fake API server is down",
+            ));
+        }
+        let i = s.failures.iter().position(|(m, _)| m == method)?;
+        let (_, code) = s.failures.remove(i);
+        let reason = match code {
+            403 => "Forbidden",
+            404 => "NotFound",
+            409 => "Conflict",
+            410 => "Expired",
+            429 => "TooManyRequests",
+            503 => "ServiceUnavailable",
+            _ => "InternalError",
+        };
+        Some(status_response(code, reason, &format!("fake: {reason}")))
+    }
+
+    /// POST of a collection: `409 AlreadyExists` if the name is taken.
+    fn create(&self, t: &Target, body: &[u8]) -> Response<Body> {
+        let Ok(mut obj) = serde_json::from_slice::<Value>(body) else {
+            return status_response(400, "BadRequest", "not JSON");
+        };
+        if let Some(ns) = &t.namespace {
+            obj["metadata"]["namespace"] = json!(ns);
+        }
+        let mut s = self.state.lock().unwrap();
+        if obj["metadata"]["name"].is_null() {
+            let prefix = obj["metadata"]["generateName"]
+                .as_str()
+                .unwrap_or("x")
+                .to_string();
+            obj["metadata"]["name"] = json!(format!("{prefix}{}", s.rv + 1));
+        }
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+        if s.objects.contains_key(&t.key(&name)) {
+            let msg = format!("{} \"{name}\" already exists", t.resource);
+            return status_response(409, "AlreadyExists", &msg);
+        }
+        let out = store(&mut s, &t.resource, obj);
+        drop(s);
+        self.changed.send_modify(|v| *v += 1);
+        json_response(StatusCode::CREATED, &out)
+    }
+
+    /// PUT (replace) or PATCH (JSON merge) of an object or its `/status`:
+    /// `404` if missing, `409 Conflict` if the body names another version.
+    fn update(&self, method: &Method, t: &Target, name: &str, body: &[u8]) -> Response<Body> {
+        let key = t.key(name);
+        let Ok(patch) = serde_json::from_slice::<Value>(body) else {
+            return status_response(400, "BadRequest", "not JSON");
+        };
+        let mut s = self.state.lock().unwrap();
+        let Some(old) = s.objects.get(&key) else {
+            return not_found(t, name);
+        };
+        let rv = &patch["metadata"]["resourceVersion"];
+        if !rv.is_null() && *rv != old["metadata"]["resourceVersion"] {
+            let msg = format!("the object {name} has been modified; please apply your changes to the latest version and try again");
+            return status_response(409, "Conflict", &msg);
+        }
+        let obj = if method == Method::PUT {
+            patch
+        } else {
+            let mut o = old.clone();
+            merge(&mut o, &patch);
+            o
+        };
+        let out = store_at(&mut s, key, obj);
+        drop(s);
+        self.changed.send_modify(|v| *v += 1);
+        json_response(StatusCode::OK, &out)
+    }
+
+    /// DELETE of an object, with a `DELETED` event.
+    fn delete(&self, t: &Target, name: &str) -> Response<Body> {
+        let key = t.key(name);
+        let mut s = self.state.lock().unwrap();
+        let Some(mut obj) = s.objects.remove(&key) else {
+            return not_found(t, name);
+        };
+        s.rv += 1;
+        let rv = s.rv;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        s.log.push(Change {
+            rv,
+            resource: key.0,
+            namespace: key.1,
+            kind: "DELETED",
+            object: obj.clone(),
+        });
+        drop(s);
+        self.changed.send_modify(|v| *v += 1);
+        json_response(StatusCode::OK, &obj)
     }
 
     /// A TokenRequest: a token `tok-SA-UID-N`, valid for the asked time.
@@ -696,68 +794,20 @@ impl Server {
             .and_then(|v| v.parse().ok())
             .map_or(Duration::from_secs(300), Duration::from_secs);
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        let (state, mut changed, mut cut) = (
+        let (state, changed, mut cut) = (
             Arc::clone(&self.state),
             self.changed.subscribe(),
             self.cut.subscribe(),
         );
         cut.mark_unchanged();
-        tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + timeout;
-            let mut cursor = from;
-            let line = |v: Value| Bytes::from(format!("{v}\n"));
-            if from < state.lock().unwrap().compacted {
-                let _ = tx.send(line(gone())).await;
-                return;
-            }
-            loop {
-                changed.mark_unchanged();
-                let (events, rv) = {
-                    let s = state.lock().unwrap();
-                    let start = s.log.partition_point(|c| c.rv <= cursor);
-                    let events: Vec<Change> = s.log[start..]
-                        .iter()
-                        .filter(|c| {
-                            c.resource == t.resource
-                                && t.namespace.as_ref().is_none_or(|n| n == &c.namespace)
-                                && matches(&selector, &c.object)
-                        })
-                        .cloned()
-                        .collect();
-                    (events, s.rv)
-                };
-                for c in events {
-                    cursor = c.rv;
-                    if tx
-                        .send(line(json!({"type": c.kind, "object": c.object})))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                cursor = cursor.max(rv);
-                tokio::select! {
-                    _ = changed.changed() => {}
-                    _ = cut.changed() => {
-                        // An outage ends the stream; a compaction with 410.
-                        let compacted = state.lock().unwrap().compacted;
-                        if cursor < compacted {
-                            let _ = tx.send(line(gone())).await;
-                        }
-                        return;
-                    }
-                    _ = tokio::time::sleep(Duration::from_millis(500)), if bookmarks => {
-                        let bm = json!({"type": "BOOKMARK", "object": {"kind": kind_of(&t.resource), "apiVersion": "v1",
-                                         "metadata": {"resourceVersion": cursor.to_string()}}});
-                        if tx.send(line(bm)).await.is_err() {
-                            return;
-                        }
-                    }
-                    _ = tokio::time::sleep_until(deadline) => return,
-                }
-            }
-        });
+        let deadline = tokio::time::Instant::now() + timeout;
+        let feed = Feed {
+            state,
+            changed,
+            cut,
+            tx,
+        };
+        tokio::spawn(feed.run(t, selector, from, bookmarks, deadline));
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
             rx.recv()
                 .await
@@ -768,6 +818,82 @@ impl Server {
             .header("content-type", "application/json")
             .body(BodyExt::boxed(StreamBody::new(stream)))
             .unwrap()
+    }
+}
+
+/// The events of one watch, sent to its response body.
+struct Feed {
+    state: Arc<Mutex<State>>,
+    changed: watch::Receiver<u64>,
+    cut: watch::Receiver<u64>,
+    tx: mpsc::Sender<Bytes>,
+}
+
+impl Feed {
+    /// Sends the changes after `from` that match, then each new one (and
+    /// bookmarks if asked), until the deadline, a cut or the client goes.
+    async fn run(
+        mut self,
+        t: Target,
+        selector: String,
+        from: u64,
+        bookmarks: bool,
+        deadline: tokio::time::Instant,
+    ) {
+        let mut cursor = from;
+        let line = |v: Value| Bytes::from(format!("{v}\n"));
+        if from < self.state.lock().unwrap().compacted {
+            let _ = self.tx.send(line(gone())).await;
+            return;
+        }
+        loop {
+            self.changed.mark_unchanged();
+            let (events, rv) = {
+                let s = self.state.lock().unwrap();
+                let start = s.log.partition_point(|c| c.rv <= cursor);
+                let events: Vec<Change> = s.log[start..]
+                    .iter()
+                    .filter(|c| {
+                        c.resource == t.resource
+                            && t.namespace.as_ref().is_none_or(|n| n == &c.namespace)
+                            && matches(&selector, &c.object)
+                    })
+                    .cloned()
+                    .collect();
+                (events, s.rv)
+            };
+            for c in events {
+                cursor = c.rv;
+                if self
+                    .tx
+                    .send(line(json!({"type": c.kind, "object": c.object})))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            cursor = cursor.max(rv);
+            tokio::select! {
+                _ = self.changed.changed() => {}
+                _ = self.cut.changed() => {
+                    // An outage ends the stream; a compaction with 410.
+                    let compacted = self.state.lock().unwrap().compacted;
+                    if cursor < compacted {
+                        let _ = self.tx.send(line(gone())).await;
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(500)), if bookmarks => {
+                    let bm = json!({"type": "BOOKMARK", "object": {"kind": kind_of(&t.resource), "apiVersion": "v1",
+                                     "metadata": {"resourceVersion": cursor.to_string()}}});
+                    if self.tx.send(line(bm)).await.is_err() {
+                        return;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => return,
+            }
+        }
     }
 }
 

@@ -246,7 +246,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::testing::FakeApiServer;
     use serde_json::json;
     use std::sync::Mutex;
 
@@ -285,8 +285,8 @@ mod tests {
     /// is then told to the manager; an empty set removes the field.
     #[tokio::test]
     async fn volumes_in_use_patched_only_when_the_set_changes() {
-        let api = FakeApi::default();
-        api.put(
+        let api = FakeApiServer::in_memory();
+        api.put_at(
             "/api/v1/nodes/n1",
             json!({"metadata": {"name": "n1"}, "status": {"volumesInUse": ["stale"]}}),
         );
@@ -312,7 +312,7 @@ mod tests {
             reqs[0].body,
             json!({"status": {"volumesInUse": ["kubernetes.io/csi/d^a"]}})
         );
-        let node = api.get("/api/v1/nodes/n1").unwrap();
+        let node = api.get_at("/api/v1/nodes/n1").unwrap();
         assert_eq!(
             node["status"]["volumesInUse"],
             json!(["kubernetes.io/csi/d^a"])
@@ -326,7 +326,7 @@ mod tests {
         r.step(&nodes, "n1", &vm, &config).await.unwrap();
         let reqs = api.take_requests();
         assert_eq!(reqs[0].body, json!({"status": {"volumesInUse": null}}));
-        assert!(api.get("/api/v1/nodes/n1").unwrap()["status"]
+        assert!(api.get_at("/api/v1/nodes/n1").unwrap()["status"]
             .get("volumesInUse")
             .is_none());
 
@@ -344,10 +344,10 @@ mod tests {
     /// manager does not know yet): no write; then one, at once.
     #[tokio::test]
     async fn volumes_in_use_waits_for_the_states_to_sync() {
-        let api = FakeApi::default();
+        let api = FakeApiServer::in_memory();
         let earlier = json!({"metadata": {"name": "n1"},
                              "status": {"volumesInUse": ["kubernetes.io/csi/d^a"]}});
-        api.put("/api/v1/nodes/n1", earlier.clone());
+        api.put_at("/api/v1/nodes/n1", earlier.clone());
         let nodes: Api<Node> = Api::all(api.client());
         let vm = Fake::default();
         vm.not_synced
@@ -360,7 +360,7 @@ mod tests {
         r.step(&nodes, "n1", &vm, &config).await.unwrap();
         assert!(api.take_requests().is_empty(), "no write before the sync");
         assert_eq!(
-            api.get("/api/v1/nodes/n1").unwrap()["status"],
+            api.get_at("/api/v1/nodes/n1").unwrap()["status"],
             earlier["status"]
         );
         assert!(vm.reported.lock().unwrap().is_empty());
@@ -381,8 +381,8 @@ mod tests {
     /// use that is not attached makes the caller poll.
     #[tokio::test]
     async fn volumes_attached_reach_the_manager() {
-        let api = FakeApi::default();
-        api.put("/api/v1/nodes/n1", json!({"metadata": {"name": "n1"}}));
+        let api = FakeApiServer::in_memory();
+        api.put_at("/api/v1/nodes/n1", json!({"metadata": {"name": "n1"}}));
         let nodes: Api<Node> = Api::all(api.client());
         let vm = Fake::default();
         *vm.in_use.lock().unwrap() = names(&["v1"]);
@@ -397,7 +397,7 @@ mod tests {
             "v1 waits"
         );
         assert!(vm.attached.lock().unwrap().is_empty(), "nothing changed");
-        api.put(
+        api.put_at(
             "/api/v1/nodes/n1",
             json!({"metadata": {"name": "n1"},
                    "status": {"volumesAttached": [{"name": "v1", "devicePath": ""}]}}),

@@ -84,14 +84,14 @@ impl TokenSource for ApiTokenSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::testing::FakeApiServer;
 
     /// The request is the kubelet's: audience, expiration and the pod it
     /// is bound to, POSTed to the service account's token subresource; an
     /// answer without a token is an error, never an empty token.
     #[tokio::test]
     async fn asks_the_token_subresource_bound_to_the_pod() {
-        let fake = FakeApi::default();
+        let fake = FakeApiServer::in_memory();
         let source = ApiTokenSource::new(fake.client());
         let req = TokenRequest {
             namespace: "ns".into(),

@@ -355,7 +355,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::testing::FakeApiServer;
     use serde_json::json;
 
     const NODE: &str = "/api/v1/nodes/n1";
@@ -372,9 +372,9 @@ mod tests {
         }
     }
 
-    fn fake() -> FakeApi {
-        let api = FakeApi::default();
-        api.put(
+    fn fake() -> FakeApiServer {
+        let api = FakeApiServer::in_memory();
+        api.put_at(
             NODE,
             json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "uid": "node-uid",
                 "labels": {"kubernetes.io/hostname": "n1"},
@@ -383,8 +383,8 @@ mod tests {
         api
     }
 
-    fn ids(api: &FakeApi) -> serde_json::Value {
-        let n = api.get(NODE).unwrap();
+    fn ids(api: &FakeApiServer) -> serde_json::Value {
+        let n = api.get_at(NODE).unwrap();
         match n["metadata"]["annotations"][NODE_ID_ANNOTATION].as_str() {
             Some(t) => serde_json::from_str(t).unwrap(),
             None => json!(null),
@@ -424,10 +424,10 @@ mod tests {
             "only the new label is sent"
         );
         assert_eq!(ids(&api), json!({"kubelet.csi": "k1", "x.csi": "node-a"}));
-        let n = api.get(NODE).unwrap();
+        let n = api.get_at(NODE).unwrap();
         assert_eq!(n["metadata"]["labels"]["topology.x.io/zone"], "z1");
         assert_eq!(n["metadata"]["labels"]["kubernetes.io/hostname"], "n1");
-        let c = api.get(CSINODE).unwrap();
+        let c = api.get_at(CSINODE).unwrap();
         assert_eq!(
             c["spec"]["drivers"],
             json!([{"name": "x.csi", "nodeID": "node-a", "topologyKeys": ["topology.x.io/zone"],
@@ -446,7 +446,7 @@ mod tests {
         install(&client, "n1", "y.csi", &info("node-b", 0, &[]))
             .await
             .unwrap();
-        let c = api.get(CSINODE).unwrap();
+        let c = api.get_at(CSINODE).unwrap();
         let names: Vec<_> = c["spec"]["drivers"]
             .as_array()
             .unwrap()
@@ -459,8 +459,8 @@ mod tests {
         uninstall(&client, "n1", "x.csi").await.unwrap();
         uninstall(&client, "n1", "y.csi").await.unwrap();
         assert_eq!(ids(&api), json!({"kubelet.csi": "k1"}));
-        assert_eq!(api.get(CSINODE).unwrap()["spec"]["drivers"], json!([]));
-        let n = api.get(NODE).unwrap();
+        assert_eq!(api.get_at(CSINODE).unwrap()["spec"]["drivers"], json!([]));
+        let n = api.get_at(NODE).unwrap();
         assert_eq!(n["metadata"]["labels"]["topology.x.io/zone"], "z1");
     }
 
@@ -468,8 +468,8 @@ mod tests {
     /// topology label is refused; a conflict on the PATCH is read again.
     #[tokio::test]
     async fn conflicts_and_the_last_driver() {
-        let api = FakeApi::default();
-        api.put(
+        let api = FakeApiServer::in_memory();
+        api.put_at(
             NODE,
             json!({"metadata": {"name": "n1", "labels": {"topology.x.io/zone": "z9"}}}),
         );
@@ -495,7 +495,7 @@ mod tests {
         assert_eq!(patches, 2, "the conflict was retried");
         assert_eq!(ids(&api), json!({"x.csi": "a"}));
         uninstall(&client, "n1", "x.csi").await.unwrap();
-        let n = api.get(NODE).unwrap();
+        let n = api.get_at(NODE).unwrap();
         assert!(n["metadata"]["annotations"]
             .get(NODE_ID_ANNOTATION)
             .is_none());

@@ -210,7 +210,7 @@ pub fn quantity(size: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::fake::FakeApi;
+    use crate::testing::FakeApiServer;
 
     const PATH: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/c";
 
@@ -255,8 +255,8 @@ mod tests {
     /// resourceVersion; as a merge patch of the status subresource.
     #[tokio::test]
     async fn the_status_is_patched_as_the_kubelet_does() {
-        let api = FakeApi::default();
-        api.put(PATH, claim());
+        let api = FakeApiServer::in_memory();
+        api.put_at(PATH, claim());
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(api.client(), "ns");
         mark_resize_finished(&pvcs, &resize()).await.unwrap();
         let reqs = api.take_requests();
@@ -269,7 +269,7 @@ mod tests {
         assert_eq!(reqs[1].path, status_path);
         assert_eq!(reqs[1].content_type, "application/merge-patch+json");
         assert_eq!(reqs[1].body["metadata"]["resourceVersion"], json!("1"));
-        let pvc = api.get(PATH).unwrap();
+        let pvc = api.get_at(PATH).unwrap();
         assert_eq!(pvc["status"]["capacity"]["storage"], json!("640Mi"));
         assert!(
             pvc["status"]["allocatedResourceStatuses"].is_null(),
