@@ -8,5 +8,6 @@
 pub mod agent;
 pub mod api;
 pub mod apiserver;
+pub mod doctor_timeline;
 pub mod limits;
 pub mod status_text;

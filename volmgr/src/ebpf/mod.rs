@@ -18,7 +18,7 @@ mod stats;
 pub mod wire;
 
 pub use loader::{
-    enable_run_time_stats, object_built, EbpfTracer, KernelHistogram, ProgramRunStats,
+    enable_run_time_stats, object_built, EbpfTracer, InFlightCall, KernelHistogram, ProgramRunStats,
 };
 pub use stats::{
     kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
