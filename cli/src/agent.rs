@@ -66,6 +66,9 @@ pub struct AgentOptions {
     /// `status.volumesInUse` (and sets attachable volumes up only once
     /// reported there).
     pub report_volumes_in_use: bool,
+    /// `--stuck-syscall-after`: a traced call blocked this long is reported
+    /// as stuck (eBPF tracer).
+    pub stuck_syscall_after: Duration,
 }
 
 /// Why the agent could not run.
@@ -131,6 +134,10 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let _lock = lock_root(&root)?;
     // Before the manager starts: nothing done to the mount table after
     // reconstruction read it goes unseen.
+    vm.tracer_context()
+        .status
+        .stuck()
+        .set_threshold(opts.stuck_syscall_after);
     let tracer =
         tracer::start(opts.tracer, vm.tracer_context(), stop_rx.clone()).map_err(|source| {
             AgentError::Tracer {

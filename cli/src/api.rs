@@ -4,7 +4,8 @@
 //! Requests: `{"method":"status"}`, `{"method":"metrics"}`,
 //! `{"method":"wait","pod":UID,"timeout_ms":N}`,
 //! `{"method":"wait_unmount","pod":UID,"timeout_ms":N}`,
-//! `{"method":"wait_all","pods":N|null,"timeout_ms":N}`.
+//! `{"method":"wait_all","pods":N|null,"timeout_ms":N}`,
+//! `{"method":"timeline","pod":"NS/NAME"|UID}` (`volmgr doctor --pod`).
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"..."}`.
 //!
 //! Clients are bounded (see [`crate::limits`]): connections, request line
@@ -102,6 +103,11 @@ pub enum Request {
         pod: String,
         /// Timeout.
         timeout_ms: u64,
+    },
+    /// A pod's volumes' syscall timelines and stuck calls.
+    Timeline {
+        /// `namespace/name` or UID.
+        pod: String,
     },
 }
 
@@ -241,10 +247,12 @@ async fn handle(
         let req = parse_request(&line);
         // Large responses wait for a slot: a few are built at once.
         let _slot = match &req {
-            Ok(Request::Status | Request::Metrics) => match limits.response_slot().await {
-                Some(s) => Some(s),
-                None => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
-            },
+            Ok(Request::Status | Request::Metrics | Request::Timeline { .. }) => {
+                match limits.response_slot().await {
+                    Some(s) => Some(s),
+                    None => return Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                }
+            }
             _ => None,
         };
         let resp = match req {
@@ -316,6 +324,12 @@ async fn answer(req: Request, vm: &VolumeManager) -> Response {
         Request::Metrics => ok(serde_json::Value::String(vm.metrics_text())),
         Request::Wait { pod, timeout_ms } => wait(vm, &pod, timeout_ms, false).await,
         Request::WaitUnmount { pod, timeout_ms } => wait(vm, &pod, timeout_ms, true).await,
+        Request::Timeline { pod } => match crate::doctor_timeline::answer(vm, &pod)
+            .and_then(|t| serde_json::to_value(t).map_err(|e| e.to_string()))
+        {
+            Ok(v) => ok(v),
+            Err(e) => err(e),
+        },
         Request::WaitAll { pods, timeout_ms } => {
             let t = Duration::from_millis(timeout_ms).min(MAX_WAIT);
             match vm.wait_converged(pods, t).await {

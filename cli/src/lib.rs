@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod api;
 pub use volmgr_kube as apiserver;
+pub mod doctor_timeline;
 pub mod limits;
 pub mod metrics_server;
 pub mod status_text;

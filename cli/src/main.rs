@@ -15,6 +15,7 @@ use volmgr::tracer::TracerMode;
 use volmgr::util::escape::printable;
 use volmgr_cli::agent::{self, AgentOptions};
 use volmgr_cli::api::{self, Request};
+use volmgr_cli::doctor_timeline;
 use volmgr_cli::status_text::status_text;
 
 /// volmgr: a node-level Kubernetes volume manager.
@@ -94,6 +95,10 @@ struct AgentArgs {
     /// reports it); attachable volumes are then set up once reported.
     #[arg(long)]
     report_volumes_in_use: bool,
+    /// A traced mount-family or statfs call blocked this long is reported
+    /// as stuck (status, doctor, log, metrics) while it is still blocked.
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
+    stuck_syscall_after: Duration,
 }
 
 impl AgentArgs {
@@ -119,6 +124,7 @@ impl AgentArgs {
             token_dir: self.token_file,
             kubeconfig: self.kubeconfig,
             report_volumes_in_use: self.report_volumes_in_use,
+            stuck_syscall_after: self.stuck_syscall_after,
         }
     }
 }
@@ -127,6 +133,10 @@ impl AgentArgs {
 enum Command {
     /// Run the node agent on a manifests directory and/or the API server's pods.
     Agent(Box<AgentArgs>),
+    /// A pod's volumes' syscall timelines (eBPF): every mount-family call
+    /// on their paths by any process, with its duration and result, and the
+    /// calls stuck now.
+    Doctor(doctor_timeline::DoctorArgs),
     /// Show the agent's status.
     Status {
         /// Root directory of the agent.
@@ -365,6 +375,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             timeout: t,
         } => status(&root, json, t).await?,
+        Command::Doctor(args) => return doctor_timeline::run(args).await,
         Command::Wait {
             root,
             pod,

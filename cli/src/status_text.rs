@@ -25,6 +25,7 @@ pub fn status_text(s: &Status) -> String {
             o.operation, o.plugin, o.status, o.count, o.p50_seconds, o.p99_seconds, o.max_seconds
         );
     }
+    crate::doctor_timeline::stuck_text(&mut out, &s.stuck_syscalls);
     out
 }
 

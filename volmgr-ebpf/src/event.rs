@@ -25,8 +25,34 @@ pub const SYS_MOVE_MOUNT: u32 = 6;
 pub const SYS_OPEN_TREE: u32 = 7;
 /// `mount_setattr(2)`.
 pub const SYS_MOUNT_SETATTR: u32 = 8;
-/// Number of traced syscalls.
+/// Number of traced syscalls (the ones with events and histograms).
 pub const NUM_SYSCALLS: u32 = 9;
+/// `statfs(2)`: only kept in flight (for stuck calls on hung network and
+/// FUSE file systems); no event, no histogram.
+pub const SYS_STATFS: u32 = 9;
+
+/// What `sys_enter` keeps for `sys_exit`, per thread (key: pid_tgid), in
+/// the `STARTS` map; user space reads it to find calls still in flight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InFlight {
+    /// `bpf_ktime_get_ns()` at entry.
+    pub ts: u64,
+    /// Inode of the caller's mount namespace.
+    pub mnt_ns: u64,
+    /// The call's flags argument.
+    pub flags: u64,
+    /// Extra arguments (see [`EventHeader::aux`]).
+    pub aux: [u64; 2],
+    /// User pointers to fstype, source, target (0 = none).
+    pub strs: [u64; 3],
+    /// File descriptor arguments.
+    pub fds: [i32; 2],
+    /// One of the `SYS_*` ids.
+    pub syscall: u32,
+    /// Padding.
+    pub _pad: u32,
+}
 
 /// Longest filesystem type read, including the NUL.
 pub const FSTYPE_MAX: usize = 64;

@@ -38,25 +38,10 @@ static OFF_NSPROXY_MNT_NS: u64 = 0;
 #[no_mangle]
 static OFF_MNT_NS_INUM: u64 = 0;
 
-/// What `sys_enter` keeps for `sys_exit`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Start {
-    ts: u64,
-    mnt_ns: u64,
-    flags: u64,
-    aux: [u64; 2],
-    /// User pointers to fstype, source, target (0 = none).
-    strs: [u64; 3],
-    fds: [i32; 2],
-    syscall: u32,
-    _pad: u32,
-}
-
 /// Per-thread entry state (every entered call exits, even when a signal
 /// interrupts it, so entries do not pile up).
 #[map]
-static STARTS: HashMap<u64, Start> = HashMap::with_max_entries(16384, 0);
+static STARTS: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
@@ -139,7 +124,7 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
     if filter != 0 && filter != mnt_ns {
         return 0;
     }
-    let mut s = Start {
+    let mut s = InFlight {
         ts: 0,
         mnt_ns,
         flags: 0,
@@ -209,6 +194,10 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
                 }
             }
         }
+        SYS_STATFS => {
+            // statfs(pathname, buf)
+            s.strs[2] = arg(ctx, 0);
+        }
         _ => return 0,
     }
     // SAFETY: helper without arguments.
@@ -253,6 +242,10 @@ fn exit(ctx: &TracePointContext) -> u32 {
         return 0;
     };
     let _ = STARTS.remove(&pid_tgid);
+    if s.syscall >= NUM_SYSCALLS {
+        // Kept in flight only (statfs).
+        return 0;
+    }
     let ret = arg(ctx, 0) as i64;
     let latency = now.wrapping_sub(s.ts);
 
@@ -354,6 +347,7 @@ programs! {
     sys_enter_move_mount, sys_exit_move_mount, SYS_MOVE_MOUNT;
     sys_enter_open_tree, sys_exit_open_tree, SYS_OPEN_TREE;
     sys_enter_mount_setattr, sys_exit_mount_setattr, SYS_MOUNT_SETATTR;
+    sys_enter_statfs, sys_exit_statfs, SYS_STATFS;
 }
 
 #[cfg(not(test))]

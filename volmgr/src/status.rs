@@ -51,6 +51,43 @@ pub struct Status {
     /// any more that are not unmounted yet (a failing NodeUnstageVolume).
     #[serde(default)]
     pub devices: Vec<DeviceStatus>,
+    /// Traced calls (mount family, `statfs`) blocked longer than
+    /// `--stuck-syscall-after` right now, oldest first (eBPF tracer only).
+    #[serde(default)]
+    pub stuck_syscalls: Vec<StuckSyscall>,
+}
+
+/// A traced call still blocked in the kernel after the threshold.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StuckSyscall {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id (the blocked task).
+    pub tid: u32,
+    /// The thread's command name.
+    pub comm: String,
+    /// `mount`, `umount2`, `statfs`, ...
+    pub call: String,
+    /// The path argument (read from the caller's memory; empty if none or
+    /// unreadable).
+    pub path: String,
+    /// File system type of the mount the path is on, in the caller's
+    /// mount namespace (empty if unknown).
+    pub fstype: String,
+    /// When the call started (RFC 3339).
+    pub since: String,
+    /// How long it has been blocked, seconds.
+    pub elapsed_seconds: f64,
+    /// The pod whose volume path it is, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// The volume (directory name under the pod's or plugin's directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// The task's kernel stack (`/proc/<pid>/task/<tid>/stack`), innermost
+    /// first; empty when the kernel does not show it.
+    #[serde(default)]
+    pub kernel_stack: Vec<String>,
 }
 
 /// A volume's device mount (the kubelet's device mount: CSI

@@ -26,6 +26,9 @@ struct Key {
     syscall: MountSyscall,
     fstype: String,
     error: bool,
+    /// The CSI driver (or volume plugin) whose volume path the call
+    /// touched, `""` when it touched none.
+    driver: String,
 }
 
 #[derive(Debug, Clone)]
@@ -34,7 +37,8 @@ struct Entry {
     sum_ns: u128,
 }
 
-/// User-side latency histograms (hdrhistogram) per (syscall, fstype, ok/error).
+/// User-side latency histograms (hdrhistogram) per (syscall, fstype,
+/// ok/error, driver).
 #[derive(Debug, Default, Clone)]
 pub struct SyscallStats {
     by_key: BTreeMap<Key, Entry>,
@@ -79,10 +83,18 @@ impl SyscallStats {
 
     /// Records one event's latency.
     pub fn record(&mut self, ev: &SyscallEvent) {
+        self.record_for_driver(ev, "");
+    }
+
+    /// Records one event's latency for the volume `driver` whose path it
+    /// touched (the CSI driver's name, or the plugin's, see
+    /// `tracer::timeline::attribute`).
+    pub fn record_for_driver(&mut self, ev: &SyscallEvent, driver: &str) {
         let key = Key {
             syscall: ev.syscall,
             fstype: ev.fstype.clone().unwrap_or_default(),
             error: ev.ret < 0,
+            driver: driver.to_string(),
         };
         let entry = match self.by_key.get_mut(&key) {
             Some(e) => e,
@@ -103,8 +115,8 @@ impl SyscallStats {
         self.by_key.values().map(|e| e.hist.len()).sum()
     }
 
-    /// `volmgr_mount_syscall_duration_seconds{syscall,fstype,result}` histogram
-    /// (Prometheus text) plus `volmgr_trace_events_lost_total`.
+    /// `volmgr_mount_syscall_duration_seconds{syscall,fstype,result,driver}`
+    /// histogram (Prometheus text) plus `volmgr_trace_events_lost_total`.
     pub fn prometheus_text(&self, events_lost: u64) -> String {
         let mut w = Exposition::new();
         let name = "volmgr_mount_syscall_duration_seconds";
@@ -118,6 +130,7 @@ impl SyscallStats {
                 ("syscall", k.syscall.name()),
                 ("fstype", k.fstype.as_str()),
                 ("result", result_label(k.error)),
+                ("driver", k.driver.as_str()),
             ];
             let buckets =
                 SYSCALL_BUCKETS.map(|le| (le, e.hist.count_between(0, (le * 1e9) as u64)));
@@ -137,7 +150,7 @@ impl SyscallStats {
     /// Summary rows for status/profile: syscall, fstype, result, count,
     /// p50/p90/p99/p99.9/max (ns), sorted by syscall, fstype, result.
     pub fn summary(&self) -> Vec<SyscallSummary> {
-        self.by_key
+        self.merged_over_drivers()
             .iter()
             .map(|(k, e)| SyscallSummary {
                 syscall: k.syscall.name().into(),
@@ -151,6 +164,28 @@ impl SyscallStats {
                 max_ns: e.hist.max(),
             })
             .collect()
+    }
+
+    /// The histograms per (syscall, fstype, ok/error), all drivers together.
+    fn merged_over_drivers(&self) -> BTreeMap<Key, Entry> {
+        let mut out: BTreeMap<Key, Entry> = BTreeMap::new();
+        for (k, e) in &self.by_key {
+            let key = Key {
+                driver: String::new(),
+                ..k.clone()
+            };
+            match out.get_mut(&key) {
+                Some(m) => {
+                    // Same bounds: adding cannot fail.
+                    let _ = m.hist.add(&e.hist);
+                    m.sum_ns += e.sum_ns;
+                }
+                None => {
+                    out.insert(key, e.clone());
+                }
+            }
+        }
+        out
     }
 
     /// Rows per (syscall, fstype), successes and failures together, with
@@ -190,7 +225,7 @@ impl SyscallStats {
     /// The histogram of one row of [`SyscallStats::summary`], as
     /// `(upper bound ns, count)` over the kernel's log-linear buckets.
     pub fn distribution(&self, syscall: &str, fstype: &str, error: bool) -> Vec<(u64, u64)> {
-        self.by_key
+        self.merged_over_drivers()
             .iter()
             .find(|(k, _)| k.syscall.name() == syscall && k.fstype == fstype && k.error == error)
             .map(|(_, e)| log_buckets(&e.hist))
@@ -301,81 +336,81 @@ mod tests {
         let want = concat!(
             "# HELP volmgr_mount_syscall_duration_seconds Latency of mount-table syscalls, entry to exit, traced with eBPF.\n",
             "# TYPE volmgr_mount_syscall_duration_seconds histogram\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.000001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.000005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.00001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.00005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.00025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0005\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.001\"} 3\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.0025\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.005\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.01\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.025\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.05\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.1\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.25\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"0.5\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"1\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"2.5\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"5\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"10\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",le=\"+Inf\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\"} 0.003\n",
-            "volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\"} 4\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000005\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.00001\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000025\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.00005\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0001\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.00025\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0005\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.001\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.0025\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.005\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.01\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.025\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.05\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.1\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.25\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.5\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"1\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"2.5\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"5\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"10\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"+Inf\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"umount2\",fstype=\"\",result=\"error\"} 0.000005\n",
-            "volmgr_mount_syscall_duration_seconds_count{syscall=\"umount2\",fstype=\"\",result=\"error\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.000001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.000005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.00001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.00005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.00025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.0025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.01\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.05\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.1\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.25\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"0.5\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"1\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"2.5\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"5\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"10\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",le=\"+Inf\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\"} 12.345678901\n",
-            "volmgr_mount_syscall_duration_seconds_count{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.000005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.00001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.00005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.0001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.00025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.0005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.001\"} 3\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.0025\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.005\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.01\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.025\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.05\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.1\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.25\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"0.5\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"1\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"2.5\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"5\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"10\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\",le=\"+Inf\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\"} 0.003\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\"} 4\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.000005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.00001\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.000025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.00005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.0001\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.00025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.0005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.001\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.0025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.005\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.01\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.025\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.05\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.1\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.25\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.5\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"1\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"2.5\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"5\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"10\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"+Inf\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\"} 0.000005\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.000005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.00001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.00005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.00025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.01\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.05\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.1\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.25\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"1\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"2.5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"10\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"+Inf\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\"} 12.345678901\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\"} 1\n",
             "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for.\n",
             "# TYPE volmgr_trace_events_lost_total counter\n",
             "volmgr_trace_events_lost_total 3\n",
@@ -462,10 +497,10 @@ mod tests {
         assert_eq!(rows[1].result, "error");
         let text = s.prometheus_text(3);
         assert!(text.contains(
-            "volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\"} 100"
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"\"} 100"
         ));
         assert!(text.contains(
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",le=\"0.000005\"} 1"
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"0.000005\"} 1"
         ), "{text}");
         assert!(text.contains("volmgr_trace_events_lost_total 3"));
         let dist = s.distribution("mount", "tmpfs", false);
@@ -486,5 +521,36 @@ mod tests {
         assert!(t.contains(
             "volmgr_mount_syscall_kernel_duration_seconds_count{syscall=\"fsopen\",result=\"ok\"} 2"
         ));
+    }
+
+    #[test]
+    fn driver_label_splits_histograms_and_summary_merges_them() {
+        let mut s = SyscallStats::new();
+        let mount = ev(MountSyscall::Mount, Some("ext4"), 0, 2_000_000);
+        s.record_for_driver(&mount, "hostpath.csi.k8s.io");
+        s.record_for_driver(&mount, "hostpath.csi.k8s.io");
+        s.record_for_driver(&mount, "kubernetes.io/empty-dir");
+        s.record(&mount);
+        let text = s.prometheus_text(0);
+        for (driver, n) in [
+            ("hostpath.csi.k8s.io", 2),
+            ("kubernetes.io/empty-dir", 1),
+            ("", 1),
+        ] {
+            let line = format!(
+                "volmgr_mount_syscall_duration_seconds_count{{syscall=\"mount\",fstype=\"ext4\",result=\"ok\",driver=\"{driver}\"}} {n}\n"
+            );
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        let rows = s.summary();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].count, 4);
+        assert_eq!(
+            s.distribution("mount", "ext4", false)
+                .iter()
+                .map(|b| b.1)
+                .sum::<u64>(),
+            4
+        );
     }
 }

@@ -3,7 +3,7 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::TracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tokio::io::unix::AsyncFd;
@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::btf::{Btf, MntNsOffsets};
 use super::decode::{extra_args, Decoder, ExtraArgs};
-use super::wire::{self, Hist};
+use super::wire::{self, Hist, InFlight};
 use super::{EbpfError, MountSyscall, SyscallEvent, TraceFilter};
 
 /// The object built by `build.rs` (empty when built without it).
@@ -20,9 +20,11 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vo
 
 // SAFETY: `Hist` is `repr(C)` plain data (u64 arrays), valid for any bytes.
 unsafe impl aya::Pod for Hist {}
+// SAFETY: `InFlight` is `repr(C)` plain data (integers), valid for any bytes.
+unsafe impl aya::Pod for InFlight {}
 
 /// The tracepoints, as `syscalls:sys_{enter,exit}_<name>`.
-const TRACEPOINTS: [&str; 9] = [
+const TRACEPOINTS: [&str; 10] = [
     "mount",
     "umount",
     "fsopen",
@@ -32,6 +34,7 @@ const TRACEPOINTS: [&str; 9] = [
     "move_mount",
     "open_tree",
     "mount_setattr",
+    "statfs",
 ];
 
 /// Whether this binary carries the eBPF object.
@@ -76,6 +79,32 @@ impl KernelHistogram {
     }
 }
 
+/// A traced call that has entered and not yet returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightCall {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// The syscall's name (`mount`, `umount2`, ..., `statfs`).
+    pub call: &'static str,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at entry.
+    pub start_ns: u64,
+    /// Inode of the caller's mount namespace.
+    pub mnt_ns: u64,
+    /// User-space address of the call's path argument in the caller (0 = none).
+    pub path_ptr: u64,
+}
+
+/// The name of wire syscall id `id`, in flight ([`wire::SYS_STATFS`] included).
+fn in_flight_name(id: u32) -> &'static str {
+    match MountSyscall::from_wire(id) {
+        Some(s) => s.name(),
+        None if id == wire::SYS_STATFS => "statfs",
+        None => "unknown",
+    }
+}
+
 /// A loaded and attached tracer.
 pub struct EbpfTracer {
     // Owns the programs and their links: dropping it detaches everything.
@@ -89,6 +118,7 @@ pub struct EbpfTracer {
     poll_soon: bool,
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
+    starts: BpfHashMap<MapData, u64, InFlight>,
     filter: TraceFilter,
 }
 
@@ -123,6 +153,8 @@ impl EbpfTracer {
             .map_err(|e| EbpfError::Map("LOST", e))?;
         let hist = PerCpuArray::try_from(take_map(&mut ebpf, "HIST")?)
             .map_err(|e| EbpfError::Map("HIST", e))?;
+        let starts = BpfHashMap::try_from(take_map(&mut ebpf, "STARTS")?)
+            .map_err(|e| EbpfError::Map("STARTS", e))?;
         Ok(EbpfTracer {
             _ebpf: ebpf,
             ring: Some(ring),
@@ -131,6 +163,7 @@ impl EbpfTracer {
             poll_soon: false,
             lost,
             hist,
+            starts,
             filter,
         })
     }
@@ -211,6 +244,37 @@ impl EbpfTracer {
             .get(&0, 0)
             .map(|v| v.iter().copied().sum())
             .unwrap_or(0)
+    }
+
+    /// The traced calls in flight now (entered, not returned), from the
+    /// programs' per-thread entry map: the path argument is the caller's
+    /// user-space address (read it from `/proc/<pid>/mem` while the call
+    /// blocks). A thread's entry can be replaced between the read of its
+    /// key and of its value; such entries are skipped.
+    pub fn in_flight(&self) -> Vec<InFlightCall> {
+        self.starts
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(key, s)| {
+                let path_ptr = match s.syscall {
+                    wire::SYS_MOUNT
+                    | wire::SYS_UMOUNT
+                    | wire::SYS_MOUNT_SETATTR
+                    | wire::SYS_STATFS
+                    | wire::SYS_MOVE_MOUNT => s.strs[2],
+                    wire::SYS_FSPICK | wire::SYS_OPEN_TREE => s.strs[1],
+                    _ => 0,
+                };
+                InFlightCall {
+                    pid: (key >> 32) as u32,
+                    tid: key as u32,
+                    call: in_flight_name(s.syscall),
+                    start_ns: s.ts,
+                    mnt_ns: s.mnt_ns,
+                    path_ptr,
+                }
+            })
+            .collect()
     }
 
     /// Runs of this tracer's programs and the time they took, summed over

@@ -21,7 +21,7 @@ pub use histograms::{
     kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
 };
 pub use loader::{
-    enable_run_time_stats, object_built, EbpfTracer, KernelHistogram, ProgramRunStats,
+    enable_run_time_stats, object_built, EbpfTracer, InFlightCall, KernelHistogram, ProgramRunStats,
 };
 
 /// A syscall that changes a mount table.

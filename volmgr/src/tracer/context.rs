@@ -17,6 +17,9 @@ use crate::sys::root_dir::RootDir;
 use crate::sys::MountTableReader;
 use crate::util::sync::MutexExt;
 
+use super::stuck::StuckView;
+use super::timeline::TimelineStore;
+
 /// What the active tracer adds to status: its counters and syscall latencies.
 pub type StatsSource = Arc<dyn Fn() -> (TracerStats, Vec<SyscallLatency>) + Send + Sync>;
 
@@ -64,6 +67,8 @@ struct StatusInner {
 /// The volume manager owns one and reads it when it builds status.
 pub struct TracerStatus {
     inner: Mutex<StatusInner>,
+    timelines: Arc<TimelineStore>,
+    stuck: Arc<StuckView>,
 }
 
 impl Default for TracerStatus {
@@ -75,11 +80,24 @@ impl Default for TracerStatus {
                 stats: None,
                 metrics: None,
             }),
+            timelines: Arc::new(TimelineStore::default()),
+            stuck: Arc::new(StuckView::default()),
         }
     }
 }
 
 impl TracerStatus {
+    /// The per-volume timelines (filled by the eBPF tracer).
+    pub fn timelines(&self) -> &Arc<TimelineStore> {
+        &self.timelines
+    }
+
+    /// The calls stuck now (kept by the eBPF tracer); set its threshold
+    /// (`--stuck-syscall-after`) before the tracer starts.
+    pub fn stuck(&self) -> &Arc<StuckView> {
+        &self.stuck
+    }
+
     /// Records which tracer is active and why.
     pub fn set(&self, name: &str, reason: &str) {
         let mut inner = self.inner.locked();

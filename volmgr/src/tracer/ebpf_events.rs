@@ -14,11 +14,15 @@
 //! symlinks before calling; a symlinked path outside ROOT that leads into it
 //! is left to the resync).
 //!
-//! Only calls made in the agent's own mount namespace are followed (the
-//! program filters by namespace). A change made in another namespace that
-//! reaches the agent's through mount propagation (shared mounts) is left to
-//! the resync; the mountinfo poller, which watches the namespace's own
-//! table, does see those.
+//! The program traces every process in every mount namespace: each call on
+//! a volume's path under ROOT, whoever made it (the kubelet, a CSI driver
+//! container, a mount helper), goes into that volume's timeline
+//! ([`super::timeline`]) and into the latency histograms with the volume's
+//! driver. Only calls made in the agent's own mount namespace lead to
+//! checks, and calls elsewhere that touch no volume are not counted. A
+//! change made in another namespace that reaches the agent's through mount
+//! propagation (shared mounts) is left to the resync; the mountinfo poller,
+//! which watches the namespace's own table, does see those.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -29,6 +33,7 @@ use tokio::sync::{mpsc, watch};
 use crate::ebpf::{MountSyscall, SyscallEvent, SyscallStats};
 
 use super::check::{CheckSender, Origin, Scope};
+use super::timeline::TimelineStore;
 use super::TracerCounters;
 use crate::cache::out_of_band::DetectedBy;
 use crate::util::sync::MutexExt;
@@ -50,13 +55,23 @@ pub struct Own {
     pub root: PathBuf,
 }
 
+/// Where the events go.
+pub struct Sinks {
+    /// Latency histograms.
+    pub stats: Arc<Mutex<SyscallStats>>,
+    /// Per-volume timelines.
+    pub timelines: Arc<TimelineStore>,
+    /// Checks of the mount table.
+    pub checks: CheckSender,
+    /// Counters for status.
+    pub counters: Arc<TracerCounters>,
+}
+
 /// Reads events until the channel closes or `shutdown`.
 pub async fn run(
     mut events: mpsc::UnboundedReceiver<SyscallEvent>,
     own: Own,
-    stats: Arc<Mutex<SyscallStats>>,
-    checks: CheckSender,
-    counters: Arc<TracerCounters>,
+    sinks: Sinks,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -71,21 +86,24 @@ pub async fn run(
                 }
             },
         };
-        handle(&ev, &own, &stats, &checks, &counters);
+        handle(&ev, &own, &sinks);
         while let Ok(ev) = events.try_recv() {
-            handle(&ev, &own, &stats, &checks, &counters);
+            handle(&ev, &own, &sinks);
         }
     }
 }
 
-fn handle(
-    ev: &SyscallEvent,
-    own: &Own,
-    stats: &Mutex<SyscallStats>,
-    checks: &CheckSender,
-    counters: &TracerCounters,
-) {
-    stats.locked().record(ev);
+fn handle(ev: &SyscallEvent, own: &Own, sinks: &Sinks) {
+    let driver = sinks.timelines.record(ev, &own.root);
+    if driver.is_none() && ev.mnt_ns != own.mnt_ns {
+        // Another namespace's call on no volume: not this node's concern.
+        return;
+    }
+    sinks
+        .stats
+        .locked()
+        .record_for_driver(ev, driver.as_deref().unwrap_or(""));
+    let (checks, counters) = (&sinks.checks, &sinks.counters);
     counters.events.fetch_add(1, Ordering::Relaxed);
     let scopes = scopes(ev, own);
     if scopes.is_empty() {

@@ -33,6 +33,8 @@ pub mod check;
 pub mod context;
 pub mod ebpf_events;
 pub mod mountinfo_poller;
+pub mod stuck;
+pub mod timeline;
 
 use std::fmt;
 use std::str::FromStr;
@@ -384,10 +386,9 @@ async fn load_in_background(thread_name: Option<String>) -> Result<LoadedEbpf, T
 
 fn load_ebpf(thread_name: Option<&str>) -> Result<LoadedEbpf, TracerError> {
     let mnt_ns = ebpf::own_mount_namespace().map_err(TracerError::Namespace)?;
-    let tracer = EbpfTracer::load(TraceFilter {
-        mnt_ns: Some(mnt_ns),
-    })
-    .map_err(TracerError::Ebpf)?;
+    // Every namespace: CSI driver containers mount in their own; only
+    // calls in this one lead to checks (see `ebpf_events::scopes`).
+    let tracer = EbpfTracer::load(TraceFilter { mnt_ns: None }).map_err(TracerError::Ebpf)?;
     Ok(LoadedEbpf {
         tracer,
         mnt_ns,
@@ -432,33 +433,50 @@ fn attach_ebpf(
             boot_ns: None,
         },
     );
+    let stuck_task = tokio::spawn(stuck::run(
+        Arc::clone(&tracer),
+        Arc::clone(ctx.status.stuck()),
+        ctx.root_path().to_path_buf(),
+        shutdown.clone(),
+    ));
     let feed = tokio::spawn(ebpf_events::run(
         events,
         own,
-        Arc::clone(&stats),
-        checks,
-        Arc::clone(&counters),
+        ebpf_events::Sinks {
+            stats: Arc::clone(&stats),
+            timelines: Arc::clone(ctx.status.timelines()),
+            checks,
+            counters: Arc::clone(&counters),
+        },
         shutdown,
     ));
-    ctx.status
-        .set_metrics_source(ebpf_metrics(Arc::clone(&stats), Arc::clone(&tracer)));
+    ctx.status.set_metrics_source(ebpf_metrics(
+        Arc::clone(&stats),
+        Arc::clone(&tracer),
+        Arc::clone(ctx.status.stuck()),
+    ));
     ctx.status
         .set_stats_source(ebpf_stats(stats, tracer, counters, check_counters));
     Ok(ActiveTracer {
         name: "ebpf",
         reason: format!(
-            "{reason_prefix}eBPF program attached to the mount syscalls of mount namespace {mnt_ns}"
+            "{reason_prefix}eBPF program attached to the mount syscalls of every process (checks for mount namespace {mnt_ns})"
         ),
-        tasks: vec![check_task, feed],
+        tasks: vec![check_task, feed, stuck_task],
     })
 }
 
 /// The eBPF tracer's Prometheus text: the latency histograms of the events
 /// read, and the in-kernel ones (exact even if events were lost).
-fn ebpf_metrics(stats: Arc<Mutex<SyscallStats>>, tracer: Arc<EbpfTracer>) -> MetricsSource {
+fn ebpf_metrics(
+    stats: Arc<Mutex<SyscallStats>>,
+    tracer: Arc<EbpfTracer>,
+    stuck: Arc<stuck::StuckView>,
+) -> MetricsSource {
     Arc::new(move || {
         let mut text = stats.locked().prometheus_text(tracer.events_lost());
         text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
+        text.push_str(&stuck.prometheus_text());
         text
     })
 }

@@ -1,0 +1,368 @@
+//! `volmgr doctor --pod NS/NAME`: a pod's volumes' syscall timelines (every
+//! mount-family call any process made on their paths, traced with eBPF,
+//! see `volmgr::tracer::timeline`) and the calls on them stuck now; as
+//! text, JSON, or an SVG drawing (`--svg FILE`, hand-written, no
+//! dependency). The agent answers the `timeline` request of its status
+//! socket ([`answer`]).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use volmgr::status::StuckSyscall;
+use volmgr::tracer::timeline::{PodTimeline, VolumeTimeline};
+use volmgr::util::escape::printable;
+use volmgr::volumemanager::VolumeManager;
+
+use crate::api::{self, Request};
+
+/// `volmgr doctor`'s flags (the per-pod timeline part).
+#[derive(clap::Args, Debug)]
+pub struct DoctorArgs {
+    /// Root directory of the agent.
+    #[arg(long)]
+    pub root: PathBuf,
+    /// The pod, as NAMESPACE/NAME or its UID.
+    #[arg(long)]
+    pub pod: String,
+    /// Also draw the timelines as SVG into this file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Print the timelines as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Seconds to wait for the agent's answer.
+    #[arg(long, default_value = "30")]
+    pub timeout: f64,
+}
+
+/// Runs `volmgr doctor --pod`: exit 0, or 1 when a call on the pod's
+/// volumes is stuck now.
+pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let timeout = Duration::try_from_secs_f64(args.timeout).context("--timeout")?;
+    let req = Request::Timeline {
+        pod: args.pod.clone(),
+    };
+    let v = api::call(&args.root, &req, timeout)
+        .await
+        .context("asking the agent (is it running on this root?)")?;
+    let t: PodTimeline = serde_json::from_value(v.clone())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", text(&t));
+    }
+    if let Some(file) = &args.svg {
+        std::fs::write(file, svg(&t)).with_context(|| format!("writing {}", file.display()))?;
+    }
+    Ok(if t.stuck.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The agent's answer to `{"method":"timeline","pod":...}`: the pod by
+/// `namespace/name` or UID among the manager's pods (a UID it does not
+/// know is taken as given: a pod that left may still have timelines).
+pub fn answer(vm: &VolumeManager, pod: &str) -> Result<PodTimeline, String> {
+    let status = vm.status();
+    let found = status
+        .pods
+        .iter()
+        .find(|p| format!("{}/{}", p.namespace, p.name) == pod || p.uid == pod);
+    let (name, uid) = match found {
+        Some(p) => (format!("{}/{}", p.namespace, p.name), p.uid.clone()),
+        None if pod.contains('/') => return Err(format!("no pod {pod} on this node")),
+        None => (String::new(), pod.to_string()),
+    };
+    let ctx = vm.tracer_context();
+    let note = (status.tracer != "ebpf").then(|| {
+        format!(
+            "timelines need the eBPF tracer; the active tracer is {} ({})",
+            status.tracer, status.tracer_reason
+        )
+    });
+    Ok(PodTimeline {
+        pod: name,
+        volumes: ctx.status.timelines().for_pod(&uid),
+        stuck: ctx.status.stuck().for_pod(&uid),
+        uid,
+        note,
+    })
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.3}ms", ns as f64 / 1e6)
+}
+
+fn volume_title(v: &VolumeTimeline) -> String {
+    let what = if v.key.pod_uid.is_some() {
+        "volume"
+    } else {
+        "staging"
+    };
+    format!("{what} {}/{}", v.key.plugin, v.key.volume)
+}
+
+/// The text report.
+pub fn text(t: &PodTimeline) -> String {
+    let mut out = String::new();
+    let name = if t.pod.is_empty() { "?" } else { &t.pod };
+    let _ = writeln!(out, "pod {} (uid {})", printable(name), printable(&t.uid));
+    if let Some(n) = &t.note {
+        let _ = writeln!(out, "note: {}", printable(n));
+    }
+    if t.volumes.is_empty() {
+        let _ = writeln!(out, "no calls seen on this pod's volume paths");
+    }
+    for v in &t.volumes {
+        let _ = writeln!(
+            out,
+            "\n{} (driver {}): {} calls{}",
+            printable(&volume_title(v)),
+            printable(&v.driver),
+            v.entries.len(),
+            if v.dropped > 0 {
+                format!(", {} older dropped", v.dropped)
+            } else {
+                String::new()
+            }
+        );
+        for e in &v.entries {
+            let source = e
+                .source
+                .as_deref()
+                .map(|s| format!(" from {}", printable(s)))
+                .unwrap_or_default();
+            let fstype = e
+                .fstype
+                .as_deref()
+                .map(|s| format!(" [{}]", printable(s)))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {}  {}[{}/{}]  {} {} {}{}{}  {}  {}",
+                e.time,
+                printable(&e.comm),
+                e.pid,
+                e.tid,
+                e.call,
+                e.role.as_str(),
+                printable(&e.path),
+                source,
+                fstype,
+                ms(e.duration_ns),
+                e.result
+            );
+        }
+    }
+    stuck_text(&mut out, &t.stuck);
+    out
+}
+
+/// The "stuck now" section (also used by status text).
+pub fn stuck_text(out: &mut String, stuck: &[StuckSyscall]) {
+    if stuck.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nstuck now:");
+    for s in stuck {
+        let _ = writeln!(
+            out,
+            "  {}({}) by {}[{}/{}] on {}: blocked {:.1}s (since {})",
+            s.call,
+            printable(&s.path),
+            printable(&s.comm),
+            s.pid,
+            s.tid,
+            if s.fstype.is_empty() { "?" } else { &s.fstype },
+            s.elapsed_seconds,
+            s.since
+        );
+        for f in &s.kernel_stack {
+            let _ = writeln!(out, "      {}", printable(f));
+        }
+    }
+}
+
+fn xml(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&apos;"),
+            c if c.is_control() => o.push('?'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+const LABEL_W: f64 = 320.0;
+const PLOT_W: f64 = 800.0;
+const ROW_H: f64 = 28.0;
+const TOP: f64 = 50.0;
+
+/// The SVG drawing: a row per volume, a bar per call from its start for
+/// its duration (green ok, red failed; at least 2 px wide), on one time axis.
+pub fn svg(t: &PodTimeline) -> String {
+    let all = t.volumes.iter().flat_map(|v| v.entries.iter());
+    let t0 = all.clone().map(|e| e.start_ns).min().unwrap_or(0);
+    let t1 = all
+        .map(|e| e.start_ns + e.duration_ns)
+        .max()
+        .unwrap_or(1)
+        .max(t0 + 1);
+    let span = (t1 - t0) as f64;
+    let x = |ns: u64| LABEL_W + (ns.saturating_sub(t0)) as f64 / span * PLOT_W;
+    let rows = t.volumes.len().max(1) as f64;
+    let height = TOP + rows * ROW_H + 40.0 + 16.0 * t.stuck.len() as f64;
+    let width = LABEL_W + PLOT_W + 20.0;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" font-size="11">"#
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="8" y="18" font-size="14">pod {} (uid {}): mount-family syscalls on its volumes</text>"#,
+        xml(&t.pod),
+        xml(&t.uid)
+    );
+    for i in 0..=4u64 {
+        let ns = t0 + (t1 - t0) * i / 4;
+        let xi = x(ns);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{xi:.1}" y1="{}" x2="{xi:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xi:.1}" y="{}" text-anchor="middle">+{}</text>"##,
+            TOP - 10.0,
+            TOP + rows * ROW_H,
+            TOP - 14.0,
+            ms(ns - t0)
+        );
+    }
+    for (i, v) in t.volumes.iter().enumerate() {
+        let y = TOP + i as f64 * ROW_H;
+        let _ = writeln!(
+            o,
+            r#"<text x="8" y="{:.1}">{}</text>"#,
+            y + ROW_H / 2.0 + 4.0,
+            xml(&volume_title(v))
+        );
+        for e in &v.entries {
+            let x0 = x(e.start_ns);
+            let w = (x(e.start_ns + e.duration_ns) - x0).max(2.0);
+            let color = if e.result == "ok" { "#2a2" } else { "#d22" };
+            let _ = writeln!(
+                o,
+                r#"<rect x="{x0:.1}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="{color}"><title>{} {}[{}/{}] {} {} {} {}</title></rect>"#,
+                y + 4.0,
+                ROW_H - 8.0,
+                xml(&e.time),
+                xml(&e.comm),
+                e.pid,
+                e.tid,
+                xml(&e.call),
+                xml(&e.path),
+                ms(e.duration_ns),
+                xml(&e.result)
+            );
+        }
+    }
+    let mut y = TOP + rows * ROW_H + 24.0;
+    for s in &t.stuck {
+        let _ = writeln!(
+            o,
+            r##"<text x="8" y="{y:.1}" fill="#c60">stuck: {}({}) by {}[{}/{}] blocked {:.1}s</text>"##,
+            xml(&s.call),
+            xml(&s.path),
+            xml(&s.comm),
+            s.pid,
+            s.tid,
+            s.elapsed_seconds
+        );
+        y += 16.0;
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use volmgr::tracer::timeline::{PathRole, TimelineEntry, VolumeKey};
+
+    fn sample() -> PodTimeline {
+        let entry = |start_ns, result: &str| TimelineEntry {
+            time: "2026-01-01T00:00:00.000Z".into(),
+            start_ns,
+            pid: 7,
+            tid: 8,
+            comm: "mount".into(),
+            call: "mount".into(),
+            role: PathRole::Target,
+            path: "/r/pods/u/volumes/p/<v>".into(),
+            source: Some("tmpfs".into()),
+            fstype: Some("tmpfs".into()),
+            duration_ns: 1_500_000,
+            result: result.into(),
+        };
+        PodTimeline {
+            pod: "ns/web".into(),
+            uid: "u".into(),
+            volumes: vec![VolumeTimeline {
+                key: VolumeKey {
+                    pod_uid: Some("u".into()),
+                    plugin: "p".into(),
+                    volume: "<v>".into(),
+                },
+                driver: "p".into(),
+                entries: vec![entry(1_000_000, "ok"), entry(5_000_000, "EBUSY")],
+                dropped: 0,
+            }],
+            stuck: vec![StuckSyscall {
+                call: "statfs".into(),
+                path: "/r/x".into(),
+                kernel_stack: vec!["fuse_simple_request+0x1/0x2".into()],
+                ..Default::default()
+            }],
+            note: None,
+        }
+    }
+
+    #[test]
+    fn text_lists_calls_in_order_with_process_duration_and_result() {
+        let t = text(&sample());
+        assert!(t.contains("volume p/<v> (driver p): 2 calls"), "{t}");
+        assert!(
+            t.contains(
+                "mount[7/8]  mount target /r/pods/u/volumes/p/<v> from tmpfs [tmpfs]  1.500ms  ok"
+            ),
+            "{t}"
+        );
+        let ok = t.find("  ok\n").unwrap();
+        let busy = t.find("EBUSY").unwrap();
+        assert!(ok < busy, "in order: {t}");
+        assert!(t.contains("stuck now:\n  statfs(/r/x)"), "{t}");
+        assert!(t.contains("fuse_simple_request"), "{t}");
+    }
+
+    #[test]
+    fn svg_draws_a_bar_per_call_and_escapes_text() {
+        let s = svg(&sample());
+        assert!(s.starts_with("<svg "));
+        assert!(s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("<rect ").count(), 2);
+        assert!(s.contains("fill=\"#d22\""), "the failed call is red");
+        assert!(s.contains("&lt;v&gt;"));
+        assert!(!s.contains("<v>"));
+    }
+}

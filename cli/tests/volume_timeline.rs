@@ -1,0 +1,312 @@
+//! Per-volume timelines and stuck syscalls, end to end, with the real
+//! agent and its eBPF tracer in a private mount namespace:
+//!
+//! - another process (util-linux `mount`/`umount`, not the agent) mounts
+//!   and unmounts under a pod's volume path; `volmgr doctor --pod` shows
+//!   both calls in order with the process, its pid, the duration and the
+//!   result, `--svg` draws them, and the latency histogram has the volume's
+//!   driver;
+//! - a `statfs` on a FUSE mount whose daemon (written here, on raw
+//!   `/dev/fuse`) answered INIT and then stopped answering is reported as
+//!   stuck while it is blocked (status, doctor, metrics, the log once),
+//!   and is released at the end by closing the daemon's descriptor (which
+//!   aborts the connection).
+//!
+//! Needs root and BPF; skips with the reason otherwise (CI is root).
+
+// Test code: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{isolated, pod_yaml, volmgr_bin, Env};
+use volmgr::tracer::timeline::PodTimeline;
+
+/// Why the eBPF tracer cannot run here, if it cannot.
+fn ebpf_unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root".into());
+    }
+    match volmgr::ebpf::EbpfTracer::load(volmgr::ebpf::TraceFilter { mnt_ns: None }) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+fn metrics_text(env: &Env) -> String {
+    let v = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(volmgr_cli::api::call(
+            &env.root,
+            &volmgr_cli::api::Request::Metrics,
+            Duration::from_secs(30),
+        ))
+        .unwrap();
+    v.as_str().unwrap().to_string()
+}
+
+/// `volmgr doctor --pod POD --json` (and `--svg` when given): the
+/// timelines and the exit code.
+fn doctor(env: &Env, pod: &str, svg: Option<&Path>) -> (PodTimeline, i32) {
+    let mut cmd = Command::new(volmgr_bin());
+    cmd.args(["doctor", "--json", "--pod", pod, "--root"])
+        .arg(&env.root);
+    if let Some(f) = svg {
+        cmd.arg("--svg").arg(f);
+    }
+    let out = cmd.output().unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    assert!(
+        code == 0 || code == 1,
+        "doctor failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (serde_json::from_slice(&out.stdout).unwrap(), code)
+}
+
+fn start_ebpf_agent(env: &Env, extra: &[&str]) -> support::Agent {
+    env.write_manifest(
+        "p.yaml",
+        &pod_yaml("web", "uid-web", &[("d", "emptyDir: {}")]),
+    );
+    let mut args = vec!["--tracer", "ebpf", "--resync-period", "1h"];
+    args.extend_from_slice(extra);
+    let agent = env.start_agent(&args);
+    assert_eq!(env.wait_pod("uid-web", 60.0), 0, "log:\n{}", agent.log());
+    assert_eq!(env.status().tracer, "ebpf");
+    agent
+}
+
+#[test]
+fn doctor_shows_another_process_mounting_under_a_pod_volume() {
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP doctor_shows_another_process_mounting_under_a_pod_volume: {why}");
+        return;
+    }
+    isolated(
+        "doctor_shows_another_process_mounting_under_a_pod_volume",
+        || {
+            let env = Env::new();
+            let agent = start_ebpf_agent(&env, &[]);
+            // A volume of a plugin the agent does not manage: only the tracer
+            // looks at it.
+            let dir = env.root.join("pods/uid-web/volumes/example.com~test/data");
+            std::fs::create_dir_all(&dir).unwrap();
+            let run = |cmd: &str, args: &[&str]| {
+                let st = Command::new(cmd).args(args).arg(&dir).status().unwrap();
+                assert!(st.success(), "{cmd} {args:?}");
+            };
+            run("mount", &["-t", "tmpfs", "timeline-test"]);
+            run("umount", &[]);
+            let mut t = PodTimeline::default();
+            env.wait_for("both calls in the pod's timeline", || {
+                t = doctor(&env, "test/web", None).0;
+                t.volumes
+                    .iter()
+                    .any(|v| v.key.volume == "data" && v.entries.len() >= 2)
+            });
+            assert_eq!(t.pod, "test/web");
+            assert_eq!(t.uid, "uid-web");
+            let v = t.volumes.iter().find(|v| v.key.volume == "data").unwrap();
+            assert_eq!(v.key.plugin, "example.com~test");
+            assert_eq!(v.driver, "example.com/test");
+            let calls: Vec<(&str, &str, &str)> = v
+                .entries
+                .iter()
+                .map(|e| (e.comm.as_str(), e.call.as_str(), e.result.as_str()))
+                .collect();
+            assert_eq!(
+                calls,
+                vec![("mount", "mount", "ok"), ("umount", "umount2", "ok")],
+                "{v:#?}"
+            );
+            let agent_pid = agent.child.id();
+            for e in &v.entries {
+                assert_ne!(e.pid, agent_pid, "another process's call: {e:?}");
+                assert!(e.duration_ns > 0, "{e:?}");
+                assert_eq!(Path::new(&e.path), dir);
+            }
+            assert!(v.entries[0].start_ns < v.entries[1].start_ns, "in order");
+            assert_eq!(v.entries[0].fstype.as_deref(), Some("tmpfs"));
+
+            // Text and SVG.
+            let out = Command::new(volmgr_bin())
+                .args(["doctor", "--pod", "test/web", "--root"])
+                .arg(&env.root)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{text}");
+            assert!(
+                text.contains("volume example.com~test/data (driver example.com/test): 2 calls"),
+                "{text}"
+            );
+            assert!(text.contains("mount target"), "{text}");
+            let svg = env.dir.path().join("t.svg");
+            doctor(&env, "test/web", Some(&svg));
+            let drawn = std::fs::read_to_string(&svg).unwrap();
+            assert_eq!(drawn.matches("<rect ").count(), 2, "{drawn}");
+
+            let m = metrics_text(&env);
+            assert!(
+            m.contains("volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"example.com/test\"} 1\n"),
+            "{m}"
+        );
+            let (unknown, _) = (doctor_error(&env, "test/nope"), ());
+            assert!(unknown.contains("no pod test/nope"), "{unknown}");
+            drop(agent);
+        },
+    );
+}
+
+fn doctor_error(env: &Env, pod: &str) -> String {
+    let out = Command::new(volmgr_bin())
+        .args(["doctor", "--pod", pod, "--root"])
+        .arg(&env.root)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A FUSE file system on `target` served by a thread that answers INIT and
+/// then stops answering; the returned descriptor is the connection (closing
+/// it aborts the connection: every waiting request fails with ENOTCONN).
+fn hung_fuse(target: &Path) -> OwnedFd {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .unwrap();
+    let fd = dev.as_raw_fd();
+    let data = format!("fd={fd},rootmode=40000,user_id=0,group_id=0");
+    nix::mount::mount(
+        Some("hung"),
+        target,
+        Some("fuse.hung"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .unwrap();
+    let mut reader = dev.try_clone().unwrap();
+    let mut writer = dev.try_clone().unwrap();
+    let init = std::thread::spawn(move || {
+        // struct fuse_in_header { u32 len, opcode; u64 unique, nodeid; u32 uid, gid, pid, padding }
+        let mut buf = vec![0u8; 1 << 17];
+        let n = reader.read(&mut buf).unwrap();
+        assert!(n >= 40, "short FUSE request");
+        let opcode = u32::from_ne_bytes(buf[4..8].try_into().unwrap());
+        assert_eq!(opcode, 26, "FUSE_INIT first");
+        let unique = u64::from_ne_bytes(buf[8..16].try_into().unwrap());
+        // struct fuse_out_header { u32 len; i32 error; u64 unique } and
+        // struct fuse_init_out (64 bytes): major 7, minor 31, max_write 4096.
+        let mut out = Vec::with_capacity(80);
+        out.extend_from_slice(&80u32.to_ne_bytes());
+        out.extend_from_slice(&0i32.to_ne_bytes());
+        out.extend_from_slice(&unique.to_ne_bytes());
+        let mut init_out = [0u8; 64];
+        init_out[0..4].copy_from_slice(&7u32.to_ne_bytes());
+        init_out[4..8].copy_from_slice(&31u32.to_ne_bytes());
+        init_out[20..24].copy_from_slice(&4096u32.to_ne_bytes()); // max_write
+        init_out[24..28].copy_from_slice(&1u32.to_ne_bytes()); // time_gran
+        out.extend_from_slice(&init_out);
+        writer.write_all(&out).unwrap();
+        // Then: no more answers.
+    });
+    init.join().unwrap();
+    OwnedFd::from(dev)
+}
+
+#[test]
+fn a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck() {
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck: {why}");
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!(
+            "SKIP a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck: no /dev/fuse"
+        );
+        return;
+    }
+    isolated(
+        "a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck",
+        || {
+            let env = Env::new();
+            let agent = start_ebpf_agent(&env, &["--stuck-syscall-after", "1s"]);
+            let target = env.root.join("pods/uid-web/volumes/example.com~fuse/data");
+            std::fs::create_dir_all(&target).unwrap();
+            let conn = hung_fuse(&target);
+            // `stat -f` is statfs(2): it waits for an answer that never comes.
+            let mut child = Command::new("stat")
+                .arg("-f")
+                .arg(&target)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let path = target.to_str().unwrap().to_string();
+            let mut stuck = None;
+            env.wait_for("the blocked statfs reported as stuck", || {
+                stuck = env
+                    .status()
+                    .stuck_syscalls
+                    .into_iter()
+                    .find(|s| s.call == "statfs" && s.path == path);
+                stuck.is_some()
+            });
+            let s = stuck.unwrap();
+            assert_eq!(s.pid, child.id());
+            assert_eq!(s.comm, "stat");
+            assert_eq!(s.fstype, "fuse.hung");
+            assert!(s.elapsed_seconds >= 1.0, "{s:?}");
+            assert_eq!(s.pod_uid.as_deref(), Some("uid-web"));
+            assert_eq!(s.volume.as_deref(), Some("data"));
+            assert!(!s.kernel_stack.is_empty(), "{s:?}");
+            assert!(
+                s.kernel_stack.iter().any(|f| f.contains("fuse")),
+                "the task waits in FUSE: {:?}",
+                s.kernel_stack
+            );
+            let (t, code) = doctor(&env, "test/web", None);
+            assert_eq!(code, 1, "doctor exits 1 on a stuck call");
+            assert!(t.stuck.iter().any(|x| x.tid == s.tid), "{t:?}");
+            let m = metrics_text(&env);
+            assert!(m.contains("volmgr_mount_syscalls_stuck 1\n"), "{m}");
+            let oldest: f64 = m
+                .lines()
+                .find_map(|l| l.strip_prefix("volmgr_mount_syscall_oldest_in_flight_seconds "))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(oldest >= 1.0, "{m}");
+            let status_text = Command::new(volmgr_bin())
+                .args(["status", "--root"])
+                .arg(&env.root)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&status_text.stdout);
+            assert!(text.contains(&format!("statfs({path}) by stat[")), "{text}");
+
+            // Released: the connection aborted, the call returns.
+            drop(conn);
+            let st = child.wait().unwrap();
+            assert!(!st.success(), "statfs on an aborted connection fails");
+            env.wait_for("no stuck call left", || {
+                env.status().stuck_syscalls.is_empty()
+            });
+            let logged = agent.log().matches("syscall stuck in the kernel").count();
+            assert_eq!(logged, 1, "logged once:\n{}", agent.log());
+            nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).unwrap();
+            drop(agent);
+        },
+    );
+}
