@@ -8,5 +8,9 @@
 pub mod agent;
 pub mod api;
 pub mod apiserver;
+pub mod findings_text;
 pub mod limits;
+pub mod observe;
+pub mod observe_events;
+pub mod sandbox;
 pub mod status_text;

@@ -15,6 +15,7 @@ use volmgr::tracer::TracerMode;
 use volmgr::util::escape::printable;
 use volmgr_cli::agent::{self, AgentOptions};
 use volmgr_cli::api::{self, Request};
+use volmgr_cli::observe::{self, ObserveOptions};
 use volmgr_cli::status_text::status_text;
 
 /// volmgr: a node-level Kubernetes volume manager.
@@ -94,9 +95,41 @@ struct AgentArgs {
     /// reports it); attachable volumes are then set up once reported.
     #[arg(long)]
     report_volumes_in_use: bool,
+    /// Observe mode: read the node next to an unmodified kubelet and
+    /// report findings; never mount, unmount or write under ROOT (the
+    /// kernel enforces it with Landlock).
+    #[arg(long)]
+    observe: bool,
+    /// Observe mode: the agent's own state (status socket, lock), outside
+    /// ROOT. `volmgr status --root DIR` and `volmgr doctor --state-dir DIR`
+    /// read it there.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/run/volmgr",
+        requires = "observe"
+    )]
+    state_dir: PathBuf,
+    /// Observe mode: how long a pod may need a volume that is not mounted
+    /// before it is reported (VolumeStuck).
+    #[arg(long, default_value = "2m", value_parser = parse_positive_duration, requires = "observe")]
+    stuck_after: Duration,
+    /// Observe mode: the longest time between two scans (a scan also runs
+    /// on every change of the mount table or of the pods).
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration, requires = "observe")]
+    scan_period: Duration,
 }
 
 impl AgentArgs {
+    /// Observe mode's options, when `--observe`.
+    fn observe_options(&self) -> Option<ObserveOptions> {
+        self.observe.then(|| ObserveOptions {
+            state_dir: self.state_dir.clone(),
+            stuck_after: self.stuck_after,
+            scan_period: self.scan_period,
+        })
+    }
+
     /// The agent's options.
     fn into_options(self) -> AgentOptions {
         AgentOptions {
@@ -171,6 +204,20 @@ enum Command {
         /// the tracer programs' own cost per syscall.
         #[arg(long)]
         bpf_stats: bool,
+    },
+    /// One report of what needs a person on the node (observe mode's
+    /// findings), from the observing agent: exit 0 when nothing, 1 when
+    /// something needs a person, 2 when no observing agent answers.
+    Doctor {
+        /// The observing agent's `--state-dir`.
+        #[arg(long, default_value = "/run/volmgr")]
+        state_dir: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Seconds to wait for the agent's answer.
+        #[arg(long, default_value = "30", value_parser = parse_timeout_secs)]
+        timeout: f64,
     },
     /// Wait until every volume of a pod is mounted (exit 0), or time out (exit 1).
     Wait {
@@ -279,6 +326,16 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Command::Agent(a) = &cli.command {
+        // Before any thread: Landlock and capabilities bind the calling
+        // thread and the threads it starts later.
+        if let Some(o) = a.observe_options() {
+            if let Err(e) = observe::prepare(&a.root, &o.state_dir) {
+                eprintln!("volmgr: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(64)
@@ -331,7 +388,15 @@ fn render_error(e: &anyhow::Error) -> String {
 /// Runs the command: the agent until it stops, or one client command.
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Agent(args) => agent::run(args.into_options()).await?,
+        Command::Agent(args) => match args.observe_options() {
+            Some(o) => observe::run(args.into_options(), o).await?,
+            None => agent::run(args.into_options()).await?,
+        },
+        Command::Doctor {
+            state_dir,
+            json,
+            timeout,
+        } => return doctor(&state_dir, json, timeout).await,
         Command::Trace {
             json,
             all_namespaces,
@@ -394,6 +459,42 @@ async fn status(root: &Path, json: bool, timeout_secs: f64) -> anyhow::Result<()
         print!("{}", status_text(&s));
     }
     Ok(())
+}
+
+/// `volmgr doctor`: the observing agent's findings, as text or JSON; exit 1
+/// when there is any.
+async fn doctor(state_dir: &Path, json: bool, timeout_secs: f64) -> anyhow::Result<ExitCode> {
+    let v = match api::call(state_dir, &Request::Status, timeout_arg(timeout_secs)?).await {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!(
+                "volmgr: no observing agent answers on {}: {e} (start `volmgr agent --observe --state-dir {}`)",
+                api::socket_path(state_dir).display(),
+                state_dir.display()
+            );
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let s: Status = serde_json::from_value(v)?;
+    let Some(o) = s.observe else {
+        eprintln!(
+            "volmgr: the agent on {} is not in observe mode",
+            state_dir.display()
+        );
+        return Ok(ExitCode::from(2));
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&o)?);
+    } else {
+        let mut out = String::new();
+        volmgr_cli::findings_text::observe_lines(&mut out, &o);
+        print!("{out}");
+    }
+    Ok(if o.findings.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// The request of `volmgr wait`: for the whole node (`--all`), or for one

@@ -16,6 +16,9 @@ pub fn status_text(s: &Status) -> String {
     for d in &s.devices {
         device_line(&mut out, d);
     }
+    if let Some(o) = &s.observe {
+        crate::findings_text::observe_lines(&mut out, o);
+    }
     tracer_lines(&mut out, s);
     syscall_lines(&mut out, s);
     for o in &s.operations {

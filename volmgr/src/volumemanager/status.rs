@@ -39,6 +39,7 @@ impl VolumeManager {
                 None => String::new(),
             },
             devices: self.device_statuses(),
+            observe: self.observe_status(),
         }
     }
 
