@@ -234,8 +234,9 @@ struct Scanner {
     observer: Observer,
     status: Arc<Mutex<ObserveStatus>>,
     events: Option<crate::observe_events::FindingEvents>,
-    /// `(kind, path)` of the last scan's findings (events go out for new ones).
-    reported: BTreeSet<(FindingKind, String)>,
+    /// `(kind, path, pod)` of the last scan's findings (logs and events go
+    /// out for new ones; a finding whose pod became known is new).
+    reported: BTreeSet<(FindingKind, String, Option<String>)>,
 }
 
 /// The shortest time between two scans (changes come in bursts).
@@ -304,10 +305,10 @@ impl Scanner {
 
     /// Logs each new finding once, and records an event on its pod.
     async fn announce(&mut self, findings: &[Finding]) {
-        let now: BTreeSet<(FindingKind, String)> =
-            findings.iter().map(|f| (f.kind, f.path.clone())).collect();
+        let key = |f: &Finding| (f.kind, f.path.clone(), f.pod.clone());
+        let now: BTreeSet<_> = findings.iter().map(key).collect();
         for f in findings {
-            if self.reported.contains(&(f.kind, f.path.clone())) {
+            if self.reported.contains(&key(f)) {
                 continue;
             }
             tracing::warn!(kind = f.kind.as_str(), path = %f.path, pod = ?f.pod, "{}", f.summary);

@@ -10,6 +10,8 @@
 
 #[path = "support/csi_driver.rs"]
 mod csi_driver;
+#[path = "support/fake_apiserver.rs"]
+mod fake_apiserver;
 mod support;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use csi_driver::{wait_for, Driver};
+use fake_apiserver::FakeApiServer;
 use support::{free_port, isolated, metrics, volmgr_bin, Env};
 
 const DRIVER: &str = "loop.csi.volmgr.dev";
@@ -127,6 +130,29 @@ impl DeletedLoop {
 impl Drop for DeletedLoop {
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// The objects of the manifests directory on the fake API server, the
+/// pods bound to `node-1` and running, with the Node.
+fn serve_manifests(env: &Env, api: &FakeApiServer) {
+    api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+        "status": {"allocatable": {"cpu": "2", "memory": "1Gi"}, "capacity": {"cpu": "2", "memory": "1Gi"}}}));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&env.manifests)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for doc in text.split("\n---\n") {
+            let mut v: serde_json::Value = serde_norway::from_str(doc).unwrap();
+            if v["kind"] == "Pod" {
+                v["spec"]["nodeName"] = "node-1".into();
+                v["status"] = serde_json::json!({"phase": "Running"});
+            }
+            api.apply(v);
+        }
     }
 }
 
@@ -245,24 +271,28 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
             let state = env.dir.path().join("state");
             let addr = free_port();
             let flag = driver.flag();
-            let observer = env.start_agent_env(
-                &[
-                    "--observe",
-                    "--state-dir",
-                    state.to_str().unwrap(),
-                    "--csi-driver",
-                    &flag,
-                    "--node-name",
-                    "node-1",
-                    "--stuck-after",
-                    "1s",
-                    "--scan-period",
-                    "200ms",
-                    "--metrics-addr",
-                    &addr,
-                ],
-                &[("VOLMGR_FAILPOINTS", "observe-write-probe")],
-            );
+            // The desired state from the API server this time.
+            std::env::set_var("VOLMGR_FAILPOINTS", "observe-write-probe");
+            let api = FakeApiServer::start();
+            serve_manifests(&env, &api);
+            let kubeconfig = api.write_kubeconfig(env.dir.path());
+            let observer = env.start_agent_without_manifests(&[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--observe",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--csi-driver",
+                &flag,
+                "--node-name",
+                "node-1",
+                "--stuck-after",
+                "1s",
+                "--scan-period",
+                "200ms",
+                "--metrics-addr",
+                &addr,
+            ]);
             let found = |report: &serde_json::Value, kind: &str, path: &Path| {
                 report["findings"]
                     .as_array()
@@ -343,6 +373,39 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
                 m.contains("volmgr_findings{kind=\"unused_device_mount\"} 1"),
                 "{m}"
             );
+            // Events on the pods still on the node; nothing else written to
+            // the API server (no token, no CSINode, no Node or claim status).
+            let reasons = || -> Vec<String> {
+                api.requests()
+                    .iter()
+                    .filter(|r| r.method == "POST" && r.path.contains("/events"))
+                    .map(|r| r.body["reason"].as_str().unwrap_or("").to_string())
+                    .collect()
+            };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let want = ["VolumeStuck", "VolumeNotMounted", "VolumeMountedTwice"];
+            while !want.iter().all(|w| reasons().iter().any(|r| r == w)) {
+                let writes: Vec<String> = api
+                    .requests()
+                    .iter()
+                    .filter(|r| r.method != "GET")
+                    .map(|r| format!("{} {} {} {}", r.method, r.path, r.status, r.body))
+                    .collect();
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no events: {writes:#?}\n{}",
+                    observer.log()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            for r in api.requests() {
+                assert!(
+                    r.method == "GET" || r.path.contains("/events"),
+                    "observe mode wrote to the API server: {} {}",
+                    r.method,
+                    r.path
+                );
+            }
             assert!(observer.term());
 
             // Nothing changed: the tree and the mount table.
