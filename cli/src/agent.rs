@@ -167,20 +167,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = ?opts.manifests, api = kube.is_some(), "agent started");
     let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
-    let mut source_task = spawn_sources(&opts, kube, &vm, &stop_rx);
-
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(io("installing the SIGTERM handler"))?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(io("installing the SIGINT handler"))?;
-    let result = tokio::select! {
-        _ = term.recv() => { tracing::info!("SIGTERM: stopping, mounts stay in place"); Ok(()) }
-        _ = int.recv() => { tracing::info!("SIGINT: stopping, mounts stay in place"); Ok(()) }
-        r = &mut source_task => match r {
-            Ok(Err(e)) => Err(e),
-            _ => Ok(()),
-        },
-    };
+    let source_task = spawn_sources(&opts, kube, &vm, &stop_rx);
+    let result = wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
     tracer.join().await;
@@ -193,9 +181,28 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     result
 }
 
+/// Waits for SIGTERM, SIGINT, or the end of the pod sources (with their
+/// error, if any).
+pub(crate) async fn wait_for_stop(
+    mut source_task: tokio::task::JoinHandle<Result<(), AgentError>>,
+) -> Result<(), AgentError> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(io("installing the SIGTERM handler"))?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(io("installing the SIGINT handler"))?;
+    tokio::select! {
+        _ = term.recv() => { tracing::info!("SIGTERM: stopping, mounts stay in place"); Ok(()) }
+        _ = int.recv() => { tracing::info!("SIGINT: stopping, mounts stay in place"); Ok(()) }
+        r = &mut source_task => match r {
+            Ok(Err(e)) => Err(e),
+            _ => Ok(()),
+        },
+    }
+}
+
 /// Checks that the agent has a source of pods, and that `--manifests`
 /// names a directory.
-fn check_sources(opts: &AgentOptions) -> Result<(), AgentError> {
+pub(crate) fn check_sources(opts: &AgentOptions) -> Result<(), AgentError> {
     match &opts.manifests {
         None if !apiserver::client::api_requested(opts.kubeconfig.as_deref()) => {
             Err(AgentError::NoSource)
@@ -324,7 +331,7 @@ fn spawn_node_components(
 
 /// Serves the local API and (if bound) the metrics endpoint, under one
 /// set of [`ClientLimits`].
-fn serve_clients(
+pub(crate) fn serve_clients(
     listener: tokio::net::UnixListener,
     metrics: Option<TcpListener>,
     vm: &Arc<VolumeManager>,
@@ -372,7 +379,7 @@ pub const LOCK_NAME: &str = "volmgr.lock";
 /// someone may hold open) is replaced by a fresh one; after locking, the
 /// path must still name the locked file (else a concurrent replacement
 /// won, and the lock is taken again on the new file).
-fn lock_root(root: &std::path::Path) -> Result<std::fs::File, AgentError> {
+pub(crate) fn lock_root(root: &std::path::Path) -> Result<std::fs::File, AgentError> {
     let path = root.join(LOCK_NAME);
     for _ in 0..8 {
         let f = match open_lock(&path) {

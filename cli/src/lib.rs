@@ -8,7 +8,11 @@
 pub mod agent;
 pub mod api;
 pub use volmgr_kube as apiserver;
-pub mod doctor_timeline;
+pub mod doctor;
+pub mod findings_text;
 pub mod limits;
 pub mod metrics_server;
+pub mod observe;
+pub mod observe_events;
+pub mod sandbox;
 pub mod status_text;

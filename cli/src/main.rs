@@ -15,7 +15,8 @@ use volmgr::tracer::TracerMode;
 use volmgr::util::escape::printable;
 use volmgr_cli::agent::{self, AgentOptions};
 use volmgr_cli::api::{self, Request};
-use volmgr_cli::doctor_timeline;
+use volmgr_cli::doctor;
+use volmgr_cli::observe::{self, ObserveOptions};
 use volmgr_cli::status_text::status_text;
 
 /// volmgr: a node-level Kubernetes volume manager.
@@ -99,9 +100,41 @@ struct AgentArgs {
     /// as stuck (status, doctor, log, metrics) while it is still blocked.
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     stuck_syscall_after: Duration,
+    /// Observe mode: read the node next to an unmodified kubelet and
+    /// report findings; never mount, unmount or write under ROOT (the
+    /// kernel enforces it with Landlock).
+    #[arg(long)]
+    observe: bool,
+    /// Observe mode: the agent's own state (status socket, lock), outside
+    /// ROOT. `volmgr status --root DIR` and `volmgr doctor --state-dir DIR`
+    /// read it there.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/run/volmgr",
+        requires = "observe"
+    )]
+    state_dir: PathBuf,
+    /// Observe mode: how long a pod may need a volume that is not mounted
+    /// before it is reported (VolumeStuck).
+    #[arg(long, default_value = "2m", value_parser = parse_positive_duration, requires = "observe")]
+    stuck_after: Duration,
+    /// Observe mode: the longest time between two scans (a scan also runs
+    /// on every change of the mount table or of the pods).
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration, requires = "observe")]
+    scan_period: Duration,
 }
 
 impl AgentArgs {
+    /// Observe mode's options, when `--observe`.
+    fn observe_options(&self) -> Option<ObserveOptions> {
+        self.observe.then(|| ObserveOptions {
+            state_dir: self.state_dir.clone(),
+            stuck_after: self.stuck_after,
+            scan_period: self.scan_period,
+        })
+    }
+
     /// The agent's options.
     fn into_options(self) -> AgentOptions {
         AgentOptions {
@@ -133,10 +166,11 @@ impl AgentArgs {
 enum Command {
     /// Run the node agent on a manifests directory and/or the API server's pods.
     Agent(Box<AgentArgs>),
-    /// A pod's volumes' syscall timelines (eBPF): every mount-family call
-    /// on their paths by any process, with its duration and result, and the
-    /// calls stuck now.
-    Doctor(doctor_timeline::DoctorArgs),
+    /// One report of what needs a person on the node: observe mode's
+    /// findings and the syscalls stuck now (exit 0 when nothing, 1 when
+    /// something needs a person, 2 when no agent answers); with `--pod`,
+    /// that pod's volumes' syscall timelines (eBPF).
+    Doctor(doctor::DoctorArgs),
     /// Show the agent's status.
     Status {
         /// Root directory of the agent.
@@ -289,6 +323,16 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Command::Agent(a) = &cli.command {
+        // Before any thread: Landlock and capabilities bind the calling
+        // thread and the threads it starts later.
+        if let Some(o) = a.observe_options() {
+            if let Err(e) = observe::prepare(&a.root, &o.state_dir) {
+                eprintln!("volmgr: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(64)
@@ -341,7 +385,10 @@ fn render_error(e: &anyhow::Error) -> String {
 /// Runs the command: the agent until it stops, or one client command.
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Agent(args) => agent::run(args.into_options()).await?,
+        Command::Agent(args) => match args.observe_options() {
+            Some(o) => observe::run(args.into_options(), o).await?,
+            None => agent::run(args.into_options()).await?,
+        },
         Command::Trace {
             json,
             all_namespaces,
@@ -375,7 +422,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             timeout: t,
         } => status(&root, json, t).await?,
-        Command::Doctor(args) => return doctor_timeline::run(args).await,
+        Command::Doctor(args) => return doctor::run(args).await,
         Command::Wait {
             root,
             pod,

@@ -16,6 +16,9 @@ pub fn status_text(s: &Status) -> String {
     for d in &s.devices {
         device_line(&mut out, d);
     }
+    if let Some(o) = &s.observe {
+        crate::findings_text::observe_lines(&mut out, o);
+    }
     tracer_lines(&mut out, s);
     syscall_lines(&mut out, s);
     for o in &s.operations {
@@ -25,7 +28,7 @@ pub fn status_text(s: &Status) -> String {
             o.operation, o.plugin, o.status, o.count, o.p50_seconds, o.p99_seconds, o.max_seconds
         );
     }
-    crate::doctor_timeline::stuck_text(&mut out, &s.stuck_syscalls);
+    crate::doctor::stuck_text(&mut out, &s.stuck_syscalls);
     out
 }
 

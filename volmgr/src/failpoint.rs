@@ -7,14 +7,20 @@ use std::sync::OnceLock;
 
 static POINTS: OnceLock<Vec<String>> = OnceLock::new();
 
-/// Aborts the process if the failpoint `name` is armed.
-pub fn hit(name: &str) {
+/// Whether the failpoint `name` is armed (for points that do something
+/// else than abort, e.g. observe mode's write probe).
+pub fn armed(name: &str) -> bool {
     let points = POINTS.get_or_init(|| {
         std::env::var("VOLMGR_FAILPOINTS")
             .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
             .unwrap_or_default()
     });
-    if points.iter().any(|p| p == name) {
+    points.iter().any(|p| p == name)
+}
+
+/// Aborts the process if the failpoint `name` is armed.
+pub fn hit(name: &str) {
+    if armed(name) {
         eprintln!("volmgr: failpoint {name} reached, aborting");
         std::process::abort();
     }

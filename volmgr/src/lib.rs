@@ -4,6 +4,7 @@
 //! only point down (`docs/ARCHITECTURE.md`, checked by `volmgr/tests/code_shape.rs`):
 //!
 //! ```text
+//! observer           observe mode: read-only reconstruction vs desired state → findings
 //! volumemanager      the kubelet's VolumeManager methods: a thin facade
 //! populator          sources (manifests directory) + pod → desired volumes (PVC→PV→CSI)
 //! reconciler         reconcile phases, resync, start-up reconstruction
@@ -20,6 +21,7 @@ pub mod cache;
 pub mod ebpf;
 pub mod failpoint;
 pub mod metrics;
+pub mod observer;
 pub mod operationexecutor;
 pub mod pluginmanager;
 pub mod plugins;

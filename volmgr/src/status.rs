@@ -55,6 +55,155 @@ pub struct Status {
     /// `--stuck-syscall-after` right now, oldest first (eBPF tracer only).
     #[serde(default)]
     pub stuck_syscalls: Vec<StuckSyscall>,
+    /// Observe mode (`volmgr agent --observe`): its sandbox and findings;
+    /// absent when the agent manages volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observe: Option<ObserveStatus>,
+}
+
+/// The observing agent: how it is confined, and what it found.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObserveStatus {
+    /// `enforced (ABI vN)` or `unavailable: <why>`.
+    pub landlock: String,
+    /// The capabilities kept (the rest were dropped), or why not dropped.
+    pub capabilities: String,
+    /// Scans done so far.
+    pub scans: u64,
+    /// When the last scan ended (RFC 3339), empty before the first.
+    #[serde(default)]
+    pub last_scan: String,
+    /// Why the last scan failed, if it did.
+    #[serde(default)]
+    pub scan_error: Option<String>,
+    /// The result of the test-only write probe under ROOT (failpoint
+    /// `observe-write-probe`): the error the kernel answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_probe: Option<String>,
+    /// What needs a person, by kind, pod and path.
+    pub findings: Vec<Finding>,
+}
+
+/// One problem found on the node, with what a person needs to act on it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Finding {
+    /// Its kind (see [`FindingKind`]).
+    pub kind: FindingKind,
+    /// The pod's UID, when it concerns one.
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// `namespace/name` of the pod, when it is on the node.
+    #[serde(default)]
+    pub pod: Option<String>,
+    /// The volume: its unique name or its name in the pod.
+    #[serde(default)]
+    pub volume: Option<String>,
+    /// The path concerned (directory, mount point, device).
+    pub path: String,
+    /// One line saying what is wrong.
+    pub summary: String,
+    /// The facts behind it (mount table lines, files found, errors).
+    pub evidence: Vec<String>,
+    /// Since when it is seen (RFC 3339), for findings that need time.
+    #[serde(default)]
+    pub since: Option<String>,
+    /// The last mount-family syscalls seen on its paths (from the tracer,
+    /// when one records them).
+    #[serde(default)]
+    pub recent_syscalls: Vec<RecentSyscall>,
+    /// The pod's recent events, when the API server gives them.
+    #[serde(default)]
+    pub events: Vec<String>,
+}
+
+/// A syscall seen on a path (the tracer's record).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecentSyscall {
+    /// When it started (RFC 3339).
+    pub time: String,
+    /// The process (`comm[pid]`).
+    pub process: String,
+    /// The call (`mount`, `umount2`, `fsmount`, ...).
+    pub call: String,
+    /// How long it took, in microseconds (still blocked: so far).
+    pub duration_us: u64,
+    /// Its result: `ok` or the errno name.
+    pub result: String,
+}
+
+/// The kinds of [`Finding`] (status, `volmgr doctor`, `volmgr_findings{kind}`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    /// (a) A pod directory (and its volume directories) of a pod no longer
+    /// on the node, nothing mounted in it.
+    OrphanedPodDir,
+    /// (b) A volume still mounted for a pod no longer on the node.
+    MountedForDeletedPod,
+    /// (c) A device mount (CSI staging, block global map) no pod uses.
+    UnusedDeviceMount,
+    /// (d) A volume a pod has needed for longer than `--stuck-after` and
+    /// that is not mounted.
+    VolumeStuck,
+    /// (e) A mount the kubelet recorded (`vol_data.json`, state files)
+    /// that is not in the mount table.
+    RecordedNotMounted,
+    /// (f) The same target mounted more than once.
+    MountedMoreThanOnce,
+    /// (g) A loop device whose backing file is deleted.
+    LoopBackingDeleted,
+}
+
+impl FindingKind {
+    /// Every kind, in report order.
+    pub const ALL: [FindingKind; 7] = [
+        Self::OrphanedPodDir,
+        Self::MountedForDeletedPod,
+        Self::UnusedDeviceMount,
+        Self::VolumeStuck,
+        Self::RecordedNotMounted,
+        Self::MountedMoreThanOnce,
+        Self::LoopBackingDeleted,
+    ];
+
+    /// The name in JSON and in the `kind` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OrphanedPodDir => "orphaned_pod_dir",
+            Self::MountedForDeletedPod => "mounted_for_deleted_pod",
+            Self::UnusedDeviceMount => "unused_device_mount",
+            Self::VolumeStuck => "volume_stuck",
+            Self::RecordedNotMounted => "recorded_not_mounted",
+            Self::MountedMoreThanOnce => "mounted_more_than_once",
+            Self::LoopBackingDeleted => "loop_backing_deleted",
+        }
+    }
+
+    /// The reason of the event recorded on the pod.
+    pub fn event_reason(self) -> &'static str {
+        match self {
+            Self::OrphanedPodDir => "VolumeOrphaned",
+            Self::MountedForDeletedPod => "VolumeOrphanedMounted",
+            Self::UnusedDeviceMount => "VolumeDeviceLeaked",
+            Self::VolumeStuck => "VolumeStuck",
+            Self::RecordedNotMounted => "VolumeNotMounted",
+            Self::MountedMoreThanOnce => "VolumeMountedTwice",
+            Self::LoopBackingDeleted => "LoopDeviceDeleted",
+        }
+    }
+
+    /// What a person should do about it.
+    pub fn action(self) -> &'static str {
+        match self {
+            Self::OrphanedPodDir => "nothing is mounted in it: check the evidence, then remove the directory (the kubelet's orphan cleanup stopped on it)",
+            Self::MountedForDeletedPod => "unmount the path (umount, or NodeUnpublishVolume through the driver), then the kubelet removes the pod directory",
+            Self::UnusedDeviceMount => "no pod uses it: NodeUnstageVolume through the driver (or umount the path), then the volume can detach",
+            Self::VolumeStuck => "look at the pod's events, the driver's logs and the syscalls shown; the kubelet retries on its own once the cause is gone",
+            Self::RecordedNotMounted => "the mount went away behind the kubelet: restart the pod (or the kubelet, which reconstructs and mounts again)",
+            Self::MountedMoreThanOnce => "unmount the extra mounts on the path down to one (umount once per extra)",
+            Self::LoopBackingDeleted => "the file behind the loop device was deleted while in use: unmount what uses the device, then detach it (losetup -d)",
+        }
+    }
 }
 
 /// A traced call still blocked in the kernel after the threshold.

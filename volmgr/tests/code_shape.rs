@@ -31,6 +31,7 @@ const LAYERS: &[&[&str]] = &[
     &["reconciler"],
     &["populator"],
     &["volumemanager"],
+    &["observer"],
 ];
 
 /// Names the tracer must not use: it records what it sees in the actual state

@@ -63,18 +63,42 @@ pub fn reconstruct(
     world: &World,
 ) -> Result<ReconstructionReport, VolumeError> {
     let mut report = ReconstructionReport::default();
-    let pods_rel = RelPath::new(["pods"])?;
     let mut table = MountTable::new(mounter.mount_table()?);
     report.unstacked = unstack_crash_leftovers(root, mounter, &mut table, &mut report.errors);
     if report.unstacked > 0 {
         table = MountTable::new(mounter.mount_table()?);
     }
+    scan(root, plugins, &table, world, &mut report)?;
+    Ok(report)
+}
+
+/// The read-only half of [`reconstruct`] (observe mode): the same scan of
+/// the pod volume directories, the plugins' global directories and the
+/// mount table into `world`, without removing stacked mounts (they are
+/// recorded as found). Nothing under ROOT is changed.
+pub fn reconstruct_read_only(
+    root: &RootDir,
+    plugins: &VolumePluginMgr,
+    table: &MountTable,
+    world: &World,
+) -> Result<ReconstructionReport, VolumeError> {
+    let mut report = ReconstructionReport::default();
+    scan(root, plugins, table, world, &mut report)?;
+    Ok(report)
+}
+
+/// Records every pod volume, device mount and subPath found on disk and in
+/// `table` into `world`'s actual state (reads only).
+fn scan(
+    root: &RootDir,
+    plugins: &VolumePluginMgr,
+    table: &MountTable,
+    world: &World,
+    report: &mut ReconstructionReport,
+) -> Result<(), VolumeError> {
+    let pods_rel = RelPath::new(["pods"])?;
     let all_plugins = plugins.all();
-    let found = Found {
-        root,
-        table: &table,
-        world,
-    };
+    let found = Found { root, table, world };
     let plugin_dirs: Vec<_> = plugins
         .all()
         .into_iter()
@@ -101,7 +125,7 @@ pub fn reconstruct(
                 let Some(vol) = vol.to_str() else { continue };
                 match plugin.reconstruct(&uid, vol, &table) {
                     Ok(Some(rec)) => {
-                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, &mut report)
+                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, report)
                     }
                     Ok(None) => {}
                     Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
@@ -112,7 +136,7 @@ pub fn reconstruct(
             match plugin.reconstruct_block_volumes(&uid, &table) {
                 Ok(recs) => {
                     for rec in recs {
-                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, &mut report);
+                        record(&found, plugin_name, plugin.as_ref(), &uid, rec, report);
                     }
                 }
                 Err(e) => report.errors.push(format!("pod {uid} block volumes: {e}")),
@@ -120,10 +144,10 @@ pub fn reconstruct(
         }
         world.mark_pod_dirty(uid);
     }
-    reconstruct_devices(plugins, &table, world, &mut report);
-    reconstruct_sub_paths(&root.abs(&pods_rel), &table, world);
+    reconstruct_devices(plugins, table, world, report);
+    reconstruct_sub_paths(&root.abs(&pods_rel), table, world);
     world.set_reconstructed();
-    Ok(report)
+    Ok(())
 }
 
 /// Records a pod's volume found on disk: mounted if its set-up completed

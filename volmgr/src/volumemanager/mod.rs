@@ -213,6 +213,8 @@ pub struct VolumeManager {
     stats_task: Mutex<Option<JoinHandle<()>>>,
     /// What the configMap, secret, downwardAPI and projected plugins share.
     payload: PayloadShared,
+    /// Observe mode's section of status, once set.
+    observe: Mutex<Option<crate::status::ObserveStatus>>,
 }
 
 /// The plugins every manager has: emptyDir, hostPath, image, local,
@@ -387,6 +389,7 @@ impl VolumeManager {
             stats_provider,
             stats_task: Mutex::default(),
             payload,
+            observe: Mutex::default(),
         }))
     }
 
@@ -639,6 +642,48 @@ impl VolumeManager {
         f: impl FnOnce(&crate::cache::actual_state_of_world::ActualStateOfWorld) -> R,
     ) -> R {
         f(&self.world.asw())
+    }
+
+    /// Reads the desired state (observe mode's view of what pods need).
+    pub fn with_desired_state<R>(
+        &self,
+        f: impl FnOnce(&crate::cache::desired_state_of_world::DesiredStateOfWorld) -> R,
+    ) -> R {
+        f(&self.world.dsw())
+    }
+
+    /// Whether every source of pods delivered its pods once.
+    pub fn sources_populated(&self) -> bool {
+        self.world.populated()
+    }
+
+    /// Observe mode: the actual state rebuilt from ROOT and `table` by the
+    /// same reconstruction the manager starts with, read-only (no stacked
+    /// mount removed), into a world of its own; the manager's state is not
+    /// touched, and the reconciler never runs.
+    pub fn observe_actual_state(
+        &self,
+        table: &crate::sys::mount_table::MountTable,
+    ) -> Result<(World, ReconstructionReport), Error> {
+        let world = World::default();
+        let report = crate::reconciler::reconstruct::reconstruct_read_only(
+            &self.root,
+            &self.plugins,
+            table,
+            &world,
+        )
+        .map_err(Error::Reconstruction)?;
+        Ok((world, report))
+    }
+
+    /// Sets observe mode's section of status.
+    pub fn set_observe_status(&self, status: crate::status::ObserveStatus) {
+        *self.observe.locked() = Some(status);
+    }
+
+    /// Observe mode's section of status, once set.
+    pub fn observe_status(&self) -> Option<crate::status::ObserveStatus> {
+        self.observe.locked().clone()
     }
 
     /// The kubelet's `HasPossiblyMountedVolumesForPod`: whether any volume

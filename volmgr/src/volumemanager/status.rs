@@ -40,6 +40,7 @@ impl VolumeManager {
             },
             devices: self.device_statuses(),
             stuck_syscalls: self.tracer.stuck().stuck(),
+            observe: self.observe_status(),
         }
     }
 

@@ -1,4 +1,5 @@
-//! `volmgr doctor --pod NS/NAME`: a pod's volumes' syscall timelines (every
+//! `volmgr doctor`: the node's report (observe mode's findings, the calls
+//! stuck now) and, with `--pod NS/NAME`, a pod's volumes' syscall timelines (every
 //! mount-family call any process made on their paths, traced with eBPF,
 //! see `volmgr::tracer::timeline`) and the calls on them stuck now; as
 //! text, JSON, or an SVG drawing (`--svg FILE`, hand-written, no
@@ -12,26 +13,28 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use volmgr::status::StuckSyscall;
+use volmgr::status::{Status, StuckSyscall};
 use volmgr::tracer::timeline::{PodTimeline, VolumeTimeline};
 use volmgr::util::escape::printable;
 use volmgr::volumemanager::VolumeManager;
 
 use crate::api::{self, Request};
 
-/// `volmgr doctor`'s flags (the per-pod timeline part).
+/// `volmgr doctor`'s flags.
 #[derive(clap::Args, Debug)]
 pub struct DoctorArgs {
-    /// Root directory of the agent.
+    /// Where the agent's status socket is: the observing agent's
+    /// `--state-dir`, or a managing agent's `--root`.
+    #[arg(long, visible_alias = "root", default_value = "/run/volmgr")]
+    pub state_dir: PathBuf,
+    /// One pod's volumes' syscall timelines instead of the node's report,
+    /// as NAMESPACE/NAME or its UID.
     #[arg(long)]
-    pub root: PathBuf,
-    /// The pod, as NAMESPACE/NAME or its UID.
-    #[arg(long)]
-    pub pod: String,
-    /// Also draw the timelines as SVG into this file.
-    #[arg(long, value_name = "FILE")]
+    pub pod: Option<String>,
+    /// With `--pod`: also draw the timelines as SVG into this file.
+    #[arg(long, value_name = "FILE", requires = "pod")]
     pub svg: Option<PathBuf>,
-    /// Print the timelines as JSON.
+    /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
     /// Seconds to wait for the agent's answer.
@@ -39,16 +42,69 @@ pub struct DoctorArgs {
     pub timeout: f64,
 }
 
-/// Runs `volmgr doctor --pod`: exit 0, or 1 when a call on the pod's
-/// volumes is stuck now.
+/// Runs `volmgr doctor`: exit 0 when nothing needs a person, 1 when
+/// something does (a finding, a stuck call), 2 when no agent answers.
 pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let timeout = Duration::try_from_secs_f64(args.timeout).context("--timeout")?;
-    let req = Request::Timeline {
-        pod: args.pod.clone(),
+    match &args.pod {
+        Some(pod) => pod_timelines(&args, pod, timeout).await,
+        None => node_report(&args, timeout).await,
+    }
+}
+
+/// The node's report: observe mode's findings (when the agent observes)
+/// and the syscalls stuck now.
+async fn node_report(args: &DoctorArgs, timeout: Duration) -> anyhow::Result<ExitCode> {
+    let v = match api::call(&args.state_dir, &Request::Status, timeout).await {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!(
+                "volmgr: no agent answers on {}: {e} (start `volmgr agent --observe --state-dir {}`)",
+                api::socket_path(&args.state_dir).display(),
+                args.state_dir.display()
+            );
+            return Ok(ExitCode::from(2));
+        }
     };
-    let v = api::call(&args.root, &req, timeout)
+    let s: Status = serde_json::from_value(v)?;
+    let findings = s.observe.as_ref().map_or(0, |o| o.findings.len());
+    if args.json {
+        let report = serde_json::json!({
+            "observe": s.observe,
+            "stuck_syscalls": s.stuck_syscalls,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        let mut out = String::new();
+        match &s.observe {
+            Some(o) => crate::findings_text::observe_lines(&mut out, o),
+            None => out.push_str(
+                "manager mode: no findings scan (findings come from `volmgr agent --observe`)\n",
+            ),
+        }
+        stuck_text(&mut out, &s.stuck_syscalls);
+        print!("{out}");
+    }
+    Ok(if findings == 0 && s.stuck_syscalls.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One pod's timelines: exit 0, or 1 when a call on the pod's volumes is
+/// stuck now.
+async fn pod_timelines(
+    args: &DoctorArgs,
+    pod: &str,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
+    let req = Request::Timeline {
+        pod: pod.to_string(),
+    };
+    let v = api::call(&args.state_dir, &req, timeout)
         .await
-        .context("asking the agent (is it running on this root?)")?;
+        .context("asking the agent (is it running on this root or state directory?)")?;
     let t: PodTimeline = serde_json::from_value(v.clone())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);

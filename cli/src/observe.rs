@@ -1,0 +1,345 @@
+//! `volmgr agent --observe`: next to an unmodified kubelet, read the node
+//! and report what needs a person (see [`volmgr::observer`]); change
+//! nothing. The agent confines itself first ([`crate::sandbox`]), keeps its
+//! own state (status socket, lock) in `--state-dir` outside ROOT, builds a
+//! manager that is never started (no reconstruction that repairs, no
+//! reconciler, no stats calls), feeds its desired state from the pod
+//! sources, and scans when the mount table or the desired state changes
+//! and every `--scan-period`.
+//!
+//! What it does not do, unlike the managing agent: create ROOT or anything
+//! in it, lock ROOT, watch `plugins_registry` (registration answers
+//! drivers), request tokens, write CSINode, the Node's status or claims.
+//! It records events on pods for findings (rate-limited).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+use crate::agent::{AgentError, AgentOptions};
+use crate::sandbox::{self, Confinement};
+use crate::{api, apiserver};
+use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
+use volmgr::populator::manifests::ManifestsSource;
+use volmgr::status::{Finding, FindingKind, ObserveStatus};
+use volmgr::sys::linux::LinuxMounter;
+use volmgr::util::sync::MutexExt;
+use volmgr::volumemanager::{self, Config, VolumeManager};
+
+/// The failpoint that makes the observing agent try a write under ROOT
+/// (the test that the kernel refuses it).
+pub const WRITE_PROBE_FAILPOINT: &str = "observe-write-probe";
+/// The file the write probe tries to create under ROOT.
+pub const WRITE_PROBE_FILE: &str = ".volmgr-observe-probe";
+
+/// Observe mode's settings.
+#[derive(Debug, Clone)]
+pub struct ObserveOptions {
+    /// Where the agent's own state lives (outside ROOT).
+    pub state_dir: PathBuf,
+    /// How long a needed volume may stay unmounted before it is reported.
+    pub stuck_after: Duration,
+    /// The safety-net period between scans.
+    pub scan_period: Duration,
+}
+
+static CONFINEMENT: OnceLock<Confinement> = OnceLock::new();
+
+/// Prepares observe mode before the runtime starts: checks ROOT exists
+/// (observe mode creates nothing there), creates the state directory
+/// (mode 0700) and confines the process.
+pub fn prepare(root: &Path, state_dir: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if !root.is_dir() {
+        return Err(AgentError::Io {
+            what: format!("observe mode: ROOT {}", root.display()),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        });
+    }
+    let canon_root = root.canonicalize().map_err(io("ROOT"))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .map_err(io(format!("creating {}", state_dir.display())))?;
+    let state = state_dir
+        .canonicalize()
+        .map_err(io("the state directory"))?;
+    if state.starts_with(&canon_root) {
+        return Err(AgentError::Io {
+            what: format!("--state-dir {}", state.display()),
+            source: std::io::Error::other("must be outside ROOT in observe mode"),
+        });
+    }
+    crate::limits::raise_nofile();
+    let c = sandbox::confine(&state);
+    tracing::info!(landlock = %c.landlock, capabilities = %c.capabilities, "observe mode: confined");
+    let _ = CONFINEMENT.set(c);
+    Ok(())
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
+    let what = what.into();
+    move |source| AgentError::Io { what, source }
+}
+
+/// Runs the observing agent until SIGTERM or SIGINT.
+pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentError> {
+    crate::agent::check_sources(&opts)?;
+    let mut config = Config::new(&opts.root);
+    config.make_root_shared = false;
+    config.node_name = opts.node_name.clone();
+    let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    let registry = volmgr::pluginmanager::registry::DriverRegistry::new();
+    volumemanager::csi_wiring::install(&vm, Arc::clone(&registry), opts.csi_timeout)?;
+    for (name, socket) in &opts.csi_drivers {
+        registry.register_fixed(name, socket.clone());
+    }
+    let state = obs
+        .state_dir
+        .canonicalize()
+        .map_err(io("the state directory"))?;
+    let _lock = crate::agent::lock_root(&state)?;
+    let status = Arc::new(Mutex::new(initial_status(&opts.root)));
+    vm.set_observe_status(status.locked().clone());
+    add_findings_metrics(&vm, &status);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let kube = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
+        Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)
+    } else {
+        None
+    };
+    let listener = api::bind(&state).map_err(io("binding the status socket"))?;
+    let metrics = match opts.metrics_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(io(format!("binding metrics address {addr}")))?,
+        ),
+        None => None,
+    };
+    let events = kube
+        .clone()
+        .map(|c| crate::observe_events::FindingEvents::new(c, &opts.node_name));
+    let (api_task, metrics_task) = crate::agent::serve_clients(listener, metrics, &vm, &stop_rx);
+    let scanner = Scanner {
+        vm: Arc::clone(&vm),
+        observer: Observer::new(obs.stuck_after, history()),
+        status: Arc::clone(&status),
+        events,
+        reported: BTreeSet::new(),
+    };
+    let scan_task = tokio::spawn(scanner.run(obs.scan_period, stop_rx.clone()));
+    let source_task = spawn_sources(&opts, kube, &vm, &stop_rx);
+    tracing::info!(root = %opts.root.display(), state_dir = %state.display(), "observing (read-only)");
+    let result = crate::agent::wait_for_stop(source_task).await;
+    let _ = stop_tx.send(true);
+    let _ = scan_task.await;
+    let _ = api_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    let _ = std::fs::remove_file(api::socket_path(&state));
+    result
+}
+
+/// The syscall history findings are completed with (the eBPF tracer's,
+/// once it records one per path).
+fn history() -> Arc<dyn SyscallHistory> {
+    Arc::new(NoSyscallHistory)
+}
+
+/// Status before the first scan, with the confinement and the write probe.
+fn initial_status(root: &Path) -> ObserveStatus {
+    let c = CONFINEMENT.get().cloned().unwrap_or_default();
+    let write_probe = volmgr::failpoint::armed(WRITE_PROBE_FAILPOINT).then(|| write_probe(root));
+    ObserveStatus {
+        landlock: c.landlock,
+        capabilities: c.capabilities,
+        write_probe,
+        ..ObserveStatus::default()
+    }
+}
+
+/// Tries to create a file under ROOT (failpoint [`WRITE_PROBE_FAILPOINT`]):
+/// the kernel must refuse it. Returns what happened.
+fn write_probe(root: &Path) -> String {
+    let path = root.join(WRITE_PROBE_FILE);
+    let outcome = match std::fs::File::create(&path) {
+        Ok(_) => "write succeeded: observe mode is NOT confined".to_string(),
+        Err(e) => format!("write refused: {e}"),
+    };
+    tracing::warn!(path = %path.display(), %outcome, "observe mode write probe");
+    outcome
+}
+
+/// `volmgr_findings{kind}`: the findings of the last scan, by kind.
+fn add_findings_metrics(vm: &Arc<VolumeManager>, status: &Arc<Mutex<ObserveStatus>>) {
+    let status = Arc::clone(status);
+    vm.add_metrics_source(Arc::new(move || {
+        let s = status.locked();
+        let mut out = String::from(
+            "# HELP volmgr_findings Problems observe mode found on the node, by kind.\n# TYPE volmgr_findings gauge\n",
+        );
+        for kind in FindingKind::ALL {
+            let n = s.findings.iter().filter(|f| f.kind == kind).count();
+            out.push_str(&format!("volmgr_findings{{kind=\"{}\"}} {n}\n", kind.as_str()));
+        }
+        out.push_str(&format!(
+            "# HELP volmgr_observe_scans_total Scans of observe mode.\n# TYPE volmgr_observe_scans_total counter\nvolmgr_observe_scans_total {}\n",
+            s.scans
+        ));
+        out
+    }));
+}
+
+/// The pod sources feeding the (never started) manager's desired state.
+fn spawn_sources(
+    opts: &AgentOptions,
+    kube: Option<kube::Client>,
+    vm: &Arc<VolumeManager>,
+    stop: &watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), AgentError>> {
+    let count = usize::from(opts.manifests.is_some()) + usize::from(kube.is_some());
+    let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count).into_iter();
+    let api = kube.and_then(|client| {
+        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
+            .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()));
+        Some(tokio::spawn(source.run(stop.clone())))
+    });
+    let manifests = opts.manifests.clone().and_then(|dir| {
+        let source = ManifestsSource::new(dir, sinks.next()?, opts.rescan_period);
+        Some(tokio::spawn(source.run(stop.clone())))
+    });
+    tokio::spawn(async move {
+        if let Some(t) = manifests {
+            if let Ok(Err(e)) = t.await {
+                return Err(AgentError::from(e));
+            }
+        }
+        if let Some(t) = api {
+            let _ = t.await;
+        }
+        Ok(())
+    })
+}
+
+/// The scan loop's state.
+struct Scanner {
+    vm: Arc<VolumeManager>,
+    observer: Observer,
+    status: Arc<Mutex<ObserveStatus>>,
+    events: Option<crate::observe_events::FindingEvents>,
+    /// `(kind, path, pod)` of the last scan's findings (logs and events go
+    /// out for new ones; a finding whose pod became known is new).
+    reported: BTreeSet<(FindingKind, String, Option<String>)>,
+}
+
+/// The shortest time between two scans (changes come in bursts).
+const SETTLE: Duration = Duration::from_millis(50);
+
+impl Scanner {
+    /// Scans on every change of the mount table or the desired state, and
+    /// every `period`, until `stop`.
+    async fn run(mut self, period: Duration, mut stop: watch::Receiver<bool>) {
+        let mounts = Arc::new(Notify::new());
+        let watcher = watch_mount_table(Arc::clone(&mounts), stop.clone());
+        let mut desired = self.vm.subscribe();
+        loop {
+            self.scan_once().await;
+            tokio::select! {
+                () = volmgr::util::shutdown::requested(&mut stop) => break,
+                () = mounts.notified() => {}
+                r = desired.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                }
+                () = tokio::time::sleep(period) => {}
+            }
+            tokio::time::sleep(SETTLE).await;
+        }
+        let _ = watcher.await;
+    }
+
+    /// One scan: findings into status, events for the new ones.
+    async fn scan_once(&mut self) {
+        let started = Instant::now();
+        let vm = Arc::clone(&self.vm);
+        let mut observer = std::mem::replace(
+            &mut self.observer,
+            Observer::new(Duration::ZERO, Arc::new(NoSyscallHistory)),
+        );
+        let joined = tokio::task::spawn_blocking(move || {
+            let r = observer.scan(&vm);
+            (observer, r)
+        })
+        .await;
+        let Ok((observer, result)) = joined else {
+            return;
+        };
+        self.observer = observer;
+        let mut s = self.status.locked().clone();
+        s.scans += 1;
+        s.last_scan = volmgr::cache::out_of_band::rfc3339(SystemTime::now());
+        match result {
+            Ok(findings) => {
+                s.scan_error = None;
+                self.announce(&findings).await;
+                s.findings = findings;
+            }
+            Err(e) => s.scan_error = Some(e.to_string()),
+        }
+        tracing::debug!(
+            findings = s.findings.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "observe scan"
+        );
+        *self.status.locked() = s.clone();
+        self.vm.set_observe_status(s);
+    }
+
+    /// Logs each new finding once, and records an event on its pod.
+    async fn announce(&mut self, findings: &[Finding]) {
+        let key = |f: &Finding| (f.kind, f.path.clone(), f.pod.clone());
+        let now: BTreeSet<_> = findings.iter().map(key).collect();
+        for f in findings {
+            if self.reported.contains(&key(f)) {
+                continue;
+            }
+            tracing::warn!(kind = f.kind.as_str(), path = %f.path, pod = ?f.pod, "{}", f.summary);
+            if let Some(ev) = &mut self.events {
+                ev.publish(f).await;
+            }
+        }
+        self.reported = now;
+    }
+}
+
+/// Wakes `notify` whenever the mount table changes (`poll(POLLPRI)` on
+/// `/proc/self/mountinfo`, in a blocking thread that looks at `stop` every
+/// second).
+fn watch_mount_table(
+    notify: Arc<Notify>,
+    stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let Ok(file) = std::fs::File::open("/proc/self/mountinfo") else {
+            return;
+        };
+        while !*stop.borrow() {
+            let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLPRI)];
+            if let Ok(n) = poll(&mut fds, PollTimeout::from(1000u16)) {
+                if n > 0 {
+                    notify.notify_one();
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,252 @@
+//! Observe mode's confinement: the agent restricts itself with Landlock
+//! (read-only everywhere, ROOT included; writes only under its state
+//! directory) and drops the capabilities it does not need. Both act on the
+//! calling thread and what it starts later, so [`confine`] runs before the
+//! runtime starts any thread.
+//!
+//! Landlock (Linux ≥ 5.13) is used through its three system calls. The
+//! handled rights are every right that changes the file system (write,
+//! truncate, remove, make, rename/link across directories); reads stay
+//! unrestricted. A Landlock-restricted process also cannot mount or
+//! unmount anything (landlock(7)).
+//!
+//! Capabilities kept (see docs/USAGE.md, "Observe mode"): `CAP_BPF`,
+//! `CAP_PERFMON` (loading the eBPF tracer), `CAP_SYS_ADMIN` (the same on
+//! kernels before 5.8, and reading other mount namespaces),
+//! `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH` (reading `/proc/<pid>` of
+//! other processes and the kubelet's files whatever their modes),
+//! `CAP_SYS_RESOURCE` (the locked-memory limit of BPF maps on older
+//! kernels). Every other one is dropped from the bounding, ambient,
+//! inheritable, permitted and effective sets.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// What [`confine`] achieved, for status.
+#[derive(Debug, Clone, Default)]
+pub struct Confinement {
+    /// `enforced (ABI vN)` or `unavailable: <why>`.
+    pub landlock: String,
+    /// The capabilities kept, or why they were not dropped.
+    pub capabilities: String,
+}
+
+/// `LANDLOCK_CREATE_RULESET_VERSION`.
+const CREATE_RULESET_VERSION: u32 = 1;
+/// `LANDLOCK_RULE_PATH_BENEATH`.
+const RULE_PATH_BENEATH: libc::c_int = 1;
+/// `LANDLOCK_ACCESS_FS_*` of ABI 1 that change the file system: write
+/// file, remove dir/file, make char/dir/reg/sock/fifo/block/sym.
+const WRITE_ABI1: u64 = (1 << 1) | (1 << 4) | (1 << 5) | (0x7f << 6);
+/// `LANDLOCK_ACCESS_FS_REFER` (ABI 2).
+const REFER: u64 = 1 << 13;
+/// `LANDLOCK_ACCESS_FS_TRUNCATE` (ABI 3).
+const TRUNCATE: u64 = 1 << 14;
+
+/// `struct landlock_ruleset_attr`, its first field (what ABI 1 knows).
+#[repr(C)]
+struct RulesetAttr {
+    handled_access_fs: u64,
+}
+
+/// `struct landlock_path_beneath_attr` (packed).
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// The capabilities kept (numbers of linux/capability.h).
+const KEPT: &[(u32, &str)] = &[
+    (2, "CAP_DAC_READ_SEARCH"),
+    (19, "CAP_SYS_PTRACE"),
+    (21, "CAP_SYS_ADMIN"),
+    (24, "CAP_SYS_RESOURCE"),
+    (38, "CAP_PERFMON"),
+    (39, "CAP_BPF"),
+];
+
+/// Confines this process: writes only under `state_dir` (Landlock), the
+/// capabilities of [`KEPT`] only. Call before any thread is started.
+pub fn confine(state_dir: &Path) -> Confinement {
+    let capabilities = match drop_capabilities() {
+        Ok(()) => {
+            let names: Vec<&str> = KEPT.iter().map(|(_, n)| *n).collect();
+            format!("kept {}", names.join(","))
+        }
+        Err(e) => format!("not dropped: {e}"),
+    };
+    let landlock = match landlock(state_dir) {
+        Ok(abi) => format!("enforced (ABI v{abi})"),
+        Err(e) => format!("unavailable: {e}"),
+    };
+    Confinement {
+        landlock,
+        capabilities,
+    }
+}
+
+/// Restricts this thread (and its future threads) with Landlock; returns
+/// the ABI version.
+fn landlock(state_dir: &Path) -> std::io::Result<i64> {
+    // SAFETY: the version query takes no attribute (NULL, 0).
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<RulesetAttr>(),
+            0usize,
+            CREATE_RULESET_VERSION,
+        )
+    };
+    if abi < 1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut handled = WRITE_ABI1;
+    if abi >= 2 {
+        handled |= REFER;
+    }
+    if abi >= 3 {
+        handled |= TRUNCATE;
+    }
+    let attr = RulesetAttr {
+        handled_access_fs: handled,
+    };
+    // SAFETY: `attr` is a valid ruleset attribute of the size given.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const RulesetAttr,
+            std::mem::size_of::<RulesetAttr>(),
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let ruleset = fd as libc::c_int;
+    let result = allow_beneath(ruleset, state_dir, handled).and_then(|()| restrict(ruleset));
+    // SAFETY: closing the ruleset descriptor we created.
+    unsafe { libc::close(ruleset) };
+    result.map(|()| abi)
+}
+
+/// Allows `access` beneath `dir` in `ruleset`.
+fn allow_beneath(ruleset: libc::c_int, dir: &Path, access: u64) -> std::io::Result<()> {
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a NUL-terminated path; O_PATH opens nothing for I/O.
+    let dir_fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if dir_fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let rule = PathBeneathAttr {
+        allowed_access: access,
+        parent_fd: dir_fd,
+    };
+    // SAFETY: `rule` is a valid path-beneath attribute; the fds are ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            RULE_PATH_BENEATH,
+            &rule as *const PathBeneathAttr,
+            0u32,
+        )
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(dir_fd) };
+    if rc != 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// `no_new_privs`, then `landlock_restrict_self`.
+fn restrict(ruleset: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: restricting the calling thread with a ruleset fd we own.
+    if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// Drops every capability but [`KEPT`] from all sets of this thread.
+fn drop_capabilities() -> std::io::Result<()> {
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(40);
+    for cap in 0..=last {
+        if !KEPT.iter().any(|(k, _)| *k == cap) {
+            // SAFETY: prctl with integer arguments only. Fails without
+            // CAP_SETPCAP (then the bounding set stays; the sets below
+            // are still reduced).
+            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    let mut hdr = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: a valid header and room for the two data words.
+    if unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut hdr as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut keep = [0u32; 2];
+    for (cap, _) in KEPT {
+        keep[(*cap / 32) as usize] |= 1 << (cap % 32);
+    }
+    for (d, k) in data.iter_mut().zip(keep) {
+        d.permitted &= k;
+        d.effective = d.permitted;
+        d.inheritable = 0;
+    }
+    // SAFETY: a valid header and the two data words.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,426 @@
+//! End-to-end test of observe mode (`volmgr agent --observe`): a
+//! kubelet-like ROOT is set up for real (the managing agent stages and
+//! publishes through the in-repo CSI driver, mounts emptyDirs), the
+//! managing agent stops, and each finding (a)-(g) is planted the way it
+//! happens on a node. The observing agent must report each exactly once
+//! with its evidence, refuse a write under ROOT (Landlock), and leave ROOT
+//! and the mount table byte-identical.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/csi_driver.rs"]
+mod csi_driver;
+mod support;
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use csi_driver::{wait_for, Driver};
+use support::{free_port, isolated, metrics, volmgr_bin, Env};
+use volmgr_kube::testing::FakeApiServer;
+
+const DRIVER: &str = "loop.csi.volmgr.dev";
+
+/// A PersistentVolume of the test driver and its bound claim.
+fn pv_yaml(pv: &str, handle: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: {pv}}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [ReadWriteMany]\n  claimRef: {{namespace: test, name: claim-{pv}}}\n  csi: {{driver: {DRIVER}, volumeHandle: {handle}, fsType: ext4, volumeAttributes: {{size: 64Mi}}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-{pv}, namespace: test}}\nspec: {{volumeName: {pv}, accessModes: [ReadWriteMany]}}\n"
+    )
+}
+
+/// A pod with the claim of `pv` (volume `data`) and an emptyDir (`scratch`).
+fn pod_yaml(name: &str, uid: &str, pv: Option<&str>, memory: bool) -> String {
+    let medium = if memory { "{medium: Memory}" } else { "{}" };
+    let scratch = format!("emptyDir: {medium}");
+    let claim = pv.map(|pv| format!("persistentVolumeClaim: {{claimName: claim-{pv}}}"));
+    let mut vols = vec![("scratch", scratch.as_str())];
+    if let Some(c) = &claim {
+        vols.push(("data", c.as_str()));
+    }
+    support::pod_yaml(name, uid, &vols)
+}
+
+fn publish_path(env: &Env, uid: &str, pv: &str) -> PathBuf {
+    env.root
+        .join("pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~csi")
+        .join(pv)
+        .join("mount")
+}
+
+fn stage_path(env: &Env, handle: &str) -> PathBuf {
+    env.root
+        .join("plugins/kubernetes.io/csi")
+        .join(DRIVER)
+        .join(volmgr::plugins::csi::handle_hash(handle))
+        .join("globalmount")
+}
+
+/// Every file under `dir` (not following symlinks, crossing mounts): its
+/// path, type and mode, size, owner, mtime and a hash of its contents (or
+/// of its link target).
+fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let md = std::fs::symlink_metadata(&d).unwrap();
+        let content = if md.is_file() {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            std::fs::read(&d).unwrap().hash(&mut h);
+            format!("{:016x}", h.finish())
+        } else if md.file_type().is_symlink() {
+            std::fs::read_link(&d).unwrap().display().to_string()
+        } else {
+            String::new()
+        };
+        out.insert(
+            d.clone(),
+            format!(
+                "mode={:o} size={} uid={} gid={} mtime={}.{} {}",
+                md.mode(),
+                md.size(),
+                md.uid(),
+                md.gid(),
+                md.mtime(),
+                md.mtime_nsec(),
+                content
+            ),
+        );
+        if md.is_dir() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+    out
+}
+
+/// `/proc/self/mountinfo` as bytes.
+fn mount_table() -> Vec<u8> {
+    std::fs::read("/proc/self/mountinfo").unwrap()
+}
+
+/// A loop device attached to a file that is then deleted, detached on drop.
+struct DeletedLoop(String);
+
+impl DeletedLoop {
+    fn new(dir: &Path) -> Self {
+        let img = dir.join("deleted.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show"])
+            .arg(&img)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "losetup: {out:?}");
+        std::fs::remove_file(&img).unwrap();
+        Self(String::from_utf8(out.stdout).unwrap().trim().to_string())
+    }
+}
+
+impl Drop for DeletedLoop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+/// The objects of the manifests directory on the fake API server, the
+/// pods bound to `node-1` and running, with the Node.
+fn serve_manifests(env: &Env, api: &FakeApiServer) {
+    api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
+        "status": {"allocatable": {"cpu": "2", "memory": "1Gi"}, "capacity": {"cpu": "2", "memory": "1Gi"}}}));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&env.manifests)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for doc in text.split("\n---\n") {
+            let mut v: serde_json::Value = serde_norway::from_str(doc).unwrap();
+            if v["kind"] == "Pod" {
+                v["spec"]["nodeName"] = "node-1".into();
+                v["status"] = serde_json::json!({"phase": "Running"});
+            }
+            api.apply(v);
+        }
+    }
+}
+
+/// `volmgr doctor --json` against `state`: (exit code, report).
+fn doctor(state: &Path) -> (i32, serde_json::Value) {
+    let out = Command::new(volmgr_bin())
+        .args(["doctor", "--json", "--state-dir"])
+        .arg(state)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// Sets up the node with the managing agent, then stops it (mounts stay).
+fn set_up_node(env: &Env, driver: &Driver) {
+    for (pv, handle) in [
+        ("pv-1", "vol-1"),
+        ("pv-2", "vol-2"),
+        ("pv-3", "vol-3"),
+        ("pv-4", "vol-4"),
+    ] {
+        env.write_manifest(&format!("{pv}.yaml"), &pv_yaml(pv, handle));
+    }
+    env.write_manifest(
+        "keep.yaml",
+        &pod_yaml("keep", "uid-keep", Some("pv-1"), true),
+    );
+    env.write_manifest(
+        "gone.yaml",
+        &pod_yaml("gone", "uid-gone", Some("pv-2"), false),
+    );
+    env.write_manifest(
+        "drained.yaml",
+        &pod_yaml("drained", "uid-drained", Some("pv-3"), false),
+    );
+    env.write_manifest(
+        "lost.yaml",
+        &pod_yaml("lost", "uid-lost", Some("pv-4"), false),
+    );
+    env.write_manifest(
+        "orphan.yaml",
+        &pod_yaml("orphan", "uid-orphan", None, false),
+    );
+    let flag = driver.flag();
+    let agent = env.start_agent(&["--csi-driver", &flag, "--node-name", "node-1"]);
+    for uid in [
+        "uid-keep",
+        "uid-gone",
+        "uid-drained",
+        "uid-lost",
+        "uid-orphan",
+    ] {
+        assert_eq!(env.wait_pod(uid, 90.0), 0, "{}", agent.log());
+    }
+    assert!(agent.term());
+}
+
+/// Plants (a)-(g) the way they happen next to a kubelet. Returns the
+/// expected `(kind, path)` of each finding.
+fn plant(env: &Env) -> Vec<(&'static str, PathBuf)> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    // (a) and (b): pods deleted while the kubelet was down, one with its
+    // volume still mounted.
+    env.remove_manifest("orphan.yaml");
+    env.remove_manifest("gone.yaml");
+    // (c): unpublished and its pod directory removed, never unstaged.
+    umount2(&publish_path(env, "uid-drained", "pv-3"), MntFlags::empty()).unwrap();
+    std::fs::remove_dir_all(env.root.join("pods/uid-drained")).unwrap();
+    env.remove_manifest("drained.yaml");
+    // (d): a new pod whose emptyDir nobody sets up.
+    env.write_manifest("stuck.yaml", &pod_yaml("stuck", "uid-stuck", None, false));
+    // (e): the publish mount went away behind the kubelet's back.
+    umount2(&publish_path(env, "uid-lost", "pv-4"), MntFlags::empty()).unwrap();
+    // (f): a pod's tmpfs emptyDir mounted twice (a bind of itself on it).
+    let twice = env.empty_dir("uid-keep", "scratch");
+    mount(
+        Some(&twice),
+        &twice,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    vec![
+        ("orphaned_pod_dir", env.root.join("pods/uid-orphan")),
+        (
+            "mounted_for_deleted_pod",
+            publish_path(env, "uid-gone", "pv-2"),
+        ),
+        ("unused_device_mount", stage_path(env, "vol-3")),
+        ("volume_stuck", env.root.join("pods/uid-stuck")),
+        (
+            "recorded_not_mounted",
+            publish_path(env, "uid-lost", "pv-4"),
+        ),
+        ("mounted_more_than_once", twice),
+    ]
+}
+
+#[test]
+fn observe_mode_reports_each_finding_and_changes_nothing() {
+    isolated(
+        "observe_mode_reports_each_finding_and_changes_nothing",
+        || {
+            let env = Env::new();
+            let mut driver = Driver::new(&env, DRIVER);
+            driver.start();
+            set_up_node(&env, &driver);
+            let mut expected = plant(&env);
+            let lo = DeletedLoop::new(env.dir.path());
+            expected.push(("loop_backing_deleted", PathBuf::from(&lo.0)));
+
+            let (tree_before, table_before) = (tree(&env.root), mount_table());
+            let calls_before = driver.calls().len();
+            let state = env.dir.path().join("state");
+            let addr = free_port();
+            let flag = driver.flag();
+            // The desired state from the API server this time.
+            std::env::set_var("VOLMGR_FAILPOINTS", "observe-write-probe");
+            let api = FakeApiServer::start();
+            serve_manifests(&env, &api);
+            let kubeconfig = api.write_kubeconfig(env.dir.path());
+            let observer = env.start_agent_without_manifests(&[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "--observe",
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--csi-driver",
+                &flag,
+                "--node-name",
+                "node-1",
+                "--stuck-after",
+                "1s",
+                "--scan-period",
+                "200ms",
+                "--metrics-addr",
+                &addr,
+            ]);
+            let found = |report: &serde_json::Value, kind: &str, path: &Path| {
+                report["findings"]
+                    .as_array()
+                    .map(|fs| {
+                        fs.iter()
+                            .filter(|f| f["kind"] == kind && f["path"] == path.to_str().unwrap())
+                            .count()
+                    })
+                    .unwrap_or(0)
+            };
+            wait_for("every planted finding reported", || {
+                let (_, r) = doctor(&state);
+                expected.iter().all(|(k, p)| found(&r, k, p) == 1)
+            });
+            let (code, report) = doctor(&state);
+            assert_eq!(code, 1, "doctor exits 1 when something needs a person");
+            let findings = report["findings"].as_array().unwrap();
+            // Each exactly once, and nothing else (other tests' loop devices
+            // aside).
+            let ours: Vec<_> = findings
+                .iter()
+                .filter(|f| f["kind"] != "loop_backing_deleted" || f["path"] == lo.0.as_str())
+                .collect();
+            assert_eq!(ours.len(), expected.len(), "{report:#}");
+            for f in &ours {
+                assert!(!f["summary"].as_str().unwrap().is_empty(), "{f:#}");
+                assert!(
+                    !f["evidence"].as_array().unwrap().is_empty(),
+                    "no evidence: {f:#}"
+                );
+            }
+            let by_kind = |k: &str| ours.iter().find(|f| f["kind"] == k).unwrap().to_string();
+            assert!(
+                by_kind("mounted_for_deleted_pod").contains("ext4"),
+                "{report:#}"
+            );
+            assert!(
+                by_kind("unused_device_mount").contains("vol-3"),
+                "{report:#}"
+            );
+            assert!(by_kind("volume_stuck").contains("test/stuck"), "{report:#}");
+            assert!(
+                by_kind("recorded_not_mounted").contains("test/lost"),
+                "{report:#}"
+            );
+            assert!(
+                by_kind("mounted_more_than_once").contains("id "),
+                "{report:#}"
+            );
+            assert!(
+                by_kind("loop_backing_deleted").contains("(deleted)"),
+                "{report:#}"
+            );
+            assert!(
+                by_kind("orphaned_pod_dir").contains("scratch"),
+                "{report:#}"
+            );
+
+            // The kernel refused the write probe; Landlock is enforced.
+            assert!(
+                report["landlock"].as_str().unwrap().starts_with("enforced"),
+                "{report:#}"
+            );
+            let probe = report["write_probe"].as_str().unwrap();
+            assert!(probe.contains("Permission denied"), "{probe}");
+            assert!(!env.root.join(".volmgr-observe-probe").exists());
+            // Status shows the section; metrics count by kind.
+            let text = Command::new(volmgr_bin())
+                .args(["status", "--root"])
+                .arg(&state)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&text.stdout).to_string();
+            assert!(text.contains("observe mode: landlock enforced"), "{text}");
+            assert!(text.contains("- volume_stuck:"), "{text}");
+            let m = metrics(&addr);
+            assert!(
+                m.contains("volmgr_findings{kind=\"unused_device_mount\"} 1"),
+                "{m}"
+            );
+            // Events on the pods still on the node; nothing else written to
+            // the API server (no token, no CSINode, no Node or claim status).
+            let reasons = || -> Vec<String> {
+                api.requests()
+                    .iter()
+                    .filter(|r| r.method == "POST" && r.path.contains("/events"))
+                    .map(|r| r.body["reason"].as_str().unwrap_or("").to_string())
+                    .collect()
+            };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            let want = ["VolumeStuck", "VolumeNotMounted", "VolumeMountedTwice"];
+            while !want.iter().all(|w| reasons().iter().any(|r| r == w)) {
+                let writes: Vec<String> = api
+                    .requests()
+                    .iter()
+                    .filter(|r| r.method != "GET")
+                    .map(|r| format!("{} {} {} {}", r.method, r.path, r.status, r.body))
+                    .collect();
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no events: {writes:#?}\n{}",
+                    observer.log()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            for r in api.requests() {
+                assert!(
+                    r.method == "GET" || r.path.contains("/events"),
+                    "observe mode wrote to the API server: {} {}",
+                    r.method,
+                    r.path
+                );
+            }
+            assert!(observer.term());
+
+            // Nothing changed: the tree and the mount table.
+            assert_eq!(mount_table(), table_before, "the mount table changed");
+            let tree_after = tree(&env.root);
+            assert_eq!(tree_after, tree_before, "ROOT changed");
+            // No CSI call that changes state while observing.
+            for c in &driver.calls()[calls_before..] {
+                let m = c["method"].as_str().unwrap_or("");
+                assert!(
+                    ["NodeGetCapabilities", "NodeGetInfo", "NodeGetVolumeStats"]
+                        .iter()
+                        .any(|ok| m.ends_with(ok)),
+                    "observe mode called {m}"
+                );
+            }
+            drop(lo);
+        },
+    );
+}

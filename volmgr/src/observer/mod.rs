@@ -1,0 +1,460 @@
+//! Observe mode (`volmgr agent --observe`): next to an unmodified kubelet,
+//! rebuild the kubelet's actual state with the manager's own
+//! reconstruction, read-only ([`VolumeManager::observe_actual_state`]),
+//! compare it with the desired state the same populator builds from the
+//! pod sources, and report what needs a person as [`Finding`]s, each with
+//! its evidence. Nothing here mounts, unmounts or writes: the reconciler
+//! never runs in observe mode.
+//!
+//! The kinds (see [`FindingKind`]): (a) orphaned pod directories, (b)
+//! volumes still mounted for deleted pods, (c) device mounts no pod uses,
+//! (d) volumes needed longer than `stuck_after` and not mounted, (e) mounts
+//! the kubelet recorded that are not in the mount table, (f) a target
+//! mounted more than once, (g) loop devices whose backing file is deleted.
+
+mod loops;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::cache::actual_state_of_world::{ActualStateOfWorld, DeviceMountState, VolumeMountState};
+use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use crate::cache::out_of_band::rfc3339;
+use crate::status::{Finding, FindingKind, RecentSyscall};
+use crate::sys::mount_table::MountTable;
+use crate::sys::mountinfo::MountInfo;
+use crate::volume::PodUid;
+use crate::volumemanager::VolumeManager;
+
+pub use loops::{loop_devices, LoopDevice};
+
+/// The recent syscalls on a path: the hook through which the eBPF tracer
+/// adds what it saw to a finding (a stuck volume's last calls).
+pub trait SyscallHistory: Send + Sync {
+    /// The last mount-family syscalls seen on `path` (or below it), oldest
+    /// first.
+    fn recent_for_path(&self, path: &Path) -> Vec<RecentSyscall>;
+}
+
+/// No tracer history: findings carry no syscalls.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoSyscallHistory;
+
+impl SyscallHistory for NoSyscallHistory {
+    fn recent_for_path(&self, _path: &Path) -> Vec<RecentSyscall> {
+        Vec::new()
+    }
+}
+
+/// Why a scan failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    /// The mount table could not be read.
+    #[error("reading the mount table: {0}")]
+    MountTable(#[from] crate::sys::mountinfo::MountInfoError),
+    /// The read-only reconstruction failed.
+    #[error(transparent)]
+    Manager(#[from] crate::volumemanager::Error),
+}
+
+/// What one scan read: the mount table, the actual state rebuilt from it
+/// and ROOT, the pod directories, and the loop devices.
+pub struct Snapshot {
+    /// ROOT.
+    pub root: PathBuf,
+    /// The mount table.
+    pub table: MountTable,
+    /// The actual state, rebuilt read-only.
+    pub asw: ActualStateOfWorld,
+    /// The UIDs of the directories under `ROOT/pods`.
+    pub pod_dirs: Vec<PodUid>,
+    /// The loop devices.
+    pub loops: Vec<LoopDevice>,
+}
+
+/// Reads a [`Snapshot`] of the node (reads only).
+pub fn snapshot(vm: &VolumeManager) -> Result<Snapshot, ObserveError> {
+    let table = MountTable::new(crate::sys::mountinfo::read_self()?);
+    let (world, _report) = vm.observe_actual_state(&table)?;
+    let root = vm.root().path().to_path_buf();
+    let pod_dirs = std::fs::read_dir(root.join("pods"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| PodUid::new(e.file_name().to_str()?).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let asw = std::mem::take(&mut *world.asw_mut());
+    Ok(Snapshot {
+        root,
+        table,
+        asw,
+        pod_dirs,
+        loops: loop_devices(Path::new(loops::SYS_BLOCK)),
+    })
+}
+
+/// The findings engine: remembers since when each needed volume is seen
+/// not mounted (for [`FindingKind::VolumeStuck`] and
+/// [`FindingKind::RecordedNotMounted`]).
+pub struct Observer {
+    stuck_after: Duration,
+    history: Arc<dyn SyscallHistory>,
+    /// `(pod, volume name in the pod)` → first seen not mounted.
+    first_seen: HashMap<(PodUid, String), (Instant, SystemTime)>,
+}
+
+impl Observer {
+    /// An observer reporting needed volumes after `stuck_after`.
+    pub fn new(stuck_after: Duration, history: Arc<dyn SyscallHistory>) -> Self {
+        Self {
+            stuck_after,
+            history,
+            first_seen: HashMap::new(),
+        }
+    }
+
+    /// One scan of the node: the findings, sorted by kind and path.
+    pub fn scan(&mut self, vm: &VolumeManager) -> Result<Vec<Finding>, ObserveError> {
+        let snap = snapshot(vm)?;
+        let populated = vm.sources_populated();
+        Ok(vm.with_desired_state(|dsw| self.evaluate(&snap, dsw, populated, Instant::now())))
+    }
+
+    /// The findings of `snap` against the desired state. Pods not on the
+    /// node are judged only once the sources are `populated`.
+    pub fn evaluate(
+        &mut self,
+        snap: &Snapshot,
+        dsw: &DesiredStateOfWorld,
+        populated: bool,
+        now: Instant,
+    ) -> Vec<Finding> {
+        let mut out = Vec::new();
+        if populated {
+            deleted_pods(snap, dsw, &mut out);
+            unused_devices(snap, dsw, &mut out);
+        }
+        self.needed_volumes(snap, dsw, now, &mut out);
+        stacked_mounts(snap, dsw, &mut out);
+        deleted_loop_backing(snap, &mut out);
+        for f in &mut out {
+            if f.recent_syscalls.is_empty() {
+                f.recent_syscalls = self.history.recent_for_path(Path::new(&f.path));
+            }
+        }
+        out.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
+        out
+    }
+
+    /// (d) and (e): each desired pod's volumes that are not mounted, once
+    /// seen so for `stuck_after`.
+    fn needed_volumes(
+        &mut self,
+        snap: &Snapshot,
+        dsw: &DesiredStateOfWorld,
+        now: Instant,
+        out: &mut Vec<Finding>,
+    ) {
+        let mut seen = HashSet::new();
+        for (uid, pod) in dsw.pods() {
+            for v in &pod.volumes {
+                let (kind, evidence, path) = match needed_state(snap, uid, v) {
+                    Some(k) => k,
+                    None => continue,
+                };
+                let key = (uid.clone(), v.outer_name.clone());
+                let (first, since) = *self
+                    .first_seen
+                    .entry(key.clone())
+                    .or_insert((now, SystemTime::now()));
+                seen.insert(key);
+                if now.saturating_duration_since(first) < self.stuck_after {
+                    continue;
+                }
+                let mut f = finding(kind, path, format_needed(kind, &v.outer_name, now - first));
+                f.pod_uid = Some(uid.as_str().to_string());
+                f.pod = Some(format!("{}/{}", pod.namespace, pod.name));
+                f.volume = Some(v.outer_name.clone());
+                f.evidence = evidence;
+                f.since = Some(rfc3339(since));
+                out.push(f);
+            }
+        }
+        self.first_seen.retain(|k, _| seen.contains(k));
+    }
+}
+
+/// The one-line summary of a needed volume not mounted.
+fn format_needed(kind: FindingKind, volume: &str, for_: Duration) -> String {
+    match kind {
+        FindingKind::RecordedNotMounted => format!(
+            "volume {volume:?} is recorded as set up but is not mounted (for {}s)",
+            for_.as_secs()
+        ),
+        _ => format!(
+            "volume {volume:?} is needed and not mounted for {}s",
+            for_.as_secs()
+        ),
+    }
+}
+
+/// Whether a desired pod's volume is missing: `(kind, evidence, path)`,
+/// or `None` when it is mounted.
+fn needed_state(
+    snap: &Snapshot,
+    uid: &PodUid,
+    v: &crate::cache::desired_state_of_world::PodVolumeEntry,
+) -> Option<(FindingKind, Vec<String>, String)> {
+    let pod_dir = snap.root.join("pods").join(uid.as_str());
+    let name = match &v.volume {
+        Ok(name) => name,
+        Err(why) => {
+            let ev = vec![format!("the volume cannot be resolved: {why}")];
+            return Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()));
+        }
+    };
+    match snap.asw.pod_mount(name, uid) {
+        Some(m) if m.state == VolumeMountState::Mounted => None,
+        // Not trusted until set up again (reconstruction's uncertain),
+        // but mounted, or a directory volume with no mount record.
+        Some(m) if snap.table.is_mount_point(&m.path) || !has_mount_record(&m.path) => None,
+        Some(m) => {
+            let mut ev = vec![format!(
+                "volume {name} ({})",
+                v.plugin_name.as_deref().unwrap_or("?")
+            )];
+            ev.push(format!(
+                "{} is recorded ({} beside it) but the mount table shows nothing there",
+                m.path.display(),
+                crate::plugins::csi::VOL_DATA_FILE
+            ));
+            ev.extend(dir_listing(&m.path));
+            Some((
+                FindingKind::RecordedNotMounted,
+                ev,
+                m.path.display().to_string(),
+            ))
+        }
+        None => {
+            let mut ev = vec![format!(
+                "volume {name} ({}): nothing set up in the pod's directory",
+                v.plugin_name.as_deref().unwrap_or("?")
+            )];
+            ev.extend(dir_listing(&pod_dir.join("volumes")));
+            Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()))
+        }
+    }
+}
+
+/// Whether the kubelet recorded a mount at `path`: a `vol_data.json`
+/// beside it (CSI's publish record).
+fn has_mount_record(path: &Path) -> bool {
+    path.parent()
+        .is_some_and(|d| d.join(crate::plugins::csi::VOL_DATA_FILE).is_file())
+}
+
+/// A finding with its kind, path and summary, the rest empty.
+fn finding(kind: FindingKind, path: String, summary: String) -> Finding {
+    Finding {
+        kind,
+        pod_uid: None,
+        pod: None,
+        volume: None,
+        path,
+        summary,
+        evidence: Vec::new(),
+        since: None,
+        recent_syscalls: Vec::new(),
+        events: Vec::new(),
+    }
+}
+
+/// A mount table line as evidence.
+fn mount_line(m: &MountInfo) -> String {
+    format!(
+        "mounted: id {} {} on {} type {} ({})",
+        m.mount_id,
+        m.source,
+        m.mount_point.display(),
+        m.fstype,
+        m.mount_options
+    )
+}
+
+/// What is left in a directory, two levels deep (names only), as evidence.
+fn dir_listing(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        out.push(format!("{}: missing", dir.display()));
+        return out;
+    };
+    let mut names: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
+    names.sort();
+    for p in names.iter().take(32) {
+        let inner: Vec<String> = std::fs::read_dir(p)
+            .map(|rd| {
+                let mut v: Vec<String> = rd
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default();
+        out.push(format!("left: {} [{}]", p.display(), inner.join(", ")));
+    }
+    out
+}
+
+/// (a) and (b): pod directories of pods not on the node, with or without
+/// mounts left in them.
+fn deleted_pods(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Finding>) {
+    for uid in &snap.pod_dirs {
+        if dsw.pod(uid).is_some() {
+            continue;
+        }
+        let dir = snap.root.join("pods").join(uid.as_str());
+        let mut mounts: BTreeMap<&Path, Vec<&MountInfo>> = BTreeMap::new();
+        for m in snap.table.below(&dir) {
+            mounts.entry(&m.mount_point).or_default().push(m);
+        }
+        if mounts.is_empty() {
+            let mut f = finding(
+                FindingKind::OrphanedPodDir,
+                dir.display().to_string(),
+                format!(
+                    "orphaned pod {uid}: its directory is still on disk, nothing mounted in it"
+                ),
+            );
+            f.pod_uid = Some(uid.as_str().to_string());
+            f.evidence = dir_listing(&dir.join("volumes"));
+            f.evidence.extend(dir_listing(&dir.join("volume-subpaths")));
+            f.evidence.extend(dir_listing(&dir.join("volumeDevices")));
+            out.push(f);
+            continue;
+        }
+        for (path, ms) in mounts {
+            let volume = volume_at(&snap.asw, uid, path);
+            let mut f = finding(
+                FindingKind::MountedForDeletedPod,
+                path.display().to_string(),
+                format!("pod {uid} is no longer on the node, its volume is still mounted"),
+            );
+            f.pod_uid = Some(uid.as_str().to_string());
+            f.volume = volume;
+            f.evidence = ms.into_iter().map(mount_line).collect();
+            out.push(f);
+        }
+    }
+}
+
+/// The unique name of the volume `pod` has at `path`, if reconstruction
+/// found one.
+fn volume_at(asw: &ActualStateOfWorld, pod: &PodUid, path: &Path) -> Option<String> {
+    asw.mounts_of_pod(pod.as_str())
+        .find(|(_, _, m)| path.starts_with(&m.path))
+        .map(|(name, _, _)| name.as_str().to_string())
+}
+
+/// (c): device mounts (CSI staging, block global map) mounted with no
+/// pod's mount of their volume and no desired pod.
+fn unused_devices(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Finding>) {
+    for (name, v) in snap.asw.volumes() {
+        if v.device_mount_state == DeviceMountState::NotMounted
+            || !v.pods.is_empty()
+            || dsw.volume_exists(name)
+        {
+            continue;
+        }
+        let Some(path) = &v.device_mount_path else {
+            continue;
+        };
+        let lines: Vec<String> = snap
+            .table
+            .entries()
+            .iter()
+            .filter(|m| m.mount_point == *path)
+            .map(mount_line)
+            .collect();
+        if lines.is_empty() {
+            continue;
+        }
+        let mut f = finding(
+            FindingKind::UnusedDeviceMount,
+            path.display().to_string(),
+            format!("{name}: device mount with no pod mount and no pod that needs it"),
+        );
+        f.volume = Some(name.as_str().to_string());
+        f.evidence = lines;
+        f.evidence.push(format!("plugin {}", v.plugin_name));
+        if let Some(data) = path.parent().map(|d| d.join("vol_data.json")) {
+            if let Ok(text) = std::fs::read_to_string(&data) {
+                f.evidence
+                    .push(format!("{}: {}", data.display(), text.trim()));
+            }
+        }
+        out.push(f);
+    }
+}
+
+/// (f): mount points under ROOT with more than one mount.
+fn stacked_mounts(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Finding>) {
+    let pods = snap.root.join("pods");
+    let stacked: BTreeSet<&Path> = snap
+        .table
+        .below(&snap.root)
+        .filter(|m| snap.table.count(&m.mount_point) > 1)
+        .map(|m| m.mount_point.as_path())
+        .collect();
+    for path in stacked {
+        let lines: Vec<String> = snap
+            .table
+            .entries()
+            .iter()
+            .filter(|m| m.mount_point == path)
+            .map(mount_line)
+            .collect();
+        let mut f = finding(
+            FindingKind::MountedMoreThanOnce,
+            path.display().to_string(),
+            format!("{} mounts on one target", lines.len()),
+        );
+        let uid = path
+            .strip_prefix(&pods)
+            .ok()
+            .and_then(|r| r.iter().next())
+            .and_then(|c| PodUid::new(c.to_str()?).ok());
+        if let Some(uid) = uid {
+            f.volume = volume_at(&snap.asw, &uid, path);
+            if let Some(p) = dsw.pod(&uid) {
+                f.pod = Some(format!("{}/{}", p.namespace, p.name));
+            }
+            f.pod_uid = Some(uid.as_str().to_string());
+        }
+        f.evidence = lines;
+        out.push(f);
+    }
+}
+
+/// (g): loop devices whose backing file is deleted, with what mounts them.
+fn deleted_loop_backing(snap: &Snapshot, out: &mut Vec<Finding>) {
+    for l in snap.loops.iter().filter(|l| l.deleted) {
+        let mut f = finding(
+            FindingKind::LoopBackingDeleted,
+            format!("/dev/{}", l.name),
+            format!("loop device {} is backed by a deleted file", l.name),
+        );
+        f.evidence.push(format!("backing_file: {}", l.backing_file));
+        f.evidence.extend(
+            snap.table
+                .entries()
+                .iter()
+                .filter(|m| (m.major, m.minor) == (l.major, l.minor))
+                .map(mount_line),
+        );
+        out.push(f);
+    }
+}
