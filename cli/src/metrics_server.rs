@@ -92,6 +92,7 @@ async fn serve_connection(
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .keep_alive(false)
+        .title_case_headers(true)
         .max_buf_size(8192)
         .header_read_timeout(None)
         .serve_connection(TokioIo::new(stream), service);

@@ -483,6 +483,16 @@ fn idle_metrics_clients_do_not_keep_healthz_out() {
         assert!(health.ends_with("\r\n\r\nok\n"), "{health}");
         let metrics = http_get(&addr, "/metrics").unwrap();
         assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
+        // The answers' heads and bodies, as the agent always sent them.
+        assert!(
+            health.contains("\r\nContent-Type: text/plain\r\n"),
+            "{health}"
+        );
+        assert!(health.contains("\r\nContent-Length: 3\r\n"), "{health}");
+        assert!(metrics.contains("\r\nContent-Type: text/plain; version=0.0.4\r\n"));
+        let other = http_get(&addr, "/metrics?x=1").unwrap();
+        assert!(other.starts_with("HTTP/1.1 404 Not Found\r\n"), "{other}");
+        assert!(other.ends_with("\r\n\r\nnot found\n"), "{other}");
         // Idle connections are closed within seconds, all of them.
         for s in &idle {
             s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();

@@ -920,3 +920,55 @@ fn node_authorizer(resource: &str, selector: &str) -> Option<Response<Body>> {
         &format!("{resource} is forbidden: a node may only list or watch them with {needs}NAME"),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+
+    fn config_map(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "ns"}, "data": {"k": "v"}})
+    }
+
+    /// In memory, the fake answers as over HTTPS and as the API server:
+    /// a second create is `409`, a replace with a stale version is `409`,
+    /// an injected failure is its code once, a watch from a compacted
+    /// version is `410`, and every request is recorded.
+    #[tokio::test]
+    async fn in_memory_answers_as_the_api_server() {
+        let fake = FakeApiServer::in_memory();
+        let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+        let cm: ConfigMap = serde_json::from_value(config_map("a")).unwrap();
+        let created = api.create(&PostParams::default(), &cm).await.unwrap();
+        let again = api.create(&PostParams::default(), &cm).await.unwrap_err();
+        assert!(again.to_string().contains("AlreadyExists"), "{again}");
+        let mut stale = created.clone();
+        stale.metadata.resource_version = Some("0".into());
+        let err = api
+            .replace("a", &PostParams::default(), &stale)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("Conflict"), "{err}");
+        api.replace("a", &PostParams::default(), &created)
+            .await
+            .unwrap();
+        fake.fail_next(Method::GET, 503);
+        assert!(api.get("a").await.is_err());
+        assert!(api.get("a").await.is_ok());
+        assert_eq!(fake.get("ConfigMap", "ns", "a").unwrap()["data"]["k"], "v");
+        fake.expire_watches();
+        let params = WatchParams::default().fields("metadata.name=a");
+        let mut events = api.watch(&params, "1").await.unwrap().boxed();
+        match events.next().await {
+            Some(Ok(WatchEvent::Error(e))) => assert_eq!(e.code, 410),
+            other => panic!("expected 410, got {other:?}"),
+        }
+        let reqs = fake.take_requests();
+        assert_eq!(reqs[0].method, "POST");
+        assert_eq!(reqs[1].status, 409);
+        assert!(fake.take_requests().is_empty());
+    }
+}
