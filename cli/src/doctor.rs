@@ -266,6 +266,22 @@ const PLOT_W: f64 = 800.0;
 const ROW_H: f64 = 28.0;
 const TOP: f64 = 50.0;
 
+/// Five time ticks from `t0` to `t1` (offsets from `t0`).
+fn axis(o: &mut String, t0: u64, t1: u64, rows: f64, x: &dyn Fn(u64) -> f64) {
+    for i in 0..=4u64 {
+        let ns = t0 + (t1 - t0) * i / 4;
+        let xi = x(ns);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{xi:.1}" y1="{}" x2="{xi:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xi:.1}" y="{}" text-anchor="middle">+{}</text>"##,
+            TOP - 10.0,
+            TOP + rows * ROW_H,
+            TOP - 14.0,
+            ms(ns - t0)
+        );
+    }
+}
+
 /// The SVG drawing: a row per volume, a bar per call from its start for
 /// its duration (green ok, red failed; at least 2 px wide), on one time axis.
 pub fn svg(t: &PodTimeline) -> String {
@@ -292,18 +308,7 @@ pub fn svg(t: &PodTimeline) -> String {
         xml(&t.pod),
         xml(&t.uid)
     );
-    for i in 0..=4u64 {
-        let ns = t0 + (t1 - t0) * i / 4;
-        let xi = x(ns);
-        let _ = writeln!(
-            o,
-            r##"<line x1="{xi:.1}" y1="{}" x2="{xi:.1}" y2="{:.1}" stroke="#ddd"/><text x="{xi:.1}" y="{}" text-anchor="middle">+{}</text>"##,
-            TOP - 10.0,
-            TOP + rows * ROW_H,
-            TOP - 14.0,
-            ms(ns - t0)
-        );
-    }
+    axis(&mut o, t0, t1, rows, &x);
     for (i, v) in t.volumes.iter().enumerate() {
         let y = TOP + i as f64 * ROW_H;
         let _ = writeln!(

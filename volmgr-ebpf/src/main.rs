@@ -5,6 +5,9 @@
 //! in a per-thread map; at exit the latency goes into a per-CPU log-linear
 //! histogram and an event with the paths (read with bounded reads) goes to
 //! the ring buffer. A failed ring-buffer write is counted, never silent.
+//! `statfs` is only kept in the per-thread map while in flight (user space
+//! reads the map to report calls stuck on a hung network or FUSE file
+//! system): no event, no histogram.
 #![no_std]
 #![no_main]
 

@@ -17,7 +17,9 @@
 //! - `ebpf` ([`ebpf_events`]): the aya program sees every mount-table syscall
 //!   with its caller, path and latency; only calls by other processes on
 //!   managed paths lead to a check, and every call lands in the latency
-//!   histograms (`volmgr_mount_syscall_duration_seconds`, status).
+//!   histograms (`volmgr_mount_syscall_duration_seconds`, status). It also
+//!   keeps the per-volume timelines of every process's calls
+//!   ([`timeline`]) and reports calls stuck in the kernel ([`stuck`]).
 //! - `mountinfo` ([`mountinfo_poller`]): `poll(POLLPRI)` on
 //!   `/proc/self/mountinfo` and a diff; needs no privilege beyond reading
 //!   proc, but cannot tell who changed what, nor how long it took.
