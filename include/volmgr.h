@@ -39,7 +39,9 @@
 #define VOLMGR_VOLUME_UNCERTAIN 1
 
 /**
- * Result of every call. Values are stable: retired values are never reused.
+ * Result of every call. Values are stable: retired values are never reused,
+ * and new ones may be added (treat an unknown value as an error). Each
+ * library error has exactly one status (ffi/src/error.rs).
  */
 enum volmgr_status
 #if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
@@ -51,11 +53,14 @@ enum volmgr_status
    */
   VOLMGR_OK = 0,
   /**
-   * A NULL pointer, invalid UTF-8, malformed JSON or a rejected pod.
+   * A NULL pointer, invalid UTF-8, malformed JSON, a rejected pod or
+   * object, a setting out of range (`volmgr_new`: an unknown key, a zero
+   * `volume_stats_period_ms` or `csi.timeout_ms`, a relative CSI socket),
+   * or a size below what the volume holds.
    */
   VOLMGR_ERR_INVALID_ARGUMENT = 1,
   /**
-   * No such pod or volume.
+   * No such pod, volume or object.
    */
   VOLMGR_ERR_NOT_FOUND = 2,
   /**
@@ -63,17 +68,28 @@ enum volmgr_status
    */
   VOLMGR_ERR_TIMEOUT = 3,
   /**
-   * The call conflicts with the handle's state (e.g. start twice).
+   * The call conflicts with the handle's state: start twice, stop before
+   * start, a blocking call from a volmgr thread, a plugin name taken, a
+   * volume not mounted, volumes in use asked before the states synced, a
+   * wait ended by the manager stopping.
    */
   VOLMGR_ERR_BUSY = 4,
   /**
-   * Not available in this build or configuration.
+   * Not available in this build or configuration: a tracer that cannot
+   * run, an object kind volmgr does not follow, a volume that cannot be
+   * resized.
    */
   VOLMGR_ERR_UNSUPPORTED = 5,
   /**
    * Anything else, including a caught panic.
    */
   VOLMGR_ERR_INTERNAL = 6,
+  /**
+   * The system refused: the root directory cannot be opened or used
+   * (missing, not a directory, behind a symlink), or reading the mount
+   * table or the pods' directories at start failed.
+   */
+  VOLMGR_ERR_IO = 7,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -265,11 +281,37 @@ extern "C" {
 const char *volmgr_last_error(void);
 
 /**
+ * Sets (or with NULL clears) the event callback. It is called on a volmgr
+ * thread with a JSON object `{"kind": "mounted"|"unmounted"|"failed"|"lost",
+ * "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
+ * back unchanged and must be usable from that thread.
+ *
+ * After NodeExpandVolume grew a claim's file system beyond the claim's
+ * `status.capacity` (the claim as last upserted), it is called with
+ * `{"kind": "claim_resized", "namespace", "claim", "persistent_volume",
+ * "volume_name", "size_bytes"}`: the caller patches the claim's status as
+ * the kubelet does (`status.capacity.storage` to the size,
+ * `allocatedResourceStatuses.storage` and the `FileSystemResizePending`
+ * condition removed), then upserts the patched claim. A call missed is
+ * made again at the volume's next mount (the claim still says less).
+ *
+ * The callback must not block on volmgr: the blocking calls
+ * (`volmgr_start`, `volmgr_stop`, `volmgr_wait_for_attach_and_mount`,
+ * `volmgr_wait_for_unmount`) made from it return `VOLMGR_ERR_BUSY` at once
+ * (hand the work to another thread instead).
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `cb` is NULL or a valid function.
+ */
+volmgr_status volmgr_set_event_callback(volmgr *vm, volmgr_event_callback cb, void *userdata);
+
+/**
  * Creates a manager from `config_json` (only `root_dir` is required):
  * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
  *   "wait_for_sources_ready": true, "wait_for_reported_in_use": false,
- *   "make_root_shared": false,
+ *   "wait_for_volumes_attached": false, "make_root_shared": true,
+ *   "volume_stats_period_ms": 60000,
  *   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
  *           "timeout_ms": 120000, "republish_period_ms": 60000}}`
  * (the values shown are the defaults).
@@ -295,9 +337,23 @@ const char *volmgr_last_error(void);
  *   default because only a consumer that writes the node status can
  *   release the wait: a kubelet fork that keeps the kubelet's node status
  *   setter (`GetVolumesInUse`, then `MarkVolumesAsReportedInUse`) sets it.
- * - `make_root_shared` (false): ROOT is made recursively shared (bound
- *   onto itself first if it is not a mount point), as the agent does. The
- *   kubelet does it itself (`setupDataDirs`), so a fork leaves it off.
+ * - `wait_for_volumes_attached` (false): an attachable volume is set up
+ *   only once `volmgr_mark_volumes_attached` has listed it (the Node's
+ *   `status.volumesAttached`: the attach/detach controller attached it),
+ *   as the kubelet's `VerifyControllerAttachedVolume` waits; for a
+ *   consumer that reads the Node, as the agent with an API server.
+ * - `make_root_shared` (true): ROOT is made recursively shared (bound
+ *   onto itself first if it is not a mount point) when the handle is
+ *   built, as the kubelet's `setupDataDirs` always does and as the agent
+ *   does, so mounts made under ROOT reach the container runtime. A
+ *   kubelet fork that already did finds it shared and nothing more is
+ *   done (status `root_propagation` says `shared`); `false` leaves ROOT
+ *   as it is. A failure is reported in status and the manager runs on.
+ * - `volume_stats_period_ms` (60000): how often the volumes' usage is
+ *   collected (`kubelet_volume_stats_*` metrics, status `stats`), as the
+ *   agent's `--volume-stats-period` and the kubelet's
+ *   `--volume-stats-agg-period` (1 minute); 0 is
+ *   `VOLMGR_ERR_INVALID_ARGUMENT`.
  * - `tracer` ("auto"): what finds volumes changed behind the manager's
  *   back between resyncs (see `volmgr agent --tracer`): `ebpf` that cannot
  *   be loaded, or `mountinfo` that cannot watch the mount table, is
@@ -321,6 +377,11 @@ const char *volmgr_last_error(void);
  *   `republish_period_ms` (60000, also for 0): how often volumes of
  *   `requiresRepublish` drivers are published again, the kubelet's sync
  *   period (`--sync-frequency`, 1 minute).
+ *
+ * Errors: malformed JSON, an unknown key or a setting out of range is
+ * `VOLMGR_ERR_INVALID_ARGUMENT`; a `root_dir` that cannot be opened
+ * (missing, not a directory) is `VOLMGR_ERR_IO`; a tracer that cannot run
+ * `VOLMGR_ERR_UNSUPPORTED`.
  *
  * On success `*out` owns the handle (free with `volmgr_free`).
  *
@@ -377,50 +438,6 @@ volmgr_status volmgr_stop(volmgr *vm);
 void volmgr_free(volmgr *vm);
 
 /**
- * Sets (or with NULL clears) the event callback. It is called on a volmgr
- * thread with a JSON object `{"kind": "mounted"|"unmounted"|"failed"|"lost",
- * "pod_uid", "volume", "volume_name", "path", "error"}`; `userdata` is passed
- * back unchanged and must be usable from that thread.
- *
- * After NodeExpandVolume grew a claim's file system beyond the claim's
- * `status.capacity` (the claim as last upserted), it is called with
- * `{"kind": "claim_resized", "namespace", "claim", "persistent_volume",
- * "volume_name", "size_bytes"}`: the caller patches the claim's status as
- * the kubelet does (`status.capacity.storage` to the size,
- * `allocatedResourceStatuses.storage` and the `FileSystemResizePending`
- * condition removed), then upserts the patched claim. A call missed is
- * made again at the volume's next mount (the claim still says less).
- *
- * The callback must not block on volmgr: the blocking calls
- * (`volmgr_start`, `volmgr_stop`, `volmgr_wait_for_attach_and_mount`,
- * `volmgr_wait_for_unmount`) made from it return `VOLMGR_ERR_BUSY` at once
- * (hand the work to another thread instead).
- *
- * # Safety
- * `vm` is NULL or a live handle; `cb` is NULL or a valid function.
- */
-volmgr_status volmgr_set_event_callback(volmgr *vm, volmgr_event_callback cb, void *userdata);
-
-/**
- * Adds or updates a pod (`pod_json`: a Kubernetes v1.Pod). A pod rejected as
- * a whole (no name, invalid UID, duplicate volume names) is
- * `VOLMGR_ERR_INVALID_ARGUMENT`; a volume that cannot be mounted is reported
- * by the waits and volume queries instead.
- *
- * # Safety
- * `vm` is NULL or a live handle; `pod_json` is NULL or a NUL-terminated string.
- */
-volmgr_status volmgr_pod_upsert(volmgr *vm, const char *pod_json);
-
-/**
- * Removes a pod; its volumes are torn down. `VOLMGR_ERR_NOT_FOUND` if unknown.
- *
- * # Safety
- * `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
- */
-volmgr_status volmgr_pod_delete(volmgr *vm, const char *pod_uid);
-
-/**
  * Adds or replaces an object pods' volumes refer to (`object_json`: a
  * Kubernetes PersistentVolume, PersistentVolumeClaim, Secret, ConfigMap,
  * CSIDriver, VolumeAttachment, ServiceAccount (its UID is part of the
@@ -457,48 +474,35 @@ volmgr_status volmgr_object_delete(volmgr *vm,
                                    const char *name);
 
 /**
- * The kubelet's `WaitForAttachAndMount`: returns `VOLMGR_OK` once every
- * volume of the pod is mounted, `VOLMGR_ERR_TIMEOUT` (with what is missing)
- * after `timeout_ms`, `VOLMGR_ERR_NOT_FOUND` for a pod never upserted.
+ * Registers a host plugin (before pods that need it are upserted). The
+ * vtable is copied; `userdata` is passed to every callback and must stay
+ * valid, and the callbacks callable from any thread, until `volmgr_free`.
+ * `VOLMGR_ERR_BUSY` if the name is taken.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `vtable` is NULL or points to a valid
+ * `volmgr_plugin` whose `name` is a NUL-terminated string.
+ */
+volmgr_status volmgr_register_plugin(volmgr *vm, const volmgr_plugin *vtable, void *userdata);
+
+/**
+ * Adds or updates a pod (`pod_json`: a Kubernetes v1.Pod). A pod rejected as
+ * a whole (no name, invalid UID, duplicate volume names) is
+ * `VOLMGR_ERR_INVALID_ARGUMENT`; a volume that cannot be mounted is reported
+ * by the waits and volume queries instead.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `pod_json` is NULL or a NUL-terminated string.
+ */
+volmgr_status volmgr_pod_upsert(volmgr *vm, const char *pod_json);
+
+/**
+ * Removes a pod; its volumes are torn down. `VOLMGR_ERR_NOT_FOUND` if unknown.
  *
  * # Safety
  * `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
  */
-volmgr_status volmgr_wait_for_attach_and_mount(volmgr *vm,
-                                               const char *pod_uid,
-                                               uint64_t timeout_ms);
-
-/**
- * The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.
- *
- * # Safety
- * `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
- */
-volmgr_status volmgr_wait_for_unmount(volmgr *vm, const char *pod_uid, uint64_t timeout_ms);
-
-/**
- * The kubelet's `WaitForAllPodsUnmount`: returns `VOLMGR_OK` once nothing of
- * any pod in `uids_json` (a JSON array of pod UIDs) is mounted or
- * uncertain, or `VOLMGR_ERR_TIMEOUT` listing `pod/volume` for what is left
- * after `timeout_ms` (one timeout for all). An empty array is `VOLMGR_OK`.
- *
- * # Safety
- * `vm` is NULL or a live handle; `uids_json` is NULL or a NUL-terminated string.
- */
-volmgr_status volmgr_wait_for_all_pods_unmount(volmgr *vm,
-                                               const char *uids_json,
-                                               uint64_t timeout_ms);
-
-/**
- * The kubelet's `HasPossiblyMountedVolumesForPod`: `*out` is whether any
- * volume of the pod is mounted or uncertain (false for an unknown pod).
- *
- * # Safety
- * `vm` live or NULL; `pod_uid` a string or NULL; `out` writable or NULL.
- */
-volmgr_status volmgr_has_possibly_mounted_volumes_for_pod(volmgr *vm,
-                                                          const char *pod_uid,
-                                                          bool *out);
+volmgr_status volmgr_pod_delete(volmgr *vm, const char *pod_uid);
 
 /**
  * The kubelet's `ResizeEphemeralVolume`: resizes the pod's volume `volume`
@@ -517,6 +521,17 @@ volmgr_status volmgr_resize_ephemeral_volume(volmgr *vm,
                                              const char *pod_uid,
                                              const char *volume,
                                              uint64_t new_size_bytes);
+
+/**
+ * The kubelet's `HasPossiblyMountedVolumesForPod`: `*out` is whether any
+ * volume of the pod is mounted or uncertain (false for an unknown pod).
+ *
+ * # Safety
+ * `vm` live or NULL; `pod_uid` a string or NULL; `out` writable or NULL.
+ */
+volmgr_status volmgr_has_possibly_mounted_volumes_for_pod(volmgr *vm,
+                                                          const char *pod_uid,
+                                                          bool *out);
 
 /**
  * The kubelet's `GetMountedVolumesForPod`: a JSON array of
@@ -598,6 +613,19 @@ volmgr_status volmgr_get_volumes_in_use(volmgr *vm, char **out_json);
 volmgr_status volmgr_mark_volumes_as_reported_in_use(volmgr *vm, const char *names_json);
 
 /**
+ * The Node's `status.volumesAttached` as just read: `names_json` is a
+ * JSON array of the unique volume names it lists (their `name`s). With
+ * `"wait_for_volumes_attached": true` the attachable volumes listed are set
+ * up (newly listed ones at once), as the kubelet's
+ * `VerifyControllerAttachedVolume` lets them; without it the call only
+ * records the list.
+ *
+ * # Safety
+ * `vm` live or NULL; `names_json` a string or NULL.
+ */
+volmgr_status volmgr_mark_volumes_attached(volmgr *vm, const char *names_json);
+
+/**
  * The kubelet's `VolumeIsAttached`.
  *
  * # Safety
@@ -638,18 +666,6 @@ volmgr_status volmgr_status_json(volmgr *vm, char **out);
  * `s` is NULL or a string returned by volmgr and not freed yet.
  */
 void volmgr_string_free(char *s);
-
-/**
- * Registers a host plugin (before pods that need it are upserted). The
- * vtable is copied; `userdata` is passed to every callback and must stay
- * valid, and the callbacks callable from any thread, until `volmgr_free`.
- * `VOLMGR_ERR_BUSY` if the name is taken.
- *
- * # Safety
- * `vm` is NULL or a live handle; `vtable` is NULL or points to a valid
- * `volmgr_plugin` whose `name` is a NUL-terminated string.
- */
-volmgr_status volmgr_register_plugin(volmgr *vm, const volmgr_plugin *vtable, void *userdata);
 
 /**
  * The kubelet's `makeMounts` subPath step, to call when starting container
@@ -716,6 +732,39 @@ volmgr_status volmgr_get_volume_list_for_pod(volmgr *vm,
  * `list` is NULL or from `volmgr_get_volume_list_for_pod`, not freed before.
  */
 void volmgr_volume_list_free(volmgr_volume_list *list);
+
+/**
+ * The kubelet's `WaitForAttachAndMount`: returns `VOLMGR_OK` once every
+ * volume of the pod is mounted, `VOLMGR_ERR_TIMEOUT` (with what is missing)
+ * after `timeout_ms`, `VOLMGR_ERR_NOT_FOUND` for a pod never upserted.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
+ */
+volmgr_status volmgr_wait_for_attach_and_mount(volmgr *vm,
+                                               const char *pod_uid,
+                                               uint64_t timeout_ms);
+
+/**
+ * The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.
+ */
+volmgr_status volmgr_wait_for_unmount(volmgr *vm, const char *pod_uid, uint64_t timeout_ms);
+
+/**
+ * The kubelet's `WaitForAllPodsUnmount`: returns `VOLMGR_OK` once nothing of
+ * any pod in `uids_json` (a JSON array of pod UIDs) is mounted or
+ * uncertain, or `VOLMGR_ERR_TIMEOUT` listing `pod/volume` for what is left
+ * after `timeout_ms` (one timeout for all). An empty array is `VOLMGR_OK`.
+ *
+ * # Safety
+ * `vm` is NULL or a live handle; `uids_json` is NULL or a NUL-terminated string.
+ */
+volmgr_status volmgr_wait_for_all_pods_unmount(volmgr *vm,
+                                               const char *uids_json,
+                                               uint64_t timeout_ms);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -19,9 +19,10 @@ use volmgr::operationexecutor::Backoff;
 use volmgr::pluginmanager::registry::DriverRegistry;
 use volmgr::plugins::token::FileTokenSource;
 use volmgr::populator::manifests::{ManifestsSource, SourceError};
-use volmgr::sys::linux::LinuxMounter;
-use volmgr::tracer::{self, TracerError, TracerMode};
-use volmgr::volumemanager::{self, Config, VolumeManager};
+use volmgr::tracer::{TracerError, TracerMode};
+use volmgr::volumemanager::{
+    self, BuildError, Config, CsiSetup, VolumeManager, VolumeManagerBuilder,
+};
 
 /// The kubelet's plugin registration directory under ROOT.
 pub use volmgr::volumemanager::csi_wiring::PLUGINS_REGISTRY_DIR;
@@ -109,6 +110,15 @@ pub enum AgentError {
     },
 }
 
+impl From<BuildError> for AgentError {
+    fn from(e: BuildError) -> Self {
+        match e {
+            BuildError::Manager(e) => Self::Manager(e),
+            BuildError::Tracer { mode, source } => Self::Tracer { mode, source },
+        }
+    }
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
     let what = what.into();
     move |source| AgentError::Io { what, source }
@@ -126,10 +136,17 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.volume_stats_period = opts.volume_stats_period;
     config.csi_republish_period = opts.csi_republish_period;
     config.wait_for_reported_in_use = opts.report_volumes_in_use;
-    let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
+    let built = VolumeManagerBuilder::new(config)
+        .tracer(opts.tracer)
+        .csi(CsiSetup {
+            timeout: opts.csi_timeout,
+            drivers: opts.csi_drivers.clone(),
+            watch_plugins_registry: true,
+        })
+        .build()?;
+    let (vm, csi_registry) = (Arc::clone(&built.vm), Arc::clone(&built.csi_registry));
     let (stop_tx, stop_rx) = watch::channel(false);
     let kube = connect_api(&opts, &vm, &stop_rx).await?;
-    let csi_registry = install_csi(&opts, &vm)?;
     let root = vm.root().path().to_path_buf();
     let _lock = lock_root(&root)?;
     // Before the manager starts: nothing done to the mount table after
@@ -138,13 +155,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         .status
         .stuck()
         .set_threshold(opts.stuck_syscall_after);
-    let tracer =
-        tracer::start(opts.tracer, vm.tracer_context(), stop_rx.clone()).map_err(|source| {
-            AgentError::Tracer {
-                mode: opts.tracer,
-                source,
-            }
-        })?;
+    let watchers = built.start_watchers(stop_rx.clone())?;
     let listener = api::bind(&root).map_err(io("binding the status socket"))?;
     let metrics = match opts.metrics_addr {
         Some(addr) => Some(
@@ -159,8 +170,6 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             tracing::info!(%addr, "serving Prometheus metrics on /metrics");
         }
     }
-    let watcher_task =
-        volumemanager::csi_wiring::watch_plugins_registry(&vm, &csi_registry, stop_rx.clone())?;
     if let Some(client) = &kube {
         spawn_node_components(&opts, client.clone(), &vm, &csi_registry, &stop_rx);
     }
@@ -171,9 +180,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let result = wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
-    tracer.join().await;
+    watchers.join().await;
     let _ = api_task.await;
-    let _ = watcher_task.await;
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
@@ -255,19 +263,6 @@ fn spawn_sources(
         };
         tokio::try_join!(manifests, api).map(|_| ())
     })
-}
-
-/// The CSI plugin, with the drivers given by `--csi-driver`.
-fn install_csi(
-    opts: &AgentOptions,
-    vm: &Arc<VolumeManager>,
-) -> Result<Arc<DriverRegistry>, AgentError> {
-    let registry = DriverRegistry::new();
-    volumemanager::csi_wiring::install(vm, Arc::clone(&registry), opts.csi_timeout)?;
-    for (name, socket) in &opts.csi_drivers {
-        registry.register_fixed(name, socket.clone());
-    }
-    Ok(registry)
 }
 
 /// The API server client, if the agent is to use one (`--kubeconfig`, or

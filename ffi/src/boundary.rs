@@ -54,6 +54,16 @@ pub(crate) fn out_arg<T>(p: *mut T, what: &str) -> Result<*mut T, volmgr_status>
     }
 }
 
+/// Decodes a JSON argument; malformed JSON is `VOLMGR_ERR_INVALID_ARGUMENT`
+/// with serde's message after `what`.
+pub(crate) fn json_arg<T: serde::de::DeserializeOwned>(
+    text: &str,
+    what: &str,
+) -> Result<T, volmgr_status> {
+    serde_json::from_str(text)
+        .map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, format!("{what}: {e}")))
+}
+
 /// Hands a Rust string to C (freed with `volmgr_string_free`).
 pub(crate) fn to_c_string(s: String) -> *mut c_char {
     let s = s.replace('\0', "\\0");

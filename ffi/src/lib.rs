@@ -6,23 +6,43 @@
 //! guard, checks every pointer, rejects invalid UTF-8 and malformed JSON with
 //! `VOLMGR_ERR_INVALID_ARGUMENT` and a message for `volmgr_last_error`, and
 //! writes out-pointers only on success.
+//!
+//! Layout (after rustls-ffi, one file per part of the API): `handle.rs`
+//! (the handle: `volmgr_new` and its JSON configuration, start, sources
+//! ready, stop, free), `events.rs` (the event callback), `pods.rs`,
+//! `objects.rs`, `waits.rs`, `queries.rs` (what the kubelet asks, and
+//! `volmgr_string_free`), `plugin.rs` (host plugins), `token.rs`,
+//! `sub_paths.rs`, `volume_list.rs`; `error.rs` holds the statuses and the
+//! one mapping from each library error to its status, `boundary.rs` the
+//! panic guard and the argument checks. The manager itself is put together
+//! by the library's `VolumeManagerBuilder`, as `volmgr agent` does.
 
 #![allow(non_camel_case_types)]
 
 mod boundary;
 pub mod error;
-pub mod manager;
+pub mod events;
+pub mod handle;
+pub mod objects;
 pub mod plugin;
+pub mod pods;
+pub mod queries;
 pub mod sub_paths;
 pub mod token;
 pub mod volume_list;
+pub mod waits;
 
 pub use error::*;
-pub use manager::*;
+pub use events::*;
+pub use handle::*;
+pub use objects::*;
 pub use plugin::*;
+pub use pods::*;
+pub use queries::*;
 pub use sub_paths::*;
 pub use token::*;
 pub use volume_list::*;
+pub use waits::*;
 
 #[cfg(test)]
 mod header_tests {

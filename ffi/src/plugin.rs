@@ -17,7 +17,7 @@ use volmgr_core::volume::{PodUid, VolumeSource, VolumeSpec};
 
 use crate::boundary::{guard, str_arg, try_ffi};
 use crate::error::*;
-use crate::manager::volmgr;
+use crate::handle::volmgr;
 
 /// Size of the error buffer handed to `set_up` and `tear_down`.
 pub const VOLMGR_PLUGIN_ERROR_LEN: usize = 1024;
@@ -293,7 +293,7 @@ pub unsafe extern "C" fn volmgr_register_plugin(
         };
         match h.vm.register_plugin(Arc::new(plugin)) {
             Ok(()) => VOLMGR_OK,
-            Err(e) => fail(VOLMGR_ERR_BUSY, e.to_string()),
+            Err(e) => fail_err(&e),
         }
     })
 }

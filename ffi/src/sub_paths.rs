@@ -4,11 +4,10 @@
 use std::ffi::c_char;
 
 use volmgr_core::volume::PodUid;
-use volmgr_core::volumemanager::PrepareSubPathsError;
 
 use crate::boundary::{guard, out_arg, str_arg, to_c_string, try_ffi};
 use crate::error::*;
-use crate::manager::{block_on, handle, volmgr};
+use crate::handle::{block_on, handle, volmgr};
 
 /// One bind mount in `volmgr_prepare_sub_paths`' answer.
 #[derive(serde::Serialize)]
@@ -18,14 +17,6 @@ struct PreparedJson<'a> {
     index: usize,
     sub_path: &'a str,
     path: &'a str,
-}
-
-fn prepare_status(e: &PrepareSubPathsError) -> volmgr_status {
-    match e {
-        PrepareSubPathsError::PodNotFound(_) => VOLMGR_ERR_NOT_FOUND,
-        PrepareSubPathsError::NotMounted { .. } => VOLMGR_ERR_BUSY,
-        PrepareSubPathsError::Volume(_) => VOLMGR_ERR_INTERNAL,
-    }
 }
 
 /// The kubelet's `makeMounts` subPath step, to call when starting container
@@ -66,12 +57,10 @@ pub unsafe extern "C" fn volmgr_prepare_sub_paths(
         // SAFETY: per this function's contract.
         let container = try_ffi!(unsafe { str_arg(container, "container") });
         let out = try_ffi!(out_arg(out_json, "out_json"));
-        let uid = try_ffi!(
-            PodUid::new(uid).map_err(|e| fail(VOLMGR_ERR_INVALID_ARGUMENT, e.to_string()))
-        );
+        let uid = try_ffi!(PodUid::new(uid).map_err(|e| fail_err(&e)));
         let prepared = match try_ffi!(block_on(h, h.vm.prepare_sub_paths(&uid, container))) {
             Ok(p) => p,
-            Err(e) => return fail(prepare_status(&e), e.to_string()),
+            Err(e) => return fail_err(&e),
         };
         let rows: Vec<PreparedJson<'_>> = prepared
             .iter()
@@ -96,7 +85,7 @@ pub unsafe extern "C" fn volmgr_prepare_sub_paths(
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::manager::*;
+    use crate::*;
     use std::ffi::{CStr, CString};
 
     const CHILD_ENV: &str = "VOLMGR_FFI_TEST_CHILD";
@@ -156,7 +145,7 @@ mod tests {
     fn init_container_file() {
         let root = tempfile::tempdir().unwrap();
         let config = CString::new(format!(
-            r#"{{"root_dir": "{}", "tracer": "off"}}"#,
+            r#"{{"root_dir": "{}", "tracer": "off", "make_root_shared": false}}"#,
             root.path().display()
         ))
         .unwrap();

@@ -9,7 +9,7 @@ use volmgr_core::plugins::token::{Token, TokenError, TokenRequest, TokenSource};
 
 use crate::boundary::{guard, try_ffi};
 use crate::error::*;
-use crate::manager::{handle, volmgr};
+use crate::handle::{handle, volmgr};
 
 /// The largest token a callback may return (bytes, NUL excluded).
 pub const VOLMGR_MAX_TOKEN_BYTES: usize = 64 * 1024;

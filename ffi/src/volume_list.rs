@@ -11,7 +11,7 @@ use volmgr_core::volumemanager::VolumeManager;
 
 use crate::boundary::{guard, out_arg, str_arg, try_ffi};
 use crate::error::*;
-use crate::manager::{handle, volmgr};
+use crate::handle::{handle, volmgr};
 
 /// A volume certainly mounted for the pod.
 pub const VOLMGR_VOLUME_MOUNTED: u32 = 0;

@@ -87,11 +87,15 @@ const (
 	Busy            Status = C.VOLMGR_ERR_BUSY
 	Unsupported     Status = C.VOLMGR_ERR_UNSUPPORTED
 	Internal        Status = C.VOLMGR_ERR_INTERNAL
+	// IO: the system refused (RootDir cannot be opened or used, reading
+	// the mount table at Start failed).
+	IO Status = C.VOLMGR_ERR_IO
 )
 
 var statusNames = map[Status]string{
 	OK: "ok", InvalidArgument: "invalid argument", NotFound: "not found",
 	Timeout: "timeout", Busy: "busy", Unsupported: "unsupported", Internal: "internal error",
+	IO: "i/o error",
 }
 
 func (s Status) String() string {
@@ -122,6 +126,7 @@ var (
 	ErrTimeout         = &Error{Status: Timeout}
 	ErrBusy            = &Error{Status: Busy}
 	ErrUnsupported     = &Error{Status: Unsupported}
+	ErrIO              = &Error{Status: IO}
 	ErrClosed          = errors.New("volmgr: manager is closed")
 )
 
@@ -145,16 +150,26 @@ type Config struct {
 	// MarkVolumesAsReportedInUse has listed them, as the kubelet does
 	// (the node status must list a volume in volumesInUse first).
 	WaitForReportedInUse bool `json:"wait_for_reported_in_use,omitempty"`
-	// MakeRootShared makes RootDir recursively shared, as volmgr agent
-	// does; a kubelet fork leaves it off (the kubelet's setupDataDirs does
-	// it).
-	MakeRootShared bool `json:"make_root_shared,omitempty"`
+	// WaitForVolumesAttached sets attachable volumes up only once
+	// MarkVolumesAttached has listed them (the Node's
+	// status.volumesAttached), as the kubelet's
+	// VerifyControllerAttachedVolume waits.
+	WaitForVolumesAttached bool `json:"wait_for_volumes_attached,omitempty"`
+	// MakeRootShared: nil (unset) or true makes RootDir recursively shared,
+	// as the kubelet's setupDataDirs and volmgr agent do (a kubelet fork
+	// that already did finds it shared: nothing more is done). Bool(false)
+	// leaves RootDir as it is.
+	MakeRootShared *bool `json:"make_root_shared,omitempty"`
+	// VolumeStatsPeriodMs: how often the volumes' usage is collected
+	// (kubelet_volume_stats_* metrics); 0 is the kubelet's 1 minute.
+	VolumeStatsPeriodMs uint64 `json:"volume_stats_period_ms,omitempty"`
 	// CSI installs the kubelet's CSI plugin; nil: no CSI volumes.
 	CSI *CSIConfig `json:"csi,omitempty"`
 }
 
 // Bool returns a pointer to b, for the optional fields of Config
-// (Config{WaitForSourcesReady: volmgr.Bool(false)}).
+// (Config{WaitForSourcesReady: volmgr.Bool(false)},
+// Config{MakeRootShared: volmgr.Bool(false)}).
 func Bool(b bool) *bool { return &b }
 
 // CSIConfig is volmgr_new's "csi" key.
@@ -733,6 +748,23 @@ func (m *Manager) MarkVolumesAsReportedInUse(names []string) error {
 	return m.with(func(h *C.volmgr) error {
 		return withString(string(b), func(cs *C.char) error {
 			return call(func() C.volmgr_status { return C.volmgr_mark_volumes_as_reported_in_use(h, cs) })
+		})
+	})
+}
+
+// MarkVolumesAttached records the volumes the Node's status.volumesAttached
+// lists now (with Config.WaitForVolumesAttached, this lets them be set up).
+func (m *Manager) MarkVolumesAttached(names []string) error {
+	if names == nil {
+		names = []string{}
+	}
+	b, err := json.Marshal(names)
+	if err != nil {
+		return err
+	}
+	return m.with(func(h *C.volmgr) error {
+		return withString(string(b), func(cs *C.char) error {
+			return call(func() C.volmgr_status { return C.volmgr_mark_volumes_attached(h, cs) })
 		})
 	})
 }

@@ -3,12 +3,16 @@
 //! plugins, the executor and the reconciler, and answers the kubelet's
 //! questions (`WaitForAttachAndMount`, `GetMountedVolumesForPod`, ...).
 
+mod builder;
 pub mod csi_wiring;
 mod status;
 mod sub_paths;
 mod volume_stats_collector;
 mod wait;
 
+pub use builder::{
+    BuildError, Built, CsiSetup, VolumeManagerBuilder, Watchers, DEFAULT_CSI_TIMEOUT,
+};
 pub use sub_paths::PrepareSubPathsError;
 
 use std::collections::HashSet;
@@ -73,7 +77,9 @@ pub struct Config {
     pub wait_for_volumes_attached: bool,
     /// Make ROOT's mount recursively shared when the manager is built (the
     /// kubelet's `setupDataDirs` → `MakeRShared`), so mounts made below
-    /// ROOT reach the container runtime's mount namespace. Default: true.
+    /// ROOT reach the container runtime's mount namespace. Default: true,
+    /// for the agent and the C ABI alike (the kubelet always does it; a
+    /// kubelet fork that already did finds it shared and nothing is done).
     pub make_root_shared: bool,
     /// Period of the volume stats collection (`kubelet_volume_stats_*`,
     /// status `stats`); must be positive.
