@@ -123,7 +123,7 @@ fn scan(
             };
             for vol in vols {
                 let Some(vol) = vol.to_str() else { continue };
-                match plugin.reconstruct(&uid, vol, &table) {
+                match plugin.reconstruct(&uid, vol, table) {
                     Ok(Some(rec)) => {
                         record(&found, plugin_name, plugin.as_ref(), &uid, rec, report)
                     }
@@ -133,7 +133,7 @@ fn scan(
             }
         }
         for (plugin_name, plugin) in &all_plugins {
-            match plugin.reconstruct_block_volumes(&uid, &table) {
+            match plugin.reconstruct_block_volumes(&uid, table) {
                 Ok(recs) => {
                     for rec in recs {
                         record(&found, plugin_name, plugin.as_ref(), &uid, rec, report);
