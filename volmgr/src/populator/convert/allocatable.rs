@@ -13,7 +13,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::resolve::ObjectLookup;
+use crate::populator::objects::lookup::ObjectLookup;
 use crate::quantity;
 
 /// Resources whose unset (or zero) container limit is the node's

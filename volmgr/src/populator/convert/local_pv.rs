@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeSpec,
 };
 
-use super::resolve::{invalid, ObjectLookup, VolumeSpecError};
+use super::{invalid, VolumeSpecError};
+use crate::populator::objects::lookup::ObjectLookup;
 use crate::volume::{CsiVolumeMode, LocalVolumeSource};
 
 /// What a local PV resolves to, given the claim's `readOnly` and the PV's

@@ -15,7 +15,8 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::ClusterTrustBundleProjection;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::resolve::{ObjectLookup, VolumeSpecError};
+use super::VolumeSpecError;
+use crate::populator::objects::lookup::ObjectLookup;
 
 const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 const END: &str = "-----END CERTIFICATE-----";

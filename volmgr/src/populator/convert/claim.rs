@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, SecretReference,
 };
 
-use super::resolve::{fetch_secret, ObjectLookup, Usage, VolumeSpecError};
+use super::{fetch_secret, Usage, VolumeSpecError};
+use crate::populator::objects::lookup::ObjectLookup;
 use crate::quantity;
 use crate::volume::{
     CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, VolumeSource,

@@ -29,7 +29,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
-use super::resolve::{pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError};
+use super::{pod_service_account, service_account_uid, VolumeSpecError};
+use crate::populator::objects::lookup::ObjectLookup;
 use crate::volume::{
     CsiAccessMode, CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeMode,
     CsiVolumeSource,

@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{
     Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore, RecordingLookup,
 };
-use crate::populator::pod::{DesiredPod, PodRejected};
 use crate::populator::{PodSink, SubPathTiming};
 use crate::volume::{PodUid, VolumeSource};
 
@@ -251,8 +251,8 @@ impl PodResolver {
     /// hands it to the sink: a pod of a source that has no notion of files
     /// (the Kubernetes API, the C ABI).
     pub fn upsert_pod(&mut self, raw: Arc<Pod>) -> Result<PodUid, PodRejected> {
-        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw)
-            || crate::populator::pod::reads_node(&raw)
+        let (pod, resolvable) = if crate::populator::convert::pod::needs_objects(&raw)
+            || crate::populator::convert::pod::reads_node(&raw)
         {
             let (pod, deps) = self.resolve(&raw)?;
             if self.waits_for(&deps) {

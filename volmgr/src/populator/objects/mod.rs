@@ -4,6 +4,9 @@
 //! [`ObjectLookup`], and the bookkeeping of which pod read which object so a
 //! change re-resolves exactly the pods that depend on it.
 
+pub mod lookup;
+pub mod resolver;
+
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -15,7 +18,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 
-use crate::populator::resolve::ObjectLookup;
+use crate::populator::objects::lookup::ObjectLookup;
 use crate::volume::PodUid;
 
 /// The kinds of objects pods' volumes refer to.

@@ -20,10 +20,9 @@ use k8s_openapi::api::core::v1::{
     ServiceAccountTokenProjection, VolumeProjection,
 };
 
-use super::resolve::{
-    invalid, pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError,
-};
+use super::{invalid, pod_service_account, service_account_uid, VolumeSpecError};
 use crate::plugins::atomic_writer::{self, validate_path};
+use crate::populator::objects::lookup::ObjectLookup;
 use crate::quantity;
 use crate::volume::{PayloadFile, PayloadKind, PayloadVolumeSource, TokenProjection, VolumeSource};
 
@@ -593,8 +592,8 @@ pub(crate) fn reads_objects(v: &k8s_openapi::api::core::v1::Volume) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::populator::convert::pod::{needs_objects, DesiredPod};
     use crate::populator::objects::{KubeObject, ObjectStore};
-    use crate::populator::pod::{needs_objects, DesiredPod};
 
     fn store() -> ObjectStore {
         let mut s = ObjectStore::default();
@@ -930,7 +929,7 @@ mod tests {
         }))
         .unwrap();
         assert!(
-            crate::populator::pod::reads_node(&pod),
+            crate::populator::convert::pod::reads_node(&pod),
             "a limit may read the Node"
         );
         let values = |objects: &ObjectStore| -> BTreeMap<String, String> {
