@@ -3,7 +3,7 @@
 //! the [`Populator`], which resolves each volume to its plugin and unique
 //! name and writes the desired state of world. [`pod`] turns a `v1.Pod` into
 //! the volumes it needs, including PVC → PV → CSI through an
-//! [`resolve::ObjectLookup`]; [`objects`] keeps the objects a source knows.
+//! [`objects::ObjectStore`]; [`objects`] keeps the objects a source knows.
 //!
 //! Sources only see the narrow [`PodSink`] trait: they never reach the
 //! reconciler, the executor or the manager.

@@ -1,7 +1,7 @@
 //! Converting a `v1.Pod` into the volumes it needs: the pod itself
 //! ([`pod`]), its claims (PVC → PV → CSI, local PVs), CSIDriver behaviours,
 //! SELinux mount labels, projected payloads, trust bundles, subPaths and
-//! node allocatable. Objects are read through [`ObjectLookup`](crate::populator::objects::lookup::ObjectLookup).
+//! node allocatable. Objects are read through [`ObjectStore`](crate::populator::objects::ObjectStore).
 
 pub(crate) mod allocatable;
 pub(crate) mod claim;
@@ -16,7 +16,7 @@ pub(crate) mod trust_bundle;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::populator::objects::lookup::ObjectLookup;
+use crate::populator::objects::ObjectStore;
 use crate::volume::CsiSecrets;
 
 /// A pod's service account (`spec.serviceAccountName`, `default` when
@@ -31,13 +31,9 @@ pub fn pod_service_account(pod: &k8s_openapi::api::core::v1::Pod) -> String {
 
 /// The UID of ServiceAccount `namespace/name` if `objects` know it (empty
 /// otherwise): part of every token request made for it.
-pub fn service_account_uid(
-    objects: Option<&dyn ObjectLookup>,
-    namespace: &str,
-    name: &str,
-) -> String {
+pub fn service_account_uid(objects: Option<&ObjectStore>, namespace: &str, name: &str) -> String {
     objects
-        .and_then(|o| o.service_account(namespace, name))
+        .and_then(|o| o.get::<k8s_openapi::api::core::v1::ServiceAccount>(namespace, name))
         .and_then(|sa| sa.metadata.uid.clone())
         .unwrap_or_default()
 }
@@ -84,14 +80,16 @@ pub(crate) struct Usage {
 /// does: every `data` value as a string (plus `stringData`, which an API
 /// server would have merged into `data`). Errors never include values.
 pub(crate) fn fetch_secret(
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
     namespace: &str,
     name: &str,
     what: &str,
 ) -> Result<Arc<CsiSecrets>, VolumeSpecError> {
-    let secret = objects.secret(namespace, name).ok_or_else(|| {
-        VolumeSpecError::Missing(format!("{what}: Secret {namespace}/{name} not found"))
-    })?;
+    let secret = objects
+        .get::<k8s_openapi::api::core::v1::Secret>(namespace, name)
+        .ok_or_else(|| {
+            VolumeSpecError::Missing(format!("{what}: Secret {namespace}/{name} not found"))
+        })?;
     let mut out = BTreeMap::new();
     for (k, v) in secret.data.iter().flatten() {
         let s = String::from_utf8(v.0.clone()).map_err(|_| {

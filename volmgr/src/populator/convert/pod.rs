@@ -5,7 +5,7 @@
 //! world populator: an inline `csi` volume gets the kubelet's generated volume
 //! handle, and a `persistentVolumeClaim` is followed to its bound
 //! PersistentVolume's `spec.csi`. The PVC, PV and Secret objects come from an
-//! [`ObjectLookup`] (the manifests directory, or an API server cache); a
+//! [`ObjectStore`] (the manifests directory, or an API server cache); a
 //! missing or unbound object is an error of that one volume, which goes away
 //! when the source re-resolves the pod after the object appears.
 
@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Pod, Volume};
 
 pub use super::VolumeSpecError;
 use super::{fetch_secret, invalid, Usage};
-pub use crate::populator::objects::lookup::ObjectLookup;
+pub use crate::populator::objects::ObjectStore;
 use crate::quantity;
 use crate::volume::{
     check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, HostPathType, PodUid,
@@ -93,10 +93,7 @@ impl DesiredPod {
 
     /// Converts and validates a pod, resolving PVCs, PVs and Secrets through
     /// `objects` (when given).
-    pub fn from_pod_with(
-        pod: &Pod,
-        objects: Option<&dyn ObjectLookup>,
-    ) -> Result<Self, PodRejected> {
+    pub fn from_pod_with(pod: &Pod, objects: Option<&ObjectStore>) -> Result<Self, PodRejected> {
         let namespace = pod
             .metadata
             .namespace
@@ -244,7 +241,7 @@ struct ResolveContext<'a> {
     uid: &'a PodUid,
     namespace: &'a str,
     name: &'a str,
-    objects: Option<&'a dyn ObjectLookup>,
+    objects: Option<&'a ObjectStore>,
 }
 
 /// Parses one volume's source, or says why it cannot be used; a CSI

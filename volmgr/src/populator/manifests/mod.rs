@@ -11,7 +11,7 @@
 //!
 //! PVCs, PVs and Secrets stand in for the API server: a pod's
 //! `persistentVolumeClaim` volume resolves through them (see
-//! [`crate::populator::objects::lookup::ObjectLookup`]), and when one of them appears, changes or
+//! [`crate::populator::objects::ObjectStore`]), and when one of them appears, changes or
 //! disappears, the pods that read it are re-resolved (a missing object's
 //! volume error clears itself; a PV whose capacity grew raises the desired
 //! size). Like the kubelet, a volume that resolved once is not torn down

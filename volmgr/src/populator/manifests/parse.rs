@@ -4,15 +4,11 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::certificates::v1::ClusterTrustBundle;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
-};
-use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::yaml_depth;
 use crate::populator::convert::pod::{DesiredPod, PodRejected};
-use crate::populator::objects::KubeObject;
+use crate::populator::objects::{self, KubeObject, ObjectKind};
 
 /// What one file yielded.
 #[derive(Debug, Default)]
@@ -111,116 +107,46 @@ fn yaml_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
     docs
 }
 
+/// One document: a pod, a followed object (decoded by
+/// [`objects::decode`](crate::populator::objects::decode)), or a list of those.
 fn add_object(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
-    let kind = v
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or("")
-        .to_string();
-    match kind.as_str() {
-        "Pod" => {
-            if let Some(pod) = decode::<Pod>(v, doc, "Pod", out) {
-                add_pod(pod, out);
-            }
+    let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+    if kind == "Pod" {
+        match serde_json::from_value::<Pod>(v) {
+            Ok(pod) => add_pod(pod, out),
+            Err(e) => refuse(format!("document {doc}: not a valid v1.Pod: {e}"), out),
         }
-        "PersistentVolume" => {
-            if let Some(o) = decode::<PersistentVolume>(v, doc, "PersistentVolume", out) {
-                add_named(KubeObject::PersistentVolume(Arc::new(o)), doc, out);
-            }
+    } else if let Some(k) = ObjectKind::from_name(kind) {
+        match objects::decode(k, v) {
+            Ok(o) => out.objects.push(o),
+            Err(e) => refuse(format!("document {doc}: {e}"), out),
         }
-        "PersistentVolumeClaim" => {
-            if let Some(o) = decode::<PersistentVolumeClaim>(v, doc, "PersistentVolumeClaim", out) {
-                add_named(KubeObject::PersistentVolumeClaim(Arc::new(o)), doc, out);
-            }
-        }
-        "Secret" => add_secret(v, doc, out),
-        "ConfigMap" => {
-            if let Some(o) = decode::<ConfigMap>(v, doc, "ConfigMap", out) {
-                add_named(KubeObject::ConfigMap(Arc::new(o)), doc, out);
-            }
-        }
-        "CSIDriver" => {
-            if let Some(o) = decode::<CSIDriver>(v, doc, "CSIDriver", out) {
-                add_named(KubeObject::CsiDriver(Arc::new(o)), doc, out);
-            }
-        }
-        "VolumeAttachment" => {
-            if let Some(o) = decode::<VolumeAttachment>(v, doc, "VolumeAttachment", out) {
-                add_named(KubeObject::VolumeAttachment(Arc::new(o)), doc, out);
-            }
-        }
-        "ServiceAccount" => {
-            if let Some(o) = decode::<ServiceAccount>(v, doc, "ServiceAccount", out) {
-                add_named(KubeObject::ServiceAccount(Arc::new(o)), doc, out);
-            }
-        }
-        "ClusterTrustBundle" => {
-            let v = crate::populator::objects::as_v1_trust_bundle(v);
-            if let Some(o) = decode::<ClusterTrustBundle>(v, doc, "ClusterTrustBundle", out) {
-                add_named(KubeObject::ClusterTrustBundle(Arc::new(o)), doc, out);
-            }
-        }
-        "List"
-        | "PodList"
-        | "PersistentVolumeList"
-        | "PersistentVolumeClaimList"
-        | "SecretList"
-        | "ConfigMapList"
-        | "CSIDriverList"
-        | "VolumeAttachmentList"
-        | "ServiceAccountList"
-        | "ClusterTrustBundleList" => add_list(v, &kind, doc, out),
-        "" => {
-            out.errors.push(format!("document {doc}: missing \"kind\""));
-            out.complete = false;
-        }
-        other => tracing::debug!(kind = other, "skipping non-pod object in manifests"),
+    } else if kind == "List" || list_item_kind(kind).is_some() {
+        let kind = kind.to_string();
+        add_list(v, &kind, doc, out);
+    } else if kind.is_empty() {
+        refuse(format!("document {doc}: missing \"kind\""), out);
+    } else {
+        tracing::debug!(kind, "skipping non-pod object in manifests");
     }
 }
 
-/// Decodes a document as a `v1.KIND`, or records why it is not one.
-fn decode<T: serde::de::DeserializeOwned>(
-    v: serde_json::Value,
-    doc: usize,
-    kind: &str,
-    out: &mut ParsedFile,
-) -> Option<T> {
-    match serde_json::from_value::<T>(v) {
-        Ok(o) => Some(o),
-        Err(e) => {
-            out.errors
-                .push(format!("document {doc}: not a valid v1.{kind}: {e}"));
-            out.complete = false;
-            None
-        }
-    }
+/// The kind of the items of a typed list (`PodList`, `SecretList`, ...).
+fn list_item_kind(kind: &str) -> Option<&str> {
+    let item = kind.strip_suffix("List")?;
+    (item == "Pod" || ObjectKind::from_name(item).is_some()).then_some(item)
 }
 
-/// A Secret: like [`decode`], but an error never quotes the document (the
-/// parser's message could quote a secret value).
-fn add_secret(v: serde_json::Value, doc: usize, out: &mut ParsedFile) {
-    let name = v
-        .pointer("/metadata/name")
-        .and_then(|n| n.as_str())
-        .unwrap_or("")
-        .to_string();
-    match serde_json::from_value::<Secret>(v) {
-        Ok(o) => add_named(KubeObject::Secret(Arc::new(o)), doc, out),
-        Err(e) => {
-            out.errors.push(format!(
-                "document {doc}: Secret {name:?} is not a valid v1.Secret (details withheld, they could quote a secret value; near line {}, column {})",
-                e.line(),
-                e.column()
-            ));
-            out.complete = false;
-        }
-    }
+/// Records a document that yielded nothing: the file is not complete.
+fn refuse(error: String, out: &mut ParsedFile) {
+    out.errors.push(error);
+    out.complete = false;
 }
 
 /// The items of a `v1.List` or a typed list. Items of a typed list (as the
 /// API server returns them) carry no kind of their own.
 fn add_list(v: serde_json::Value, kind: &str, doc: usize, out: &mut ParsedFile) {
-    let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
+    let item_kind = list_item_kind(kind);
     let items = match v {
         serde_json::Value::Object(mut o) => o.remove("items"),
         _ => None,
@@ -232,11 +158,7 @@ fn add_list(v: serde_json::Value, kind: &str, doc: usize, out: &mut ParsedFile) 
     for mut item in items {
         if let (Some(k), serde_json::Value::Object(o)) = (item_kind, &mut item) {
             o.entry("kind").or_insert_with(|| k.into());
-            let api_version = match k {
-                "CSIDriver" | "VolumeAttachment" => "storage.k8s.io/v1",
-                "ClusterTrustBundle" => "certificates.k8s.io/v1",
-                _ => "v1",
-            };
+            let api_version = ObjectKind::from_name(k).map_or("v1", ObjectKind::api_version);
             o.entry("apiVersion").or_insert_with(|| api_version.into());
         }
         add_object(item, doc, out);
@@ -252,15 +174,4 @@ fn add_pod(pod: Pod, out: &mut ParsedFile) {
         Ok(p) => out.pods.push(p),
         Err(r) => out.rejected.push(r),
     }
-}
-
-fn add_named(obj: KubeObject, doc: usize, out: &mut ParsedFile) {
-    let r = obj.reference();
-    if r.name.is_empty() {
-        out.errors
-            .push(format!("document {doc}: {r}: metadata.name is required"));
-        out.complete = false;
-        return;
-    }
-    out.objects.push(obj);
 }

@@ -111,7 +111,7 @@ fn unused_volumes_are_ignored_and_terminated_pods_flagged() {
 const HANDLE_UID1_VOL: &str =
     "csi-67efd08187334bc4caecc2244debc613d2dae49b3b82338caf725c10f4e8a821";
 
-/// An in-memory [`ObjectLookup`] for the resolution tests.
+/// The objects of the resolution tests, as an [`ObjectStore`].
 #[derive(Default)]
 struct Objects {
     pvcs: Vec<PersistentVolumeClaim>,
@@ -120,48 +120,24 @@ struct Objects {
     node: Option<k8s_openapi::api::core::v1::Node>,
 }
 
-fn is(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, ns: &str, n: &str) -> bool {
-    m.namespace.as_deref().unwrap_or("default") == ns && m.name.as_deref() == Some(n)
-}
-
-impl ObjectLookup for Objects {
-    fn persistent_volume_claim(&self, ns: &str, n: &str) -> Option<Arc<PersistentVolumeClaim>> {
-        self.pvcs
-            .iter()
-            .find(|p| is(&p.metadata, ns, n))
-            .cloned()
-            .map(Arc::new)
-    }
-    fn persistent_volume(&self, n: &str) -> Option<Arc<PersistentVolume>> {
-        self.pvs
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(n))
-            .cloned()
-            .map(Arc::new)
-    }
-    fn persistent_volume_for_claim(&self, ns: &str, n: &str) -> Option<Arc<PersistentVolume>> {
-        self.pvs
-            .iter()
-            .find(|p| {
-                p.spec
-                    .as_ref()
-                    .and_then(|s| s.claim_ref.as_ref())
-                    .is_some_and(|r| {
-                        r.namespace.as_deref() == Some(ns) && r.name.as_deref() == Some(n)
-                    })
-            })
-            .cloned()
-            .map(Arc::new)
-    }
-    fn secret(&self, ns: &str, n: &str) -> Option<Arc<Secret>> {
-        self.secrets
-            .iter()
-            .find(|s| is(&s.metadata, ns, n))
-            .cloned()
-            .map(Arc::new)
-    }
-    fn node(&self) -> Option<Arc<k8s_openapi::api::core::v1::Node>> {
-        self.node.clone().map(Arc::new)
+impl Objects {
+    fn store(&self) -> ObjectStore {
+        use crate::populator::objects::KubeObject;
+        let mut s = ObjectStore::default();
+        for o in &self.pvcs {
+            s.insert(KubeObject::PersistentVolumeClaim(Arc::new(o.clone())));
+        }
+        for o in &self.pvs {
+            s.insert(KubeObject::PersistentVolume(Arc::new(o.clone())));
+        }
+        for o in &self.secrets {
+            s.insert(KubeObject::Secret(Arc::new(o.clone())));
+        }
+        if let Some(n) = &self.node {
+            s.set_node_name(n.metadata.name.as_deref().unwrap_or("node"));
+            s.insert(KubeObject::Node(Arc::new(n.clone())));
+        }
+        s
     }
 }
 
@@ -308,7 +284,7 @@ fn pvc_pod(claim: &str, device: bool) -> Pod {
 }
 
 fn resolve(p: &Pod, o: &Objects) -> Result<VolumeSource, String> {
-    let d = DesiredPod::from_pod_with(p, Some(o)).unwrap();
+    let d = DesiredPod::from_pod_with(p, Some(&o.store())).unwrap();
     assert_eq!(d.volumes.len(), 1);
     d.volumes[0].source.clone().map_err(|e| e.to_string())
 }
@@ -453,7 +429,7 @@ fn pvc_to_csi_persistent_volume() {
     let c = csi_of(resolve(&pvc_pod("claim", false), &o));
     assert_eq!(c.claim_capacity_bytes, Some(32 << 20));
     // Debug of the whole pod never shows a secret value.
-    let d = DesiredPod::from_pod_with(&pvc_pod("claim", false), Some(&o)).unwrap();
+    let d = DesiredPod::from_pod_with(&pvc_pod("claim", false), Some(&o.store())).unwrap();
     assert!(!format!("{d:?}").contains("value\""), "{d:?}");
 
     // The pod's readOnly makes the volume read-only.
