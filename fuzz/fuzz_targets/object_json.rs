@@ -3,9 +3,7 @@
 //! ConfigMap), from one input: a JSON array, the last element the pod.
 #![no_main]
 
-use std::sync::Arc;
-
-use volmgr::populator::objects::{KubeObject, ObjectStore, RecordingLookup};
+use volmgr::populator::objects::{KubeObject, ObjectStore};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Ok(serde_json::Value::Array(mut docs)) = serde_json::from_slice(data) else {
@@ -22,7 +20,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some(Ok(pod)) = pod.map(serde_json::from_value::<k8s_openapi::api::core::v1::Pod>) else {
         return;
     };
-    let rec = RecordingLookup::new(&store);
-    let _ = volmgr::populator::pod::DesiredPod::from_pod_with(&pod, Some(&rec));
-    let _ = Arc::new(rec.into_dependencies());
+    let _ = store.recording(|s| volmgr::populator::pod::DesiredPod::from_pod_with(&pod, Some(s)));
 });

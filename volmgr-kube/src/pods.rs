@@ -31,23 +31,18 @@
 //!   [`volmgr::populator::resolve::ObjectLookup::service_account`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures_util::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerStatus, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
-    ServiceAccount,
-};
-use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Client, Resource};
-use serde::de::DeserializeOwned;
+use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use volmgr::populator::objects::{KubeObject, ObjectKind, ObjectRef};
+use volmgr::populator::objects::{Kind, KindVisitor, ObjectKind, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
 use super::object_update::ObjectUpdate;
@@ -416,51 +411,43 @@ pub fn is_terminated(pod: &Pod) -> bool {
     true
 }
 
-/// Follows one object by name until the task is aborted.
+/// Follows one object by name until the task is aborted: [`follow`] with
+/// the kind's type (a kind followed whole is listed and watched whole).
 async fn watch_object(
     client: Client,
     r: ObjectRef,
     tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
     problems: Arc<ApiProblems>,
 ) {
-    let tx = Followed { tx, problems };
-    match r.kind {
-        ObjectKind::PersistentVolume => {
-            let api = Api::<PersistentVolume>::all(client);
-            follow(api, r, tx, |o| KubeObject::PersistentVolume(Arc::new(o))).await
-        }
-        ObjectKind::PersistentVolumeClaim => {
-            let api = Api::<PersistentVolumeClaim>::namespaced(client, &r.namespace);
-            follow(api, r, tx, |o| {
-                KubeObject::PersistentVolumeClaim(Arc::new(o))
-            })
-            .await
-        }
-        ObjectKind::Secret => {
-            let api = Api::<Secret>::namespaced(client, &r.namespace);
-            follow(api, r, tx, |o| KubeObject::Secret(Arc::new(o))).await
-        }
-        ObjectKind::ConfigMap => {
-            let api = Api::<ConfigMap>::namespaced(client, &r.namespace);
-            follow(api, r, tx, |o| KubeObject::ConfigMap(Arc::new(o))).await
-        }
-        ObjectKind::CsiDriver => {
-            let api = Api::<CSIDriver>::all(client);
-            follow(api, r, tx, |o| KubeObject::CsiDriver(Arc::new(o))).await
-        }
-        ObjectKind::VolumeAttachment => {
-            let api = Api::<VolumeAttachment>::all(client);
-            follow(api, r, tx, |o| KubeObject::VolumeAttachment(Arc::new(o))).await
-        }
-        ObjectKind::Node => {
-            let api = Api::<Node>::all(client);
-            follow(api, r, tx, |o| KubeObject::Node(Arc::new(o))).await
-        }
-        ObjectKind::ServiceAccount => {
-            let api = Api::<ServiceAccount>::namespaced(client, &r.namespace);
-            follow(api, r, tx, |o| KubeObject::ServiceAccount(Arc::new(o))).await
-        }
-        ObjectKind::ClusterTrustBundle => super::trust_bundles::follow_all(client, r, tx.tx).await,
+    if r.kind.followed_whole() {
+        return super::trust_bundles::follow_all(client, r, tx).await;
+    }
+    r.kind
+        .visit(FollowKind {
+            client,
+            out: Followed { tx, problems },
+            r,
+        })
+        .await
+}
+
+/// [`follow`] for a kind learnt at run time.
+struct FollowKind {
+    client: Client,
+    r: ObjectRef,
+    out: Followed,
+}
+
+impl KindVisitor for FollowKind {
+    type Out = futures_util::future::BoxFuture<'static, ()>;
+    fn namespaced<K: Kind + k8s_openapi::Resource<Scope = NamespaceResourceScope>>(
+        self,
+    ) -> Self::Out {
+        let api = Api::<K>::namespaced(self.client, &self.r.namespace);
+        Box::pin(follow(api, self.r, self.out))
+    }
+    fn cluster<K: Kind + k8s_openapi::Resource<Scope = ClusterResourceScope>>(self) -> Self::Out {
+        Box::pin(follow(Api::<K>::all(self.client), self.r, self.out))
     }
 }
 
@@ -482,10 +469,7 @@ struct Followed {
 }
 
 /// Lists and watches the one object `r` names, sending what it finds.
-async fn follow<K>(api: Api<K>, r: ObjectRef, out: Followed, wrap: fn(K) -> KubeObject)
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
+async fn follow<K: Kind>(api: Api<K>, r: ObjectRef, out: Followed) {
     let Followed { tx, problems } = out;
     let what = r.to_string();
     let config = watcher::Config::default().fields(&format!("metadata.name={}", r.name));
@@ -505,10 +489,10 @@ where
                 continue;
             }
             Ok(Event::InitDone) => match listed.take() {
-                Some(o) => ObjectUpdate::Present(wrap(o)),
+                Some(o) => ObjectUpdate::Present(K::wrap(Arc::new(o))),
                 None => ObjectUpdate::Absent,
             },
-            Ok(Event::Apply(o)) => ObjectUpdate::Present(wrap(o)),
+            Ok(Event::Apply(o)) => ObjectUpdate::Present(K::wrap(Arc::new(o))),
             Ok(Event::Delete(_)) => ObjectUpdate::Absent,
             Err(e) if r.kind == ObjectKind::ServiceAccount && forbidden(&e) => {
                 // Only a token request's UID depends on it: without the

@@ -2,6 +2,9 @@
 //!
 //! - the library's modules form layers whose `crate::` references only point
 //!   down (no module cycle);
+//! - inside `populator/`, the folders keep their own layers
+//!   ([`POPULATOR_LAYERS`]): objects, then conversion, then the populator
+//!   and the resolver writing to it, then the manifests directory;
 //! - the tracer observes: it never reaches the executor, the reconciler or
 //!   anything that mounts;
 //! - no function outside tests is longer than 80 lines, in the library, the
@@ -32,6 +35,26 @@ const LAYERS: &[&[&str]] = &[
     &["populator"],
     &["volumemanager"],
     &["observer"],
+];
+
+/// The layers inside `populator/`, lowest first: a place is a folder or file
+/// relative to `populator/` (without `.rs`; `""` is the populator itself,
+/// `PodSink` and the files beside `mod.rs`), and a file or a
+/// `crate::populator::...` path belongs to the longest place it starts with.
+/// A place may refer to its own and lower places only. Between folders,
+/// paths are spelled `crate::populator::...` (a `super::super::` is refused)
+/// so that this check sees them.
+const POPULATOR_LAYERS: &[&str] = &[
+    // Kinds, the store, lookups, who read what.
+    "objects",
+    // A `v1.Pod` into the volumes it needs, reading objects.
+    "convert",
+    // The populator: `PodSink`, the desired state's writer.
+    "",
+    // Pods resolved against objects, written to a `PodSink`.
+    "objects/resolver",
+    // The manifests directory, a source of pods and objects.
+    "manifests",
 ];
 
 /// Names the tracer must not use: it records what it sees in the actual state
@@ -357,6 +380,82 @@ fn layer_violations(src: &Path) -> Vec<String> {
     out
 }
 
+/// The rank in [`POPULATOR_LAYERS`] of `path` (components joined by `/`).
+fn populator_rank(path: &str) -> usize {
+    let starts_with =
+        |place: &str| place.is_empty() || path == place || path.starts_with(&format!("{place}/"));
+    POPULATOR_LAYERS
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| starts_with(p))
+        .max_by_key(|(_, p)| p.len())
+        .map_or(0, |(rank, _)| rank)
+}
+
+/// `crate::populator::A::B` references of non-test code: (line, "A/B").
+fn populator_refs(lines: &[String]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        for (at, _) in line.match_indices("crate::populator::") {
+            let rest = &line[at + "crate::populator::".len()..];
+            let mut parts = Vec::new();
+            for part in rest.split("::") {
+                let name: String = part
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let whole = name.len() == part.len();
+                if !name.is_empty() {
+                    parts.push(name);
+                }
+                if !whole {
+                    break;
+                }
+            }
+            out.push((n + 1, parts.join("/")));
+        }
+    }
+    out
+}
+
+/// Sub-layer violations inside `src/populator/`.
+fn populator_violations(src: &Path) -> Vec<String> {
+    let root = src.join("populator");
+    let mut files = Vec::new();
+    rs_files(&root, &mut files);
+    let test_only = test_only_files(src, &files);
+    let mut out = Vec::new();
+    for f in files.iter().filter(|f| !test_only.contains(f)) {
+        let rel = f.strip_prefix(&root).unwrap_or(f).with_extension("");
+        let place = rel.to_string_lossy().replace('\\', "/");
+        let place = match place.as_str() {
+            "mod" => "",
+            p => p.strip_suffix("/mod").unwrap_or(p),
+        };
+        let from = populator_rank(place);
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let lines = non_test_lines(&text);
+        let shown = f.strip_prefix(src).unwrap_or(f).display().to_string();
+        for (line, to) in populator_refs(&lines) {
+            if populator_rank(&to) > from {
+                out.push(format!(
+                    "{shown}:{line}: uses `crate::populator::{}`, a layer above it in populator/",
+                    to.replace('/', "::")
+                ));
+            }
+        }
+        for (n, line) in lines.iter().enumerate() {
+            if line.contains("super::super::") {
+                out.push(format!(
+                    "{shown}:{}: `super::super::`: spell it `crate::populator::...`",
+                    n + 1
+                ));
+            }
+        }
+    }
+    out
+}
+
 fn contains_word(line: &str, word: &str) -> bool {
     line.match_indices(word).any(|(at, _)| {
         let before = line[..at].chars().last();
@@ -425,11 +524,26 @@ fn layers_only_point_down() {
 }
 
 #[test]
+fn populator_folders_keep_their_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert!(src.join("populator/objects").is_dir() && src.join("populator/convert").is_dir());
+    let v = populator_violations(&src);
+    assert!(
+        v.is_empty(),
+        "populator layer violations:\n{}",
+        v.join("\n")
+    );
+}
+
+#[test]
 fn no_function_outside_tests_is_longer_than_80_lines() {
     let ws = workspace();
     let mut files = Vec::new();
     for dir in ["volmgr/src", "volmgr-kube/src", "cli/src", "ffi/src"] {
-        rs_files(&ws.join(dir), &mut files);
+        let mut found = Vec::new();
+        rs_files(&ws.join(dir), &mut found);
+        let test_only = test_only_files(&ws.join(dir), &found);
+        files.extend(found.into_iter().filter(|f| !test_only.contains(f)));
     }
     assert!(files.len() > 50, "found only {} source files", files.len());
     let mut by_file: BTreeMap<PathBuf, Vec<String>> = BTreeMap::new();
@@ -471,6 +585,40 @@ fn the_checks_catch_what_they_look_for() {
     );
     assert!(
         v[1].contains("tracer/mod.rs:1") && v[1].contains("Mounter"),
+        "{v:#?}"
+    );
+
+    // populator/: objects must not use convert, convert not the resolver;
+    // convert may use objects, the resolver the populator's root.
+    std::fs::create_dir_all(src.join("populator/objects")).unwrap();
+    std::fs::create_dir_all(src.join("populator/convert")).unwrap();
+    std::fs::write(
+        src.join("populator/objects/mod.rs"),
+        "use crate::populator::convert::pod::X;\nuse crate::populator::objects::ObjectRef;\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("populator/objects/resolver.rs"),
+        "use crate::populator::{PodSink, X};\nuse crate::populator::convert::pod::D;\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("populator/convert/pod.rs"),
+        "use crate::populator::objects::lookup::L;\nuse crate::populator::objects::resolver::R;\nfn f() { super::super::x(); }\n",
+    )
+    .unwrap();
+    let v = populator_violations(src);
+    assert_eq!(v.len(), 3, "{v:#?}");
+    assert!(
+        v[0].contains("convert/pod.rs:2") && v[0].contains("objects::resolver"),
+        "{v:#?}"
+    );
+    assert!(
+        v[1].contains("convert/pod.rs:3") && v[1].contains("super::super"),
+        "{v:#?}"
+    );
+    assert!(
+        v[2].contains("objects/mod.rs:1") && v[2].contains("convert::pod"),
         "{v:#?}"
     );
 

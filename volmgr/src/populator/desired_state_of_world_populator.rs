@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::pod::{DesiredPod, PodRejected};
-use super::resolve::VolumeSpecError;
+use super::convert::pod::{DesiredPod, PodRejected};
+use super::convert::VolumeSpecError;
 use super::PodSink;
 use crate::cache::desired_state_of_world::{
     DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry,

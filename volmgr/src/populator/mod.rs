@@ -3,32 +3,22 @@
 //! the [`Populator`], which resolves each volume to its plugin and unique
 //! name and writes the desired state of world. [`pod`] turns a `v1.Pod` into
 //! the volumes it needs, including PVC → PV → CSI through an
-//! [`resolve::ObjectLookup`]; [`objects`] keeps the objects a source knows.
+//! [`objects::ObjectStore`]; [`objects`] keeps the objects a source knows.
 //!
 //! Sources only see the narrow [`PodSink`] trait: they never reach the
 //! reconciler, the executor or the manager.
 
-mod allocatable;
-mod claim;
-pub mod csi_driver;
+pub mod convert;
 mod desired_state_of_world_populator;
-mod local_pv;
 pub mod manifests;
 pub mod objects;
-pub mod payload;
-pub mod pod;
-pub mod resolve;
-pub mod resolver;
-mod selinux;
 mod shared_sink;
-mod sub_paths;
-mod trust_bundle;
-pub mod yaml_depth;
 
+pub use convert::sub_paths::{sub_path_release, sub_path_status, SubPathTiming};
+pub use convert::{csi_driver, payload, pod};
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
-pub use resolver::PodResolver;
+pub use objects::resolver::PodResolver;
 pub use shared_sink::share_sink;
-pub use sub_paths::{sub_path_release, sub_path_status, SubPathTiming};
 
 use crate::cache::world::WakeHold;
 use crate::volume::PodUid;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crate::cache::world::WakeHold;
-use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::PodSink;
 use crate::volume::PodUid;
 

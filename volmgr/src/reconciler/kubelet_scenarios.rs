@@ -528,7 +528,7 @@ async fn a_timed_out_set_up_again_leaves_a_mounted_volume_mounted() {
 
 /// Pod `uid` whose volume `shared` no longer resolves (its claim deleted).
 fn desired_unresolved(uid: &str) -> DesiredPod {
-    use crate::populator::resolve::VolumeSpecError;
+    use crate::populator::convert::VolumeSpecError;
     let mut d = desired(uid);
     d.volumes[0].source = Err(VolumeSpecError::Missing(
         "PersistentVolumeClaim ns/claim not found".into(),

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Container, Pod, SELinuxOptions};
 
-use super::resolve::VolumeSpecError;
+use super::VolumeSpecError;
 
 /// The default container file context's user (go-selinux, `lxc_contexts`).
 const DEFAULT_USER: &str = "system_u";

@@ -29,7 +29,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSIDriver;
 
-use super::resolve::{pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError};
+use super::{pod_service_account, service_account_uid, VolumeSpecError};
+use crate::populator::objects::ObjectStore;
 use crate::volume::{
     CsiAccessMode, CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeMode,
     CsiVolumeSource,
@@ -57,12 +58,12 @@ pub(super) struct PodFacts<'a> {
 pub(super) fn apply(
     src: &mut CsiVolumeSource,
     pod: &PodFacts<'_>,
-    objects: Option<&dyn ObjectLookup>,
+    objects: Option<&ObjectStore>,
 ) -> Result<(), VolumeSpecError> {
     let Some(objects) = objects else {
         return Ok(());
     };
-    let Some(driver) = objects.csi_driver(&src.driver) else {
+    let Some(driver) = objects.get::<CSIDriver>("", &src.driver) else {
         return Ok(());
     };
     let spec = &driver.spec;
@@ -179,7 +180,7 @@ pub fn attachment_name(volume_handle: &str, driver: &str, node: &str) -> String 
 fn attachment_metadata(
     src: &CsiVolumeSource,
     pod: &PodFacts<'_>,
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
 ) -> Result<std::collections::BTreeMap<String, String>, VolumeSpecError> {
     let node = pod
         .pod
@@ -201,7 +202,7 @@ fn attachment_metadata(
         ))
     };
     let va = objects
-        .volume_attachment(&name)
+        .get::<k8s_openapi::api::storage::v1::VolumeAttachment>("", &name)
         .ok_or_else(|| waiting("to be created"))?;
     if va.spec.node_name != node {
         return Err(waiting("for this node"));

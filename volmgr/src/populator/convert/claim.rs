@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, SecretReference,
 };
 
-use super::resolve::{fetch_secret, ObjectLookup, Usage, VolumeSpecError};
+use super::{fetch_secret, Usage, VolumeSpecError};
+use crate::populator::objects::ObjectStore;
 use crate::quantity;
 use crate::volume::{
     CsiAccessMode, CsiSecrets, CsiVolumeMode, CsiVolumeSource, PodUid, VolumeSource,
@@ -31,7 +32,7 @@ pub(super) fn persistent_volume_claim(
     usage: Usage,
     namespace: &str,
     owner: Option<&PodUid>,
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
 ) -> Result<VolumeSource> {
     let claim = ClaimRef {
         namespace,
@@ -109,11 +110,11 @@ fn invalid(msg: impl Into<String>) -> VolumeSpecError {
 fn usable_claim(
     claim: &ClaimRef<'_>,
     owner: Option<&PodUid>,
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
 ) -> Result<std::sync::Arc<PersistentVolumeClaim>> {
     let (namespace, name) = (claim.namespace, claim.name);
     let pvc = objects
-        .persistent_volume_claim(namespace, name)
+        .get::<PersistentVolumeClaim>(namespace, name)
         .ok_or_else(|| {
             VolumeSpecError::Missing(format!(
                 "PersistentVolumeClaim {namespace}/{name} not found"
@@ -150,7 +151,7 @@ fn usable_claim(
 fn bound_volume(
     claim: &ClaimRef<'_>,
     pvc: &PersistentVolumeClaim,
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
 ) -> Result<std::sync::Arc<PersistentVolume>> {
     let (namespace, name) = (claim.namespace, claim.name);
     let volume_name = pvc
@@ -159,7 +160,7 @@ fn bound_volume(
         .and_then(|s| s.volume_name.as_deref())
         .filter(|n| !n.is_empty());
     match volume_name {
-        Some(pv_name) => objects.persistent_volume(pv_name).ok_or_else(|| {
+        Some(pv_name) => objects.get::<PersistentVolume>("", pv_name).ok_or_else(|| {
             VolumeSpecError::Missing(format!(
                 "PersistentVolume {pv_name} (bound to PersistentVolumeClaim {namespace}/{name}) not found"
             ))
@@ -289,7 +290,7 @@ fn claim_capacity(pvc: &PersistentVolumeClaim) -> Option<u64> {
 
 /// The Secret a `spec.csi.*SecretRef` names, if any.
 fn secret_of(
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
     pv_name: &str,
     r: &Option<SecretReference>,
     field: &str,

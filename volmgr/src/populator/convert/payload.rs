@@ -20,10 +20,9 @@ use k8s_openapi::api::core::v1::{
     ServiceAccountTokenProjection, VolumeProjection,
 };
 
-use super::resolve::{
-    invalid, pod_service_account, service_account_uid, ObjectLookup, VolumeSpecError,
-};
+use super::{invalid, pod_service_account, service_account_uid, VolumeSpecError};
 use crate::plugins::atomic_writer::{self, validate_path};
+use crate::populator::objects::ObjectStore;
 use crate::quantity;
 use crate::volume::{PayloadFile, PayloadKind, PayloadVolumeSource, TokenProjection, VolumeSource};
 
@@ -41,7 +40,7 @@ pub(crate) struct PayloadContext<'a> {
     /// Its UID.
     pub(crate) uid: &'a str,
     /// The objects, when the source has them.
-    pub(crate) objects: Option<&'a dyn ObjectLookup>,
+    pub(crate) objects: Option<&'a ObjectStore>,
 }
 
 type Files = BTreeMap<String, PayloadFile>;
@@ -79,10 +78,7 @@ fn check_size(what: &str, files: usize, bytes: usize) -> Result<(), VolumeSpecEr
     atomic_writer::check_size(files, bytes).map_err(|e| invalid(format!("{what}: {e}")))
 }
 
-fn objects<'a>(
-    ctx: &PayloadContext<'a>,
-    what: &str,
-) -> Result<&'a dyn ObjectLookup, VolumeSpecError> {
+fn objects<'a>(ctx: &PayloadContext<'a>, what: &str) -> Result<&'a ObjectStore, VolumeSpecError> {
     ctx.objects.ok_or_else(|| {
         VolumeSpecError::Unsupported(format!(
             "{what} cannot be read (this source has no objects)"
@@ -186,9 +182,11 @@ fn add_object_keys(
     let lookup = objects(ctx, &what)?;
     let data = match source {
         KeySource::ConfigMap => lookup
-            .config_map(ctx.namespace, name)
+            .get::<k8s_openapi::api::core::v1::ConfigMap>(ctx.namespace, name)
             .map(|o| config_map_data(&o)),
-        KeySource::Secret => lookup.secret(ctx.namespace, name).map(|o| secret_data(&o)),
+        KeySource::Secret => lookup
+            .get::<k8s_openapi::api::core::v1::Secret>(ctx.namespace, name)
+            .map(|o| secret_data(&o)),
     };
     match data {
         Some(d) => project_keys(&d, items, default_mode, optional, &what, files),
@@ -593,8 +591,8 @@ pub(crate) fn reads_objects(v: &k8s_openapi::api::core::v1::Volume) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::populator::convert::pod::{needs_objects, DesiredPod};
     use crate::populator::objects::{KubeObject, ObjectStore};
-    use crate::populator::pod::{needs_objects, DesiredPod};
 
     fn store() -> ObjectStore {
         let mut s = ObjectStore::default();
@@ -930,7 +928,7 @@ mod tests {
         }))
         .unwrap();
         assert!(
-            crate::populator::pod::reads_node(&pod),
+            crate::populator::convert::pod::reads_node(&pod),
             "a limit may read the Node"
         );
         let values = |objects: &ObjectStore| -> BTreeMap<String, String> {

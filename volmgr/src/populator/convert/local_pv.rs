@@ -2,7 +2,7 @@
 //! clean), and the PV's node affinity checked against this node, as the
 //! kubelet's local plugin and `checkVolumeNodeAffinity` do.
 //!
-//! The node's labels come from [`ObjectLookup::node`]. The manifests source
+//! The node's labels come from [`ObjectStore::node`]. The manifests source
 //! has no Node object, so there the affinity check is skipped: a PV found in
 //! the manifests directory is taken to be meant for this node.
 
@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeSpec,
 };
 
-use super::resolve::{invalid, ObjectLookup, VolumeSpecError};
+use super::{invalid, VolumeSpecError};
+use crate::populator::objects::ObjectStore;
 use crate::volume::{CsiVolumeMode, LocalVolumeSource};
 
 /// What a local PV resolves to, given the claim's `readOnly` and the PV's
@@ -24,7 +25,7 @@ pub(super) fn local_source(
     local: &ApiLocal,
     read_only: bool,
     volume_mode: CsiVolumeMode,
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
 ) -> Result<LocalVolumeSource, VolumeSpecError> {
     let path = clean_absolute(&local.path).map_err(|why| {
         invalid(format!(

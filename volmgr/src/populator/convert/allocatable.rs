@@ -13,7 +13,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::resolve::ObjectLookup;
+use crate::populator::objects::ObjectStore;
 use crate::quantity;
 
 /// Resources whose unset (or zero) container limit is the node's
@@ -25,7 +25,7 @@ pub(crate) const DEFAULTED_LIMITS: [&str; 3] = ["cpu", "memory", "ephemeral-stor
 /// works in (CPU in thousandths, the rest in bytes): the Node object's
 /// `status.allocatable` when `objects` has this node's (`None` for a
 /// resource it does not list), else the host's CPUs and memory.
-pub(crate) fn node_allocatable(objects: Option<&dyn ObjectLookup>, resource: &str) -> Option<u64> {
+pub(crate) fn node_allocatable(objects: Option<&ObjectStore>, resource: &str) -> Option<u64> {
     if let Some(node) = objects.and_then(|o| o.node()) {
         let q = node
             .status

@@ -10,10 +10,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::populator::objects::{
-    Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore, RecordingLookup,
-};
-use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::convert::pod::{DesiredPod, PodRejected};
+use crate::populator::objects::{Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore};
 use crate::populator::{PodSink, SubPathTiming};
 use crate::volume::{PodUid, VolumeSource};
 
@@ -251,8 +249,8 @@ impl PodResolver {
     /// hands it to the sink: a pod of a source that has no notion of files
     /// (the Kubernetes API, the C ABI).
     pub fn upsert_pod(&mut self, raw: Arc<Pod>) -> Result<PodUid, PodRejected> {
-        let (pod, resolvable) = if crate::populator::pod::needs_objects(&raw)
-            || crate::populator::pod::reads_node(&raw)
+        let (pod, resolvable) = if crate::populator::convert::pod::needs_objects(&raw)
+            || crate::populator::convert::pod::reads_node(&raw)
         {
             let (pod, deps) = self.resolve(&raw)?;
             if self.waits_for(&deps) {
@@ -299,10 +297,12 @@ impl PodResolver {
 
     /// Converts a pod that reads other objects, recording which.
     pub fn resolve(&self, raw: &Pod) -> Result<(DesiredPod, BTreeSet<ObjectRef>), PodRejected> {
-        let rec = RecordingLookup::new(&self.store);
-        let mut pod = DesiredPod::from_pod_with(raw, Some(&rec))?;
+        let (pod, deps) = self
+            .store
+            .recording(|store| DesiredPod::from_pod_with(raw, Some(store)));
+        let mut pod = pod?;
         pod.sub_path_release = self.sub_path_timing.release(raw);
-        Ok((pod, rec.into_dependencies()))
+        Ok((pod, deps))
     }
 
     /// Stops tracking the objects `uid` read.

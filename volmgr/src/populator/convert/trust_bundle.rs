@@ -15,20 +15,21 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::ClusterTrustBundleProjection;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::resolve::{ObjectLookup, VolumeSpecError};
+use super::VolumeSpecError;
+use crate::populator::objects::ObjectStore;
 
 const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 const END: &str = "-----END CERTIFICATE-----";
 
 /// The file's bytes for projection `p`, read through `objects`.
 pub(crate) fn trust_anchors(
-    objects: &dyn ObjectLookup,
+    objects: &ObjectStore,
     p: &ClusterTrustBundleProjection,
 ) -> Result<Vec<u8>, VolumeSpecError> {
     let optional = p.optional == Some(true);
     match (p.name.as_deref(), p.signer_name.as_deref()) {
         (Some(name), None) if p.label_selector.is_none() => {
-            match objects.cluster_trust_bundle(name) {
+            match objects.get::<k8s_openapi::api::certificates::v1::ClusterTrustBundle>("", name) {
                 Some(b) => Ok(b.spec.trust_bundle.clone().into_bytes()),
                 None if optional => Ok(Vec::new()),
                 None => Err(VolumeSpecError::Missing(format!(
