@@ -25,8 +25,11 @@ use crate::sandbox::{self, Confinement};
 use crate::{api, apiserver};
 use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
 use volmgr::populator::manifests::ManifestsSource;
+use volmgr::status::RecentSyscall;
 use volmgr::status::{Finding, FindingKind, ObserveStatus};
 use volmgr::sys::linux::LinuxMounter;
+use volmgr::tracer;
+use volmgr::tracer::timeline::{self, TimelineStore};
 use volmgr::util::sync::MutexExt;
 use volmgr::volumemanager::{self, Config, VolumeManager};
 
@@ -108,6 +111,19 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     vm.set_observe_status(status.locked().clone());
     add_findings_metrics(&vm, &status);
     let (stop_tx, stop_rx) = watch::channel(false);
+    // The tracer (eBPF where it loads): per-volume syscall timelines for the
+    // findings, stuck calls, latency histograms. It only reads.
+    vm.tracer_context()
+        .status
+        .stuck()
+        .set_threshold(opts.stuck_syscall_after);
+    let tracer =
+        tracer::start(opts.tracer, vm.tracer_context(), stop_rx.clone()).map_err(|source| {
+            AgentError::Tracer {
+                mode: opts.tracer,
+                source,
+            }
+        })?;
     let kube = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
         Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)
     } else {
@@ -128,7 +144,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let (api_task, metrics_task) = crate::agent::serve_clients(listener, metrics, &vm, &stop_rx);
     let scanner = Scanner {
         vm: Arc::clone(&vm),
-        observer: Observer::new(obs.stuck_after, history()),
+        observer: Observer::new(obs.stuck_after, history(&vm)),
         status: Arc::clone(&status),
         events,
         reported: BTreeSet::new(),
@@ -139,6 +155,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let result = crate::agent::wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);
     let _ = scan_task.await;
+    tracer.join().await;
     let _ = api_task.await;
     if let Some(t) = metrics_task {
         let _ = t.await;
@@ -147,10 +164,49 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     result
 }
 
-/// The syscall history findings are completed with (the eBPF tracer's,
-/// once it records one per path).
-fn history() -> Arc<dyn SyscallHistory> {
-    Arc::new(NoSyscallHistory)
+/// The syscall history findings are completed with: the tracer's
+/// per-volume timelines (empty without the eBPF tracer).
+fn history(vm: &Arc<VolumeManager>) -> Arc<dyn SyscallHistory> {
+    Arc::new(TimelineHistory {
+        timelines: Arc::clone(vm.tracer_context().status.timelines()),
+        root: vm.root().path().to_path_buf(),
+    })
+}
+
+/// How many of a volume's last calls a finding shows.
+const RECENT_CALLS: usize = 8;
+
+/// [`SyscallHistory`] over the tracer's timelines: the calls of the volume
+/// a path belongs to (by the kubelet's layout under ROOT).
+struct TimelineHistory {
+    timelines: Arc<TimelineStore>,
+    root: PathBuf,
+}
+
+impl SyscallHistory for TimelineHistory {
+    fn recent_for_path(&self, path: &Path) -> Vec<RecentSyscall> {
+        let Some(a) = path
+            .to_str()
+            .and_then(|p| timeline::attribute(p, &self.root))
+        else {
+            return Vec::new();
+        };
+        let Some(t) = self.timelines.for_volume(&a.key) else {
+            return Vec::new();
+        };
+        let skip = t.entries.len().saturating_sub(RECENT_CALLS);
+        t.entries
+            .into_iter()
+            .skip(skip)
+            .map(|e| RecentSyscall {
+                time: e.time,
+                process: format!("{}[{}]", e.comm, e.pid),
+                call: e.call,
+                duration_us: e.duration_ns / 1_000,
+                result: e.result,
+            })
+            .collect()
+    }
 }
 
 /// Status before the first scan, with the confinement and the write probe.
