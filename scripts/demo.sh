@@ -12,19 +12,20 @@ once=0
 if [ "${VOLMGR_DEMO_IN_NS:-}" != 1 ]; then
   ./scripts/bootstrap.sh
   export PATH="$HOME/.cargo/bin:$PATH"
-  cargo build --release -q -p volmgr-cli
+  # The one release build (static, shared with scripts/image.sh).
+  bin=$(./scripts/release.sh)
   if [ "$(id -u)" -ne 0 ]; then
     echo "demo: needs root to create a private mount namespace (try: sudo $0)" >&2
     exit 1
   fi
   root=$(mktemp -d /tmp/volmgr-demo.XXXXXX)
   trap 'rm -rf "$root"' EXIT
-  VOLMGR_DEMO_IN_NS=1 VOLMGR_DEMO_ROOT="$root" VOLMGR_DEMO_ONCE="$once" \
+  VOLMGR_DEMO_IN_NS=1 VOLMGR_DEMO_ROOT="$root" VOLMGR_DEMO_ONCE="$once" VOLMGR_DEMO_BIN="$bin" \
     unshare --mount --propagation private -- "$0"
   exit $?
 fi
 
-bin=target/release/volmgr
+bin=$VOLMGR_DEMO_BIN
 root="$VOLMGR_DEMO_ROOT/root"
 echo "demo: ROOT=$root (private mount namespace), manifests=examples/"
 RUST_LOG=${RUST_LOG:-info} "$bin" agent --root "$root" --manifests examples \

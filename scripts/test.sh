@@ -5,7 +5,7 @@
 # mount for real in private mount namespaces (root needed; without root they
 # print why they skip), the C consumer under AddressSanitizer, the Go (cgo)
 # package's tests, the fuzz targets for a bounded time, then a smoke run of
-# the demo.
+# the demo, then the container image built and smoke-tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -37,6 +37,8 @@ echo "== fuzzing (each target a bounded time on its corpus)"
 ./scripts/fuzz.sh 2>&1 | tee -a "$log"
 echo "== demo smoke run"
 ./scripts/demo.sh --once
+echo "== container image (the demo's release build; size, --version, agent smoke from its root file system)"
+./scripts/image.sh
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1); if ($i == "ignored;") s += $(i-1) } }
      /^c flow:/ { p += $3; f += $5 }
