@@ -353,12 +353,6 @@ fn node_agent_basics(set: &str, m: &Manifests) {
     assert_eq!(s.namespace, m.account.metadata.namespace);
 }
 
-/// Flags the manifests use that other branches of issue 27 add to `volmgr
-/// agent` (observe mode, stuck volumes, stuck syscalls): skipped by the
-/// flag check until the CLI has them. Once it has one, the test fails
-/// until the flag is taken off this list, so the check ends up complete.
-const FLAGS_BEING_ADDED: &[&str] = &["observe", "state-dir", "stuck-after", "stuck-syscall-after"];
-
 /// Every flag the DaemonSet passes exists in `volmgr agent --help`.
 fn flags_exist(set: &str, m: &Manifests) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_volmgr"))
@@ -374,13 +368,6 @@ fn flags_exist(set: &str, m: &Manifests) {
     for a in &m.args()[1..] {
         let name = a.strip_prefix("--").unwrap_or_else(|| panic!("{set}: {a}"));
         let name = name.split('=').next().unwrap();
-        if FLAGS_BEING_ADDED.contains(&name) {
-            assert!(
-                !known(name),
-                "volmgr agent has --{name} now: take it off FLAGS_BEING_ADDED"
-            );
-            continue;
-        }
         assert!(known(name), "{set}: volmgr agent has no --{name}");
     }
 }
@@ -418,10 +405,18 @@ fn observe_mode_is_the_default_and_reads_only() {
         want(&[
             (
                 "",
-                &["pods", "persistentvolumeclaims", "persistentvolumes"],
+                &[
+                    "pods",
+                    "persistentvolumeclaims",
+                    "persistentvolumes",
+                    "configmaps",
+                    "secrets",
+                    "nodes"
+                ],
                 READ
             ),
             ("storage.k8s.io", &["csidrivers", "volumeattachments"], READ),
+            ("certificates.k8s.io", &["clustertrustbundles"], READ),
             ("events.k8s.io", &["events"], &["create", "patch"]),
         ])
     );
