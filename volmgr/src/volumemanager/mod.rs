@@ -1198,11 +1198,11 @@ mod tests {
 
     fn csi(gid: Option<i64>) -> crate::volume::VolumeSource {
         use crate::volume::CsiVolumeSource;
-        crate::volume::VolumeSource::Csi(CsiVolumeSource {
+        crate::volume::VolumeSource::Csi(Box::new(CsiVolumeSource {
             pv_name: Some("pv".into()),
             supplemental_gid: gid,
             ..CsiVolumeSource::new("d", format!("h-{gid:?}"))
-        })
+        }))
     }
 
     /// A desired pod with `fsGroup` 7, `supplementalGroups` [9] and `vols`.
@@ -1394,18 +1394,18 @@ mod tests {
         use crate::volume::{CsiDriverInfo, CsiVolumeSource, VolumeSource};
         let (_t, _fake, vm) = manager_with(true).await;
         let uid = PodUid::new("i").unwrap();
-        let inline = VolumeSource::Csi(CsiVolumeSource {
+        let inline = VolumeSource::Csi(Box::new(CsiVolumeSource {
             ephemeral: true,
             ..CsiVolumeSource::new("d", "inline")
-        });
-        let attach_free = VolumeSource::Csi(CsiVolumeSource {
+        }));
+        let attach_free = VolumeSource::Csi(Box::new(CsiVolumeSource {
             pv_name: Some("pv-free".into()),
             driver_info: Arc::new(CsiDriverInfo {
                 skip_attach: true,
                 ..CsiDriverInfo::default()
             }),
             ..CsiVolumeSource::new("d", "free")
-        });
+        }));
         vm.set_desired_pod(desired(
             "i",
             vec![("inline", inline), ("free", attach_free), ("c", csi(None))],
