@@ -353,18 +353,22 @@ fn raw_loop(base: &Path, n: usize, round: usize, rshared: bool) -> (f64, f64) {
         "mkdir pods",
     );
     for i in 0..n {
-        volume(&mut buf, &mut ends, i);
-        for &end in &ends {
-            let p = c_path(&mut buf, end);
-            check(unsafe { libc::mkdir(p, 0o750) }, "mkdir");
+        // Each level appended, then made.
+        buf.clear();
+        buf.extend_from_slice(&prefix);
+        write!(buf, "/00000000-0000-4000-8000-{i:012}").unwrap();
+        for level in LEVELS {
+            buf.extend_from_slice(level.as_bytes());
+            buf.push(0);
+            check(unsafe { libc::mkdir(buf.as_ptr().cast(), 0o750) }, "mkdir");
             buf.pop();
         }
-        let p = c_path(&mut buf, ends[LEVELS.len() - 1]);
+        buf.push(0);
         check(
             unsafe {
                 libc::mount(
                     c"tmpfs".as_ptr(),
-                    p,
+                    buf.as_ptr().cast(),
                     c"tmpfs".as_ptr(),
                     0,
                     TMPFS_DATA.as_ptr().cast(),
