@@ -1,8 +1,10 @@
 //! Benchmark of the core issue: N pods, each with one `emptyDir{medium: Memory}`,
 //! mounted and torn down by `volmgr agent`, next to the physical limit measured
-//! in the same run (a plain loop of `mkdir -p` + `mount(tmpfs)`, then
-//! `umount` + `rm -r`, on the same paths). Also the agent's idle CPU and RSS
-//! with everything mounted.
+//! in the same run (a plain libc loop: one `mkdir(2)` per level of each
+//! volume's path then `mount(2)` of its tmpfs with the agent's data, then
+//! `umount2(2)` and one `rmdir(2)` per level, on the same paths under an
+//! rshared ROOT like the agent's). Also the agent's idle CPU and RSS with
+//! everything mounted.
 //!
 //! Runs in a private mount namespace it creates itself (re-executing itself),
 //! so the host's mount table is never touched. Needs root. Each run (raw or
@@ -13,8 +15,12 @@
 //!
 //! ```text
 //! cargo bench -p volmgr-cli --bench mounts -- [--n 1000,10000] [--rounds 3] [--idle-secs 10]
-//!     [--tracers off,auto] [--settle-ms 1000] [--baseline PATH]...
+//!     [--tracers off,auto] [--settle-ms 1000] [--baseline PATH]... [--raw-private]
 //! ```
+//!
+//! `--raw-private` also times the raw loop under a private ROOT (no
+//! rshared bind) in each round and prints its ratio to the rshared one:
+//! what mount propagation costs the kernel.
 //!
 //! The manifests are removed `--settle-ms` after everything is mounted (or
 //! after the idle measurement), so the teardown starts on a settled agent.
@@ -59,6 +65,8 @@ struct Args {
     settle_ms: u64,
     /// How the pods reach the agent.
     sources: Vec<Source>,
+    /// Also time the raw loop under a private ROOT (no rshared bind).
+    raw_private: bool,
 }
 
 /// How the N pods reach the agent (`--sources`).
@@ -118,6 +126,7 @@ fn parse_args() -> Args {
         baselines: Vec::new(),
         settle_ms: 1000,
         sources: vec![Source::parse("startup-json")],
+        raw_private: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -136,6 +145,7 @@ fn parse_args() -> Args {
             "--settle-ms" => a.settle_ms = it.next().unwrap().parse().unwrap(),
             "--baseline" => a.baselines.push(it.next().unwrap()),
             "--sources" => a.sources = it.next().unwrap().split(',').map(Source::parse).collect(),
+            "--raw-private" => a.raw_private = true,
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
@@ -202,8 +212,17 @@ fn main() {
         // Per variant: (raw mount, agent mount, raw teardown, agent teardown) per round.
         let mut rows: Vec<Vec<(f64, f64, f64, f64)>> = vec![Vec::new(); variants.len()];
         let mut idle = Vec::new();
+        // (mount, teardown) of the raw loop under a private ROOT, per round.
+        let mut private = Vec::new();
         for round in 0..args.rounds {
-            let (rm, ru) = raw_loop(base.path(), n, round);
+            let (rm, ru) = raw_loop(base.path(), n, round, true);
+            if args.raw_private {
+                let (pm, pu) = raw_loop(base.path(), n, round, false);
+                eprintln!(
+                    "n={n} round={round} raw loop, private ROOT: mount {pm:.3}s teardown {pu:.3}s"
+                );
+                private.push((pm / rm, pu / ru));
+            }
             for (t, (label, bin, tracer, src)) in variants.iter().enumerate() {
                 let measure_idle =
                     round == 0 && n == *args.ns.iter().max().unwrap() && *src == args.sources[0];
@@ -236,6 +255,14 @@ fn main() {
                 col(|r| r.3 / r.2),
             );
         }
+        if !private.is_empty() {
+            println!();
+            println!(
+                "raw loop under a private ROOT (no rshared bind) / under the rshared one: mount {:.2}x, teardown {:.2}x",
+                median(private.iter().map(|p| p.0).collect()),
+                median(private.iter().map(|p| p.1).collect()),
+            );
+        }
         for (label, tracer, i) in idle {
             let empty = empty_rss.get(&tracer).copied().unwrap_or(0);
             let rss = i.rss_kib;
@@ -260,43 +287,128 @@ fn main() {
     );
 }
 
-fn volume_path(root: &Path, i: usize) -> PathBuf {
-    root.join(format!(
-        "pods/{}/volumes/kubernetes.io~empty-dir/cache",
-        uid(i)
-    ))
-}
-
 fn uid(i: usize) -> String {
     format!("00000000-0000-4000-8000-{i:012}")
 }
 
-/// The physical limit: mkdir -p + mount, then umount + rm -r, in a plain loop.
-fn raw_loop(base: &Path, n: usize, round: usize) -> (f64, f64) {
+/// The directories of a volume's path below `ROOT/pods`, one a level, each
+/// created by its own `mkdir(2)` and removed by its own `rmdir(2)` in the
+/// raw loop (the agent creates and removes the same ones).
+const LEVELS: [&str; 4] = [
+    "", // pods/<uid>
+    "/volumes",
+    "/kubernetes.io~empty-dir",
+    "/cache",
+];
+
+/// The agent's `mount(2)` data for the benchmark's pods: their `sizeLimit`
+/// (16Mi), below the node's memory, in bytes.
+const TMPFS_DATA: &std::ffi::CStr = c"size=16777216";
+
+/// The physical limit, as tight as the kernel allows: for each volume one
+/// `mkdir(2)` per level of its path then `mount(2)` of a tmpfs with the
+/// agent's data; then `umount2(2)` (with the agent's `UMOUNT_NOFOLLOW`)
+/// and one `rmdir(2)` per level, deepest first. Plain libc calls on
+/// absolute paths built in one reused buffer, from one thread, on a fresh
+/// tmpfs whose ROOT is made rshared like the agent's (a bind onto itself,
+/// before the clock), so both pay the same propagation costs.
+fn raw_loop(base: &Path, n: usize, round: usize, rshared: bool) -> (f64, f64) {
+    use std::io::Write;
+    use std::os::unix::ffi::OsStrExt;
     let area = fresh_tmpfs(&base.join(format!("raw-{round}")));
     let root = area.join("root");
+    std::fs::create_dir(&root).unwrap();
+    if rshared {
+        make_rshared(&root);
+    }
+    let mut prefix = root.as_os_str().as_bytes().to_vec();
+    prefix.extend_from_slice(b"/pods");
+    let mut buf: Vec<u8> = Vec::with_capacity(prefix.len() + 128);
+    // The end of each level in `buf`, for the rmdirs back up.
+    let mut ends = [0usize; LEVELS.len()];
+    // `buf` as the NUL-terminated path of its first `len` bytes.
+    let c_path = |buf: &mut Vec<u8>, len: usize| {
+        buf.truncate(len);
+        buf.push(0);
+        buf.as_ptr().cast::<libc::c_char>()
+    };
+    let volume = |buf: &mut Vec<u8>, ends: &mut [usize; LEVELS.len()], i: usize| {
+        buf.clear();
+        buf.extend_from_slice(&prefix);
+        write!(buf, "/00000000-0000-4000-8000-{i:012}").unwrap();
+        for (end, level) in ends.iter_mut().zip(LEVELS) {
+            buf.extend_from_slice(level.as_bytes());
+            *end = buf.len();
+        }
+    };
+    let check = |rc: libc::c_int, call: &str| {
+        assert_eq!(rc, 0, "{call}: {}", std::io::Error::last_os_error());
+    };
     let t = Instant::now();
+    let mut pods = prefix.clone();
+    // SAFETY (every libc call below): the paths are NUL-terminated buffers
+    // that live across the call; the other arguments are constants.
+    check(
+        unsafe { libc::mkdir(c_path(&mut pods, prefix.len()), 0o750) },
+        "mkdir pods",
+    );
     for i in 0..n {
-        let p = volume_path(&root, i);
-        std::fs::create_dir_all(&p).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &p,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .unwrap();
+        // Each level appended, then made.
+        buf.clear();
+        buf.extend_from_slice(&prefix);
+        write!(buf, "/00000000-0000-4000-8000-{i:012}").unwrap();
+        for level in LEVELS {
+            buf.extend_from_slice(level.as_bytes());
+            buf.push(0);
+            check(unsafe { libc::mkdir(buf.as_ptr().cast(), 0o750) }, "mkdir");
+            buf.pop();
+        }
+        buf.push(0);
+        check(
+            unsafe {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    buf.as_ptr().cast(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    TMPFS_DATA.as_ptr().cast(),
+                )
+            },
+            "mount",
+        );
     }
     let mount = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for i in 0..n {
-        nix::mount::umount2(&volume_path(&root, i), nix::mount::MntFlags::empty()).unwrap();
-        std::fs::remove_dir_all(root.join("pods").join(uid(i))).unwrap();
+        volume(&mut buf, &mut ends, i);
+        let p = c_path(&mut buf, ends[LEVELS.len() - 1]);
+        check(
+            unsafe { libc::umount2(p, libc::UMOUNT_NOFOLLOW) },
+            "umount2",
+        );
+        for &end in ends.iter().rev() {
+            let p = c_path(&mut buf, end);
+            check(unsafe { libc::rmdir(p) }, "rmdir");
+        }
     }
     let teardown = t.elapsed().as_secs_f64();
     drop_tmpfs(&area);
     (mount, teardown)
+}
+
+/// Binds `dir` onto itself and makes it rshared, as the agent does with
+/// its ROOT at start-up (`LinuxMounter::make_rshared`).
+fn make_rshared(dir: &Path) {
+    use nix::mount::{mount, MsFlags};
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .unwrap();
 }
 
 /// Mounts a new tmpfs on `dir` (created if needed).

@@ -260,8 +260,10 @@ pub enum VolumeSource {
         kind: HostPathType,
     },
     /// `csi` (inline ephemeral) or a `persistentVolumeClaim` bound to a CSI
-    /// PersistentVolume, resolved to what the CSI driver needs.
-    Csi(CsiVolumeSource),
+    /// PersistentVolume, resolved to what the CSI driver needs. Boxed: it
+    /// is five times the size of the other sources, and every volume's
+    /// spec would carry that size (kept per volume in the desired state).
+    Csi(Box<CsiVolumeSource>),
     /// `image` (KEP-4639): an OCI image or artifact the container runtime
     /// pulls and mounts itself; the volume manager has nothing to do.
     Image {
@@ -771,7 +773,7 @@ mod tests {
                 path: "/x".into(),
                 kind: HostPathType::Unset,
             },
-            VolumeSource::Csi(CsiVolumeSource::new("d", "h")),
+            VolumeSource::Csi(Box::new(CsiVolumeSource::new("d", "h"))),
             VolumeSource::Other {
                 kind: "nfs".into(),
                 spec: Arc::new(serde_json::Value::Null),
@@ -796,7 +798,20 @@ mod tests {
             node_stage_secrets: Some(Arc::new(s)),
             ..CsiVolumeSource::new("d", "h")
         };
-        assert!(!format!("{:?}", VolumeSource::Csi(src)).contains("hunter2"));
+        assert!(!format!("{:?}", VolumeSource::Csi(Box::new(src))).contains("hunter2"));
+    }
+
+    /// Every volume's spec is kept once in the desired state (and shared
+    /// with the actual state): a CSI source, five times the size of the
+    /// others, is boxed so the rest do not pay for it (a 280-byte spec made
+    /// 0.3 KiB of the agent's 3.2 KiB per emptyDir volume).
+    #[test]
+    fn a_volume_spec_stays_small() {
+        assert!(
+            std::mem::size_of::<VolumeSpec>() <= 96,
+            "VolumeSpec is {} bytes",
+            std::mem::size_of::<VolumeSpec>()
+        );
     }
 }
 

@@ -266,12 +266,18 @@ pub async fn unmount_volume(
     let path = mounted.path.clone();
     let block = mounted.spec.is_block();
     let (p, o) = (pod.clone(), outer.clone());
-    let cleaned = tokio::task::spawn_blocking(move || {
-        subpath::clean_sub_paths(&subs.root, subs.mounter.as_ref(), &p, &o)
-    })
-    .await
-    .map_err(VolumeError::from)
-    .and_then(|r| r);
+    // Most volumes have no subPath: one lookup here instead of a round trip
+    // to a blocking thread (which serialised the inline tear-downs).
+    let cleaned = if subpath::may_have_sub_paths(&subs.root, &pod, &outer) {
+        tokio::task::spawn_blocking(move || {
+            subpath::clean_sub_paths(&subs.root, subs.mounter.as_ref(), &p, &o)
+        })
+        .await
+        .map_err(VolumeError::from)
+        .and_then(|r| r)
+    } else {
+        Ok(())
+    };
     let res = match cleaned {
         Ok(()) => {
             world.asw_mut().forget_sub_paths(&volume, &pod);

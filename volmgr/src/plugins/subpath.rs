@@ -380,6 +380,18 @@ fn verify_bind(
     ))
 }
 
+/// Whether `pod`'s volume `volume` may have subPath entries to clean:
+/// `volume-subpaths/<volume>` exists, or could not be looked up (then
+/// [`clean_sub_paths`] tells why). One lookup, on the calling thread, so a
+/// tear-down of a volume without subPaths (the common case) hands nothing
+/// to a blocking thread.
+pub fn may_have_sub_paths(root: &RootDir, pod: &PodUid, volume: &str) -> bool {
+    let Ok(dir) = RelPath::new(["pods", pod.as_str(), SUBPATHS_DIR, volume]) else {
+        return true;
+    };
+    !matches!(root.exists(&dir), Ok(false))
+}
+
 /// Unmounts and removes every subPath entry of `pod`'s volume `volume`
 /// (`doCleanSubPaths`), then its directories; `volume-subpaths` goes too
 /// once empty. Nothing there is fine.

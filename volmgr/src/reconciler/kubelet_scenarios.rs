@@ -215,7 +215,7 @@ fn desired_republished(uid: &str) -> DesiredPod {
         ..Default::default()
     });
     let mut d = desired(uid);
-    d.volumes[0].source = Ok(VolumeSource::Csi(src));
+    d.volumes[0].source = Ok(VolumeSource::Csi(Box::new(src)));
     d
 }
 

@@ -382,11 +382,11 @@ impl VolumePlugin for FakeAttachable {
 
 fn csi(gid: Option<i64>) -> crate::volume::VolumeSource {
     use crate::volume::CsiVolumeSource;
-    crate::volume::VolumeSource::Csi(CsiVolumeSource {
+    crate::volume::VolumeSource::Csi(Box::new(CsiVolumeSource {
         pv_name: Some("pv".into()),
         supplemental_gid: gid,
         ..CsiVolumeSource::new("d", format!("h-{gid:?}"))
-    })
+    }))
 }
 
 /// A desired pod with `fsGroup` 7, `supplementalGroups` [9] and `vols`.
@@ -578,18 +578,18 @@ async fn inline_and_attach_free_csi_volumes_are_not_in_use() {
     use crate::volume::{CsiDriverInfo, CsiVolumeSource, VolumeSource};
     let (_t, _fake, vm) = manager_with(true).await;
     let uid = PodUid::new("i").unwrap();
-    let inline = VolumeSource::Csi(CsiVolumeSource {
+    let inline = VolumeSource::Csi(Box::new(CsiVolumeSource {
         ephemeral: true,
         ..CsiVolumeSource::new("d", "inline")
-    });
-    let attach_free = VolumeSource::Csi(CsiVolumeSource {
+    }));
+    let attach_free = VolumeSource::Csi(Box::new(CsiVolumeSource {
         pv_name: Some("pv-free".into()),
         driver_info: Arc::new(CsiDriverInfo {
             skip_attach: true,
             ..CsiDriverInfo::default()
         }),
         ..CsiVolumeSource::new("d", "free")
-    });
+    }));
     vm.set_desired_pod(desired(
         "i",
         vec![("inline", inline), ("free", attach_free), ("c", csi(None))],

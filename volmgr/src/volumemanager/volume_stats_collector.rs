@@ -565,7 +565,7 @@ mod tests {
             claim_name: claim.map(str::to_string),
             ..CsiVolumeSource::new(driver, volume)
         };
-        target(volume, pod, VolumeSource::Csi(src))
+        target(volume, pod, VolumeSource::Csi(Box::new(src)))
     }
 
     fn target(volume: &str, pod: &str, source: VolumeSource) -> StatsTarget {

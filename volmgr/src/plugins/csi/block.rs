@@ -139,10 +139,10 @@ impl CsiPlugin {
             .unwrap_or_else(|| name.to_string_lossy().into_owned());
         let spec = VolumeSpec {
             name: outer,
-            source: VolumeSource::Csi(CsiVolumeSource {
+            source: VolumeSource::Csi(Box::new(CsiVolumeSource {
                 pv_name: Some(pv.to_string()),
                 ..reconstructed_source(driver.clone(), handle.clone(), CsiVolumeMode::Block)
-            }),
+            })),
         };
         self.adopt(pod, &spec);
         Ok(Some(ReconstructedVolume {

@@ -149,7 +149,7 @@ mod tests {
             volume_name: crate::volume::UniqueVolumeName::new("v"),
             spec: std::sync::Arc::new(crate::volume::VolumeSpec {
                 name: "v".into(),
-                source: crate::volume::VolumeSource::Csi(none.clone()),
+                source: crate::volume::VolumeSource::Csi(Box::new(none.clone())),
             }),
             fs_group: Some(1000),
             fs_group_change_policy: Default::default(),

@@ -141,7 +141,7 @@ mod tests {
     fn spec(mode: CsiVolumeMode, ephemeral: bool) -> VolumeSpec {
         VolumeSpec {
             name: "data".into(),
-            source: VolumeSource::Csi(CsiVolumeSource {
+            source: VolumeSource::Csi(Box::new(CsiVolumeSource {
                 driver: "hostpath.csi.k8s.io".into(),
                 volume_handle: "vol-1".into(),
                 ephemeral,
@@ -160,7 +160,7 @@ mod tests {
                 node_expand_secrets: None,
                 supplemental_gid: None,
                 driver_info: Default::default(),
-            }),
+            })),
         }
     }
 

@@ -802,7 +802,7 @@ impl VolumePlugin for CsiPlugin {
         let mount = dir.join("mount")?;
         let spec = VolumeSpec {
             name: outer,
-            source: VolumeSource::Csi(src),
+            source: VolumeSource::Csi(Box::new(src)),
         };
         let complete = self.root.exists(&dir.join(PUBLISHED_FILE)?)?
             && self.published_in_table(&spec, &self.abs(&mount), table);

@@ -312,10 +312,10 @@ fn staged_spec(data: &BTreeMap<String, String>, driver: &str, handle: &str) -> V
     };
     VolumeSpec {
         name: spec_vol_id.clone(),
-        source: VolumeSource::Csi(CsiVolumeSource {
+        source: VolumeSource::Csi(Box::new(CsiVolumeSource {
             pv_name: Some(spec_vol_id),
             ..reconstructed_source(driver.to_string(), handle.to_string(), volume_mode)
-        }),
+        })),
     }
 }
 

@@ -44,8 +44,16 @@ pub(crate) fn node_allocatable(objects: Option<&ObjectStore>, resource: &str) ->
     }
 }
 
-/// `MemTotal` of `/proc/meminfo`, in bytes.
+/// `MemTotal` of `/proc/meminfo`, in bytes, read once per process (as the
+/// kubelet reads the machine's memory capacity once, from cAdvisor's
+/// machine info, at start-up): every memory-backed emptyDir asks for it,
+/// and generating `/proc/meminfo` costs several microseconds a read.
 fn host_memory() -> Option<u64> {
+    static MEM_TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *MEM_TOTAL.get_or_init(read_host_memory)
+}
+
+fn read_host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = text
         .lines()

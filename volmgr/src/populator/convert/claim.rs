@@ -63,7 +63,7 @@ pub(super) fn persistent_volume_claim(
         |r: &Option<SecretReference>, field: &str| -> Result<Option<std::sync::Arc<CsiSecrets>>> {
             secret_of(objects, &pv_name, r, field)
         };
-    Ok(VolumeSource::Csi(CsiVolumeSource {
+    Ok(VolumeSource::Csi(Box::new(CsiVolumeSource {
         driver: csi.driver.clone(),
         volume_handle: csi.volume_handle.clone(),
         ephemeral: false,
@@ -82,7 +82,7 @@ pub(super) fn persistent_volume_claim(
         driver_info: Default::default(),
         pv_name: Some(pv_name),
         claim_name: Some(claim.name.to_string()),
-    }))
+    })))
 }
 
 /// The PersistentVolume's `pv.beta.kubernetes.io/gid` annotation as an

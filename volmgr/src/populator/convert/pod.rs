@@ -273,7 +273,7 @@ fn parse_plain_source(
 ) -> Result<VolumeSource, VolumeSpecError> {
     check_volume_name(&v.name).map_err(|e| invalid(e.to_string()))?;
     if let Some(csi) = &v.csi {
-        return inline_csi(v, csi, usage, ctx).map(VolumeSource::Csi);
+        return inline_csi(v, csi, usage, ctx).map(|c| VolumeSource::Csi(Box::new(c)));
     }
     if let Some(pvc) = &v.persistent_volume_claim {
         if let Some(objects) = ctx.objects {

@@ -207,7 +207,7 @@ fn volume_of(vm: &VolumeManager, uid: &str) -> Result<crate::volume::CsiVolumeSo
     let v = dsw.volume(&name).expect("volume is desired");
     let p = v.pods.get(&uid).expect("pod in volume");
     match &p.spec.source {
-        crate::volume::VolumeSource::Csi(c) => Ok(c.clone()),
+        crate::volume::VolumeSource::Csi(c) => Ok((**c).clone()),
         other => panic!("not CSI: {other:?}"),
     }
 }

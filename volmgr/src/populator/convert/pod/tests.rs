@@ -291,7 +291,7 @@ fn resolve(p: &Pod, o: &Objects) -> Result<VolumeSource, String> {
 
 fn csi_of(r: Result<VolumeSource, String>) -> CsiVolumeSource {
     match r {
-        Ok(VolumeSource::Csi(c)) => c,
+        Ok(VolumeSource::Csi(c)) => *c,
         other => panic!("not a CSI source: {other:?}"),
     }
 }
