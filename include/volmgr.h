@@ -310,7 +310,7 @@ volmgr_status volmgr_set_event_callback(volmgr *vm, volmgr_event_callback cb, vo
  * `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
  *   "wait_for_sources_ready": true, "wait_for_reported_in_use": false,
- *   "wait_for_volumes_attached": false, "make_root_shared": true,
+ *   "wait_for_volumes_attached": false, "make_root_shared": false,
  *   "volume_stats_period_ms": 60000,
  *   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
  *           "timeout_ms": 120000, "republish_period_ms": 60000}}`
@@ -342,13 +342,14 @@ volmgr_status volmgr_set_event_callback(volmgr *vm, volmgr_event_callback cb, vo
  *   `status.volumesAttached`: the attach/detach controller attached it),
  *   as the kubelet's `VerifyControllerAttachedVolume` waits; for a
  *   consumer that reads the Node, as the agent with an API server.
- * - `make_root_shared` (true): ROOT is made recursively shared (bound
+ * - `make_root_shared` (false): ROOT is made recursively shared (bound
  *   onto itself first if it is not a mount point) when the handle is
- *   built, as the kubelet's `setupDataDirs` always does and as the agent
- *   does, so mounts made under ROOT reach the container runtime. A
- *   kubelet fork that already did finds it shared and nothing more is
- *   done (status `root_propagation` says `shared`); `false` leaves ROOT
- *   as it is. A failure is reported in status and the manager runs on.
+ *   built, as the agent does. The kubelet does it itself
+ *   (`setupDataDirs`), so a fork leaves it off: the one default that
+ *   differs from the agent's, because the bind outlives the handle (a
+ *   host that removes ROOT after `volmgr_free` finds it busy) and the
+ *   host, not a library it links, owns its mount table. A failure is
+ *   reported in status and the manager runs on.
  * - `volume_stats_period_ms` (60000): how often the volumes' usage is
  *   collected (`kubelet_volume_stats_*` metrics, status `stats`), as the
  *   agent's `--volume-stats-period` and the kubelet's

@@ -62,9 +62,9 @@ struct NewConfig {
     wait_for_reported_in_use: bool,
     #[serde(default)]
     wait_for_volumes_attached: bool,
-    /// Absent: the library's default (true, the kubelet's).
+    /// Off unless asked: the kubelet fork's kubelet does it itself.
     #[serde(default)]
-    make_root_shared: Option<bool>,
+    make_root_shared: bool,
     #[serde(default)]
     volume_stats_period_ms: Option<u64>,
     #[serde(default)]
@@ -116,9 +116,8 @@ fn build_config(cfg: &NewConfig) -> Config {
     };
     config.wait_for_reported_in_use = cfg.wait_for_reported_in_use;
     config.wait_for_volumes_attached = cfg.wait_for_volumes_attached;
-    if let Some(shared) = cfg.make_root_shared {
-        config.make_root_shared = shared;
-    }
+    // The one default that differs from the agent's (see volmgr_new).
+    config.make_root_shared = cfg.make_root_shared;
     if let Some(ms) = cfg.volume_stats_period_ms {
         // 0 is refused by the library as out of range.
         config.volume_stats_period = Duration::from_millis(ms);
@@ -213,7 +212,7 @@ pub(crate) fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 /// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
 ///   "wait_for_sources_ready": true, "wait_for_reported_in_use": false,
-///   "wait_for_volumes_attached": false, "make_root_shared": true,
+///   "wait_for_volumes_attached": false, "make_root_shared": false,
 ///   "volume_stats_period_ms": 60000,
 ///   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
 ///           "timeout_ms": 120000, "republish_period_ms": 60000}}`
@@ -245,13 +244,14 @@ pub(crate) fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 ///   `status.volumesAttached`: the attach/detach controller attached it),
 ///   as the kubelet's `VerifyControllerAttachedVolume` waits; for a
 ///   consumer that reads the Node, as the agent with an API server.
-/// - `make_root_shared` (true): ROOT is made recursively shared (bound
+/// - `make_root_shared` (false): ROOT is made recursively shared (bound
 ///   onto itself first if it is not a mount point) when the handle is
-///   built, as the kubelet's `setupDataDirs` always does and as the agent
-///   does, so mounts made under ROOT reach the container runtime. A
-///   kubelet fork that already did finds it shared and nothing more is
-///   done (status `root_propagation` says `shared`); `false` leaves ROOT
-///   as it is. A failure is reported in status and the manager runs on.
+///   built, as the agent does. The kubelet does it itself
+///   (`setupDataDirs`), so a fork leaves it off: the one default that
+///   differs from the agent's, because the bind outlives the handle (a
+///   host that removes ROOT after `volmgr_free` finds it busy) and the
+///   host, not a library it links, owns its mount table. A failure is
+///   reported in status and the manager runs on.
 /// - `volume_stats_period_ms` (60000): how often the volumes' usage is
 ///   collected (`kubelet_volume_stats_*` metrics, status `stats`), as the
 ///   agent's `--volume-stats-period` and the kubelet's
@@ -481,10 +481,9 @@ mod tests {
         assert_eq!(config.volume_stats_period, defaults.volume_stats_period);
     }
 
-    /// Without `make_root_shared`, ROOT is made rshared as the kubelet and
-    /// the agent do (the library's default); the key turns it off.
+    /// `make_root_shared` is off unless asked (the fork's kubelet does it).
     #[test]
-    fn make_root_shared_defaults_to_the_librarys() {
+    fn make_root_shared_is_off_unless_asked() {
         let root = tempfile::tempdir().unwrap();
         let config = CString::new(format!(
             r#"{{"root_dir": "{}", "make_root_shared": true}}"#,
@@ -496,7 +495,7 @@ mod tests {
         let parsed: super::NewConfig =
             serde_json::from_str(&format!(r#"{{"root_dir": "{}"}}"#, root.path().display()))
                 .unwrap();
-        assert!(super::build_config(&parsed).make_root_shared);
+        assert!(!super::build_config(&parsed).make_root_shared);
         let (st, vm) = new_with(root.path(), "");
         assert_eq!(st, VOLMGR_OK, "{}", last_error());
         // SAFETY: a live handle, freed right after.

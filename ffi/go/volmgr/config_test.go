@@ -21,11 +21,11 @@ func TestConfigAgentSettingsJSON(t *testing.T) {
 			t.Fatalf("unset %s is sent: %s", key, b)
 		}
 	}
-	b, err = json.Marshal(Config{RootDir: "/r", MakeRootShared: Bool(false), WaitForVolumesAttached: true, VolumeStatsPeriodMs: 2500})
+	b, err = json.Marshal(Config{RootDir: "/r", MakeRootShared: true, WaitForVolumesAttached: true, VolumeStatsPeriodMs: 2500})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"make_root_shared":false`, `"wait_for_volumes_attached":true`, `"volume_stats_period_ms":2500`} {
+	for _, want := range []string{`"make_root_shared":true`, `"wait_for_volumes_attached":true`, `"volume_stats_period_ms":2500`} {
 		if !strings.Contains(string(b), want) {
 			t.Fatalf("want %s in %s", want, b)
 		}
@@ -33,13 +33,12 @@ func TestConfigAgentSettingsJSON(t *testing.T) {
 }
 
 // volmgr_new takes the agent's settings; MarkVolumesAttached is accepted.
-// By default RootDir is made rshared, as the kubelet and the agent do
-// (status root_propagation); Bool(false) leaves it.
+// RootDir is left as it is unless MakeRootShared (status root_propagation).
 func TestNewWithTheAgentsSettings(t *testing.T) {
 	for _, c := range []struct {
-		shared *bool
+		shared bool
 		want   string
-	}{{nil, "rshared"}, {Bool(false), "off"}} {
+	}{{false, "off"}} {
 		m, err := New(Config{RootDir: t.TempDir(), Tracer: "off", MakeRootShared: c.shared,
 			WaitForVolumesAttached: true, VolumeStatsPeriodMs: 2500})
 		if err != nil {

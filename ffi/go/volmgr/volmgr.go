@@ -155,11 +155,10 @@ type Config struct {
 	// status.volumesAttached), as the kubelet's
 	// VerifyControllerAttachedVolume waits.
 	WaitForVolumesAttached bool `json:"wait_for_volumes_attached,omitempty"`
-	// MakeRootShared: nil (unset) or true makes RootDir recursively shared,
-	// as the kubelet's setupDataDirs and volmgr agent do (a kubelet fork
-	// that already did finds it shared: nothing more is done). Bool(false)
-	// leaves RootDir as it is.
-	MakeRootShared *bool `json:"make_root_shared,omitempty"`
+	// MakeRootShared makes RootDir recursively shared, as volmgr agent
+	// does; a kubelet fork leaves it off (the kubelet's setupDataDirs does
+	// it).
+	MakeRootShared bool `json:"make_root_shared,omitempty"`
 	// VolumeStatsPeriodMs: how often the volumes' usage is collected
 	// (kubelet_volume_stats_* metrics); 0 is the kubelet's 1 minute.
 	VolumeStatsPeriodMs uint64 `json:"volume_stats_period_ms,omitempty"`
@@ -168,8 +167,7 @@ type Config struct {
 }
 
 // Bool returns a pointer to b, for the optional fields of Config
-// (Config{WaitForSourcesReady: volmgr.Bool(false)},
-// Config{MakeRootShared: volmgr.Bool(false)}).
+// (Config{WaitForSourcesReady: volmgr.Bool(false)}).
 func Bool(b bool) *bool { return &b }
 
 // CSIConfig is volmgr_new's "csi" key.

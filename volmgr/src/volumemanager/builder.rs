@@ -3,7 +3,8 @@
 //! its driver registry, then the tracer and the plugin registration
 //! watcher. Both callers get the same defaults ([`Config::new`],
 //! [`CsiSetup::default`], [`TracerMode::Auto`]); they differ only in what
-//! they are told.
+//! they are told (the C ABI turns `make_root_shared` off unless asked: a
+//! kubelet fork's kubelet makes ROOT rshared itself).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -170,13 +171,13 @@ impl VolumeManagerBuilder {
 fn check_csi(csi: &CsiSetup) -> Result<(), Error> {
     if csi.timeout.is_zero() {
         return Err(Error::InvalidConfig(
-            "the CSI timeout must be positive".into(),
+            "csi: the timeout must be positive".into(),
         ));
     }
     for (name, socket) in &csi.drivers {
         if name.is_empty() || !socket.is_absolute() {
             return Err(Error::InvalidConfig(format!(
-                "CSI driver {name:?} needs a name and an absolute socket path"
+                "csi: driver {name:?} needs a name and an absolute socket path"
             )));
         }
     }

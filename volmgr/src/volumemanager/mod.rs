@@ -77,9 +77,9 @@ pub struct Config {
     pub wait_for_volumes_attached: bool,
     /// Make ROOT's mount recursively shared when the manager is built (the
     /// kubelet's `setupDataDirs` → `MakeRShared`), so mounts made below
-    /// ROOT reach the container runtime's mount namespace. Default: true,
-    /// for the agent and the C ABI alike (the kubelet always does it; a
-    /// kubelet fork that already did finds it shared and nothing is done).
+    /// ROOT reach the container runtime's mount namespace. Default: true
+    /// (the agent); the C ABI sets it from its config, off unless asked,
+    /// since a kubelet fork's kubelet does it itself.
     pub make_root_shared: bool,
     /// Period of the volume stats collection (`kubelet_volume_stats_*`,
     /// status `stats`); must be positive.
