@@ -8,7 +8,11 @@
 # Every caller goes through here so CI compiles the release profile once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$HOME/.cargo/bin:$PATH"
+# PATH without repeats: volmgr's build script runs again whenever PATH
+# differs, and each caller (demo.sh, image.sh) may have prepended cargo's
+# directory once more; the same PATH keeps it one release build.
+PATH=$(printf '%s' "$HOME/.cargo/bin:$PATH" | awk -v RS=: -v ORS=: '$0 != "" && !seen[$0]++' | sed 's/:$//')
+export PATH
 host=$(rustc -vV | sed -n 's/^host: //p')
 case "$host" in
   *-linux-gnu) ;;
