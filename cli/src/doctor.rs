@@ -69,10 +69,18 @@ async fn node_report(args: &DoctorArgs, timeout: Duration) -> anyhow::Result<Exi
     let s: Status = serde_json::from_value(v)?;
     let findings = s.observe.as_ref().map_or(0, |o| o.findings.len());
     if args.json {
-        let report = serde_json::json!({
-            "observe": s.observe,
-            "stuck_syscalls": s.stuck_syscalls,
-        });
+        // Observe mode's status (findings, sandbox, scans) with the stuck
+        // calls beside it; a managing agent has no findings scan.
+        let mut report = match &s.observe {
+            Some(o) => serde_json::to_value(o)?,
+            None => serde_json::json!({"mode": "manager", "findings": []}),
+        };
+        if let Some(m) = report.as_object_mut() {
+            m.insert(
+                "stuck_syscalls".into(),
+                serde_json::to_value(&s.stuck_syscalls)?,
+            );
+        }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let mut out = String::new();

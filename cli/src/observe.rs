@@ -27,11 +27,9 @@ use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
 use volmgr::populator::manifests::ManifestsSource;
 use volmgr::status::RecentSyscall;
 use volmgr::status::{Finding, FindingKind, ObserveStatus};
-use volmgr::sys::linux::LinuxMounter;
-use volmgr::tracer;
 use volmgr::tracer::timeline::{self, TimelineStore};
 use volmgr::util::sync::MutexExt;
-use volmgr::volumemanager::{self, Config, VolumeManager};
+use volmgr::volumemanager::{Config, CsiSetup, VolumeManager, VolumeManagerBuilder};
 
 /// The failpoint that makes the observing agent try a write under ROOT
 /// (the test that the kernel refuses it).
@@ -94,14 +92,21 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
 pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentError> {
     crate::agent::check_sources(&opts)?;
     let mut config = Config::new(&opts.root);
+    // Observe mode changes nothing under ROOT: not even its propagation.
     config.make_root_shared = false;
     config.node_name = opts.node_name.clone();
-    let vm = VolumeManager::new(config, Arc::new(LinuxMounter))?;
-    let registry = volmgr::pluginmanager::registry::DriverRegistry::new();
-    volumemanager::csi_wiring::install(&vm, Arc::clone(&registry), opts.csi_timeout)?;
-    for (name, socket) in &opts.csi_drivers {
-        registry.register_fixed(name, socket.clone());
-    }
+    // The same set-up as manager mode and the C ABI, but the plugin
+    // registry is not followed: registering a driver answers the driver
+    // (NotifyRegistrationStatus), which is the kubelet's to do.
+    let built = VolumeManagerBuilder::new(config)
+        .tracer(opts.tracer)
+        .csi(CsiSetup {
+            timeout: opts.csi_timeout,
+            drivers: opts.csi_drivers.clone(),
+            watch_plugins_registry: false,
+        })
+        .build()?;
+    let vm = Arc::clone(&built.vm);
     let state = obs
         .state_dir
         .canonicalize()
@@ -117,13 +122,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
         .status
         .stuck()
         .set_threshold(opts.stuck_syscall_after);
-    let tracer =
-        tracer::start(opts.tracer, vm.tracer_context(), stop_rx.clone()).map_err(|source| {
-            AgentError::Tracer {
-                mode: opts.tracer,
-                source,
-            }
-        })?;
+    let watchers = built.start_watchers(stop_rx.clone())?;
     let kube = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
         Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)
     } else {
@@ -155,7 +154,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let result = crate::agent::wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);
     let _ = scan_task.await;
-    tracer.join().await;
+    watchers.join().await;
     let _ = api_task.await;
     if let Some(t) = metrics_task {
         let _ = t.await;
