@@ -227,7 +227,7 @@ pub(crate) fn check_sources(opts: &AgentOptions) -> Result<(), AgentError> {
 /// server's pods, each with its own handle on the desired state (populated
 /// once both delivered their pods). The task ends when they stop, or
 /// early with the manifests source's error.
-fn spawn_sources(
+pub(crate) fn spawn_sources(
     opts: &AgentOptions,
     kube: Option<kube::Client>,
     vm: &Arc<VolumeManager>,

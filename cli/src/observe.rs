@@ -24,7 +24,6 @@ use crate::agent::{AgentError, AgentOptions};
 use crate::sandbox::{self, Confinement};
 use crate::{api, apiserver};
 use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
-use volmgr::populator::manifests::ManifestsSource;
 use volmgr::status::RecentSyscall;
 use volmgr::status::{Finding, FindingKind, ObserveStatus};
 use volmgr::tracer::timeline::{self, TimelineStore};
@@ -149,7 +148,9 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
         reported: BTreeSet::new(),
     };
     let scan_task = tokio::spawn(scanner.run(obs.scan_period, stop_rx.clone()));
-    let source_task = spawn_sources(&opts, kube, &vm, &stop_rx);
+    // The same pod sources as manager mode, feeding the (never started)
+    // manager's desired state.
+    let source_task = crate::agent::spawn_sources(&opts, kube, &vm, &stop_rx);
     tracing::info!(root = %opts.root.display(), state_dir = %state.display(), "observing (read-only)");
     let result = crate::agent::wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);
@@ -250,37 +251,6 @@ fn add_findings_metrics(vm: &Arc<VolumeManager>, status: &Arc<Mutex<ObserveStatu
         ));
         out
     }));
-}
-
-/// The pod sources feeding the (never started) manager's desired state.
-fn spawn_sources(
-    opts: &AgentOptions,
-    kube: Option<kube::Client>,
-    vm: &Arc<VolumeManager>,
-    stop: &watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<Result<(), AgentError>> {
-    let count = usize::from(opts.manifests.is_some()) + usize::from(kube.is_some());
-    let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count).into_iter();
-    let api = kube.and_then(|client| {
-        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
-            .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()));
-        Some(tokio::spawn(source.run(stop.clone())))
-    });
-    let manifests = opts.manifests.clone().and_then(|dir| {
-        let source = ManifestsSource::new(dir, sinks.next()?, opts.rescan_period);
-        Some(tokio::spawn(source.run(stop.clone())))
-    });
-    tokio::spawn(async move {
-        if let Some(t) = manifests {
-            if let Ok(Err(e)) = t.await {
-                return Err(AgentError::from(e));
-            }
-        }
-        if let Some(t) = api {
-            let _ = t.await;
-        }
-        Ok(())
-    })
 }
 
 /// The scan loop's state.

@@ -5,7 +5,6 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 use volmgr::status::{Finding, FindingKind};
@@ -51,14 +50,7 @@ impl FindingEvents {
         {
             return;
         }
-        let regarding = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(namespace.to_string()),
-            name: Some(name.to_string()),
-            uid: Some(uid.clone()),
-            ..ObjectReference::default()
-        };
+        let regarding = crate::apiserver::events::pod_reference(namespace, name, uid);
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),

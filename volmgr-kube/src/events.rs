@@ -287,14 +287,7 @@ impl Publisher {
             self.counters.limited.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let regarding = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(namespace.to_string()),
-            name: Some(name.to_string()),
-            uid: Some(ev.pod_uid.as_str().to_string()),
-            ..ObjectReference::default()
-        };
+        let regarding = pod_reference(&namespace, &name, ev.pod_uid.as_str());
         let event = Event {
             type_: if pe.warning {
                 EventType::Warning
@@ -315,6 +308,18 @@ impl Publisher {
                 tracing::warn!(pod = %ev.pod_uid, volume = %ev.volume, reason = pe.reason, error = %e, "recording an event failed");
             }
         }
+    }
+}
+
+/// The reference of an event about a pod (`regarding`).
+pub fn pod_reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.to_string()),
+        name: Some(name.to_string()),
+        uid: Some(uid.to_string()),
+        ..ObjectReference::default()
     }
 }
 
