@@ -42,7 +42,7 @@ if [ "${VOLMGR_IMAGE_IN_NS:-}" = 1 ]; then
   tree() { (cd "$kubelet" && find . -printf '%M %U:%G %s %T@ %p -> %l\n' | sort && find . -type f -exec sha256sum {} + | sort); }
   if in_image agent --help | grep -q -- --observe; then
     mode=observe
-    args=(--observe --root /var/lib/kubelet --state-dir /run/volmgr --stuck-after 2m)
+    args=(--observe --root /var/lib/kubelet --state-dir /run/volmgr --stuck-after 2m --manifests /etc/volmgr/manifests)
   else
     mode=manager
     args=(--root /var/lib/kubelet --manifests /etc/volmgr/manifests)
