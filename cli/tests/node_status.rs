@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use csi_driver::{wait_or_dump, Driver};
 use serde_json::{json, Value};
 use support::{isolated, Agent, Env};
+use volmgr::plugins::csi::PUBLISHED_FILE;
 use volmgr_kube::testing::{FakeApiServer, Recorded};
 
 const NODE: &str = "node-1";
@@ -120,8 +121,13 @@ fn volumes_in_use_keeps_a_mounted_volume_across_a_kill9() {
             let a = volume_name("pv-a");
 
             let agent = start_agent(&env, &kubeconfig, &driver);
+            // Mounted, and the publish recorded as done: a kill between
+            // NodePublishVolume's answer and the record leaves an uncertain
+            // volume, rightly published again after the restart.
+            let record = publish_path(&env, uid, "pv-a").with_file_name(PUBLISHED_FILE);
             wait_or_dump(&env, &agent, &driver, "pv-a mounted and reported", || {
                 env.mount_count(&publish_path(&env, uid, "pv-a")) == 1
+                    && record.exists()
                     && node_in_use(&api) == [a.clone()]
             });
             std::fs::write(publish_path(&env, uid, "pv-a").join("data"), "kept").unwrap();
