@@ -74,7 +74,7 @@ fn volumes_json(
             .mounts_of_pod(uid)
             .filter(|(_, _, m)| uncertain || m.state == VolumeMountState::Mounted)
             .map(|(name, plugin, m)| VolumeJson {
-                outer_volume_spec_name: &m.outer_volume_spec_name,
+                outer_volume_spec_name: m.outer_volume_spec_name(),
                 volume_name: name.as_str(),
                 plugin,
                 path: m.path.to_string_lossy(),
@@ -86,7 +86,7 @@ fn volumes_json(
                 selinux_relabel: m.selinux_relabel,
                 block_device_path: m.spec.is_block().then(|| m.path.to_string_lossy()),
                 sub_paths: subs
-                    .get(&m.outer_volume_spec_name)
+                    .get(m.outer_volume_spec_name())
                     .map_or(&[], Vec::as_slice),
             })
             .collect();

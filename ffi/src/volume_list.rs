@@ -132,7 +132,7 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
                 continue;
             }
             let first_sub = sub_rows.len();
-            for s in subs.get(&m.outer_volume_spec_name).into_iter().flatten() {
+            for s in subs.get(m.outer_volume_spec_name()).into_iter().flatten() {
                 sub_rows.push(SubRow {
                     container: push(&mut arena, s.container.as_bytes()),
                     index: s.index,
@@ -140,7 +140,7 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
                     path: push(&mut arena, s.path.as_bytes()),
                 });
             }
-            let outer = push(&mut arena, m.outer_volume_spec_name.as_bytes());
+            let outer = push(&mut arena, m.outer_volume_spec_name().as_bytes());
             let path = push(&mut arena, m.path.as_os_str().as_bytes());
             let row = Row {
                 strings: [
@@ -158,7 +158,7 @@ fn build(vm: &VolumeManager, uid: &str, uncertain: bool) -> Box<Owned> {
                 selinux_relabel: m.selinux_relabel,
                 subs: first_sub..sub_rows.len(),
             };
-            rows.push((m.outer_volume_spec_name.as_bytes().to_vec(), row));
+            rows.push((m.outer_volume_spec_name().as_bytes().to_vec(), row));
         }
         (rows, sub_rows, arena)
     });

@@ -37,9 +37,8 @@ pub enum DeviceMountState {
 /// A pod's mount of a volume.
 #[derive(Debug, Clone)]
 pub struct MountedPod {
-    /// The volume's name in the pod.
-    pub outer_volume_spec_name: String,
-    /// The spec it was mounted with.
+    /// The spec it was mounted with (its `name` is the volume's name in the
+    /// pod: [`MountedPod::outer_volume_spec_name`]).
     pub spec: Arc<VolumeSpec>,
     /// Where it is.
     pub path: PathBuf,
@@ -52,6 +51,15 @@ pub struct MountedPod {
     /// plugin said once it was set up (see
     /// [`VolumePlugin::selinux_relabel`](crate::plugins::VolumePlugin::selinux_relabel)).
     pub selinux_relabel: bool,
+}
+
+impl MountedPod {
+    /// The volume's name in the pod (the kubelet's `OuterVolumeSpecName`):
+    /// the name of the spec it was mounted with, not stored twice (one
+    /// string less per mounted volume).
+    pub fn outer_volume_spec_name(&self) -> &str {
+        &self.spec.name
+    }
 }
 
 /// Mounts found on a pod's volume path that its plugin did not make (the
@@ -420,7 +428,7 @@ impl ActualStateOfWorld {
                 let m = v.pods.get(pod)?;
                 Some(MountedVolume {
                     volume_name: name.clone(),
-                    outer_volume_spec_name: m.outer_volume_spec_name.clone(),
+                    outer_volume_spec_name: m.outer_volume_spec_name().to_owned(),
                     plugin_name: v.plugin_name.to_string(),
                     path: m.path.clone(),
                     state: m.state,
@@ -483,7 +491,6 @@ mod tests {
             },
         });
         let m = MountedPod {
-            outer_volume_spec_name: "x".into(),
             spec,
             path: "/a".into(),
             state: VolumeMountState::Uncertain,
@@ -531,7 +538,6 @@ mod tests {
         let (p, q) = (PodUid::new("p").unwrap(), PodUid::new("q").unwrap());
         for pod in [&p, &q] {
             let m = MountedPod {
-                outer_volume_spec_name: "x".into(),
                 spec: spec.clone(),
                 path: "/a".into(),
                 state: VolumeMountState::Mounted,

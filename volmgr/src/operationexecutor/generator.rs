@@ -176,7 +176,7 @@ pub async fn prepare_sub_paths(
     subs: SubPathMounts,
 ) -> Result<(), VolumeError> {
     let keys = subs.keys();
-    let outer = mounted.outer_volume_spec_name.clone();
+    let outer = mounted.outer_volume_spec_name().to_owned();
     match bind_sub_paths(subs, pod.clone(), outer, mounted.path).await {
         Ok(_) => {
             mark_prepared(&world, &volume, &pod, &keys);
@@ -237,7 +237,6 @@ fn record_mount(
             volume,
             pod,
             MountedPod {
-                outer_volume_spec_name: spec.name.clone(),
                 spec: Arc::clone(spec),
                 path,
                 state,
@@ -262,7 +261,7 @@ pub async fn unmount_volume(
     mounted: MountedPod,
     subs: SubPathMounts,
 ) -> Result<(), VolumeError> {
-    let outer = mounted.outer_volume_spec_name.clone();
+    let outer = mounted.outer_volume_spec_name().to_owned();
     let path = mounted.path.clone();
     let block = mounted.spec.is_block();
     let (p, o) = (pod.clone(), outer.clone());
@@ -516,7 +515,7 @@ pub async fn expand_volume(
             .map(|(uid, m)| {
                 (
                     uid.clone(),
-                    m.outer_volume_spec_name.clone(),
+                    m.outer_volume_spec_name().to_owned(),
                     m.spec.is_block(),
                 )
             })
@@ -734,7 +733,7 @@ fn unstack_foreign(op: &ForeignMountRemoval) -> Result<(), VolumeError> {
         // Read again: someone may have mounted there meanwhile.
         table = read()?;
     }
-    tracing::info!(pod = %op.pod, volume = %op.mounted.outer_volume_spec_name, removed,
+    tracing::info!(pod = %op.pod, volume = %op.mounted.outer_volume_spec_name(), removed,
         "removed foreign mounts from a volume's path");
     if !op.plugin.verify(spec, path, MountTableView::Read(&table)) {
         // What is left is not the volume (e.g. it was unmounted too): set it
@@ -749,7 +748,7 @@ fn unstack_foreign(op: &ForeignMountRemoval) -> Result<(), VolumeError> {
         );
         op.world.emit(VolumeEvent::lost(
             op.pod.clone(),
-            op.mounted.outer_volume_spec_name.clone(),
+            op.mounted.outer_volume_spec_name().to_owned(),
             op.volume.clone(),
             path.clone(),
         ));

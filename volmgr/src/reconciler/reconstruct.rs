@@ -185,7 +185,6 @@ fn record(
         &volume_name,
         uid,
         MountedPod {
-            outer_volume_spec_name: spec.name.clone(),
             spec,
             path: rec.path,
             state,
@@ -215,7 +214,7 @@ fn reconstruct_sub_paths(pods_dir: &std::path::Path, table: &MountTable, world: 
         };
         let volume = asw
             .mounts_of_pod(uid.as_str())
-            .find(|(_, _, mp)| mp.outer_volume_spec_name == outer)
+            .find(|(_, _, mp)| mp.outer_volume_spec_name() == outer)
             .map(|(name, _, _)| name.clone());
         if let Some(volume) = volume {
             asw.mark_sub_paths_prepared(&volume, &uid, [(container, index)]);

@@ -187,7 +187,7 @@ impl Reconciler {
                     lost.push((
                         v.clone(),
                         pod.clone(),
-                        m.outer_volume_spec_name.clone(),
+                        m.outer_volume_spec_name().to_owned(),
                         m.path.clone(),
                     ));
                 }

@@ -550,7 +550,7 @@ impl Checker {
                     let log_seq = self.log.foreign_mount(
                         &c.volume,
                         &c.pod,
-                        &m.outer_volume_spec_name,
+                        m.outer_volume_spec_name(),
                         &m.path,
                         how,
                     );
@@ -570,18 +570,18 @@ impl Checker {
             let cause = c.origin.cause.as_deref().unwrap_or("-");
             match finding {
                 Finding::Lost => {
-                    tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name,
+                    tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name(),
                         path = %m.path.display(), detected_by = c.origin.by.as_str(), cause,
                         "volume was unmounted behind the manager's back; setting it up again");
                     self.world.emit(VolumeEvent::lost(
                         c.pod,
-                        m.outer_volume_spec_name,
+                        m.outer_volume_spec_name().to_owned(),
                         c.volume.clone(),
                         m.path,
                     ));
                 }
                 Finding::Foreign => {
-                    tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name,
+                    tracing::warn!(pod = %c.pod, volume = %m.outer_volume_spec_name(),
                         path = %m.path.display(), detected_by = c.origin.by.as_str(), cause,
                         "something else was mounted on a volume's path; unmounting it");
                 }
