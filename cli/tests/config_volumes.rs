@@ -200,14 +200,17 @@ fn a_missing_config_map_is_an_error_until_it_is_created() {
             let cfg = vol_dir(&env, "uid-late", "configmap", "cfg");
             assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
             // Deleted while mounted: the volume keeps its content (as the
-            // kubelet does) and status says why it is not updated.
+            // kubelet does) and status says why it is not updated, on the
+            // pod and on its volume.
             env.remove_manifest("cm.yaml");
             env.wait_for("problem shown", || {
-                env.status()
-                    .errors
-                    .iter()
-                    .any(|e| e.error.contains("ConfigMap test/late not found"))
+                let s = env.status();
+                let p = s.pods.into_iter().find(|p| p.uid == "uid-late");
+                p.and_then(|p| p.error)
+                    .is_some_and(|e| e.contains("ConfigMap test/late not found"))
             });
+            let error = env.volume_state("uid-late", "cfg").unwrap().2;
+            assert!(error.is_some_and(|e| e.contains("ConfigMap test/late not found")));
             assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
             assert_eq!(env.volume_state("uid-late", "cfg").unwrap().0, "mounted");
             // Back with another value: updated in place.
@@ -238,22 +241,19 @@ fn a_pod_changed_while_its_config_map_is_gone_keeps_the_volume() {
             let cfg = vol_dir(&env, "uid-keep", "configmap", "cfg");
             assert_eq!(read(&cfg.join("k")).as_deref(), Some("v"));
             env.remove_manifest("cm.yaml");
+            let pod_error = || {
+                let s = env.status();
+                let p = s.pods.into_iter().find(|p| p.uid == "uid-keep");
+                p.and_then(|p| p.error)
+            };
             env.wait_for("problem shown", || {
-                env.status()
-                    .errors
-                    .iter()
-                    .any(|e| e.error.contains("ConfigMap test/cm not found"))
+                pod_error().is_some_and(|e| e.contains("ConfigMap test/cm not found"))
             });
             let relabelled = pod.replace(
                 "namespace: test, uid",
                 "namespace: test, labels: {v: \"2\"}, uid",
             );
             env.write_manifest("p.yaml", &relabelled);
-            let pod_error = || {
-                let s = env.status();
-                let p = s.pods.into_iter().find(|p| p.uid == "uid-keep");
-                p.and_then(|p| p.error)
-            };
             env.wait_for("error on the pod", || {
                 pod_error().is_some_and(|e| e.contains("ConfigMap test/cm not found"))
             });

@@ -782,22 +782,19 @@ fn a_pod_changed_while_its_claim_is_gone_keeps_the_volume() {
             let file = PathBuf::from(path).join("keep");
             std::fs::write(&file, "data").unwrap();
             env.remove_manifest("pvc.yaml");
+            let pod_error = || {
+                let s = env.status();
+                let p = s.pods.into_iter().find(|p| p.uid == "uid-kp");
+                p.and_then(|p| p.error)
+            };
             wait_or_dump(&env, &agent, &driver, "problem shown", || {
-                env.status()
-                    .errors
-                    .iter()
-                    .any(|e| e.error.contains("claim-kp not found"))
+                pod_error().is_some_and(|e| e.contains("claim-kp not found"))
             });
             let relabelled = pod.replace(
                 "namespace: test, uid",
                 "namespace: test, labels: {v: \"2\"}, uid",
             );
             env.write_manifest("pod.yaml", &relabelled);
-            let pod_error = || {
-                let s = env.status();
-                let p = s.pods.into_iter().find(|p| p.uid == "uid-kp");
-                p.and_then(|p| p.error)
-            };
             wait_or_dump(&env, &agent, &driver, "error on the pod", || {
                 pod_error().is_some_and(|e| e.contains("claim-kp"))
             });

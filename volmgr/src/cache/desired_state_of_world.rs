@@ -65,9 +65,6 @@ pub struct PodVolumeEntry {
     pub plugin_name: Option<Arc<str>>,
     /// Its unique name, or why it cannot be mounted.
     pub volume: Result<UniqueVolumeName, String>,
-    /// Why it is no longer updated, when it stays as last resolved (an
-    /// object it needs went away while it is mounted).
-    pub stale: Option<String>,
     /// Why the volume, resolved before, no longer resolves: it keeps its
     /// previous desired state (the kubelet's `AddErrorToPod`).
     pub resolve_error: Option<String>,
@@ -265,7 +262,6 @@ mod tests {
                 outer_name: v.to_string(),
                 plugin_name: Some(plugin.clone()),
                 volume: Ok(name.clone()),
-                stale: None,
                 resolve_error: None,
             });
             mounts.push((

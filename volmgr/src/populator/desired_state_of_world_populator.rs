@@ -130,7 +130,6 @@ impl Populator {
                         outer_name: v.name,
                         plugin_name: None,
                         volume: Err(e),
-                        stale: None,
                         resolve_error: None,
                     });
                     continue;
@@ -141,14 +140,10 @@ impl Populator {
                 source,
             });
             let name = plugin.unique_volume_name(&pod.uid, &spec);
-            if let Some(e) = &v.stale {
-                self.report_unresolved(&pod.uid, &v.name, e, VolumeOperation::SetUp);
-            }
             entry.volumes.push(PodVolumeEntry {
                 outer_name: v.name.clone(),
                 plugin_name: Some(Arc::clone(&plugin_name)),
                 volume: Ok(name.clone()),
-                stale: v.stale.clone(),
                 resolve_error: None,
             });
             if !pod.terminated {
@@ -222,7 +217,12 @@ impl Populator {
 /// what is mounted is not torn down under a running pod. Each volume of
 /// `update` that failed to resolve but that the pod has in `dsw` keeps its
 /// desired entry, with the error. A volume never resolved stays unresolved.
-fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate) {
+///
+/// This is the one place that keeps such a volume, whatever was processed
+/// again: the pod itself (changed) or an object it reads (changed, deleted).
+/// A `terminated` pod keeps only the entry (status shows the volume being
+/// torn down, with the error), not its mount.
+fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate, terminated: bool) {
     let Some(old) = dsw.pod(&update.uid) else {
         return;
     };
@@ -230,30 +230,33 @@ fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate) {
         let Err(e) = &v.volume else {
             continue;
         };
-        let Some(name) = old
+        let Some((name, plugin)) = old
             .volumes
             .iter()
             .find(|p| p.outer_name == v.outer_name)
-            .and_then(|p| p.volume.as_ref().ok())
+            .and_then(|p| Some((p.volume.as_ref().ok()?, p.plugin_name.as_ref()?)))
         else {
             continue;
         };
-        let Some(dv) = dsw.volume(name) else {
-            continue;
-        };
-        let Some(to_mount) = dv.pods.get(&update.uid) else {
-            continue;
-        };
-        tracing::warn!(pod = %update.uid, volume = %v.outer_name, error = %e, "volume kept as it was: it no longer resolves");
-        if !update.mounts.iter().any(|(n, _, _)| n == name) {
-            let plugin = Arc::clone(&dv.plugin_name);
-            update.mounts.push((name.clone(), plugin, to_mount.clone()));
+        let mut plugin = Arc::clone(plugin);
+        if !terminated {
+            let Some(dv) = dsw.volume(name) else {
+                continue;
+            };
+            let Some(to_mount) = dv.pods.get(&update.uid) else {
+                continue;
+            };
+            plugin = Arc::clone(&dv.plugin_name);
+            if !update.mounts.iter().any(|(n, _, _)| n == name) {
+                let p = Arc::clone(&plugin);
+                update.mounts.push((name.clone(), p, to_mount.clone()));
+            }
         }
+        tracing::warn!(pod = %update.uid, volume = %v.outer_name, error = %e, "volume kept as it was: it no longer resolves");
         *v = PodVolumeEntry {
             outer_name: std::mem::take(&mut v.outer_name),
-            plugin_name: Some(Arc::clone(&dv.plugin_name)),
+            plugin_name: Some(plugin),
             volume: Ok(name.clone()),
-            stale: None,
             resolve_error: Some(e.clone()),
         };
     }
@@ -264,9 +267,7 @@ impl PodSink for Populator {
         let terminated = pod.terminated;
         let mut update = self.resolve(pod);
         let mut dsw = self.world.dsw_mut();
-        if !terminated {
-            keep_unresolved(&dsw, &mut update);
-        }
+        keep_unresolved(&dsw, &mut update, terminated);
         let changed = dsw.set_pod(update);
         drop(dsw);
         if changed.is_empty() {

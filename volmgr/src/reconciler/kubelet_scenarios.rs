@@ -199,7 +199,6 @@ fn desired(uid: &str) -> DesiredPod {
             name: "shared".into(),
             source: Ok(nfs()),
             sub_paths: vec![],
-            stale: None,
         }],
         terminated: false,
         sub_path_release: crate::volume::SubPathRelease::All,

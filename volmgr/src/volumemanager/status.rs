@@ -281,8 +281,6 @@ impl VolumeManager {
             }
         });
         let oob = self.out_of_band.volume(name, uid);
-        // Why a volume kept as last resolved is not updated shows too.
-        let stale = v.stale.clone();
         VolumeStatus {
             name: v.outer_name.clone(),
             plugin,
@@ -291,7 +289,6 @@ impl VolumeManager {
             attempts,
             error: rec
                 .and_then(|r| r.last_error)
-                .or(stale)
                 .or_else(|| self.volume_wait_error(name, dsw, asw)),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),

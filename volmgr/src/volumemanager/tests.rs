@@ -405,7 +405,6 @@ fn desired(uid: &str, vols: Vec<(&str, crate::volume::VolumeSource)>) -> Desired
                 name: n.into(),
                 source: Ok(s),
                 sub_paths: vec![],
-                stale: None,
             })
             .collect(),
         terminated: false,

@@ -49,9 +49,6 @@ pub struct PodVolume {
     /// The containers' `volumeMounts` of it with a `subPath` (or an
     /// expanded `subPathExpr`), in container and index order.
     pub sub_paths: Vec<SubPath>,
-    /// Why the volume no longer resolves, when it keeps its last good
-    /// resolution (an object it needs was deleted while it is mounted).
-    pub stale: Option<String>,
 }
 
 /// The part of a pod the volume manager cares about.
@@ -184,7 +181,6 @@ fn pod_volumes(pod: &Pod, ctx: &ResolveContext<'_>) -> Vec<PodVolume> {
                 name: v.name.clone(),
                 source,
                 sub_paths,
-                stale: None,
             })
         })
         .collect()

@@ -15,10 +15,9 @@
 //! disappears, the pods that read it are re-resolved (a missing object's
 //! volume error clears itself; a PV whose capacity grew raises the desired
 //! size). Like the kubelet, a volume that resolved once is not torn down
-//! because its PVC, PV or Secret went away: it keeps its last resolution and
-//! the problem shows in status (source `pod NS/NAME (UID)`) until the object
-//! is back or the pod changes. Secret values are never logged nor shown in
-//! status.
+//! because its PVC, PV or Secret went away: it keeps its desired state and
+//! the problem shows on the pod in status (`pods[].error`) until the object
+//! is back. Secret values are never logged nor shown in status.
 //!
 //! A file that cannot be read or parsed keeps the pods and objects it last
 //! defined (a half-written edit must not tear volumes down) and shows the
@@ -528,7 +527,7 @@ impl ManifestsSource {
             }
             now.insert(pod.uid.clone());
             self.owners.insert(pod.uid.clone(), name.clone());
-            let pod = self.resolver.admit(pod, resolvable);
+            self.resolver.admit(&pod.uid, resolvable);
             self.sink.set_pod(pod);
         }
         now

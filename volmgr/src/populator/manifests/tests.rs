@@ -571,29 +571,31 @@ async fn pods_are_re_resolved_when_their_objects_change() {
                 .contains("PersistentVolume pv-1 is already defined in")));
     std::fs::remove_file(d.join("dup.yaml")).unwrap();
 
-    // The PV goes away with its file: the pod's volume stays as last
-    // resolved (like the kubelet), and the problem shows in status.
+    // The PV goes away with its file (an object changed, the pod not): the
+    // pod's volume keeps its desired state (like the kubelet), and the
+    // problem shows on the pod and its volume in status.
     std::fs::remove_file(d.join("pv.yaml")).unwrap();
     src.rescan().await;
     assert_eq!(
         volume_of(&vm, "uid-p").unwrap().capacity_bytes,
         Some(128 << 20)
     );
-    let stale = |vm: &VolumeManager| {
-        vm.status()
-            .errors
-            .into_iter()
-            .find(|e| e.source == "pod ns/p (uid-p)")
-            .map(|e| e.error)
+    let pod_error = |vm: &VolumeManager| {
+        let st = vm.status();
+        let p = st.pods.into_iter().find(|p| p.uid == "uid-p")?;
+        p.error
+            .map(|e| (e, p.volumes[0].state.clone(), p.volumes[0].error.clone()))
     };
-    let e = stale(&vm).expect("stale volume reported");
+    let (e, state, volume_error) = pod_error(&vm).expect("kept volume reported");
     assert!(
-        e.contains("is not bound") && e.contains("stays as last resolved"),
+        e.contains("volume v: ") && e.contains("is not bound"),
         "{e}"
     );
+    assert_ne!(state, "error", "still desired, not torn down");
+    assert!(volume_error.is_some_and(|v| v.contains("is not bound")));
     put(d, "pv.yaml", &pv_yaml("128Mi", true));
     src.rescan().await;
-    assert_eq!(stale(&vm), None);
+    assert_eq!(pod_error(&vm), None);
 
     // A changed pod is resolved afresh: a volume that no longer
     // resolves (a claim that does not exist) keeps its desired state,

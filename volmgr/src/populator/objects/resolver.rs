@@ -1,9 +1,10 @@
 //! Resolving pods against the objects they read, for every source of pods
 //! (the manifests directory, the Kubernetes API, the C ABI): which pod read
-//! which PersistentVolumeClaim, PersistentVolume or Secret, converting a
-//! pod again when one of those changes, and keeping a volume's last good
-//! resolution when its object goes away (the kubelet never drops a volume
-//! of a running pod because its claim vanished). Writes to the [`PodSink`].
+//! which PersistentVolumeClaim, PersistentVolume or Secret, and converting
+//! a pod again when one of those changes. Writes to the [`PodSink`]; a
+//! volume whose object went away is kept there (the populator's
+//! `keep_unresolved`: the kubelet never drops a volume of a running pod
+//! because its claim vanished).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore};
 use crate::populator::{PodSink, SubPathTiming};
-use crate::volume::{PodUid, VolumeSource};
+use crate::volume::PodUid;
 
 /// A pod as written and the objects its conversion read.
 pub type Resolvable = (Arc<Pod>, BTreeSet<ObjectRef>);
@@ -26,11 +27,6 @@ pub struct PodResolver {
     resolvable: HashMap<PodUid, Arc<Pod>>,
     /// Which of those pods read which objects.
     dependents: Dependents,
-    /// The last successful resolution of each volume of those pods: a
-    /// volume whose object goes away keeps it.
-    last_good: HashMap<PodUid, HashMap<String, VolumeSource>>,
-    /// Pods currently running on a last good resolution (shown in status).
-    stale: HashMap<PodUid, String>,
     /// For a source that reads objects one by one (the API server): the
     /// objects it has confirmed, found or absent. A pod that read an
     /// object not confirmed yet is held back (not handed to the sink) until
@@ -54,8 +50,6 @@ impl PodResolver {
             store: ObjectStore::default(),
             resolvable: HashMap::new(),
             dependents: Dependents::default(),
-            last_good: HashMap::new(),
-            stale: HashMap::new(),
             confirmed: None,
             held: HashMap::new(),
             sub_path_timing: SubPathTiming::AtSetUp,
@@ -224,8 +218,8 @@ impl PodResolver {
         true
     }
 
-    /// Removes object `r` and converts again the pods that read it (their
-    /// volumes keep their last good resolution); whether it was known.
+    /// Removes object `r` and converts again the pods that read it (the
+    /// sink keeps their volumes that resolved before); whether it was known.
     pub fn delete_object(&mut self, r: &ObjectRef) -> bool {
         if !self.store.remove(r) {
             return false;
@@ -265,7 +259,7 @@ impl PodResolver {
             (pod, None)
         };
         let uid = pod.uid.clone();
-        let pod = self.admit(pod, resolvable);
+        self.admit(&uid, resolvable);
         self.sink.set_pod(pod);
         Ok(uid)
     }
@@ -276,22 +270,16 @@ impl PodResolver {
         self.sink.delete_pod(uid)
     }
 
-    /// Records a converted pod before it goes to the sink: with what it was
-    /// converted from and read, it is followed (and its volumes may keep
-    /// their last good resolution if the same pod was seen before);
-    /// without, it reads nothing and anything recorded of it is forgotten.
-    pub fn admit(&mut self, pod: DesiredPod, resolvable: Option<Resolvable>) -> DesiredPod {
+    /// Records converted pod `uid` before it goes to the sink: with what it
+    /// was converted from and read, it is followed; without, it reads
+    /// nothing and anything recorded of it is forgotten.
+    pub fn admit(&mut self, uid: &PodUid, resolvable: Option<Resolvable>) {
         match resolvable {
             Some((raw, deps)) => {
-                let same = self.resolvable.get(&pod.uid) == Some(&raw);
-                self.dependents.set(&pod.uid, deps);
-                self.resolvable.insert(pod.uid.clone(), raw);
-                self.settle(pod, same)
+                self.dependents.set(uid, deps);
+                self.resolvable.insert(uid.clone(), raw);
             }
-            None => {
-                self.forget_pod(&pod.uid);
-                pod
-            }
+            None => self.forget_pod(uid),
         }
     }
 
@@ -310,47 +298,6 @@ impl PodResolver {
         self.release(uid);
         self.resolvable.remove(uid);
         self.dependents.remove(uid);
-        self.last_good.remove(uid);
-        if let Some(key) = self.stale.remove(uid) {
-            self.sink.set_source_problems(&key, vec![], vec![]);
-        }
-    }
-
-    /// Records the volumes that resolved; with `keep_last`, a volume that no
-    /// longer resolves keeps its last good resolution (and the problem shows
-    /// in status under the pod).
-    fn settle(&mut self, mut pod: DesiredPod, keep_last: bool) -> DesiredPod {
-        let prev = self.last_good.remove(&pod.uid).unwrap_or_default();
-        let mut problems = Vec::new();
-        for v in &mut pod.volumes {
-            if let (Err(e), true) = (&v.source, keep_last) {
-                if let Some(old) = prev.get(&v.name) {
-                    tracing::warn!(pod = %pod.uid, volume = %v.name, error = %e, "volume no longer resolves; keeping its last resolution");
-                    problems.push(format!(
-                        "volume {:?}: {e}; the volume stays as last resolved",
-                        v.name
-                    ));
-                    v.stale = Some(e.to_string());
-                    v.source = Ok(old.clone());
-                }
-            }
-        }
-        let good = pod
-            .volumes
-            .iter()
-            .filter_map(|v| v.source.as_ref().ok().map(|s| (v.name.clone(), s.clone())))
-            .collect();
-        self.last_good.insert(pod.uid.clone(), good);
-        let key = format!("pod {}/{} ({})", pod.namespace, pod.name, pod.uid);
-        if problems.is_empty() {
-            if let Some(k) = self.stale.remove(&pod.uid) {
-                self.sink.set_source_problems(&k, vec![], vec![]);
-            }
-        } else {
-            self.sink.set_source_problems(&key, problems, vec![]);
-            self.stale.insert(pod.uid.clone(), key);
-        }
-        pod
     }
 
     /// Converts again the pods that read one of `changed` (except those in
@@ -372,7 +319,6 @@ impl PodResolver {
                     self.release(&uid);
                     tracing::info!(pod = %uid, "pod re-resolved after an object it uses changed");
                     self.dependents.set(&uid, deps);
-                    let pod = self.settle(pod, true);
                     self.sink.set_pod(pod);
                 }
                 // Rejection depends on the pod alone, which did not change.
@@ -386,6 +332,7 @@ impl PodResolver {
 mod tests {
     use super::*;
     use crate::cache::world::{WakeHold, World};
+    use crate::volume::VolumeSource;
     use std::sync::Mutex;
 
     /// Records each pod handed over: (uid, whether a volume failed).
@@ -457,5 +404,105 @@ mod tests {
             .unwrap();
         r.confirm_object(&cm, Some(obj));
         assert_eq!(sink.0.lock().unwrap().last().map(|p| p.1), Some(false));
+    }
+
+    /// ConfigMap ns/cm with `k` = `value`.
+    fn config_map(value: &str) -> KubeObject {
+        KubeObject::from_json(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "cm", "namespace": "ns"}, "data": {"k": value}}))
+        .unwrap()
+    }
+
+    /// Pod `uid` whose volume `v` is ConfigMap `cm`, labelled `label`.
+    fn config_map_pod(uid: &str, cm: &str, label: &str) -> Arc<Pod> {
+        Arc::new(serde_json::from_value(serde_json::json!({
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid, "labels": {"l": label}},
+            "spec": {"containers": [{"name": "c", "image": "i", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}],
+                     "volumes": [{"name": "v", "configMap": {"name": cm}}]}}))
+        .unwrap())
+    }
+
+    /// What pod `uid`'s volume is desired as (its source, or why it is
+    /// not), and the pod's error in status.
+    fn desired_and_error(
+        vm: &crate::volumemanager::VolumeManager,
+        uid: &PodUid,
+    ) -> (Result<VolumeSource, String>, Option<String>) {
+        let dsw = vm.world().dsw();
+        let entry = dsw.pod(uid).expect("pod is desired");
+        let source = entry.volumes[0].volume.clone().map(|name| {
+            let dv = dsw.volume(&name).expect("volume is desired");
+            dv.pods.get(uid).expect("pod in volume").spec.source.clone()
+        });
+        drop(dsw);
+        let st = vm.status();
+        let pod = st.pods.into_iter().find(|p| p.uid == uid.as_str());
+        (source, pod.and_then(|p| p.error))
+    }
+
+    /// A volume whose object stops resolving keeps its desired state (what
+    /// it last resolved to) whatever is processed again: its object
+    /// deleted with the pod unchanged, then the pod changed while the object
+    /// is still gone; the error shows on the pod. The object back: the
+    /// error goes and the volume follows it. A pod whose object never
+    /// resolved keeps nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_volume_whose_object_stops_resolving_keeps_its_desired_state() {
+        let root = tempfile::tempdir().unwrap();
+        let vm = crate::volumemanager::VolumeManager::new(
+            crate::volumemanager::Config::new(root.path()),
+            Arc::new(crate::sys::fake::FakeMounter::default()),
+        )
+        .unwrap();
+        let mut r = PodResolver::new(vm.pod_sink());
+        r.upsert_object(config_map("one"));
+        let uid = r.upsert_pod(config_map_pod("a", "cm", "1")).unwrap();
+        let (resolved, error) = desired_and_error(&vm, &uid);
+        let resolved = resolved.expect("resolved");
+        assert_eq!(error, None);
+
+        // The object changed (deleted), the pod did not.
+        assert!(r.delete_object(&ObjectRef::new(ObjectKind::ConfigMap, "ns", "cm")));
+        let (kept, error) = desired_and_error(&vm, &uid);
+        assert_eq!(kept.as_ref(), Ok(&resolved), "kept after its object went");
+        let error = error.expect("the problem shows on the pod");
+        assert!(error.contains("ConfigMap ns/cm not found"), "{error}");
+
+        // The pod changed while its object is gone.
+        r.upsert_pod(config_map_pod("a", "cm", "2")).unwrap();
+        let (kept, error) = desired_and_error(&vm, &uid);
+        assert_eq!(kept.as_ref(), Ok(&resolved), "kept after the pod changed");
+        assert!(error.is_some_and(|e| e.contains("ConfigMap ns/cm not found")));
+
+        // Back with another value: the error goes, the volume follows.
+        r.upsert_object(config_map("two"));
+        let (updated, error) = desired_and_error(&vm, &uid);
+        assert_eq!(error, None);
+        assert_ne!(updated.expect("resolved again"), resolved);
+
+        // Never resolved: nothing to keep.
+        let b = r.upsert_pod(config_map_pod("b", "missing", "1")).unwrap();
+        let (never, _) = desired_and_error(&vm, &b);
+        let never = never.unwrap_err();
+        assert!(never.contains("ConfigMap ns/missing not found"), "{never}");
+
+        // Terminated while its object is gone: the volume leaves the
+        // desired state (torn down); the pod's entry still names it, with
+        // the error.
+        assert!(r.delete_object(&ObjectRef::new(ObjectKind::ConfigMap, "ns", "cm")));
+        let mut done = (*config_map_pod("a", "cm", "2")).clone();
+        done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        r.upsert_pod(Arc::new(done)).unwrap();
+        let dsw = vm.world().dsw();
+        let v = &dsw.pod(&uid).expect("pod is desired").volumes[0];
+        let name = v.volume.clone().expect("its volume still named");
+        assert!(v
+            .resolve_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not found")));
+        assert!(!dsw.pod_exists_in_volume(&name, &uid), "not kept mounted");
     }
 }
