@@ -59,7 +59,16 @@ pub fn finding_lines(out: &mut String, f: &Finding) {
         );
     }
     for e in &f.events {
-        let _ = writeln!(out, "    event: {}", P(e));
+        let _ = writeln!(
+            out,
+            "    event {} {} {} (x{}, {}): {}",
+            P(&e.last_time),
+            P(&e.type_),
+            P(&e.reason),
+            e.count,
+            P(&e.source),
+            P(&e.message)
+        );
     }
     let _ = writeln!(out, "    do: {}", f.kind.action());
 }

@@ -10,7 +10,9 @@
 //! What it does not do, unlike the managing agent: create ROOT or anything
 //! in it, lock ROOT, watch `plugins_registry` (registration answers
 //! drivers), request tokens, write CSINode, the Node's status or claims.
-//! It records events on pods for findings (rate-limited).
+//! It records events on pods for findings (rate-limited), and reads back
+//! the recent events of pods with a stuck volume (finding (d) shows them;
+//! [`volmgr_kube::pod_events`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
 use crate::agent::{AgentError, AgentOptions};
+use crate::apiserver::pod_events::{PodEvents, PodEventsConfig, PodKey};
 use crate::sandbox::{self, Confinement};
 use crate::{api, apiserver};
 use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
@@ -139,12 +142,17 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let events = kube
         .clone()
         .map(|c| crate::observe_events::FindingEvents::new(c, &opts.node_name));
+    // The stuck pods' events, read in the background (never in a scan).
+    let pod_events = kube
+        .clone()
+        .map(|c| PodEvents::start(c, PodEventsConfig::default(), stop_rx.clone()));
     let (api_task, metrics_task) = crate::agent::serve_clients(listener, metrics, &vm, &stop_rx);
     let scanner = Scanner {
         vm: Arc::clone(&vm),
         observer: Observer::new(obs.stuck_after, history(&vm)),
         status: Arc::clone(&status),
         events,
+        pod_events,
         reported: BTreeSet::new(),
     };
     let scan_task = tokio::spawn(scanner.run(obs.scan_period, stop_rx.clone()));
@@ -259,6 +267,8 @@ struct Scanner {
     observer: Observer,
     status: Arc<Mutex<ObserveStatus>>,
     events: Option<crate::observe_events::FindingEvents>,
+    /// The recent events of pods with a stuck volume (with an API server).
+    pod_events: Option<PodEvents>,
     /// `(kind, path, pod)` of the last scan's findings (logs and events go
     /// out for new ones; a finding whose pod became known is new).
     reported: BTreeSet<(FindingKind, String, Option<String>)>,
@@ -274,11 +284,13 @@ impl Scanner {
         let mounts = Arc::new(Notify::new());
         let watcher = watch_mount_table(Arc::clone(&mounts), stop.clone());
         let mut desired = self.vm.subscribe();
+        let mut pod_events = self.pod_events.as_ref().map(PodEvents::changed);
         loop {
             self.scan_once().await;
             tokio::select! {
                 () = volmgr::util::shutdown::requested(&mut stop) => break,
                 () = mounts.notified() => {}
+                () = events_read(&mut pod_events) => {}
                 r = desired.changed() => {
                     if r.is_err() {
                         break;
@@ -312,9 +324,10 @@ impl Scanner {
         s.scans += 1;
         s.last_scan = volmgr::cache::out_of_band::rfc3339(SystemTime::now());
         match result {
-            Ok(findings) => {
+            Ok(mut findings) => {
                 s.scan_error = None;
                 self.announce(&findings).await;
+                self.add_pod_events(&mut findings);
                 s.findings = findings;
             }
             Err(e) => s.scan_error = Some(e.to_string()),
@@ -326,6 +339,32 @@ impl Scanner {
         );
         *self.status.locked() = s.clone();
         self.vm.set_observe_status(s);
+    }
+
+    /// Stuck volumes' findings get their pod's recent events as last read;
+    /// the pods whose events are read are those of these findings.
+    fn add_pod_events(&self, findings: &mut [Finding]) {
+        let Some(pe) = &self.pod_events else {
+            return;
+        };
+        let stuck = |f: &&mut Finding| f.kind == FindingKind::VolumeStuck;
+        let pods: Vec<PodKey> = findings
+            .iter_mut()
+            .filter(stuck)
+            .filter_map(|f| {
+                let (namespace, _) = f.pod.as_deref()?.split_once('/')?;
+                Some(PodKey {
+                    namespace: namespace.to_string(),
+                    uid: f.pod_uid.clone()?,
+                })
+            })
+            .collect();
+        pe.want(pods);
+        for f in findings.iter_mut().filter(stuck) {
+            if let Some(uid) = &f.pod_uid {
+                f.events = pe.events_of(uid);
+            }
+        }
     }
 
     /// Logs each new finding once, and records an event on its pod.
@@ -343,6 +382,16 @@ impl Scanner {
         }
         self.reported = now;
     }
+}
+
+/// Returns when pods' events were read (never without a reader).
+async fn events_read(rx: &mut Option<watch::Receiver<u64>>) {
+    if let Some(r) = rx {
+        if r.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Wakes `notify` whenever the mount table changes (`poll(POLLPRI)` on

@@ -398,7 +398,8 @@ fn observe_mode_is_the_default_and_reads_only() {
     let state = m.flag("state-dir").unwrap();
     assert!(!Path::new(&state).starts_with(m.flag("root").unwrap()));
 
-    // RBAC: reads of the pods and what their volumes refer to; events.
+    // RBAC: reads of the pods and what their volumes refer to (and of a
+    // stuck pod's events); events recorded.
     let granted = m.granted();
     assert_eq!(
         granted,
@@ -418,6 +419,8 @@ fn observe_mode_is_the_default_and_reads_only() {
             ("storage.k8s.io", &["csidrivers", "volumeattachments"], READ),
             ("certificates.k8s.io", &["clustertrustbundles"], READ),
             ("events.k8s.io", &["events"], &["create", "patch"]),
+            // A stuck pod's recent events, read back for finding (d).
+            ("", &["events"], &["get", "list"]),
         ])
     );
     for g in &granted {

@@ -3,7 +3,8 @@
 //! publishes through the in-repo CSI driver, mounts emptyDirs), the
 //! managing agent stops, and each finding (a)-(g) is planted the way it
 //! happens on a node. The observing agent must report each exactly once
-//! with its evidence, refuse a write under ROOT (Landlock), and leave ROOT
+//! with its evidence (a stuck volume's finding with its pod's events from
+//! the API server), refuse a write under ROOT (Landlock), and leave ROOT
 //! and the mount table byte-identical.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -30,6 +31,16 @@ fn pv_yaml(pv: &str, handle: &str) -> String {
     )
 }
 
+/// A block PersistentVolume of the test driver and its bound claim.
+fn block_pv_yaml(pv: &str, handle: &str) -> String {
+    pv_yaml(pv, handle)
+        .replace("  claimRef:", "  volumeMode: Block\n  claimRef:")
+        .replace("spec: {volumeName", "spec: {volumeMode: Block, volumeName")
+}
+
+/// Pod `mapped` with the block claim of pv-5 as a device.
+const MAPPED_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: mapped, namespace: test, uid: uid-mapped}\nspec:\n  containers: [{name: c, image: i, volumeDevices: [{name: dev, devicePath: /dev/xvda}]}]\n  volumes: [{name: dev, persistentVolumeClaim: {claimName: claim-pv-5}}]\n";
+
 /// A pod with the claim of `pv` (volume `data`) and an emptyDir (`scratch`).
 fn pod_yaml(name: &str, uid: &str, pv: Option<&str>, memory: bool) -> String {
     let medium = if memory { "{medium: Memory}" } else { "{}" };
@@ -49,6 +60,11 @@ fn publish_path(env: &Env, uid: &str, pv: &str) -> PathBuf {
         .join("volumes/kubernetes.io~csi")
         .join(pv)
         .join("mount")
+}
+
+/// `plugins/kubernetes.io/csi/volumeDevices`: the CSI block layout.
+fn volume_devices(env: &Env) -> PathBuf {
+    env.root.join("plugins/kubernetes.io/csi/volumeDevices")
 }
 
 fn stage_path(env: &Env, handle: &str) -> PathBuf {
@@ -154,6 +170,40 @@ fn serve_manifests(env: &Env, api: &FakeApiServer) {
     }
 }
 
+/// Events of pods on the fake API server: two of pod `stuck` (one as the
+/// kubelet writes it, core/v1; one through events.k8s.io/v1, as the
+/// scheduler does) and one of pod `keep`. Returns what the stuck volume's
+/// finding must carry: the stuck pod's, newest first.
+fn record_pod_events(api: &FakeApiServer) -> serde_json::Value {
+    use serde_json::json;
+    let pod = |name: &str, uid: &str| json!({"apiVersion": "v1", "kind": "Pod", "namespace": "test", "name": name, "uid": uid});
+    api.apply(json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "stuck.1", "namespace": "test"},
+        "involvedObject": pod("stuck", "uid-stuck"), "type": "Warning", "reason": "FailedMount",
+        "message": "MountVolume.SetUp failed for volume \"scratch\" : not yet", "count": 4,
+        "firstTimestamp": "2026-01-02T03:00:30Z", "lastTimestamp": "2026-01-02T03:04:05Z",
+        "source": {"component": "kubelet", "host": "node-1"}}));
+    api.apply(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "stuck.2", "namespace": "test"},
+        "regarding": pod("stuck", "uid-stuck"), "type": "Normal", "reason": "Scheduled",
+        "note": "Successfully assigned test/stuck to node-1", "action": "Binding",
+        "eventTime": "2026-01-02T03:00:00.000000Z", "reportingController": "default-scheduler",
+        "reportingInstance": "default-scheduler-x"}));
+    api.apply(json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": "keep.1", "namespace": "test"},
+        "involvedObject": pod("keep", "uid-keep"), "type": "Warning", "reason": "BackOff",
+        "message": "not the stuck pod's", "count": 1, "lastTimestamp": "2026-01-02T03:05:00Z",
+        "source": {"component": "kubelet"}}));
+    json!([
+        {"type": "Warning", "reason": "FailedMount",
+         "message": "MountVolume.SetUp failed for volume \"scratch\" : not yet", "count": 4,
+         "last_time": "2026-01-02T03:04:05Z", "source": "kubelet"},
+        {"type": "Normal", "reason": "Scheduled",
+         "message": "Successfully assigned test/stuck to node-1", "count": 1,
+         "last_time": "2026-01-02T03:00:00Z", "source": "default-scheduler"},
+    ])
+}
+
 /// `volmgr doctor --json` against `state`: (exit code, report).
 fn doctor(state: &Path) -> (i32, serde_json::Value) {
     let out = Command::new(volmgr_bin())
@@ -175,6 +225,8 @@ fn set_up_node(env: &Env, driver: &Driver) {
     ] {
         env.write_manifest(&format!("{pv}.yaml"), &pv_yaml(pv, handle));
     }
+    env.write_manifest("pv-5.yaml", &block_pv_yaml("pv-5", "vol-5"));
+    env.write_manifest("mapped.yaml", MAPPED_POD);
     env.write_manifest(
         "keep.yaml",
         &pod_yaml("keep", "uid-keep", Some("pv-1"), true),
@@ -203,6 +255,7 @@ fn set_up_node(env: &Env, driver: &Driver) {
         "uid-drained",
         "uid-lost",
         "uid-orphan",
+        "uid-mapped",
     ] {
         assert_eq!(env.wait_pod(uid, 90.0), 0, "{}", agent.log());
     }
@@ -221,6 +274,16 @@ fn plant(env: &Env) -> Vec<(&'static str, PathBuf)> {
     umount2(&publish_path(env, "uid-drained", "pv-3"), MntFlags::empty()).unwrap();
     std::fs::remove_dir_all(env.root.join("pods/uid-drained")).unwrap();
     env.remove_manifest("drained.yaml");
+    // (c), block: the device (the driver's loop device) still bound on the
+    // pod's entry of the global map path (volumeDevices/pv-5/dev/<uid>),
+    // its publish gone (unmounted and removed as NodeUnpublishVolume does)
+    // and the pod's directory (its link) removed, never unstaged.
+    let devices = volume_devices(env);
+    let published = devices.join("publish/pv-5/uid-mapped");
+    umount2(&published, MntFlags::empty()).unwrap();
+    std::fs::remove_file(&published).unwrap();
+    std::fs::remove_dir_all(env.root.join("pods/uid-mapped")).unwrap();
+    env.remove_manifest("mapped.yaml");
     // (d): a new pod whose emptyDir nobody sets up.
     env.write_manifest("stuck.yaml", &pod_yaml("stuck", "uid-stuck", None, false));
     // (e): the publish mount went away behind the kubelet's back.
@@ -242,6 +305,7 @@ fn plant(env: &Env) -> Vec<(&'static str, PathBuf)> {
             publish_path(env, "uid-gone", "pv-2"),
         ),
         ("unused_device_mount", stage_path(env, "vol-3")),
+        ("unused_device_mount", devices.join("pv-5/dev")),
         ("volume_stuck", env.root.join("pods/uid-stuck")),
         (
             "recorded_not_mounted",
@@ -273,6 +337,7 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
             std::env::set_var("VOLMGR_FAILPOINTS", "observe-write-probe");
             let api = FakeApiServer::start();
             serve_manifests(&env, &api);
+            let stuck_events = record_pod_events(&api);
             let kubeconfig = api.write_kubeconfig(env.dir.path());
             let observer = env.start_agent_without_manifests(&[
                 "--kubeconfig",
@@ -301,10 +366,24 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
                     })
                     .unwrap_or(0)
             };
-            wait_for("every planted finding reported", || {
-                let (_, r) = doctor(&state);
-                expected.iter().all(|(k, p)| found(&r, k, p) == 1)
-            });
+            let stuck_path = env.root.join("pods/uid-stuck");
+            let events_of_stuck = |r: &serde_json::Value| {
+                r["findings"].as_array().and_then(|fs| {
+                    fs.iter()
+                        .find(|f| {
+                            f["kind"] == "volume_stuck" && f["path"] == stuck_path.to_str().unwrap()
+                        })
+                        .map(|f| f["events"].clone())
+                })
+            };
+            wait_for(
+                "every planted finding reported, the pod's events read",
+                || {
+                    let (_, r) = doctor(&state);
+                    expected.iter().all(|(k, p)| found(&r, k, p) == 1)
+                        && events_of_stuck(&r).and_then(|e| e.as_array().map(Vec::len)) != Some(0)
+                },
+            );
             let (code, report) = doctor(&state);
             assert_eq!(code, 1, "doctor exits 1 when something needs a person");
             let findings = report["findings"].as_array().unwrap();
@@ -323,6 +402,39 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
                 );
             }
             let by_kind = |k: &str| ours.iter().find(|f| f["kind"] == k).unwrap().to_string();
+            // The stuck pod's events, newest first: not the other pod's,
+            // not observe mode's own VolumeStuck event.
+            assert_eq!(
+                events_of_stuck(&report).unwrap(),
+                stuck_events,
+                "{report:#}"
+            );
+            // The block volume's device left mapped: its global map entry,
+            // a bind of the driver's loop device, with its vol_data.json.
+            let block = ours
+                .iter()
+                .find(|f| f["path"] == volume_devices(&env).join("pv-5/dev").to_str().unwrap())
+                .unwrap();
+            assert_eq!(block["kind"], "unused_device_mount", "{block:#}");
+            let evidence: Vec<&str> = block["evidence"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap())
+                .collect();
+            let entry = volume_devices(&env).join("pv-5/dev/uid-mapped");
+            assert!(
+                evidence
+                    .iter()
+                    .any(|l| l.contains("loop") && l.contains(entry.to_str().unwrap())),
+                "{block:#}"
+            );
+            assert!(
+                evidence.iter().any(|l| l.contains("vol_data.json")
+                    && l.contains("vol-5")
+                    && l.contains("Block")),
+                "{block:#}"
+            );
             assert!(
                 by_kind("mounted_for_deleted_pod").contains("ext4"),
                 "{report:#}"
@@ -366,9 +478,27 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
             let text = String::from_utf8_lossy(&text.stdout).to_string();
             assert!(text.contains("observe mode: landlock enforced"), "{text}");
             assert!(text.contains("- volume_stuck:"), "{text}");
+            // doctor's text: the events under the stuck volume's finding.
+            let text = Command::new(volmgr_bin())
+                .args(["doctor", "--state-dir"])
+                .arg(&state)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&text.stdout).to_string();
+            let stuck = &text[text.find("- volume_stuck:").unwrap()..];
+            let stuck = &stuck[..stuck.find("    do:").unwrap()];
+            assert!(
+                stuck.contains("event 2026-01-02T03:04:05Z Warning FailedMount (x4, kubelet): MountVolume.SetUp failed"),
+                "{text}"
+            );
+            assert!(
+                stuck.contains("Normal Scheduled (x1, default-scheduler)"),
+                "{text}"
+            );
+            assert!(!stuck.contains("BackOff"), "{text}");
             let m = metrics(&addr);
             assert!(
-                m.contains("volmgr_findings{kind=\"unused_device_mount\"} 1"),
+                m.contains("volmgr_findings{kind=\"unused_device_mount\"} 2"),
                 "{m}"
             );
             // Events on the pods still on the node; nothing else written to

@@ -111,9 +111,29 @@ pub struct Finding {
     /// when one records them).
     #[serde(default)]
     pub recent_syscalls: Vec<RecentSyscall>,
-    /// The pod's recent events, when the API server gives them.
+    /// The pod's recent events, newest first ([`FindingKind::VolumeStuck`],
+    /// when the API server gives them).
     #[serde(default)]
-    pub events: Vec<String>,
+    pub events: Vec<RecentEvent>,
+}
+
+/// An event recorded on a finding's pod, as the API server keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecentEvent {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Its reason (`FailedMount`, `FailedAttachVolume`, ...).
+    pub reason: String,
+    /// Its message.
+    pub message: String,
+    /// How many times it was seen.
+    pub count: u32,
+    /// When it was last seen (RFC 3339).
+    pub last_time: String,
+    /// Who reported it (`kubelet`, `attachdetach-controller`, ...).
+    #[serde(default)]
+    pub source: String,
 }
 
 /// A syscall seen on a path (the tracer's record).

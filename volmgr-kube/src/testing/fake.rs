@@ -8,6 +8,11 @@
 //!   `timeoutSeconds`, `fieldSelector` (`metadata.name`, `metadata.namespace`,
 //!   `spec.nodeName`, any dotted field); a watch from a compacted version
 //!   gets `410 Gone` (an `ERROR` event, as the real server sends it);
+//! - events of both APIs as one object, as the API server keeps them: a
+//!   list of core/v1 events (`/api/v1/.../events`, e.g. with
+//!   `fieldSelector=involvedObject.uid=UID`) shows an event written through
+//!   events.k8s.io/v1 in the core/v1 form (`regarding` as
+//!   `involvedObject`, `note` as `message`, ...);
 //! - get, create (POST; `409 AlreadyExists` if it exists), replace (PUT;
 //!   `404` if missing, `409 Conflict` on a stale `resourceVersion`), merge
 //!   patch (PATCH, `/status` too; `409` on a stale `resourceVersion` if it
@@ -416,6 +421,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     subresource: Option<String>,
+    /// Under `/api/v1` (the core group).
+    core: bool,
 }
 
 impl Target {
@@ -456,7 +463,32 @@ fn parse_path(path: &str) -> Option<Target> {
         namespace,
         name: seg(1),
         subresource: seg(2),
+        core: path.starts_with("/api/v1/"),
     })
+}
+
+/// An event as a core/v1 list shows it: one written through
+/// events.k8s.io/v1 (`regarding`, `note`, `deprecated*`) in the core/v1
+/// form, as the API server converts it; a core/v1 one as it is.
+fn core_event(o: &Value) -> Value {
+    if o.get("regarding").is_none() || o.get("involvedObject").is_some() {
+        return o.clone();
+    }
+    let mut e = json!({"apiVersion": "v1", "kind": "Event", "metadata": o["metadata"],
+        "involvedObject": o["regarding"], "related": o["related"], "reason": o["reason"],
+        "message": o["note"], "type": o["type"], "action": o["action"],
+        "eventTime": o["eventTime"], "reportingComponent": o["reportingController"],
+        "reportingInstance": o["reportingInstance"], "count": o["deprecatedCount"],
+        "firstTimestamp": o["deprecatedFirstTimestamp"],
+        "lastTimestamp": o["deprecatedLastTimestamp"], "source": o["deprecatedSource"]});
+    if o["series"].is_object() {
+        e["series"] = json!({"count": o["series"]["count"],
+                             "lastObservedTime": o["series"]["lastObservedTime"]});
+    }
+    if let Some(m) = e.as_object_mut() {
+        m.retain(|_, v| !v.is_null());
+    }
+    e
 }
 
 fn percent_decode(s: &str) -> String {
@@ -766,15 +798,21 @@ impl Server {
 
     fn list(&self, t: &Target, selector: &str) -> Response<Body> {
         let s = self.state.lock().unwrap();
+        let core_events = t.core && t.resource == "events";
         let items: Vec<Value> = s
             .objects
             .iter()
-            .filter(|((r, ns, _), o)| {
-                r == &t.resource
-                    && t.namespace.as_ref().is_none_or(|want| want == ns)
-                    && matches(selector, o)
+            .filter(|((r, ns, _), _)| {
+                r == &t.resource && t.namespace.as_ref().is_none_or(|want| want == ns)
             })
-            .map(|(_, o)| o.clone())
+            .map(|(_, o)| {
+                if core_events {
+                    core_event(o)
+                } else {
+                    o.clone()
+                }
+            })
+            .filter(|o| matches(selector, o))
             .collect();
         json_response(
             StatusCode::OK,

@@ -272,10 +272,16 @@ fn finding(kind: FindingKind, path: String, summary: String) -> Finding {
     }
 }
 
-/// A mount table line as evidence.
+/// A mount table line as evidence; a bind mount of part of a file system
+/// shows what it binds as `findmnt` does (`udev[/loop3]`: a device node).
 fn mount_line(m: &MountInfo) -> String {
+    let bound = if m.root == Path::new("/") {
+        String::new()
+    } else {
+        format!("[{}]", m.root.display())
+    };
     format!(
-        "mounted: id {} {} on {} type {} ({})",
+        "mounted: id {} {}{bound} on {} type {} ({})",
         m.mount_id,
         m.source,
         m.mount_point.display(),
@@ -372,13 +378,21 @@ fn unused_devices(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Find
         let Some(path) = &v.device_mount_path else {
             continue;
         };
-        let lines: Vec<String> = snap
-            .table
-            .entries()
-            .iter()
-            .filter(|m| m.mount_point == *path)
-            .map(mount_line)
-            .collect();
+        let places = v
+            .device_spec
+            .as_deref()
+            .and_then(|spec| crate::plugins::csi::device_mount_paths(&snap.root, spec));
+        let (path, lines, vol_data) = match &places {
+            Some(p) => {
+                let (at, lines) = device_mount_lines(&snap.table, p);
+                (at, lines, p.vol_data.clone())
+            }
+            None => {
+                let lines = lines_at(&snap.table, path);
+                let data = path.with_file_name(crate::plugins::csi::VOL_DATA_FILE);
+                (path.clone(), lines, data)
+            }
+        };
         if lines.is_empty() {
             continue;
         }
@@ -390,14 +404,50 @@ fn unused_devices(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Find
         f.volume = Some(name.as_str().to_string());
         f.evidence = lines;
         f.evidence.push(format!("plugin {}", v.plugin_name));
-        if let Some(data) = path.parent().map(|d| d.join("vol_data.json")) {
-            if let Ok(text) = std::fs::read_to_string(&data) {
-                f.evidence
-                    .push(format!("{}: {}", data.display(), text.trim()));
-            }
+        if let Ok(text) = std::fs::read_to_string(&vol_data) {
+            f.evidence
+                .push(format!("{}: {}", vol_data.display(), text.trim()));
         }
         out.push(f);
     }
+}
+
+/// The mount table lines of the mounts on `path`.
+fn lines_at(table: &MountTable, path: &Path) -> Vec<String> {
+    table
+        .entries()
+        .iter()
+        .filter(|m| m.mount_point == path)
+        .map(mount_line)
+        .collect()
+}
+
+/// Where a staged CSI volume's device is mounted, and the lines: its
+/// staging target (a block volume: at or below it), and a block volume's
+/// global map entries and publish targets. The finding's path is the
+/// staging target, or a block volume's global map path when the device is
+/// mapped there (the kubelet's device path of a block volume).
+fn device_mount_lines(
+    table: &MountTable,
+    p: &crate::plugins::csi::DeviceMountPaths,
+) -> (PathBuf, Vec<String>) {
+    let mut lines = lines_at(table, &p.staging);
+    let mut at = p.staging.clone();
+    if p.global_map.is_none() {
+        return (at, lines);
+    }
+    lines.extend(table.below(&p.staging).map(mount_line));
+    if let Some(global) = &p.global_map {
+        let mapped: Vec<String> = table.below(global).map(mount_line).collect();
+        if !mapped.is_empty() {
+            at = global.clone();
+        }
+        lines.extend(mapped);
+    }
+    if let Some(publish) = &p.publish {
+        lines.extend(table.below(publish).map(mount_line));
+    }
+    (at, lines)
 }
 
 /// (f): mount points under ROOT with more than one mount.

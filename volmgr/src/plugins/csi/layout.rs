@@ -131,6 +131,50 @@ pub(super) fn publish_layout(
     }
 }
 
+/// Where a staged CSI volume shows in the mount table (absolute, under
+/// the kubelet's root): what tells a person the device is still in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMountPaths {
+    /// The staging target: a filesystem volume's `globalmount` (mounted
+    /// there); a block volume's `volumeDevices/staging/<pv>` (where a
+    /// driver that maps the device at stage binds it).
+    pub staging: std::path::PathBuf,
+    /// The stage's `vol_data.json`.
+    pub vol_data: std::path::PathBuf,
+    /// A block volume's global map path (`GetGlobalMapPath`:
+    /// `volumeDevices/<pv>/dev`, one bind mount of the device per pod).
+    pub global_map: Option<std::path::PathBuf>,
+    /// A block volume's publish directory (`volumeDevices/publish/<pv>`,
+    /// the driver's publish per pod).
+    pub publish: Option<std::path::PathBuf>,
+}
+
+/// The [`DeviceMountPaths`] of the staged `spec` under `root`; `None` when
+/// `spec` is not a CSI volume (or names no valid path).
+pub fn device_mount_paths(root: &std::path::Path, spec: &VolumeSpec) -> Option<DeviceMountPaths> {
+    let crate::volume::VolumeSource::Csi(src) = &spec.source else {
+        return None;
+    };
+    let stage = stage_layout(spec, src).ok()?;
+    let abs = |r: &RelPath| root.join(r.as_path());
+    let (global_map, publish) = match src.volume_mode {
+        CsiVolumeMode::Filesystem => (None, None),
+        CsiVolumeMode::Block => {
+            let id = spec_vol_id(spec, src);
+            let publish = RelPath::new(CSI_DIR)
+                .and_then(|d| d.join(VOLUME_DEVICES)?.join("publish")?.join(id))
+                .ok()?;
+            (Some(abs(&global_map_path(id).ok()?)), Some(abs(&publish)))
+        }
+    };
+    Some(DeviceMountPaths {
+        staging: abs(&stage.target),
+        vol_data: abs(&stage.data_dir.join(super::VOL_DATA_FILE).ok()?),
+        global_map,
+        publish,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +253,17 @@ mod tests {
             p.global_map.unwrap().as_path(),
             std::path::Path::new("plugins/kubernetes.io/csi/volumeDevices/pv-1/dev/u1")
         );
+        // Where observe mode looks for a staged block volume's mounts.
+        let d = device_mount_paths(std::path::Path::new("/r"), &b).unwrap();
+        let devices = std::path::Path::new("/r/plugins/kubernetes.io/csi/volumeDevices");
+        assert_eq!(d.staging, devices.join("staging/pv-1"));
+        assert_eq!(d.vol_data, devices.join("pv-1/data/vol_data.json"));
+        assert_eq!(d.global_map, Some(devices.join("pv-1/dev")));
+        assert_eq!(d.publish, Some(devices.join("publish/pv-1")));
+        let d = device_mount_paths(std::path::Path::new("/r"), &s).unwrap();
+        assert_eq!(d.staging.file_name().unwrap(), "globalmount");
+        assert_eq!(d.vol_data, d.staging.with_file_name("vol_data.json"));
+        assert_eq!((d.global_map, d.publish), (None, None));
     }
 
     #[test]

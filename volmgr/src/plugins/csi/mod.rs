@@ -66,7 +66,7 @@ use crate::volume::{
 };
 use block::{link_block_device, remove_link_to};
 use errors::{classify, CsiOp};
-pub use layout::handle_hash;
+pub use layout::{device_mount_paths, handle_hash, DeviceMountPaths};
 use layout::{publish_layout, stage_layout, PublishLayout};
 use limits::{Slot, VolumeLimits};
 use vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
