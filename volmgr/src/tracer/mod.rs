@@ -19,7 +19,8 @@
 //!   managed paths lead to a check, and every call lands in the latency
 //!   histograms (`volmgr_mount_syscall_duration_seconds`, status). It also
 //!   keeps the per-volume timelines of every process's calls
-//!   ([`timeline`]) and reports calls stuck in the kernel ([`stuck`]).
+//!   ([`timeline`]), with the file system tools run on their devices
+//!   ([`devices`]), and reports calls stuck in the kernel ([`stuck`]).
 //! - `mountinfo` ([`mountinfo_poller`]): `poll(POLLPRI)` on
 //!   `/proc/self/mountinfo` and a diff; needs no privilege beyond reading
 //!   proc, but cannot tell who changed what, nor how long it took.
@@ -33,6 +34,7 @@
 
 pub mod check;
 pub mod context;
+pub mod devices;
 pub mod ebpf_events;
 pub mod mountinfo_poller;
 pub mod stuck;
@@ -412,6 +414,7 @@ fn attach_ebpf(
         thread_name,
     } = loaded;
     let events = tracer.events().map_err(TracerError::Ebpf)?;
+    let execs = tracer.tool_execs().map_err(TracerError::Ebpf)?;
     let tracer = Arc::new(tracer);
     let counters = Arc::new(TracerCounters::default());
     let check_counters = Arc::new(CheckCounters::default());
@@ -443,6 +446,7 @@ fn attach_ebpf(
     ));
     let feed = tokio::spawn(ebpf_events::run(
         events,
+        Some(execs),
         own,
         ebpf_events::Sinks {
             stats: Arc::clone(&stats),
