@@ -14,7 +14,8 @@
 //! - the test CSI driver stages a volume: the `mkfs.ext4` it runs on the
 //!   loop device (a device, not a volume path) is in the staging
 //!   timeline, with its command line, exit status and duration, before
-//!   the mount of that device.
+//!   the mount of that device; an `e2fsck` of the staged device run by
+//!   another process is placed there too, with its exit status.
 //!
 //! Needs root and BPF; skips with the reason otherwise (CI is root).
 
@@ -394,6 +395,38 @@ fn mkfs_run_by_the_csi_driver_is_in_the_staging_timeline_before_the_mount() {
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(&format!("exec staging {dev} (")), "{text}");
+
+        // A check of the staged (mounted) device by another process: the
+        // device is known from the stage's mount, the run is placed at once.
+        let mut fsck = Command::new("e2fsck")
+            .args(["-n", &dev])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let fsck_pid = fsck.id();
+        let want = match fsck.wait().unwrap().code() {
+            Some(0) => "ok".to_string(),
+            Some(n) => format!("exit {n}"),
+            None => panic!("e2fsck killed"),
+        };
+        env.wait_for("the e2fsck in the staging timeline", || {
+            t = doctor(&env, "test/db", None).0;
+            staging(&t).is_some_and(|v| v.entries.iter().any(|e| e.pid == fsck_pid))
+        });
+        let v = staging(&t).unwrap();
+        let e = v.entries.iter().find(|e| e.pid == fsck_pid).unwrap();
+        assert_eq!(
+            (e.comm.as_str(), e.call.as_str()),
+            ("e2fsck", "exec"),
+            "{e:?}"
+        );
+        assert_eq!(e.path, dev, "{e:?}");
+        assert_eq!(e.result, want, "{e:?}");
+        assert_eq!(
+            e.command.as_deref(),
+            Some(format!("e2fsck -n {dev}").as_str())
+        );
 
         env.remove_manifest("c.yaml");
         csi_driver::wait_for("the volume unstaged", || {

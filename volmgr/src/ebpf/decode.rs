@@ -475,7 +475,7 @@ mod tests {
         assert_eq!(x.result(), "ok");
         assert_eq!(x.command_line(), "mkfs.ext4 -q -E nodiscard /dev/loop0");
         // A device given before a size; exit 8; killed by SIGKILL.
-        let x = decode_exec(&exec_record(b"resize2fs\0/dev/sdb\010G\0", 0, 8 << 8)).unwrap();
+        let x = decode_exec(&exec_record(b"resize2fs\0/dev/sdb\0+10G\0", 0, 8 << 8)).unwrap();
         assert_eq!(x.device(), Some("/dev/sdb"));
         assert_eq!(x.result(), "exit 8");
         let x = decode_exec(&exec_record(b"fsck\0-a\0vol\0", 0, 9)).unwrap();
