@@ -428,6 +428,9 @@ fn mkfs_run_by_the_csi_driver_is_in_the_staging_timeline_before_the_mount() {
             Some(format!("e2fsck -n {dev}").as_str())
         );
 
+        let m = metrics_text(&env);
+        assert!(m.contains("\nvolmgr_trace_tool_runs_lost_total 0\n"), "{m}");
+
         env.remove_manifest("c.yaml");
         csi_driver::wait_for("the volume unstaged", || {
             driver.count("NodeUnstageVolume", "vol-m", "OK") == 1

@@ -483,8 +483,24 @@ fn ebpf_metrics(
         let mut text = stats.locked().prometheus_text(tracer.events_lost());
         text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
         text.push_str(&stuck.prometheus_text());
+        text.push_str(&tool_runs_lost_text(tracer.tool_runs_lost()));
         text
     })
+}
+
+/// `volmgr_trace_tool_runs_lost_total`: file system tool runs (`mkfs`,
+/// `fsck`, ...) the kernel had no ring-buffer room for.
+fn tool_runs_lost_text(lost: u64) -> String {
+    use crate::util::prometheus::{Exposition, MetricType};
+    let name = "volmgr_trace_tool_runs_lost_total";
+    let mut w = Exposition::new();
+    w.family(
+        name,
+        "File system tool runs (mkfs, fsck, resize2fs, ...) the kernel had no ring-buffer room for.",
+        MetricType::Counter,
+    );
+    w.sample(name, &[], lost);
+    w.finish()
 }
 
 /// The eBPF tracer's status: its counters and a latency row per syscall,
