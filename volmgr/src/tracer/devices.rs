@@ -13,9 +13,9 @@
 //! - for a tool that runs *before* its device's first mount (`mkfs` in
 //!   NodeStageVolume), its run is kept for a while ([`PENDING_FOR`]) and
 //!   placed when a mount of that device on a volume path appears (a
-//!   `mount` with the device as source, or a `mount`/`move_mount` onto a
-//!   volume path whose mount-table entry has the device as source: the
-//!   new mount API names the source in `fsconfig`).
+//!   `mount` with the device as source, or a `mount` (not a bind) or
+//!   `move_mount` onto a volume path whose mount-table entry has the device
+//!   as source: the new mount API names the source in `fsconfig`).
 //!
 //! A tool whose argument is itself a volume path (`xfs_growfs` takes the
 //! mount point) is placed by that path. Devices are compared by their
@@ -30,6 +30,9 @@ use std::path::{Path, PathBuf};
 use crate::ebpf::{MountSyscall, SyscallEvent, ToolExec};
 
 use super::timeline::{attribute, Attribution};
+
+/// `MS_BIND` from `linux/mount.h`.
+const MS_BIND: u64 = 0x1000;
 
 /// Devices remembered at most.
 pub const MAX_DEVICES: usize = 4096;
@@ -109,9 +112,12 @@ impl DeviceVolumes {
                     .as_deref()
                     .filter(|s| ev.syscall == MountSyscall::Mount && s.starts_with("/dev/"))
                     .map(device_key);
+                // A bind's table entry names the device it came from: not
+                // that device's own mount.
+                let bind = ev.syscall == MountSyscall::Mount && ev.flags & MS_BIND != 0;
                 let devices: Vec<String> = match from_call {
                     Some(d) => vec![d],
-                    None if !self.pending.is_empty() => mounts()
+                    None if !self.pending.is_empty() && !bind => mounts()
                         .into_iter()
                         .filter(|(s, p)| *p == t && s.starts_with("/dev/"))
                         .map(|(s, _)| device_key(&s))
@@ -334,6 +340,15 @@ mod tests {
         assert!(d
             .on_exec(exec(&["mkfs.ext4", "/dev/fake-sdc"], 40), root, none)
             .is_none());
+        let mut bind = call(
+            MountSyscall::Mount,
+            Some(STAGING),
+            "/r/pods/u/volumes/p/v",
+            45,
+        );
+        bind.flags = MS_BIND;
+        let placed = d.on_syscall(&bind, root, || panic!("a bind is not the device's mount"));
+        assert!(placed.is_empty());
         let mv = call(
             MountSyscall::MoveMount,
             Some(""),
