@@ -207,6 +207,11 @@ pub fn text(t: &PodTimeline) -> String {
                 .as_deref()
                 .map(|s| format!(" [{}]", printable(s)))
                 .unwrap_or_default();
+            // A file system tool's run: its command line.
+            let source = match &e.command {
+                Some(c) => format!("{source} ({})", printable(c)),
+                None => source,
+            };
             let _ = writeln!(
                 out,
                 "  {}  {}[{}/{}]  {} {} {}{}{}  {}  {}",
@@ -383,6 +388,7 @@ mod tests {
             fstype: Some("tmpfs".into()),
             duration_ns: 1_500_000,
             result: result.into(),
+            command: None,
         };
         PodTimeline {
             pod: "ns/web".into(),
@@ -422,6 +428,28 @@ mod tests {
         assert!(ok < busy, "in order: {t}");
         assert!(t.contains("stuck now:\n  statfs(/r/x)"), "{t}");
         assert!(t.contains("fuse_simple_request"), "{t}");
+    }
+
+    #[test]
+    fn text_shows_a_tool_run_with_its_command_line() {
+        let mut t = sample();
+        let mut e = t.volumes[0].entries[0].clone();
+        e.comm = "mkfs.ext4".into();
+        e.call = "exec".into();
+        e.role = PathRole::Staging;
+        e.path = "/dev/loop0".into();
+        e.source = None;
+        e.fstype = None;
+        e.command = Some("mkfs.ext4 -q -F /dev/loop0".into());
+        e.result = "exit 1".into();
+        t.volumes[0].entries = vec![e];
+        let text = text(&t);
+        assert!(
+            text.contains(
+                "mkfs.ext4[7/8]  exec staging /dev/loop0 (mkfs.ext4 -q -F /dev/loop0)  1.500ms  exit 1"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

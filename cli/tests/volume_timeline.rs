@@ -11,12 +11,19 @@
 //!   stuck while it is blocked (status, doctor, metrics, the log once),
 //!   and is released at the end by closing the daemon's descriptor (which
 //!   aborts the connection).
+//! - the test CSI driver stages a volume: the `mkfs.ext4` it runs on the
+//!   loop device (a device, not a volume path) is in the staging
+//!   timeline, with its command line, exit status and duration, before
+//!   the mount of that device; an `e2fsck` of the staged device run by
+//!   another process is placed there too, with its exit status.
 //!
 //! Needs root and BPF; skips with the reason otherwise (CI is root).
 
 // Test code: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/csi_driver.rs"]
+mod csi_driver;
 mod support;
 
 use std::io::{Read, Write};
@@ -309,4 +316,128 @@ fn a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck() {
             drop(agent);
         },
     );
+}
+
+const DRIVER: &str = "loop.csi.volmgr.dev";
+
+#[test]
+fn mkfs_run_by_the_csi_driver_is_in_the_staging_timeline_before_the_mount() {
+    let name = "mkfs_run_by_the_csi_driver_is_in_the_staging_timeline_before_the_mount";
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        let mut driver = csi_driver::Driver::new(&env, DRIVER);
+        driver.start();
+        let flag = driver.flag();
+        // The tracer is attached (the agent runs an emptyDir pod) before
+        // the CSI pod exists, so the stage is traced.
+        let agent = start_ebpf_agent(&env, &["--csi-driver", &flag, "--node-name", "node-1"]);
+        env.write_manifest(
+            "pv.yaml",
+            &format!("apiVersion: v1\nkind: PersistentVolume\nmetadata: {{name: pv-m}}\nspec:\n  capacity: {{storage: 64Mi}}\n  accessModes: [ReadWriteOnce]\n  claimRef: {{namespace: test, name: claim-m}}\n  csi: {{driver: {DRIVER}, volumeHandle: vol-m, fsType: ext4, volumeAttributes: {{size: 64Mi}}}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: claim-m, namespace: test}}\nspec: {{volumeName: pv-m, accessModes: [ReadWriteOnce]}}\n"),
+        );
+        env.write_manifest(
+            "c.yaml",
+            &pod_yaml(
+                "db",
+                "uid-db",
+                &[("data", "persistentVolumeClaim: {claimName: claim-m}")],
+            ),
+        );
+        assert_eq!(env.wait_pod("uid-db", 60.0), 0, "log:\n{}", agent.log());
+        let dev = format!(
+            "/dev/{}",
+            driver.loop_devices().first().expect("a loop device")
+        );
+        let staging = |t: &PodTimeline| {
+            t.volumes
+                .iter()
+                .find(|v| v.key.pod_uid.is_none() && v.key.plugin.ends_with(DRIVER))
+                .cloned()
+        };
+        let mut t = PodTimeline::default();
+        env.wait_for("the mkfs and the mount in the staging timeline", || {
+            t = doctor(&env, "test/db", None).0;
+            staging(&t).is_some_and(|v| {
+                v.entries.iter().any(|e| e.call == "exec")
+                    && v.entries.iter().any(|e| e.call == "mount")
+            })
+        });
+        let v = staging(&t).unwrap();
+        let mkfs = v.entries.iter().position(|e| e.call == "exec").unwrap();
+        let mount = v
+            .entries
+            .iter()
+            .position(|e| e.call == "mount" && e.source.as_deref() == Some(dev.as_str()))
+            .unwrap_or_else(|| panic!("the mount of {dev}: {v:#?}"));
+        assert!(mkfs < mount, "mkfs first: {v:#?}");
+        let (e, m) = (&v.entries[mkfs], &v.entries[mount]);
+        assert_eq!(e.comm, "mkfs.ext4", "{e:?}");
+        assert_eq!(e.path, dev, "{e:?}");
+        assert_eq!(e.result, "ok", "{e:?}");
+        assert!(e.duration_ns > 0, "{e:?}");
+        assert!(
+            e.start_ns + e.duration_ns <= m.start_ns,
+            "done before the mount: {v:#?}"
+        );
+        let cmd = e.command.as_deref().unwrap_or_default();
+        assert!(cmd.contains("mkfs.ext4") && cmd.ends_with(&dev), "{cmd}");
+        assert_ne!(e.pid, agent.child.id(), "the driver's child, not the agent");
+        assert_ne!(e.pid, m.pid, "another process than the mount's");
+
+        let out = Command::new(volmgr_bin())
+            .args(["doctor", "--pod", "test/db", "--root"])
+            .arg(&env.root)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!("exec staging {dev} (")), "{text}");
+
+        // A check of the staged (mounted) device by another process: the
+        // device is known from the stage's mount, the run is placed at once.
+        let mut fsck = Command::new("e2fsck")
+            .args(["-n", &dev])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let fsck_pid = fsck.id();
+        let want = match fsck.wait().unwrap().code() {
+            Some(0) => "ok".to_string(),
+            Some(n) => format!("exit {n}"),
+            None => panic!("e2fsck killed"),
+        };
+        env.wait_for("the e2fsck in the staging timeline", || {
+            t = doctor(&env, "test/db", None).0;
+            staging(&t).is_some_and(|v| v.entries.iter().any(|e| e.pid == fsck_pid))
+        });
+        let v = staging(&t).unwrap();
+        let e = v.entries.iter().find(|e| e.pid == fsck_pid).unwrap();
+        assert_eq!(
+            (e.comm.as_str(), e.call.as_str()),
+            ("e2fsck", "exec"),
+            "{e:?}"
+        );
+        assert_eq!(e.path, dev, "{e:?}");
+        assert_eq!(e.result, want, "{e:?}");
+        assert_eq!(
+            e.command.as_deref(),
+            Some(format!("e2fsck -n {dev}").as_str())
+        );
+
+        let m = metrics_text(&env);
+        assert!(m.contains("\nvolmgr_trace_tool_runs_lost_total 0\n"), "{m}");
+
+        env.remove_manifest("c.yaml");
+        csi_driver::wait_for("the volume unstaged", || {
+            driver.count("NodeUnstageVolume", "vol-m", "OK") == 1
+        });
+        csi_driver::wait_for("the loop device detached", || {
+            driver.loop_devices().is_empty()
+        });
+        drop(agent);
+    });
 }

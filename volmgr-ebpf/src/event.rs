@@ -115,6 +115,59 @@ pub const HEADER_SIZE: usize = core::mem::size_of::<EventHeader>();
 /// Largest event.
 pub const EVENT_MAX: usize = HEADER_SIZE + FSTYPE_MAX + 2 * PATH_MAX;
 
+/// Bytes kept of an exec'd file system tool's arguments (the last ones:
+/// the device is the last argument).
+pub const EXEC_ARGS_MAX: usize = 512;
+/// Set in [`ExecEvent::flags`] when the arguments were longer than
+/// [`EXEC_ARGS_MAX`] (only their last bytes are kept).
+pub const EXEC_ARGS_TRUNCATED: u32 = 1;
+
+/// A file system tool (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`,
+/// `xfs_growfs`, `xfs_repair`) that ran: kept per process (key: tgid) in
+/// the `EXECS` map from `sched_process_exec` on, and sent to the
+/// `EXEC_EVENTS` ring buffer as it is when the process exits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecEvent {
+    /// `bpf_ktime_get_ns()` when the exec completed.
+    pub start_ns: u64,
+    /// `bpf_ktime_get_ns()` when the process exited.
+    pub end_ns: u64,
+    /// Inode of the process's mount namespace (0 if it could not be read).
+    pub mnt_ns: u64,
+    /// `bpf_get_current_cgroup_id()`.
+    pub cgroup_id: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// The kernel's `task->exit_code`: a wait status (`exit(n)` is
+    /// `n << 8`; killed by signal `s` is `s`).
+    pub exit_code: i32,
+    /// Bytes of `args` used.
+    pub args_len: u32,
+    /// `EXEC_ARGS_*` bits.
+    pub flags: u32,
+    /// The command name (the basename of the executed file, 15 bytes).
+    pub comm: [u8; 16],
+    /// The arguments (argv, NUL separated), or their last
+    /// [`EXEC_ARGS_MAX`] bytes.
+    pub args: [u8; EXEC_ARGS_MAX],
+}
+
+/// Whether `comm` names a file system tool that is traced: `mkfs*`,
+/// `fsck*`, `e2fsck`, `resize2fs`, `xfs_growfs`, `xfs_repair`.
+#[inline(always)]
+pub fn is_fs_tool(comm: &[u8; 16]) -> bool {
+    // Zipped, not indexed: no bounds checks (and no panic paths) in BPF.
+    let starts = |p: &[u8]| p.iter().zip(comm.iter()).all(|(a, b)| a == b);
+    // Whole names end with the NUL.
+    starts(b"mkfs")
+        || starts(b"fsck")
+        || starts(b"e2fsck\0")
+        || starts(b"resize2fs\0")
+        || starts(b"xfs_growfs\0")
+        || starts(b"xfs_repair\0")
+}
+
 /// Powers of two covered by the in-kernel histograms: 1 µs .. 2^25 µs (33 s).
 pub const HIST_POWERS: usize = 25;
 /// Linear sub-buckets per power of two.

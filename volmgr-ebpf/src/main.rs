@@ -8,6 +8,12 @@
 //! `statfs` is only kept in the per-thread map while in flight (user space
 //! reads the map to report calls stuck on a hung network or FUSE file
 //! system): no event, no histogram.
+//!
+//! File system tools (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`, `xfs_growfs`,
+//! `xfs_repair`, by the command name the exec gives) are followed from
+//! `sched:sched_process_exec` (their arguments, read from the new
+//! program's argument block) to `sched:sched_process_exit` (exit status and
+//! duration); one event per tool run goes to a ring buffer of their own.
 #![no_std]
 #![no_main]
 
@@ -15,11 +21,11 @@ use aya_ebpf::{
     bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user, bpf_probe_read_user_str_bytes,
+        bpf_probe_read_user, bpf_probe_read_user_buf, bpf_probe_read_user_str_bytes,
         generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
     },
     macros::{map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
     EbpfContext,
 };
@@ -41,6 +47,19 @@ static OFF_NSPROXY_MNT_NS: u64 = 0;
 #[no_mangle]
 static OFF_MNT_NS_INUM: u64 = 0;
 
+/// `offsetof(struct task_struct, mm)`.
+#[no_mangle]
+static OFF_TASK_MM: u64 = 0;
+/// `offsetof(struct mm_struct, arg_start)`.
+#[no_mangle]
+static OFF_MM_ARG_START: u64 = 0;
+/// `offsetof(struct mm_struct, arg_end)`.
+#[no_mangle]
+static OFF_MM_ARG_END: u64 = 0;
+/// `offsetof(struct task_struct, exit_code)`.
+#[no_mangle]
+static OFF_TASK_EXIT_CODE: u64 = 0;
+
 /// Per-thread entry state (every entered call exits, even when a signal
 /// interrupts it, so entries do not pile up).
 #[map]
@@ -53,13 +72,27 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
 static SCRATCH: PerCpuArray<[u8; EVENT_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per-CPU count of events the ring buffer had no room for.
+/// Per-CPU count of events the ring buffer had no room for: key 0 the
+/// syscall events, key 1 the file system tool runs.
 #[map]
-static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 
 /// When an event last woke the reader (see `WAKE_INTERVAL_NS`).
 #[map]
 static LAST_WAKE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// File system tools running now, by tgid (LRU: an exit that is never
+/// seen cannot fill it).
+#[map]
+static EXECS: LruHashMap<u32, ExecEvent> = LruHashMap::with_max_entries(1024, 0);
+
+/// Per-CPU space where an [`ExecEvent`] is assembled (too big for the stack).
+#[map]
+static EXEC_SCRATCH: PerCpuArray<ExecEvent> = PerCpuArray::with_max_entries(1, 0);
+
+/// Finished file system tool runs.
+#[map]
+static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(256 << 10, 0);
 
 /// Per-CPU latency histograms, key `syscall * 2 + (ret < 0)`.
 #[map]
@@ -324,6 +357,112 @@ fn exit(ctx: &TracePointContext) -> u32 {
             unsafe { *lost += 1 };
         }
     }
+    0
+}
+
+/// `*(base + off)` in kernel memory, or 0.
+#[inline(always)]
+fn kernel_u64(base: u64, off: u64) -> u64 {
+    if base == 0 {
+        return 0;
+    }
+    // SAFETY: a kernel pointer read through the checking helper.
+    unsafe { bpf_probe_read_kernel((base as *const u8).wrapping_add(off as usize) as *const u64) }
+        .unwrap_or(0)
+}
+
+/// A file system tool was exec'd: keep its arguments until it exits.
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let Ok(comm) = bpf_get_current_comm() else {
+        return 0;
+    };
+    if !is_fs_tool(&comm) {
+        return 0;
+    }
+    let mnt_ns = mount_namespace();
+    let filter = global(&FILTER_MNT_NS);
+    if filter != 0 && filter != mnt_ns {
+        return 0;
+    }
+    let Some(e) = EXEC_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU scratch value of our own map.
+    let e = unsafe { &mut *e };
+    let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: helpers without arguments.
+    e.start_ns = unsafe { bpf_ktime_get_ns() };
+    e.end_ns = 0;
+    e.mnt_ns = mnt_ns;
+    // SAFETY: helper without arguments.
+    e.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    e.pid = pid;
+    e.exit_code = 0;
+    e.comm = comm;
+    e.flags = 0;
+    e.args_len = 0;
+    // The new program's argument block: current->mm->arg_start..arg_end.
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    let mm = kernel_u64(task, global(&OFF_TASK_MM));
+    let start = kernel_u64(mm, global(&OFF_MM_ARG_START));
+    let end = kernel_u64(mm, global(&OFF_MM_ARG_END));
+    if start != 0 && end > start {
+        let mut len = end - start;
+        let mut src = start;
+        if len > EXEC_ARGS_MAX as u64 {
+            src = end - EXEC_ARGS_MAX as u64;
+            len = EXEC_ARGS_MAX as u64;
+            e.flags = EXEC_ARGS_TRUNCATED;
+        }
+        if let Some(dst) = e.args.get_mut(..len as usize) {
+            // SAFETY: a user pointer of the current process read through
+            // the checking helper into a bounded slice of our own value.
+            if unsafe { bpf_probe_read_user_buf(src as *const u8, dst) }.is_ok() {
+                e.args_len = len as u32;
+            }
+        }
+    }
+    let _ = EXECS.insert(&pid, &*e, 0);
+    0
+}
+
+/// A process exited: if it is a file system tool being followed, send its
+/// run (arguments, exit status, duration).
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    // Only the thread group leader's exit ends the process we follow.
+    if pid != pid_tgid as u32 {
+        return 0;
+    }
+    let Some(e) = EXECS.get_ptr_mut(&pid) else {
+        return 0;
+    };
+    // SAFETY: value of our own map, written by this program only (the
+    // leader exits once).
+    let e = unsafe { &mut *e };
+    // SAFETY: helpers without arguments.
+    e.end_ns = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    let off = global(&OFF_TASK_EXIT_CODE);
+    if off != 0 {
+        // SAFETY: a kernel pointer read through the checking helper.
+        e.exit_code = unsafe {
+            bpf_probe_read_kernel((task as *const u8).wrapping_add(off as usize) as *const i32)
+        }
+        .unwrap_or(0);
+    }
+    if EXEC_EVENTS.output::<ExecEvent>(&*e, 0).is_err() {
+        if let Some(lost) = LOST.get_ptr_mut(1) {
+            // SAFETY: per-CPU counter of our own map.
+            unsafe { *lost += 1 };
+        }
+    }
+    let _ = EXECS.remove(&pid);
     0
 }
 

@@ -223,6 +223,32 @@ impl MntNsOffsets {
     }
 }
 
+/// Offsets the file system tool programs need: the new program's argument
+/// block and the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecOffsets {
+    /// `offsetof(struct task_struct, mm)`.
+    pub task_mm: u64,
+    /// `offsetof(struct mm_struct, arg_start)`.
+    pub mm_arg_start: u64,
+    /// `offsetof(struct mm_struct, arg_end)`.
+    pub mm_arg_end: u64,
+    /// `offsetof(struct task_struct, exit_code)`.
+    pub task_exit_code: u64,
+}
+
+impl ExecOffsets {
+    /// Computes the offsets from the kernel's BTF.
+    pub fn from_btf(btf: &Btf) -> Result<ExecOffsets, BtfError> {
+        Ok(ExecOffsets {
+            task_mm: btf.member_offset("task_struct", "mm")?,
+            mm_arg_start: btf.member_offset("mm_struct", "arg_start")?,
+            mm_arg_end: btf.member_offset("mm_struct", "arg_end")?,
+            task_exit_code: btf.member_offset("task_struct", "exit_code")?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,6 +277,9 @@ mod tests {
         assert!(o.task_nsproxy > 64 && o.task_nsproxy < 16384, "{o:?}");
         assert!(o.nsproxy_mnt_ns > 0 && o.nsproxy_mnt_ns < 128, "{o:?}");
         assert!(o.mnt_ns_inum < 256, "{o:?}");
+        let x = ExecOffsets::from_btf(&btf).unwrap();
+        assert!(x.task_mm > 64 && x.task_exit_code > 64, "{x:?}");
+        assert_eq!(x.mm_arg_end, x.mm_arg_start + 8, "{x:?}");
         assert!(matches!(
             btf.member_offset("task_struct", "no_such_member"),
             Err(BtfError::NoMember(..))

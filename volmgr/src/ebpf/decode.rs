@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt::Write;
 
 use super::wire::{self, EventHeader};
-use super::{MountSyscall, SyscallEvent};
+use super::{MountSyscall, SyscallEvent, ToolExec};
 
 impl MountSyscall {
     /// The syscall with wire id `id`.
@@ -123,6 +123,44 @@ pub fn decode_record(rec: &[u8]) -> Option<SyscallEvent> {
         target,
         ret: h.ret,
         latency_ns: h.latency_ns,
+    })
+}
+
+/// Decodes one record of the `EXEC_EVENTS` ring; `None` if it is malformed.
+pub fn decode_exec(rec: &[u8]) -> Option<ToolExec> {
+    if rec.len() < std::mem::size_of::<wire::ExecEvent>() {
+        return None;
+    }
+    // SAFETY: the record holds at least an ExecEvent, plain data valid for
+    // any bytes; read_unaligned copes with the alignment.
+    let e = unsafe { std::ptr::read_unaligned(rec.as_ptr().cast::<wire::ExecEvent>()) };
+    let used = (e.args_len as usize).min(wire::EXEC_ARGS_MAX);
+    let truncated = e.flags & wire::EXEC_ARGS_TRUNCATED != 0;
+    let block = e.args.get(..used)?;
+    let block = block.strip_suffix(&[0]).unwrap_or(block);
+    let mut args: Vec<String> = if block.is_empty() {
+        Vec::new()
+    } else {
+        block
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect()
+    };
+    if truncated && !args.is_empty() {
+        // Cut at the front: the first piece is a partial argument.
+        args.remove(0);
+    }
+    let comm_end = e.comm.iter().position(|&b| b == 0).unwrap_or(e.comm.len());
+    Some(ToolExec {
+        start_ns: e.start_ns,
+        end_ns: e.end_ns,
+        pid: e.pid,
+        comm: String::from_utf8_lossy(&e.comm[..comm_end]).into_owned(),
+        mnt_ns: e.mnt_ns,
+        cgroup_id: e.cgroup_id,
+        args,
+        args_truncated: truncated,
+        exit_code: e.exit_code,
     })
 }
 
@@ -396,6 +434,67 @@ pub fn ret_text(ret: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exec_record(args: &[u8], flags: u32, exit_code: i32) -> Vec<u8> {
+        let mut e = wire::ExecEvent {
+            start_ns: 1_000,
+            end_ns: 51_000,
+            mnt_ns: 7,
+            cgroup_id: 9,
+            pid: 42,
+            exit_code,
+            args_len: args.len() as u32,
+            flags,
+            comm: [0; 16],
+            args: [0; wire::EXEC_ARGS_MAX],
+        };
+        e.comm[..9].copy_from_slice(b"mkfs.ext4");
+        e.args[..args.len()].copy_from_slice(args);
+        // SAFETY: test: viewing plain data as bytes.
+        unsafe {
+            std::slice::from_raw_parts(
+                (&e as *const wire::ExecEvent).cast::<u8>(),
+                std::mem::size_of::<wire::ExecEvent>(),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn tool_runs_decode_with_device_result_and_duration() {
+        let rec = exec_record(b"mkfs.ext4\0-q\0-E\0nodiscard\0/dev/loop0\0", 0, 0);
+        let x = decode_exec(&rec).unwrap();
+        assert_eq!(x.comm, "mkfs.ext4");
+        assert_eq!(x.pid, 42);
+        assert_eq!(
+            x.args,
+            vec!["mkfs.ext4", "-q", "-E", "nodiscard", "/dev/loop0"]
+        );
+        assert_eq!(x.device(), Some("/dev/loop0"));
+        assert_eq!(x.duration_ns(), 50_000);
+        assert_eq!(x.result(), "ok");
+        assert_eq!(x.command_line(), "mkfs.ext4 -q -E nodiscard /dev/loop0");
+        // A device given before a size; exit 8; killed by SIGKILL.
+        let x = decode_exec(&exec_record(b"resize2fs\0/dev/sdb\0+10G\0", 0, 8 << 8)).unwrap();
+        assert_eq!(x.device(), Some("/dev/sdb"));
+        assert_eq!(x.result(), "exit 8");
+        let x = decode_exec(&exec_record(b"fsck\0-a\0vol\0", 0, 9)).unwrap();
+        assert_eq!(x.device(), Some("vol"), "no path: the last non-option");
+        assert_eq!(x.result(), "signal 9");
+        let x = decode_exec(&exec_record(b"fsck\0-a\0", 0, 0)).unwrap();
+        assert_eq!(x.device(), None, "argv[0] is not the device");
+        // Truncated: the first, partial argument is dropped.
+        let x = decode_exec(&exec_record(
+            b"ng-option\0/dev/sdc\0",
+            wire::EXEC_ARGS_TRUNCATED,
+            0,
+        ))
+        .unwrap();
+        assert_eq!(x.args, vec!["/dev/sdc"]);
+        assert_eq!(x.device(), Some("/dev/sdc"));
+        assert_eq!(x.command_line(), "... /dev/sdc");
+        assert!(decode_exec(&rec[..rec.len() - 1]).is_none(), "cut short");
+    }
 
     #[test]
     fn errno_of_any_return_value() {

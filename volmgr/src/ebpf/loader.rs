@@ -10,10 +10,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc;
 
-use super::btf::{Btf, MntNsOffsets};
-use super::decode::{extra_args, Decoder, ExtraArgs};
+use super::btf::{Btf, ExecOffsets, MntNsOffsets};
+use super::decode::{decode_exec, extra_args, Decoder, ExtraArgs};
 use super::wire::{self, Hist, InFlight};
-use super::{EbpfError, MountSyscall, SyscallEvent, TraceFilter};
+use super::{EbpfError, MountSyscall, SyscallEvent, ToolExec, TraceFilter};
 
 /// The object built by `build.rs` (empty when built without it).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/volmgr-ebpf"));
@@ -36,6 +36,9 @@ const TRACEPOINTS: [&str; 10] = [
     "mount_setattr",
     "statfs",
 ];
+
+/// The `sched:*` tracepoints of the file system tool programs (same names).
+const SCHED_TRACEPOINTS: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
 
 /// Whether this binary carries the eBPF object.
 pub fn object_built() -> bool {
@@ -112,6 +115,8 @@ pub struct EbpfTracer {
     ring: Option<RingBuf<MapData>>,
     /// The ring registered with the runtime, for [`EbpfTracer::next_events`].
     ring_fd: Option<AsyncFd<RingBuf<MapData>>>,
+    /// The file system tool runs' ring, until [`EbpfTracer::tool_execs`].
+    exec_ring: Option<RingBuf<MapData>>,
     decoder: Decoder,
     /// The last read got events: read again after the wake-up interval
     /// even without a wake-up (see `wire::WAKE_INTERVAL_NS`).
@@ -136,7 +141,10 @@ impl EbpfTracer {
         if !object_built() {
             return Err(EbpfError::NotBuilt);
         }
-        let offsets = MntNsOffsets::from_btf(&Btf::from_sys_fs()?)?;
+        let offsets = {
+            let btf = Btf::from_sys_fs()?;
+            (MntNsOffsets::from_btf(&btf)?, ExecOffsets::from_btf(&btf)?)
+        };
         // Attaching a tracepoint reads its id from tracefs. When tracefs is
         // not mounted here, it is mounted in a private mount namespace of a
         // short-lived thread, so the caller's mount table is left alone.
@@ -155,10 +163,13 @@ impl EbpfTracer {
             .map_err(|e| EbpfError::Map("HIST", e))?;
         let starts = BpfHashMap::try_from(take_map(&mut ebpf, "STARTS")?)
             .map_err(|e| EbpfError::Map("STARTS", e))?;
+        let exec_ring = RingBuf::try_from(take_map(&mut ebpf, "EXEC_EVENTS")?)
+            .map_err(|e| EbpfError::Map("EXEC_EVENTS", e))?;
         Ok(EbpfTracer {
             _ebpf: ebpf,
             ring: Some(ring),
             ring_fd: None,
+            exec_ring: Some(exec_ring),
             decoder: Decoder::default(),
             poll_soon: false,
             lost,
@@ -189,6 +200,24 @@ impl EbpfTracer {
         let fd = self.ring_fd()?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(read_ring(fd, move |ev, x| tx.send((ev, x)).is_ok()));
+        Ok(rx)
+    }
+
+    /// Starts reading the file system tool runs (`mkfs`, `fsck`,
+    /// `resize2fs`, ...) on the current tokio runtime; each finished run is
+    /// sent here.
+    pub fn tool_execs(&mut self) -> Result<mpsc::UnboundedReceiver<ToolExec>, EbpfError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(EbpfError::Io(std::io::Error::other(
+                "the event stream needs a tokio runtime",
+            )));
+        }
+        let ring = self.exec_ring.take().ok_or(EbpfError::AlreadyStarted)?;
+        // SAFETY: as in `ring_fd`: the RingBuf owns its descriptor.
+        let fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| EbpfError::Io(e.into()))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(read_exec_ring(fd, tx));
         Ok(rx)
     }
 
@@ -246,6 +275,14 @@ impl EbpfTracer {
             .unwrap_or(0)
     }
 
+    /// File system tool runs the kernel had no room for (sum over CPUs).
+    pub fn tool_runs_lost(&self) -> u64 {
+        self.lost
+            .get(&1, 0)
+            .map(|v| v.iter().copied().sum())
+            .unwrap_or(0)
+    }
+
     /// The traced calls in flight now (entered, not returned), from the
     /// programs' per-thread entry map: the path argument is the caller's
     /// user-space address (read it from `/proc/<pid>/mem` while the call
@@ -277,12 +314,16 @@ impl EbpfTracer {
             .collect()
     }
 
-    /// Runs of this tracer's programs and the time they took, summed over
-    /// its programs (the kernel counts only while run-time statistics are
-    /// on, see [`enable_run_time_stats`]).
+    /// Runs of this tracer's syscall programs and the time they took,
+    /// summed over them (the kernel counts only while run-time statistics
+    /// are on, see [`enable_run_time_stats`]). The file system tool
+    /// programs (on every process exit of the machine) are left out.
     pub fn program_run_stats(&self) -> ProgramRunStats {
         let mut st = ProgramRunStats::default();
-        for (_, prog) in self._ebpf.programs() {
+        for (name, prog) in self._ebpf.programs() {
+            if SCHED_TRACEPOINTS.contains(&name) {
+                continue;
+            }
             if let Ok(info) = prog.info() {
                 st.runs += info.run_count();
                 st.run_time_ns += u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
@@ -366,7 +407,10 @@ fn private_tracefs() -> Result<(), EbpfError> {
     .map_err(|e| err("mounting tracefs on /sys/kernel/tracing", e))
 }
 
-fn load_in_thread(filter: TraceFilter, offsets: MntNsOffsets) -> Result<Ebpf, EbpfError> {
+fn load_in_thread(
+    filter: TraceFilter,
+    (offsets, exec): (MntNsOffsets, ExecOffsets),
+) -> Result<Ebpf, EbpfError> {
     if !tracefs_visible() {
         private_tracefs()?;
     }
@@ -376,22 +420,68 @@ fn load_in_thread(filter: TraceFilter, offsets: MntNsOffsets) -> Result<Ebpf, Eb
         .override_global("OFF_TASK_NSPROXY", &offsets.task_nsproxy, true)
         .override_global("OFF_NSPROXY_MNT_NS", &offsets.nsproxy_mnt_ns, true)
         .override_global("OFF_MNT_NS_INUM", &offsets.mnt_ns_inum, true)
+        .override_global("OFF_TASK_MM", &exec.task_mm, true)
+        .override_global("OFF_MM_ARG_START", &exec.mm_arg_start, true)
+        .override_global("OFF_MM_ARG_END", &exec.mm_arg_end, true)
+        .override_global("OFF_TASK_EXIT_CODE", &exec.task_exit_code, true)
         .load(OBJECT)
         .map_err(EbpfError::Load)?;
     for name in TRACEPOINTS {
         for dir in ["enter", "exit"] {
-            let prog = format!("sys_{dir}_{name}");
-            let tp: &mut TracePoint = ebpf
-                .program_mut(&prog)
-                .ok_or_else(|| EbpfError::MissingProgram(prog.clone()))?
-                .try_into()
-                .map_err(|e| EbpfError::Program(prog.clone(), e))?;
-            tp.load().map_err(|e| EbpfError::Program(prog.clone(), e))?;
-            tp.attach("syscalls", &prog)
-                .map_err(|e| EbpfError::Program(prog.clone(), e))?;
+            attach(&mut ebpf, "syscalls", &format!("sys_{dir}_{name}"))?;
         }
     }
+    for name in SCHED_TRACEPOINTS {
+        attach(&mut ebpf, "sched", name)?;
+    }
     Ok(ebpf)
+}
+
+/// Loads program `prog` and attaches it to tracepoint `category:prog`.
+fn attach(ebpf: &mut Ebpf, category: &str, prog: &str) -> Result<(), EbpfError> {
+    let tp: &mut TracePoint = ebpf
+        .program_mut(prog)
+        .ok_or_else(|| EbpfError::MissingProgram(prog.to_string()))?
+        .try_into()
+        .map_err(|e| EbpfError::Program(prog.to_string(), e))?;
+    tp.load()
+        .map_err(|e| EbpfError::Program(prog.to_string(), e))?;
+    tp.attach(category, prog)
+        .map_err(|e| EbpfError::Program(prog.to_string(), e))?;
+    Ok(())
+}
+
+/// Sends every file system tool run read from `fd` until the receiver is
+/// gone. Runs are rare and wake the reader each (the kernel's default);
+/// the ring is also read once a second in case a wake-up was missed.
+async fn read_exec_ring(mut fd: AsyncFd<RingBuf<MapData>>, tx: mpsc::UnboundedSender<ToolExec>) {
+    let send_all = |ring: &mut RingBuf<MapData>| {
+        while let Some(item) = ring.next() {
+            if let Some(x) = decode_exec(&item) {
+                if tx.send(x).is_err() {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    loop {
+        let open = match tokio::time::timeout(Duration::from_secs(1), fd.readable_mut()).await {
+            Ok(Ok(mut guard)) => {
+                let open = send_all(guard.get_inner_mut());
+                guard.clear_ready();
+                open
+            }
+            Ok(Err(e)) => {
+                tracing::error!("eBPF tool-run ring buffer: {e}");
+                return;
+            }
+            Err(_) => send_all(fd.get_mut()),
+        };
+        if !open || tx.is_closed() {
+            return;
+        }
+    }
 }
 
 fn drain(

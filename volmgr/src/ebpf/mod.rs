@@ -114,6 +114,72 @@ pub struct SyscallEvent {
     pub latency_ns: u64,
 }
 
+/// A file system tool (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`,
+/// `xfs_growfs`, `xfs_repair`) that ran: from its exec to its exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolExec {
+    /// `CLOCK_MONOTONIC` when the exec completed, ns.
+    pub start_ns: u64,
+    /// `CLOCK_MONOTONIC` when the process exited, ns.
+    pub end_ns: u64,
+    /// Process id.
+    pub pid: u32,
+    /// The command name (basename of the executed file, 15 bytes at most).
+    pub comm: String,
+    /// Inode of the process's mount namespace.
+    pub mnt_ns: u64,
+    /// The process's cgroup (v2) id.
+    pub cgroup_id: u64,
+    /// The arguments, `argv[0]` first; only the last ones when
+    /// `args_truncated`.
+    pub args: Vec<String>,
+    /// The argument block was longer than the kernel program keeps (its
+    /// first, partial argument was dropped).
+    pub args_truncated: bool,
+    /// The kernel's exit code: a wait status.
+    pub exit_code: i32,
+}
+
+impl ToolExec {
+    /// From exec to exit, ns.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+
+    /// `ok` (exit status 0), `exit N` or `signal N`.
+    pub fn result(&self) -> String {
+        let signal = self.exit_code & 0x7f;
+        let status = (self.exit_code >> 8) & 0xff;
+        match (signal, status) {
+            (0, 0) => "ok".into(),
+            (0, n) => format!("exit {n}"),
+            (s, _) => format!("signal {s}"),
+        }
+    }
+
+    /// The device (or path) the tool works on: the last argument that is
+    /// an absolute path, else the last one that is not an option.
+    pub fn device(&self) -> Option<&str> {
+        let skip = usize::from(!self.args_truncated);
+        let args = self.args.get(skip..).unwrap_or_default();
+        args.iter()
+            .rev()
+            .find(|a| a.starts_with('/'))
+            .or_else(|| args.iter().rev().find(|a| !a.starts_with('-')))
+            .map(String::as_str)
+    }
+
+    /// The command line as run (`... ` first when truncated).
+    pub fn command_line(&self) -> String {
+        let line = self.args.join(" ");
+        if self.args_truncated {
+            format!("... {line}")
+        } else {
+            line
+        }
+    }
+}
+
 /// Which events to deliver.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TraceFilter {

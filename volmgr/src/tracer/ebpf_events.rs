@@ -23,6 +23,11 @@
 //! change made in another namespace that reaches the agent's through mount
 //! propagation (shared mounts) is left to the resync; the mountinfo poller,
 //! which watches the namespace's own table, does see those.
+//!
+//! File system tool runs (`mkfs`, `fsck`, `resize2fs`, ... from their own
+//! ring buffer) go into the timeline of the volume their device belongs
+//! to ([`super::devices`]); the mount-family events teach it which device
+//! that is.
 
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -30,9 +35,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::ebpf::{MountSyscall, SyscallEvent, SyscallStats};
+use crate::ebpf::{MountSyscall, SyscallEvent, SyscallStats, ToolExec};
 
 use super::check::{CheckSender, Origin, Scope};
+use super::devices::{own_mounts, DeviceVolumes, Placed};
 use super::timeline::TimelineStore;
 use super::TracerCounters;
 use crate::cache::out_of_band::DetectedBy;
@@ -67,33 +73,60 @@ pub struct Sinks {
     pub counters: Arc<TracerCounters>,
 }
 
-/// Reads events until the channel closes or `shutdown`.
+/// Reads events (and file system tool runs, when `execs` is given) until
+/// the event channel closes or `shutdown`.
 pub async fn run(
     mut events: mpsc::UnboundedReceiver<SyscallEvent>,
+    mut execs: Option<mpsc::UnboundedReceiver<ToolExec>>,
     own: Own,
     sinks: Sinks,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut devices = DeviceVolumes::default();
     loop {
-        let ev = tokio::select! {
+        let next_exec = async {
+            match execs.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let next = tokio::select! {
             biased;
             () = crate::util::shutdown::requested(&mut shutdown) => return,
             ev = events.recv() => match ev {
-                Some(ev) => ev,
+                Some(ev) => Ok(ev),
                 None => {
                     tracing::error!("eBPF event stream ended; only the resync remains");
                     return;
                 }
             },
+            x = next_exec => Err(x),
         };
-        handle(&ev, &own, &sinks);
+        match next {
+            Ok(ev) => handle(&ev, &own, &sinks, &mut devices),
+            Err(Some(x)) => {
+                if let Some(p) = devices.on_exec(x, &own.root, own_mounts) {
+                    record_placed(&p, &own, &sinks);
+                }
+            }
+            Err(None) => execs = None,
+        }
         while let Ok(ev) = events.try_recv() {
-            handle(&ev, &own, &sinks);
+            handle(&ev, &own, &sinks, &mut devices);
         }
     }
 }
 
-fn handle(ev: &SyscallEvent, own: &Own, sinks: &Sinks) {
+fn record_placed(p: &Placed, own: &Own, sinks: &Sinks) {
+    sinks
+        .timelines
+        .record_exec(&p.exec, &p.attribution, &p.device, &own.root);
+}
+
+fn handle(ev: &SyscallEvent, own: &Own, sinks: &Sinks, devices: &mut DeviceVolumes) {
+    for p in devices.on_syscall(ev, &own.root, own_mounts) {
+        record_placed(&p, own, sinks);
+    }
     let driver = sinks.timelines.record(ev, &own.root);
     if driver.is_none() && ev.mnt_ns != own.mnt_ns {
         // Another namespace's call on no volume: not this node's concern.

@@ -19,7 +19,8 @@
 //!   managed paths lead to a check, and every call lands in the latency
 //!   histograms (`volmgr_mount_syscall_duration_seconds`, status). It also
 //!   keeps the per-volume timelines of every process's calls
-//!   ([`timeline`]) and reports calls stuck in the kernel ([`stuck`]).
+//!   ([`timeline`]), with the file system tools run on their devices
+//!   ([`devices`]), and reports calls stuck in the kernel ([`stuck`]).
 //! - `mountinfo` ([`mountinfo_poller`]): `poll(POLLPRI)` on
 //!   `/proc/self/mountinfo` and a diff; needs no privilege beyond reading
 //!   proc, but cannot tell who changed what, nor how long it took.
@@ -33,6 +34,7 @@
 
 pub mod check;
 pub mod context;
+pub mod devices;
 pub mod ebpf_events;
 pub mod mountinfo_poller;
 pub mod stuck;
@@ -412,6 +414,7 @@ fn attach_ebpf(
         thread_name,
     } = loaded;
     let events = tracer.events().map_err(TracerError::Ebpf)?;
+    let execs = tracer.tool_execs().map_err(TracerError::Ebpf)?;
     let tracer = Arc::new(tracer);
     let counters = Arc::new(TracerCounters::default());
     let check_counters = Arc::new(CheckCounters::default());
@@ -443,6 +446,7 @@ fn attach_ebpf(
     ));
     let feed = tokio::spawn(ebpf_events::run(
         events,
+        Some(execs),
         own,
         ebpf_events::Sinks {
             stats: Arc::clone(&stats),
@@ -479,8 +483,24 @@ fn ebpf_metrics(
         let mut text = stats.locked().prometheus_text(tracer.events_lost());
         text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
         text.push_str(&stuck.prometheus_text());
+        text.push_str(&tool_runs_lost_text(tracer.tool_runs_lost()));
         text
     })
+}
+
+/// `volmgr_trace_tool_runs_lost_total`: file system tool runs (`mkfs`,
+/// `fsck`, ...) the kernel had no ring-buffer room for.
+fn tool_runs_lost_text(lost: u64) -> String {
+    use crate::util::prometheus::{Exposition, MetricType};
+    let name = "volmgr_trace_tool_runs_lost_total";
+    let mut w = Exposition::new();
+    w.family(
+        name,
+        "File system tool runs (mkfs, fsck, resize2fs, ...) the kernel had no ring-buffer room for.",
+        MetricType::Counter,
+    );
+    w.sample(name, &[], lost);
+    w.finish()
 }
 
 /// The eBPF tracer's status: its counters and a latency row per syscall,

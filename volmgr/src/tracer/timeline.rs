@@ -11,7 +11,10 @@
 //! directory (`plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount`),
 //! a CSI block volume's staging, publish and global map paths
 //! (`plugins/kubernetes.io/csi/volumeDevices/...`) and an in-tree plugin's
-//! global mounts (`plugins/<vendor>/<plugin>/...`). A path given relative
+//! global mounts (`plugins/<vendor>/<plugin>/...`). File system tools
+//! (`mkfs`, `fsck`, `resize2fs`, ...) name a device, not a path:
+//! `super::devices` places them through the device's mount on a volume
+//! path ([`TimelineStore::record_exec`]). A path given relative
 //! to a directory descriptor or the caller's cwd cannot be placed without
 //! racing the caller and is left out. A call in another mount namespace is
 //! attributed by the path it passed, which is the same path when that
@@ -31,7 +34,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::ebpf::SyscallEvent;
+use crate::ebpf::{SyscallEvent, ToolExec};
 use crate::status::StuckSyscall;
 use crate::util::sync::MutexExt;
 
@@ -219,11 +222,13 @@ pub struct TimelineEntry {
     pub tid: u32,
     /// The thread's command name.
     pub comm: String,
-    /// The syscall (`mount`, `umount2`, `move_mount`, ...).
+    /// The syscall (`mount`, `umount2`, `move_mount`, ...), or `exec` for
+    /// a file system tool's run (`mkfs.ext4`, `fsck`, `resize2fs`, ...:
+    /// from exec to exit).
     pub call: String,
     /// Which of the volume's paths.
     pub role: PathRole,
-    /// The path as passed.
+    /// The path as passed (for `exec`: the tool's device argument).
     pub path: String,
     /// The call's other path or source (`mount`'s source), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -233,8 +238,12 @@ pub struct TimelineEntry {
     pub fstype: Option<String>,
     /// Entry to exit, ns.
     pub duration_ns: u64,
-    /// `ok`, or the errno's name (`EBUSY`).
+    /// `ok`, or the errno's name (`EBUSY`); for `exec`: `ok` (exit status
+    /// 0), `exit N` or `signal N`.
     pub result: String,
+    /// For `exec`: the command line (`mkfs.ext4 -q -F /dev/loop0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
 }
 
 /// A volume's timeline.
@@ -370,6 +379,7 @@ impl TimelineStore {
                 fstype: ev.fstype.clone(),
                 duration_ns: ev.latency_ns,
                 result: result_name(ev.ret),
+                command: None,
             };
             let d = self.push(&mut inner, &a, entry, root);
             driver.get_or_insert(d);
@@ -377,7 +387,29 @@ impl TimelineStore {
         driver
     }
 
-    /// Appends `entry` to `a`'s timeline (made, evicting the least recently
+    /// Records a file system tool's run in the timeline of the volume its
+    /// device (or path) `device` belongs to; the timeline's driver.
+    pub fn record_exec(&self, x: &ToolExec, a: &Attribution, device: &str, root: &Path) -> String {
+        let entry = TimelineEntry {
+            time: crate::cache::out_of_band::rfc3339(wall_time_of(x.start_ns)),
+            start_ns: x.start_ns,
+            pid: x.pid,
+            tid: x.pid,
+            comm: x.comm.clone(),
+            call: "exec".into(),
+            role: a.role,
+            path: device.to_string(),
+            source: None,
+            fstype: None,
+            duration_ns: x.duration_ns(),
+            result: x.result(),
+            command: Some(x.command_line()),
+        };
+        let mut inner = self.inner.locked();
+        self.push(&mut inner, a, entry, root)
+    }
+
+    /// Adds `entry` to `a`'s timeline (made, evicting the least recently
     /// touched one if full); the timeline's driver.
     fn push(
         &self,
@@ -413,11 +445,18 @@ impl TimelineStore {
             }
         }
         ring.touched = clock;
-        if ring.entries.len() >= self.per_volume {
+        // In start order: a tool's run is reported at its exit, after
+        // calls that started later may have been recorded.
+        let at = ring
+            .entries
+            .iter()
+            .rposition(|e| e.start_ns <= entry.start_ns)
+            .map_or(0, |i| i + 1);
+        ring.entries.insert(at, entry);
+        if ring.entries.len() > self.per_volume {
             ring.entries.pop_front();
             ring.dropped += 1;
         }
-        ring.entries.push_back(entry);
         ring.driver.clone()
     }
 
@@ -708,6 +747,38 @@ mod tests {
         assert_eq!(t.len(), 3);
         assert_eq!(t[0].entries[0].result, "EBUSY");
         assert!(store.record(&ev("/mnt/x", None, 0, 1), root).is_none());
+    }
+
+    #[test]
+    fn a_tool_run_reported_after_the_mount_is_placed_before_it() {
+        let root = Path::new("/r");
+        let store = TimelineStore::default();
+        let st = "/r/plugins/kubernetes.io/csi/d.example/abc/globalmount";
+        store.record(&ev(st, Some("/dev/loop0"), 0, 90_000), root);
+        let a = attribute(st, root).unwrap();
+        let mkfs = ToolExec {
+            start_ns: 10_000,
+            end_ns: 60_000,
+            pid: 9,
+            comm: "mkfs.ext4".into(),
+            mnt_ns: 1,
+            cgroup_id: 1,
+            args: vec!["mkfs.ext4".into(), "/dev/loop0".into()],
+            args_truncated: false,
+            exit_code: 0,
+        };
+        let d = store.record_exec(&mkfs, &a, "/dev/loop0", root);
+        assert_eq!(d, "d.example");
+        let t = store.for_volume(&a.key).unwrap();
+        let calls: Vec<&str> = t.entries.iter().map(|e| e.call.as_str()).collect();
+        assert_eq!(calls, vec!["exec", "mount"]);
+        let e = &t.entries[0];
+        assert_eq!((e.pid, e.tid, e.comm.as_str()), (9, 9, "mkfs.ext4"));
+        assert_eq!(e.path, "/dev/loop0");
+        assert_eq!(e.duration_ns, 50_000);
+        assert_eq!(e.result, "ok");
+        assert_eq!(e.role, PathRole::Staging);
+        assert_eq!(e.command.as_deref(), Some("mkfs.ext4 /dev/loop0"));
     }
 
     #[test]
