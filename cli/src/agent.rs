@@ -18,6 +18,7 @@ use crate::{api, apiserver};
 use volmgr::operationexecutor::Backoff;
 use volmgr::pluginmanager::registry::DriverRegistry;
 use volmgr::plugins::token::FileTokenSource;
+use volmgr::populator::convert::PayloadResolution;
 use volmgr::populator::manifests::{ManifestsSource, SourceError};
 use volmgr::tracer::{TracerError, TracerMode};
 use volmgr::volumemanager::{
@@ -176,7 +177,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     vm.start().await?;
     tracing::info!(root = %root.display(), manifests = ?opts.manifests, api = kube.is_some(), "agent started");
     let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
-    let source_task = spawn_sources(&opts, kube, &vm, &stop_rx);
+    let source_task = spawn_sources(&opts, kube, &vm, &stop_rx, PayloadResolution::Full);
     let result = wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
@@ -225,20 +226,23 @@ pub(crate) fn check_sources(opts: &AgentOptions) -> Result<(), AgentError> {
 
 /// Starts the sources of pods: the manifests directory and the API
 /// server's pods, each with its own handle on the desired state (populated
-/// once both delivered their pods). The task ends when they stop, or
-/// early with the manifests source's error.
+/// once both delivered their pods); the API server's resolves payload
+/// volumes as `payloads` says. The task ends when they stop, or early with
+/// the manifests source's error.
 pub(crate) fn spawn_sources(
     opts: &AgentOptions,
     kube: Option<kube::Client>,
     vm: &Arc<VolumeManager>,
     stop: &watch::Receiver<bool>,
+    payloads: PayloadResolution,
 ) -> tokio::task::JoinHandle<Result<(), AgentError>> {
     let count = usize::from(opts.manifests.is_some()) + usize::from(kube.is_some());
     let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count).into_iter();
     // One sink per source present (`count` of them).
     let api = kube.and_then(|client| {
         let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
-            .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()));
+            .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()))
+            .with_payload_resolution(payloads);
         Some(tokio::spawn(source.run(stop.clone())))
     });
     let manifests = opts.manifests.clone().and_then(|dir| {

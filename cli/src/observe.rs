@@ -27,6 +27,7 @@ use crate::apiserver::pod_events::{PodEvents, PodEventsConfig, PodKey};
 use crate::sandbox::{self, Confinement};
 use crate::{api, apiserver};
 use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
+use volmgr::populator::convert::PayloadResolution;
 use volmgr::status::RecentSyscall;
 use volmgr::status::{Finding, FindingKind, ObserveStatus};
 use volmgr::tracer::timeline::{self, TimelineStore};
@@ -157,8 +158,10 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     };
     let scan_task = tokio::spawn(scanner.run(obs.scan_period, stop_rx.clone()));
     // The same pod sources as manager mode, feeding the (never started)
-    // manager's desired state.
-    let source_task = crate::agent::spawn_sources(&opts, kube, &vm, &stop_rx);
+    // manager's desired state; payload volumes by name only, so the agent
+    // needs no right to read ConfigMaps, Secrets or the Node.
+    let source_task =
+        crate::agent::spawn_sources(&opts, kube, &vm, &stop_rx, PayloadResolution::NamesOnly);
     tracing::info!(root = %opts.root.display(), state_dir = %state.display(), "observing (read-only)");
     let result = crate::agent::wait_for_stop(source_task).await;
     let _ = stop_tx.send(true);

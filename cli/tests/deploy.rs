@@ -398,31 +398,40 @@ fn observe_mode_is_the_default_and_reads_only() {
     let state = m.flag("state-dir").unwrap();
     assert!(!Path::new(&state).starts_with(m.flag("root").unwrap()));
 
-    // RBAC: reads of the pods and what their volumes refer to (and of a
-    // stuck pod's events); events recorded.
+    // RBAC: reads of the pods and of what decides their volumes' names (and
+    // of a stuck pod's events); events recorded.
     let granted = m.granted();
     assert_eq!(
         granted,
         want(&[
             (
                 "",
-                &[
-                    "pods",
-                    "persistentvolumeclaims",
-                    "persistentvolumes",
-                    "configmaps",
-                    "secrets",
-                    "nodes"
-                ],
+                &["pods", "persistentvolumeclaims", "persistentvolumes"],
                 READ
             ),
             ("storage.k8s.io", &["csidrivers", "volumeattachments"], READ),
-            ("certificates.k8s.io", &["clustertrustbundles"], READ),
             ("events.k8s.io", &["events"], &["create", "patch"]),
             // A stuck pod's recent events, read back for finding (d).
             ("", &["events"], &["get", "list"]),
         ])
     );
+    // Payload volumes are observed by name only: no right to read what
+    // they hold (a read-only observer that could read every Secret would
+    // not be installed), nor the Node.
+    for g in &granted {
+        let resource = g.split_once(':').unwrap().0.rsplit('/').next().unwrap();
+        assert!(
+            ![
+                "configmaps",
+                "secrets",
+                "nodes",
+                "clustertrustbundles",
+                "serviceaccounts"
+            ]
+            .contains(&resource),
+            "observe mode may not read {g}"
+        );
+    }
     for g in &granted {
         let (resource, verb) = g.split_once(':').unwrap();
         assert!(

@@ -147,9 +147,47 @@ impl Drop for DeletedLoop {
     }
 }
 
+/// A pod with configMap, secret, downwardAPI and projected volumes (the
+/// secret and projected ones are tmpfs mounts), with its ConfigMap and
+/// Secret.
+fn config_pod_yaml() -> String {
+    let objects = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cm, namespace: test}\ndata: {a: \"1\"}\n---\napiVersion: v1\nkind: Secret\nmetadata: {name: sec, namespace: test}\ndata: {k: aGk=}\n---\n";
+    let pod = support::pod_yaml(
+        "config",
+        "uid-config",
+        &[
+            ("cm", "configMap: {name: cm}"),
+            ("sec", "secret: {secretName: sec}"),
+            (
+                "dapi",
+                "downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}",
+            ),
+            (
+                "proj",
+                "projected: {sources: [{configMap: {name: cm}}, {downwardAPI: {items: [{path: ns, fieldRef: {fieldPath: metadata.namespace}}]}}]}",
+            ),
+        ],
+    );
+    format!("{objects}{pod}")
+}
+
+/// What observe mode may not read (deploy/rbac.yaml): payload volumes are
+/// observed by name only.
+const NOT_READ: [&str; 5] = [
+    "configmaps",
+    "secrets",
+    "nodes",
+    "clustertrustbundles",
+    "serviceaccounts",
+];
+
 /// The objects of the manifests directory on the fake API server, the
-/// pods bound to `node-1` and running, with the Node.
+/// pods bound to `node-1` and running, with the Node; ConfigMaps and
+/// Secrets are not served, and none of [`NOT_READ`] may be read.
 fn serve_manifests(env: &Env, api: &FakeApiServer) {
+    for r in NOT_READ {
+        api.refuse_reads_of(r);
+    }
     api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1"},
         "status": {"allocatable": {"cpu": "2", "memory": "1Gi"}, "capacity": {"cpu": "2", "memory": "1Gi"}}}));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&env.manifests)
@@ -161,6 +199,9 @@ fn serve_manifests(env: &Env, api: &FakeApiServer) {
         let text = std::fs::read_to_string(&f).unwrap();
         for doc in text.split("\n---\n") {
             let mut v: serde_json::Value = serde_norway::from_str(doc).unwrap();
+            if v["kind"] == "ConfigMap" || v["kind"] == "Secret" {
+                continue;
+            }
             if v["kind"] == "Pod" {
                 v["spec"]["nodeName"] = "node-1".into();
                 v["status"] = serde_json::json!({"phase": "Running"});
@@ -247,6 +288,7 @@ fn set_up_node(env: &Env, driver: &Driver) {
         "orphan.yaml",
         &pod_yaml("orphan", "uid-orphan", None, false),
     );
+    env.write_manifest("config.yaml", &config_pod_yaml());
     let flag = driver.flag();
     let agent = env.start_agent(&["--csi-driver", &flag, "--node-name", "node-1"]);
     for uid in [
@@ -256,6 +298,7 @@ fn set_up_node(env: &Env, driver: &Driver) {
         "uid-lost",
         "uid-orphan",
         "uid-mapped",
+        "uid-config",
     ] {
         assert_eq!(env.wait_pod(uid, 90.0), 0, "{}", agent.log());
     }
@@ -394,6 +437,20 @@ fn observe_mode_reports_each_finding_and_changes_nothing() {
                 .filter(|f| f["kind"] != "loop_backing_deleted" || f["path"] == lo.0.as_str())
                 .collect();
             assert_eq!(ours.len(), expected.len(), "{report:#}");
+            // The pod with payload volumes, whose ConfigMap and Secret the
+            // observer may not read, is observed by name: no finding, and
+            // none of those objects (nor the Node) asked for.
+            assert!(
+                !report["findings"].to_string().contains("uid-config"),
+                "{report:#}"
+            );
+            let asked: Vec<String> = api
+                .requests()
+                .into_iter()
+                .map(|r| r.path)
+                .filter(|p| NOT_READ.iter().any(|r| p.contains(&format!("/{r}"))))
+                .collect();
+            assert!(asked.is_empty(), "{asked:?}");
             for f in &ours {
                 assert!(!f["summary"].as_str().unwrap().is_empty(), "{f:#}");
                 assert!(

@@ -42,6 +42,7 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use volmgr::populator::convert::PayloadResolution;
 use volmgr::populator::objects::{Kind, KindVisitor, ObjectKind, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
@@ -117,6 +118,20 @@ impl ApiPodSource {
     /// `kubeconfig /etc/kubeconfig`).
     pub fn with_ca_origin(mut self, ca: &str) -> Self {
         self.problems = ApiProblems::new(Arc::clone(&self.sink), ca);
+        self
+    }
+
+    /// Resolves the pods' payload volumes as `payloads` says. With
+    /// [`PayloadResolution::NamesOnly`] (observe mode) the source reads,
+    /// watches and waits for no ConfigMap, Secret, ClusterTrustBundle,
+    /// ServiceAccount, nor this Node: the Node's allocatable (downwardAPI
+    /// limits, a memory emptyDir's size) and labels (local PVs' node
+    /// affinity, checked by the kubelet) change no volume's name either.
+    pub fn with_payload_resolution(mut self, payloads: PayloadResolution) -> Self {
+        self.resolver.set_payload_resolution(payloads);
+        if payloads == PayloadResolution::NamesOnly {
+            self.resolver.set_node_name("");
+        }
         self
     }
 

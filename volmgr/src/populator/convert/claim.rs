@@ -33,6 +33,7 @@ pub(super) fn persistent_volume_claim(
     namespace: &str,
     owner: Option<&PodUid>,
     objects: &ObjectStore,
+    payloads: super::PayloadResolution,
 ) -> Result<VolumeSource> {
     let claim = ClaimRef {
         namespace,
@@ -61,7 +62,11 @@ pub(super) fn persistent_volume_claim(
     let volume_mode = volume_mode(&pv_name, spec, usage)?;
     let secret =
         |r: &Option<SecretReference>, field: &str| -> Result<Option<std::sync::Arc<CsiSecrets>>> {
-            secret_of(objects, &pv_name, r, field)
+            match payloads {
+                super::PayloadResolution::Full => secret_of(objects, &pv_name, r, field),
+                // A Secret's content never changes the volume's name.
+                super::PayloadResolution::NamesOnly => Ok(None),
+            }
         };
     Ok(VolumeSource::Csi(Box::new(CsiVolumeSource {
         driver: csi.driver.clone(),

@@ -19,6 +19,23 @@ use std::sync::Arc;
 use crate::populator::objects::ObjectStore;
 use crate::volume::CsiSecrets;
 
+/// How much of a pod's volumes the conversion resolves from other objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PayloadResolution {
+    /// Everything a mount needs: configMap, secret, downwardAPI and
+    /// projected volumes into their files and tokens (reading ConfigMaps,
+    /// Secrets, ClusterTrustBundles, ServiceAccounts and the Node), and
+    /// CSI volumes' Secrets.
+    #[default]
+    Full,
+    /// Only what decides each volume's unique name, plugin and path (observe
+    /// mode, which sets nothing up): a payload volume is its kind, with no
+    /// files and no tokens, and no ConfigMap, Secret, ClusterTrustBundle or
+    /// ServiceAccount is read (nor a CSI volume's Secrets). Claims, volumes
+    /// and CSIDrivers are still read: they decide CSI volumes' names.
+    NamesOnly,
+}
+
 /// A pod's service account (`spec.serviceAccountName`, `default` when
 /// unset, as admission sets it).
 pub fn pod_service_account(pod: &k8s_openapi::api::core::v1::Pod) -> String {

@@ -20,7 +20,9 @@ use k8s_openapi::api::core::v1::{
     ServiceAccountTokenProjection, VolumeProjection,
 };
 
-use super::{invalid, pod_service_account, service_account_uid, VolumeSpecError};
+use super::{
+    invalid, pod_service_account, service_account_uid, PayloadResolution, VolumeSpecError,
+};
 use crate::plugins::atomic_writer::{self, validate_path};
 use crate::populator::objects::ObjectStore;
 use crate::quantity;
@@ -41,6 +43,8 @@ pub(crate) struct PayloadContext<'a> {
     pub(crate) uid: &'a str,
     /// The objects, when the source has them.
     pub(crate) objects: Option<&'a ObjectStore>,
+    /// Files and tokens, or the kind only.
+    pub(crate) payloads: PayloadResolution,
 }
 
 type Files = BTreeMap<String, PayloadFile>;
@@ -504,6 +508,11 @@ pub(crate) fn payload_source(
     v: &k8s_openapi::api::core::v1::Volume,
     ctx: &PayloadContext<'_>,
 ) -> Option<Result<VolumeSource, VolumeSpecError>> {
+    if ctx.payloads == PayloadResolution::NamesOnly {
+        // The kind decides the plugin, and so the unique name and path; the
+        // files are the payload plugin's to write, never looked at here.
+        return payload_kind(v).map(|kind| Ok(payload(kind, Files::new(), Vec::new())));
+    }
     if ctx.objects.is_none() && reads_objects(v) {
         return None;
     }
@@ -554,6 +563,21 @@ pub(crate) fn payload_source(
         }
         Ok(source)
     }))
+}
+
+/// The payload kind of volume `v`, if it is a payload volume.
+fn payload_kind(v: &k8s_openapi::api::core::v1::Volume) -> Option<PayloadKind> {
+    if v.config_map.is_some() {
+        Some(PayloadKind::ConfigMap)
+    } else if v.secret.is_some() {
+        Some(PayloadKind::Secret)
+    } else if v.downward_api.is_some() {
+        Some(PayloadKind::DownwardApi)
+    } else if v.projected.is_some() {
+        Some(PayloadKind::Projected)
+    } else {
+        None
+    }
 }
 
 /// Whether volume `v` may read this node's Node object: a downwardAPI

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
 pub use super::VolumeSpecError;
-use super::{fetch_secret, invalid, Usage};
+use super::{fetch_secret, invalid, PayloadResolution, Usage};
 pub use crate::populator::objects::ObjectStore;
 use crate::quantity;
 use crate::volume::{
@@ -91,6 +91,18 @@ impl DesiredPod {
     /// Converts and validates a pod, resolving PVCs, PVs and Secrets through
     /// `objects` (when given).
     pub fn from_pod_with(pod: &Pod, objects: Option<&ObjectStore>) -> Result<Self, PodRejected> {
+        Self::from_pod_resolving(pod, objects, PayloadResolution::Full)
+    }
+
+    /// Converts and validates a pod like [`DesiredPod::from_pod_with`],
+    /// resolving payload volumes (and CSI volumes' Secrets) as `payloads`
+    /// says: [`PayloadResolution::NamesOnly`] reads no ConfigMap, Secret,
+    /// ClusterTrustBundle or ServiceAccount.
+    pub fn from_pod_resolving(
+        pod: &Pod,
+        objects: Option<&ObjectStore>,
+        payloads: PayloadResolution,
+    ) -> Result<Self, PodRejected> {
         let namespace = pod
             .metadata
             .namespace
@@ -125,6 +137,7 @@ impl DesiredPod {
             namespace: &namespace,
             name: &name,
             objects,
+            payloads,
         };
         let volumes = pod_volumes(pod, &ctx);
         let sc = spec.and_then(|s| s.security_context.as_ref());
@@ -238,6 +251,7 @@ struct ResolveContext<'a> {
     namespace: &'a str,
     name: &'a str,
     objects: Option<&'a ObjectStore>,
+    payloads: PayloadResolution,
 }
 
 /// Parses one volume's source, or says why it cannot be used; a CSI
@@ -273,7 +287,14 @@ fn parse_plain_source(
     }
     if let Some(pvc) = &v.persistent_volume_claim {
         if let Some(objects) = ctx.objects {
-            return super::claim::persistent_volume_claim(pvc, usage, ctx.namespace, None, objects);
+            return super::claim::persistent_volume_claim(
+                pvc,
+                usage,
+                ctx.namespace,
+                None,
+                objects,
+                ctx.payloads,
+            );
         }
     }
     // A generic ephemeral volume: the claim `<pod>-<volume>` that the
@@ -290,6 +311,7 @@ fn parse_plain_source(
                 ctx.namespace,
                 Some(ctx.uid),
                 objects,
+                ctx.payloads,
             );
         }
     }
@@ -298,6 +320,7 @@ fn parse_plain_source(
         namespace: ctx.namespace,
         uid: ctx.uid.as_str(),
         objects: ctx.objects,
+        payloads: ctx.payloads,
     };
     if let Some(res) = super::payload::payload_source(v, &payload_ctx) {
         return res;
@@ -497,6 +520,8 @@ fn inline_csi(
     }
     let node_publish_secrets = match &csi.node_publish_secret_ref {
         None => None,
+        // A Secret's content never changes the volume's name.
+        Some(_) if ctx.payloads == PayloadResolution::NamesOnly => None,
         Some(r) => {
             let what = "csi.nodePublishSecretRef";
             if r.name.is_empty() {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::populator::convert::pod::{DesiredPod, PodRejected};
+use crate::populator::convert::PayloadResolution;
 use crate::populator::objects::{Dependents, KubeObject, ObjectKind, ObjectRef, ObjectStore};
 use crate::populator::{PodSink, SubPathTiming};
 use crate::volume::PodUid;
@@ -40,6 +41,8 @@ pub struct PodResolver {
     held: HashMap<PodUid, String>,
     /// When the pods' subPaths are prepared.
     sub_path_timing: SubPathTiming,
+    /// How payload volumes (and CSI volumes' Secrets) are resolved.
+    payloads: PayloadResolution,
 }
 
 impl PodResolver {
@@ -53,6 +56,7 @@ impl PodResolver {
             confirmed: None,
             held: HashMap::new(),
             sub_path_timing: SubPathTiming::AtSetUp,
+            payloads: PayloadResolution::Full,
         }
     }
 
@@ -189,6 +193,13 @@ impl PodResolver {
         self.sub_path_timing = timing;
     }
 
+    /// How pods' payload volumes are resolved from now on (in full unless
+    /// set): [`PayloadResolution::NamesOnly`] reads none of the objects they
+    /// name, so no pod waits for or follows them.
+    pub fn set_payload_resolution(&mut self, payloads: PayloadResolution) {
+        self.payloads = payloads;
+    }
+
     /// The objects known.
     pub fn objects(&self) -> &ObjectStore {
         &self.store
@@ -254,7 +265,7 @@ impl PodResolver {
             self.release(&pod.uid);
             (pod, Some((raw, deps)))
         } else {
-            let mut pod = DesiredPod::from_pod(&raw)?;
+            let mut pod = DesiredPod::from_pod_resolving(&raw, None, self.payloads)?;
             pod.sub_path_release = self.sub_path_timing.release(&raw);
             (pod, None)
         };
@@ -287,7 +298,7 @@ impl PodResolver {
     pub fn resolve(&self, raw: &Pod) -> Result<(DesiredPod, BTreeSet<ObjectRef>), PodRejected> {
         let (pod, deps) = self
             .store
-            .recording(|store| DesiredPod::from_pod_with(raw, Some(store)));
+            .recording(|store| DesiredPod::from_pod_resolving(raw, Some(store), self.payloads));
         let mut pod = pod?;
         pod.sub_path_release = self.sub_path_timing.release(raw);
         Ok((pod, deps))
@@ -341,12 +352,14 @@ mod tests {
         Mutex<Vec<(String, bool)>>,
         Arc<World>,
         Mutex<HashMap<String, Vec<String>>>,
+        Mutex<Option<DesiredPod>>,
     );
 
     impl PodSink for Recording {
         fn set_pod(&self, pod: DesiredPod) {
             let failed = pod.volumes.iter().any(|v| v.source.is_err());
             self.0.lock().unwrap().push((pod.uid.to_string(), failed));
+            *self.3.lock().unwrap() = Some(pod);
         }
         fn delete_pod(&self, _: &PodUid) -> bool {
             true
@@ -504,5 +517,80 @@ mod tests {
             .as_deref()
             .is_some_and(|e| e.contains("not found")));
         assert!(!dsw.pod_exists_in_volume(&name, &uid), "not kept mounted");
+    }
+
+    /// Each volume's name, plugin and unique name (what the observer
+    /// matches with the kubelet's directories), or its error.
+    fn volume_names(pod: &DesiredPod) -> Vec<(String, String, String)> {
+        pod.volumes
+            .iter()
+            .map(|v| {
+                let plugin = match &v.source {
+                    Ok(VolumeSource::Payload(p)) => {
+                        crate::plugins::config_volumes::plugin_name(p.kind).to_string()
+                    }
+                    other => format!("{other:?}"),
+                };
+                let unique = crate::volume::UniqueVolumeName::per_pod(&plugin, &pod.uid, &v.name);
+                (v.name.clone(), plugin, unique.to_string())
+            })
+            .collect()
+    }
+
+    /// Observe mode: configMap, secret and projected (kube-api-access:
+    /// token, kube-root-ca.crt, downwardAPI) volumes convert, with none of
+    /// their objects readable, to the volumes full resolution gives with
+    /// them present (same names and plugins, no files); the pod is handed
+    /// over at once and no object is to be followed.
+    #[test]
+    fn names_only_payloads_read_no_object_and_keep_their_names() {
+        let mount = |n: &str| serde_json::json!({"name": n, "mountPath": format!("/{n}")});
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "00000000-0000-0000-0000-0000000000bb"},
+            "spec": {"serviceAccountName": "sa",
+                "containers": [{"name": "c", "image": "i",
+                    "volumeMounts": [mount("cm"), mount("sec"), mount("kube-api-access-x"), mount("dapi")]}],
+                "volumes": [
+                    {"name": "cm", "configMap": {"name": "cm"}},
+                    {"name": "sec", "secret": {"secretName": "s"}},
+                    {"name": "kube-api-access-x", "projected": {"defaultMode": 420, "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}},
+                    {"name": "dapi", "downwardAPI": {"items": [
+                        {"path": "cpu", "resourceFieldRef": {"containerName": "c", "resource": "limits.cpu"}}]}}]}}))
+        .unwrap();
+        let mut store = ObjectStore::default();
+        for o in [
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "cm", "namespace": "ns"}, "data": {"a": "1"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": "ns"}, "data": {"ca.crt": "CA"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "s", "namespace": "ns"}, "data": {"k": "aHVudGVyMg=="}}),
+        ] {
+            store.insert(KubeObject::from_json(o).unwrap());
+        }
+        let full = DesiredPod::from_pod_with(&pod, Some(&store)).unwrap();
+        assert!(full.volumes.iter().all(|v| v.source.is_ok()), "{full:?}");
+
+        let sink = Arc::new(Recording::default());
+        let mut r = PodResolver::with_confirmation(Arc::clone(&sink) as Arc<dyn PodSink>);
+        r.set_payload_resolution(PayloadResolution::NamesOnly);
+        r.upsert_pod(Arc::new(pod)).unwrap();
+        let names_only = sink.3.lock().unwrap().clone().expect("not held back");
+        assert!(sink.2.lock().unwrap().is_empty(), "no wait shows");
+        assert!(r.referenced_objects().is_empty(), "nothing to follow");
+        assert!(r.objects().is_empty());
+        assert_eq!(volume_names(&names_only), volume_names(&full));
+        assert_eq!(names_only.volumes.len(), 4);
+        for v in &names_only.volumes {
+            match &v.source {
+                Ok(VolumeSource::Payload(p)) => {
+                    assert!(p.files.is_empty() && p.tokens.is_empty(), "{p:?}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }
