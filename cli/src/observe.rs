@@ -32,7 +32,7 @@ use volmgr::status::RecentSyscall;
 use volmgr::status::{Finding, FindingKind, ObserveStatus};
 use volmgr::tracer::timeline::{self, TimelineStore};
 use volmgr::util::sync::MutexExt;
-use volmgr::volumemanager::{Config, CsiSetup, VolumeManager, VolumeManagerBuilder};
+use volmgr::volumemanager::{Built, Config, CsiSetup, VolumeManager, VolumeManagerBuilder};
 
 /// The failpoint that makes the observing agent try a write under ROOT
 /// (the test that the kernel refuses it).
@@ -91,24 +91,30 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
     move |source| AgentError::Io { what, source }
 }
 
-/// Runs the observing agent until SIGTERM or SIGINT.
-pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentError> {
-    crate::agent::check_sources(&opts)?;
+/// The (never started) volume manager whose desired and actual states the
+/// observer reads: the same set-up as manager mode and the C ABI, but ROOT's
+/// propagation is left alone and the plugin registry is not followed
+/// (registering a driver answers the driver, NotifyRegistrationStatus,
+/// which is the kubelet's to do).
+fn build_manager(opts: &AgentOptions) -> Result<Built, AgentError> {
     let mut config = Config::new(&opts.root);
     // Observe mode changes nothing under ROOT: not even its propagation.
     config.make_root_shared = false;
     config.node_name = opts.node_name.clone();
-    // The same set-up as manager mode and the C ABI, but the plugin
-    // registry is not followed: registering a driver answers the driver
-    // (NotifyRegistrationStatus), which is the kubelet's to do.
-    let built = VolumeManagerBuilder::new(config)
+    Ok(VolumeManagerBuilder::new(config)
         .tracer(opts.tracer)
         .csi(CsiSetup {
             timeout: opts.csi_timeout,
             drivers: opts.csi_drivers.clone(),
             watch_plugins_registry: false,
         })
-        .build()?;
+        .build()?)
+}
+
+/// Runs the observing agent until SIGTERM or SIGINT.
+pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentError> {
+    crate::agent::check_sources(&opts)?;
+    let built = build_manager(&opts)?;
     let vm = Arc::clone(&built.vm);
     let state = obs
         .state_dir
