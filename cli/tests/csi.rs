@@ -54,16 +54,6 @@ fn pod_yaml(name: &str, uid: &str, pvs: &[&str]) -> String {
     support::pod_yaml(name, uid, &refs)
 }
 
-/// `ROOT/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`.
-fn publish_path(env: &Env, uid: &str, pv: &str) -> PathBuf {
-    env.root
-        .join("pods")
-        .join(uid)
-        .join("volumes/kubernetes.io~csi")
-        .join(pv)
-        .join("mount")
-}
-
 /// `ROOT/plugins/kubernetes.io/csi/<driver>/<sha256(handle)>/globalmount`.
 fn stage_path(env: &Env, handle: &str) -> PathBuf {
     let h = volmgr::plugins::csi::handle_hash(handle);
@@ -128,8 +118,8 @@ fn two_pods_share_one_staged_volume() {
         driver.expect("NodeStageVolume", "vol-1", "OK", 1);
         driver.expect("NodePublishVolume", "vol-1", "OK", 2);
         let (pa, pb) = (
-            publish_path(&env, "uid-a", "pv-1"),
-            publish_path(&env, "uid-b", "pv-1"),
+            env.csi_publish_path("uid-a", "pv-1"),
+            env.csi_publish_path("uid-b", "pv-1"),
         );
         let stage = stage_path(&env, "vol-1");
         for p in [&pa, &pb, &stage] {
@@ -387,7 +377,7 @@ fn expansion_is_visible_in_statfs() {
         env.write_manifest("p.yaml", &pod_yaml("p", "uid-p", &["pv-e"]));
         let agent = start_agent(&env, &driver, &[]);
         assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
-        let path = publish_path(&env, "uid-p", "pv-e");
+        let path = env.csi_publish_path("uid-p", "pv-e");
         let size = |p: &Path| {
             let s = nix::sys::statvfs::statvfs(p).unwrap();
             s.blocks() as u64 * s.fragment_size() as u64
@@ -459,7 +449,7 @@ fn injected_faults_converge_without_leaks() {
                 "{v}: {}",
                 agent.log()
             );
-            let p = publish_path(&env, &format!("uid-{v}"), v);
+            let p = env.csi_publish_path(&format!("uid-{v}"), v);
             assert_eq!(env.mount_count(&p), 1, "{v}: published once");
             assert_eq!(env.mount_count(&stage_path(&env, v)), 1, "{v}: staged once");
         };
@@ -582,7 +572,7 @@ fn invalid_argument_once_is_retried_on_publish_unpublish_and_unstage() {
             assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
             driver.expect("NodePublishVolume", "vol-1", "INVALID_ARGUMENT", 1);
             driver.expect("NodePublishVolume", "vol-1", "OK", 1);
-            assert_eq!(env.mount_count(&publish_path(&env, "uid-a", "pv-1")), 1);
+            assert_eq!(env.mount_count(&env.csi_publish_path("uid-a", "pv-1")), 1);
             env.remove_manifest("a.yaml");
             for m in ["NodeUnpublishVolume", "NodeUnstageVolume"] {
                 driver.expect(m, "vol-1", "INVALID_ARGUMENT", 1);
@@ -693,7 +683,7 @@ fn agent_restarts_keep_the_staging_reference_count() {
         let agent = start_agent(&env, &driver, &[]);
         assert_eq!(env.wait_pod("uid-a", 60.0), 0, "{}", agent.log());
         assert_eq!(env.wait_pod("uid-b", 60.0), 0);
-        let pb = publish_path(&env, "uid-b", "pv-1");
+        let pb = env.csi_publish_path("uid-b", "pv-1");
         std::fs::write(pb.join("keep"), b"b's data").unwrap();
         driver.expect("NodePublishVolume", "vol-1", "OK", 2);
 
@@ -736,7 +726,7 @@ fn agent_restarts_keep_the_staging_reference_count() {
         assert_eq!(env.wait_pod("uid-c", 60.0), 0, "{}", agent.log());
         // A completed stage is not staged again.
         driver.expect("NodeStageVolume", "vol-2", "OK", 1);
-        assert_eq!(env.mount_count(&publish_path(&env, "uid-c", "pv-2")), 1);
+        assert_eq!(env.mount_count(&env.csi_publish_path("uid-c", "pv-2")), 1);
         assert_eq!(env.mount_count(&stage_path(&env, "vol-2")), 1);
 
         for m in ["b.yaml", "c.yaml"] {
@@ -777,7 +767,7 @@ fn cleanup_waits_for_an_unregistered_driver() {
                     })
             })
         });
-        assert_eq!(env.mount_count(&publish_path(&env, "uid-a", "pv-1")), 1);
+        assert_eq!(env.mount_count(&env.csi_publish_path("uid-a", "pv-1")), 1);
         assert_eq!(driver.count("NodeUnpublishVolume", "vol-1", "OK"), 0);
         // A new pod of that driver is pending (not failed) meanwhile.
         env.write_manifest("pv2.yaml", &pv_yaml("pv-2", "vol-2", "64Mi", false, ""));
@@ -818,7 +808,7 @@ fn driver_killed_mid_publish_then_restarted() {
         driver.wait_exit();
         // The publish happened but its answer was lost: the mount exists,
         // yet the volume is uncertain, not mounted.
-        let target = publish_path(&env, "uid-a", "pv-1");
+        let target = env.csi_publish_path("uid-a", "pv-1");
         assert_eq!(env.mount_count(&target), 1);
         wait_for("uncertain in status", || {
             volume_status(&env, "uid-a").is_some_and(|(s, _, _)| s == "uncertain")
@@ -979,7 +969,7 @@ fn fs_group_is_applied_to_read_write_once_volumes_only() {
             env.write_manifest("pod.yaml", &pod);
             let agent = start_agent(&env, &driver, &[]);
             assert_eq!(env.wait_pod("uid-fsg", 60.0), 0, "{}", agent.log());
-            let rwo = publish_path(&env, "uid-fsg", "pv-rwo");
+            let rwo = env.csi_publish_path("uid-fsg", "pv-rwo");
             let root = std::fs::metadata(&rwo).unwrap();
             assert_eq!(root.gid(), 3456, "{}", agent.log());
             assert_eq!(root.mode() & 0o2070, 0o2070, "root mode {:o}", root.mode());
@@ -988,7 +978,7 @@ fn fs_group_is_applied_to_read_write_once_volumes_only() {
                 std::fs::metadata(rwo.join("lost+found")).unwrap().gid(),
                 3456
             );
-            let rwx = std::fs::metadata(publish_path(&env, "uid-fsg", "pv-rwx")).unwrap();
+            let rwx = std::fs::metadata(env.csi_publish_path("uid-fsg", "pv-rwx")).unwrap();
             assert_ne!(rwx.gid(), 3456, "a ReadWriteMany volume was changed");
             env.remove_manifest("pod.yaml");
             env.wait_for("pod torn down", || !env.root.join("pods/uid-fsg").exists());
@@ -1061,7 +1051,7 @@ fn a_reboot_stages_again_before_publishing() {
         env.write_manifest("p.yaml", FS_AND_BLOCK_POD);
         let agent = start_agent(&env, &driver, &[]);
         assert_eq!(env.wait_pod("uid-p", 60.0), 0, "{}", agent.log());
-        let data = publish_path(&env, "uid-p", "pv-1");
+        let data = env.csi_publish_path("uid-p", "pv-1");
         std::fs::write(data.join("keep"), b"written before the reboot").unwrap();
         let (_, link, _) = block_paths(&env, "uid-p", "pv-b");
         {

@@ -11,7 +11,7 @@
 mod csi_driver;
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use csi_driver::{wait_or_dump, Driver};
 use serde_json::{json, Value};
@@ -51,16 +51,6 @@ fn pod(name: &str, uid: &str, pv: &str) -> Value {
 /// The unique name of `pv`'s volume (the kubelet's for CSI).
 fn volume_name(pv: &str) -> String {
     format!("kubernetes.io/csi/{DRIVER}^h-{pv}")
-}
-
-/// `ROOT/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`.
-fn publish_path(env: &Env, uid: &str, pv: &str) -> PathBuf {
-    env.root
-        .join("pods")
-        .join(uid)
-        .join("volumes/kubernetes.io~csi")
-        .join(pv)
-        .join("mount")
 }
 
 fn start_agent(env: &Env, kubeconfig: &Path, driver: &Driver) -> Agent {
@@ -124,13 +114,15 @@ fn volumes_in_use_keeps_a_mounted_volume_across_a_kill9() {
             // Mounted, and the publish recorded as done: a kill between
             // NodePublishVolume's answer and the record leaves an uncertain
             // volume, rightly published again after the restart.
-            let record = publish_path(&env, uid, "pv-a").with_file_name(PUBLISHED_FILE);
+            let record = env
+                .csi_publish_path(uid, "pv-a")
+                .with_file_name(PUBLISHED_FILE);
             wait_or_dump(&env, &agent, &driver, "pv-a mounted and reported", || {
-                env.mount_count(&publish_path(&env, uid, "pv-a")) == 1
+                env.mount_count(&env.csi_publish_path(uid, "pv-a")) == 1
                     && record.exists()
                     && node_in_use(&api) == [a.clone()]
             });
-            std::fs::write(publish_path(&env, uid, "pv-a").join("data"), "kept").unwrap();
+            std::fs::write(env.csi_publish_path(uid, "pv-a").join("data"), "kept").unwrap();
             agent.kill9();
 
             let before = api.requests().len();
@@ -149,7 +141,7 @@ fn volumes_in_use_keeps_a_mounted_volume_across_a_kill9() {
             api.apply(pod("b", uid_b, "pv-b"));
             let b = volume_name("pv-b");
             wait_or_dump(&env, &agent, &driver, "pv-b mounted and reported", || {
-                env.mount_count(&publish_path(&env, uid_b, "pv-b")) == 1
+                env.mount_count(&env.csi_publish_path(uid_b, "pv-b")) == 1
                     && node_in_use(&api) == [a.clone(), b.clone()]
             });
             api.delete("Pod", "test", "b", false);
@@ -167,9 +159,9 @@ fn volumes_in_use_keeps_a_mounted_volume_across_a_kill9() {
                     .all(|w| w.as_ref().is_some_and(|l| l.contains(&a))),
                 "a write after the restart left out the mounted {a}: {all:?}"
             );
-            assert_eq!(env.mount_count(&publish_path(&env, uid, "pv-a")), 1);
+            assert_eq!(env.mount_count(&env.csi_publish_path(uid, "pv-a")), 1);
             assert_eq!(
-                std::fs::read_to_string(publish_path(&env, uid, "pv-a").join("data")).unwrap(),
+                std::fs::read_to_string(env.csi_publish_path(uid, "pv-a").join("data")).unwrap(),
                 "kept"
             );
             driver.expect("NodePublishVolume", "h-pv-a", "OK", 1);

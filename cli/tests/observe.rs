@@ -53,15 +53,6 @@ fn pod_yaml(name: &str, uid: &str, pv: Option<&str>, memory: bool) -> String {
     support::pod_yaml(name, uid, &vols)
 }
 
-fn publish_path(env: &Env, uid: &str, pv: &str) -> PathBuf {
-    env.root
-        .join("pods")
-        .join(uid)
-        .join("volumes/kubernetes.io~csi")
-        .join(pv)
-        .join("mount")
-}
-
 /// `plugins/kubernetes.io/csi/volumeDevices`: the CSI block layout.
 fn volume_devices(env: &Env) -> PathBuf {
     env.root.join("plugins/kubernetes.io/csi/volumeDevices")
@@ -314,7 +305,11 @@ fn plant(env: &Env) -> Vec<(&'static str, PathBuf)> {
     env.remove_manifest("orphan.yaml");
     env.remove_manifest("gone.yaml");
     // (c): unpublished and its pod directory removed, never unstaged.
-    umount2(&publish_path(env, "uid-drained", "pv-3"), MntFlags::empty()).unwrap();
+    umount2(
+        &env.csi_publish_path("uid-drained", "pv-3"),
+        MntFlags::empty(),
+    )
+    .unwrap();
     std::fs::remove_dir_all(env.root.join("pods/uid-drained")).unwrap();
     env.remove_manifest("drained.yaml");
     // (c), block: the device (the driver's loop device) still bound on the
@@ -330,7 +325,7 @@ fn plant(env: &Env) -> Vec<(&'static str, PathBuf)> {
     // (d): a new pod whose emptyDir nobody sets up.
     env.write_manifest("stuck.yaml", &pod_yaml("stuck", "uid-stuck", None, false));
     // (e): the publish mount went away behind the kubelet's back.
-    umount2(&publish_path(env, "uid-lost", "pv-4"), MntFlags::empty()).unwrap();
+    umount2(&env.csi_publish_path("uid-lost", "pv-4"), MntFlags::empty()).unwrap();
     // (f): a pod's tmpfs emptyDir mounted twice (a bind of itself on it).
     let twice = env.empty_dir("uid-keep", "scratch");
     mount(
@@ -345,14 +340,14 @@ fn plant(env: &Env) -> Vec<(&'static str, PathBuf)> {
         ("orphaned_pod_dir", env.root.join("pods/uid-orphan")),
         (
             "mounted_for_deleted_pod",
-            publish_path(env, "uid-gone", "pv-2"),
+            env.csi_publish_path("uid-gone", "pv-2"),
         ),
         ("unused_device_mount", stage_path(env, "vol-3")),
         ("unused_device_mount", devices.join("pv-5/dev")),
         ("volume_stuck", env.root.join("pods/uid-stuck")),
         (
             "recorded_not_mounted",
-            publish_path(env, "uid-lost", "pv-4"),
+            env.csi_publish_path("uid-lost", "pv-4"),
         ),
         ("mounted_more_than_once", twice),
     ]

@@ -58,20 +58,6 @@ fn events<'a>(s: &'a Status, kind: &str, vol: &str) -> Vec<&'a OutOfBandEvent> {
         .collect()
 }
 
-fn metrics_text(env: &Env) -> String {
-    let v = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(volmgr_cli::api::call(
-            &env.root,
-            &volmgr_cli::api::Request::Metrics,
-            std::time::Duration::from_secs(30),
-        ))
-        .unwrap();
-    v.as_str().unwrap().to_string()
-}
-
 /// The agent, started with `tracer`, repairs a volume unmounted by `umount`
 /// and removes foreign mounts from volume paths; status shows both.
 fn out_of_band_cycle(tracer: &str) {
@@ -136,7 +122,7 @@ fn out_of_band_cycle(tracer: &str) {
         assert!(row("mount", "tmpfs"), "{:?}", s.syscalls);
         assert!(row("umount2", ""), "{:?}", s.syscalls);
         // And in the Prometheus text.
-        let metrics = metrics_text(&env);
+        let metrics = env.metrics_text();
         assert!(
             metrics.contains("volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\""),
             "{metrics}"
@@ -146,7 +132,7 @@ fn out_of_band_cycle(tracer: &str) {
             "{metrics}"
         );
     }
-    let metrics = metrics_text(&env);
+    let metrics = env.metrics_text();
     let counter =
         format!("volmgr_out_of_band_changes_total{{kind=\"lost\",detected_by=\"{tracer}\"}} 1\n");
     assert!(metrics.contains(&counter), "{metrics}");

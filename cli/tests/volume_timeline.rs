@@ -30,7 +30,6 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use support::{isolated, pod_yaml, volmgr_bin, Env};
 use volmgr::tracer::timeline::PodTimeline;
@@ -44,20 +43,6 @@ fn ebpf_unavailable() -> Option<String> {
         Ok(_) => None,
         Err(e) => Some(e.to_string()),
     }
-}
-
-fn metrics_text(env: &Env) -> String {
-    let v = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(volmgr_cli::api::call(
-            &env.root,
-            &volmgr_cli::api::Request::Metrics,
-            Duration::from_secs(30),
-        ))
-        .unwrap();
-    v.as_str().unwrap().to_string()
 }
 
 /// `volmgr doctor --pod POD --json` (and `--svg` when given): the
@@ -162,7 +147,7 @@ fn doctor_shows_another_process_mounting_under_a_pod_volume() {
             let drawn = std::fs::read_to_string(&svg).unwrap();
             assert_eq!(drawn.matches("<rect ").count(), 2, "{drawn}");
 
-            let m = metrics_text(&env);
+            let m = env.metrics_text();
             assert!(
             m.contains("volmgr_mount_syscall_duration_seconds_count{syscall=\"mount\",fstype=\"tmpfs\",result=\"ok\",driver=\"example.com/test\"} 1\n"),
             "{m}"
@@ -286,7 +271,7 @@ fn a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck() {
             let (t, code) = doctor(&env, "test/web", None);
             assert_eq!(code, 1, "doctor exits 1 on a stuck call");
             assert!(t.stuck.iter().any(|x| x.tid == s.tid), "{t:?}");
-            let m = metrics_text(&env);
+            let m = env.metrics_text();
             // At least ours: the tracer sees every process, and a test
             // running beside this one may have a slow call of its own.
             let stuck_now: u64 = m
@@ -441,7 +426,7 @@ fn mkfs_run_by_the_csi_driver_is_in_the_staging_timeline_before_the_mount() {
             Some(format!("e2fsck -n {dev}").as_str())
         );
 
-        let m = metrics_text(&env);
+        let m = env.metrics_text();
         assert!(m.contains("\nvolmgr_trace_tool_runs_lost_total 0\n"), "{m}");
 
         env.remove_manifest("c.yaml");

@@ -173,6 +173,32 @@ impl Env {
         Agent { child, log }
     }
 
+    /// A CSI volume's publish target for a pod, as the kubelet lays it out:
+    /// `ROOT/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`.
+    pub fn csi_publish_path(&self, uid: &str, pv: &str) -> PathBuf {
+        self.root
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~csi")
+            .join(pv)
+            .join("mount")
+    }
+
+    /// The agent's Prometheus metrics, asked over its status socket.
+    pub fn metrics_text(&self) -> String {
+        let v = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(volmgr_cli::api::call(
+                &self.root,
+                &volmgr_cli::api::Request::Metrics,
+                Duration::from_secs(30),
+            ))
+            .unwrap();
+        v.as_str().unwrap().to_string()
+    }
+
     /// `volmgr status --json`, once the agent answers.
     pub fn status(&self) -> Status {
         let deadline = Instant::now() + Duration::from_secs(30);
