@@ -120,9 +120,22 @@ impl From<BuildError> for AgentError {
     }
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
+/// Maps an I/O error to [`AgentError::Io`] naming `what` was being done.
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
     let what = what.into();
     move |source| AgentError::Io { what, source }
+}
+
+/// The listener of `/metrics` and `/healthz`, when `--metrics-addr` is set.
+pub(crate) async fn bind_metrics(opts: &AgentOptions) -> Result<Option<TcpListener>, AgentError> {
+    match opts.metrics_addr {
+        Some(addr) => Ok(Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(io(format!("binding metrics address {addr}")))?,
+        )),
+        None => Ok(None),
+    }
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
@@ -158,14 +171,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         .set_threshold(opts.stuck_syscall_after);
     let watchers = built.start_watchers(stop_rx.clone())?;
     let listener = api::bind(&root).map_err(io("binding the status socket"))?;
-    let metrics = match opts.metrics_addr {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(io(format!("binding metrics address {addr}")))?,
-        ),
-        None => None,
-    };
+    let metrics = bind_metrics(&opts).await?;
     if let Some(l) = &metrics {
         if let Ok(addr) = l.local_addr() {
             tracing::info!(%addr, "serving Prometheus metrics on /metrics");

@@ -19,10 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
-use crate::agent::{AgentError, AgentOptions};
+use crate::agent::{io, AgentError, AgentOptions};
 use crate::apiserver::pod_events::{PodEvents, PodEventsConfig, PodKey};
 use crate::sandbox::{self, Confinement};
 use crate::{api, apiserver};
@@ -86,11 +85,6 @@ pub fn prepare(root: &Path, state_dir: &Path) -> Result<(), AgentError> {
     Ok(())
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
-    let what = what.into();
-    move |source| AgentError::Io { what, source }
-}
-
 /// The (never started) volume manager whose desired and actual states the
 /// observer reads: the same set-up as manager mode and the C ABI, but ROOT's
 /// propagation is left alone and the plugin registry is not followed
@@ -138,14 +132,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
         None
     };
     let listener = api::bind(&state).map_err(io("binding the status socket"))?;
-    let metrics = match opts.metrics_addr {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(io(format!("binding metrics address {addr}")))?,
-        ),
-        None => None,
-    };
+    let metrics = crate::agent::bind_metrics(&opts).await?;
     let events = kube
         .clone()
         .map(|c| crate::observe_events::FindingEvents::new(c, &opts.node_name));
