@@ -168,10 +168,11 @@ mod tests {
         unsafe {
             assert_eq!(volmgr_new(config.as_ptr(), &mut vm), VOLMGR_OK);
             assert_eq!(volmgr_start(vm), VOLMGR_OK);
-            // This test is the pod source: every pod is delivered (nothing is
-            // unmounted before, the kubelet's readyToUnmount).
-            assert_eq!(volmgr_sources_ready(vm), VOLMGR_OK);
+            // This test is the pod source: every pod is delivered, then the
+            // sources are ready (the kubelet's readyToUnmount: before the pod
+            // is back, a ready source would have its volume torn down).
             assert_eq!(volmgr_pod_upsert(vm, pod.as_ptr()), VOLMGR_OK);
+            assert_eq!(volmgr_sources_ready(vm), VOLMGR_OK);
             assert_eq!(
                 volmgr_wait_for_attach_and_mount(vm, c"uid-sp".as_ptr(), 30_000),
                 VOLMGR_OK
@@ -233,10 +234,11 @@ mod tests {
             volmgr_free(vm);
             assert_eq!(volmgr_new(config.as_ptr(), &mut vm), VOLMGR_OK);
             assert_eq!(volmgr_start(vm), VOLMGR_OK);
-            // This test is the pod source: every pod is delivered (nothing is
-            // unmounted before, the kubelet's readyToUnmount).
-            assert_eq!(volmgr_sources_ready(vm), VOLMGR_OK);
+            // This test is the pod source: every pod is delivered, then the
+            // sources are ready (the kubelet's readyToUnmount: before the pod
+            // is back, a ready source would have its volume torn down).
             assert_eq!(volmgr_pod_upsert(vm, pod.as_ptr()), VOLMGR_OK);
+            assert_eq!(volmgr_sources_ready(vm), VOLMGR_OK);
             assert_eq!(
                 volmgr_wait_for_attach_and_mount(vm, c"uid-sp".as_ptr(), 30_000),
                 VOLMGR_OK
