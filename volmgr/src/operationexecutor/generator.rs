@@ -87,8 +87,10 @@ pub async fn mount_volume(
         return Ok(());
     }
     let keys = subs.keys();
-    let (res, set_up) = match plugin.set_up(req).await {
-        Ok(path) => {
+    let mut known_mount_id = None;
+    let (res, set_up) = match plugin.set_up_and_mount_id(req).await {
+        Ok((path, id)) => {
+            known_mount_id = id;
             let r = match expand_during_mount(&world, &plugin, &volume, &pod, &spec, &path).await {
                 Ok(()) if subs.subs.is_empty() => Ok(path.clone()),
                 Ok(()) => bind_sub_paths(subs, pod.clone(), spec.name.clone(), path.clone())
@@ -103,7 +105,7 @@ pub async fn mount_volume(
     // Before the lock: a syscall or two.
     let (mount_id, selinux_relabel) = match &res {
         Ok(p) => (
-            plugin.mount_id(&pod, &spec),
+            known_mount_id.or_else(|| plugin.mount_id(&pod, &spec)),
             plugin.selinux_relabel(&spec, p),
         ),
         Err(_) => (None, spec.supports_selinux_relabel()),

@@ -241,7 +241,7 @@ fn set_up_sync(
 ) -> Result<(PathBuf, bool), VolumeError> {
     let mut mounted_now = false;
     if tmpfs {
-        mounted_now = mount_tmpfs_once(root, mounter, rel, Some("mode=0755"))?.1;
+        mounted_now = mount_tmpfs_once(root, mounter, rel, Some("mode=0755"))?.mounted;
     } else {
         root.mkdir_all(rel, 0o755)?;
     }

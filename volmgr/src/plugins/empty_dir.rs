@@ -91,25 +91,29 @@ fn plugin_dir(pod: &PodUid, volume: &str) -> Result<RelPath, crate::sys::root_di
     ])
 }
 
+/// Sets the volume up; returns its path and, when this call mounted a
+/// tmpfs on a directory it created, the mount's unique id.
 fn set_up_sync(
     root: &RootDir,
     mounter: &dyn Mounter,
     req: &MountRequest,
-) -> Result<PathBuf, VolumeError> {
+) -> Result<(PathBuf, Option<u64>), VolumeError> {
     let VolumeSource::EmptyDir { medium, size_limit } = &req.spec.source else {
         return Err(VolumeError::InvalidSpec("not an emptyDir volume".into()));
     };
     let rel = volume_dir(&req.pod_uid, &req.spec.name)?;
     let mut mounted_now = false;
+    let mut mount_id = None;
     let target = match medium {
         StorageMedium::Memory => {
             let data = size_limit.map(|s| format!("size={s}"));
-            let (target, mounted) = mount_tmpfs_once(root, mounter, &rel, data.as_deref())?;
-            if mounted {
+            let tmpfs = mount_tmpfs_once(root, mounter, &rel, data.as_deref())?;
+            if tmpfs.mounted {
                 mounted_now = true;
+                mount_id = tmpfs.mount_id;
                 failpoint::hit("emptydir.after_mount");
             }
-            target
+            tmpfs.target
         }
         StorageMedium::Default => {
             // A plain directory on ROOT's mount: never a mount's root.
@@ -138,31 +142,54 @@ fn set_up_sync(
         Err(e) => return Err(e),
     }
     failpoint::hit("emptydir.after_setup");
-    Ok(target.path().to_path_buf())
+    Ok((target.path().to_path_buf(), mount_id))
+}
+
+/// What [`mount_tmpfs_once`] found or did.
+pub(crate) struct TmpfsMount {
+    /// The directory (the one under the tmpfs).
+    pub target: Target,
+    /// Whether this call mounted the tmpfs.
+    pub mounted: bool,
+    /// The mount's unique id, when this call mounted it on a directory it
+    /// created (read through the directory's parent, still open).
+    pub mount_id: Option<u64>,
 }
 
 /// Makes directory `rel` and mounts a tmpfs (with `data`) on it, unless the
-/// tmpfs of an earlier set-up is there already. Returns the directory and
-/// whether this call mounted.
+/// tmpfs of an earlier set-up is there already.
 pub(crate) fn mount_tmpfs_once(
     root: &RootDir,
     mounter: &dyn Mounter,
     rel: &RelPath,
     data: Option<&str>,
-) -> Result<(Target, bool), VolumeError> {
-    let (target, created) = root.mkdir_mount_target(rel, 0o750)?;
+) -> Result<TmpfsMount, VolumeError> {
+    let dir = root.mkdir_mount_target_in(rel, 0o750)?;
+    let target = dir.target;
     // A directory this call created cannot carry a mount yet.
-    if !created && mounter.is_mount_point(&target)? {
+    if !dir.created && mounter.is_mount_point(&target)? {
         if mounter.fs_magic(&target)? != TMPFS_MAGIC {
             return Err(VolumeError::InvalidSpec(format!(
                 "{} is already a mount point of another file system than tmpfs",
                 target.path().display()
             )));
         }
-        return Ok((target, false));
+        return Ok(TmpfsMount {
+            target,
+            mounted: false,
+            mount_id: None,
+        });
     }
     mounter.mount("tmpfs", &target, "tmpfs", MsFlags::empty(), data)?;
-    Ok((target, true))
+    let mount_id = match (&dir.parent, target.path().file_name()) {
+        (Some(parent), Some(name)) => mounter.mount_id_in(parent, name).ok().flatten(),
+        _ => None,
+    };
+    Ok(TmpfsMount {
+        target,
+        mounted: true,
+        mount_id,
+    })
 }
 
 /// The kubelet's `SetVolumeOwnership` as its emptyDir plugin calls it: the
@@ -310,6 +337,13 @@ impl VolumePlugin for EmptyDirPlugin {
     }
 
     async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+        set_up_sync(&self.root, self.mounter.as_ref(), &req).map(|(path, _)| path)
+    }
+
+    async fn set_up_and_mount_id(
+        &self,
+        req: MountRequest,
+    ) -> Result<(PathBuf, Option<u64>), VolumeError> {
         set_up_sync(&self.root, self.mounter.as_ref(), &req)
     }
 
@@ -741,6 +775,52 @@ mod tests {
                     tear_down_through_a_foreign_mount(medium.clone(), depth);
                 }
             }
+        });
+    }
+
+    fn unmount_req(r: &MountRequest, path: &Path) -> UnmountRequest {
+        UnmountRequest {
+            pod_uid: r.pod_uid.clone(),
+            volume_name: r.volume_name.clone(),
+            spec: r.spec.clone(),
+            path: path.to_path_buf(),
+        }
+    }
+
+    /// The mount id a set-up learns through the parent it created is the one
+    /// [`VolumePlugin::mount_id`] reads from ROOT; a set-up that found the
+    /// tmpfs in place, or made a plain directory, learns none.
+    #[test]
+    fn set_up_learns_the_mount_id_of_the_tmpfs_it_mounted() {
+        use crate::sys::linux::LinuxMounter;
+        use crate::sys::test_child::{run_in_child, Child};
+        let name = crate::test_name!("set_up_learns_the_mount_id_of_the_tmpfs_it_mounted");
+        run_in_child(name, Child::PrivateMounts, || {
+            let t = tempfile::tempdir().unwrap();
+            let fs = MsFlags::empty();
+            nix::mount::mount(Some("tmpfs"), t.path(), Some("tmpfs"), fs, None::<&str>).unwrap();
+            let root = Arc::new(RootDir::open(t.path()).unwrap());
+            let pool = Arc::new(BlockingPool::new(1));
+            let p = EmptyDirPlugin::new(root, Arc::new(LinuxMounter), pool);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let r = req(StorageMedium::Memory, Some(1 << 20));
+            let (path, id) = rt.block_on(p.set_up_and_mount_id(r.clone())).unwrap();
+            assert!(id.is_some(), "a kernel with unique mount ids (6.8+)");
+            assert_eq!(id, p.mount_id(&r.pod_uid, &r.spec));
+            // Again on the mounted tmpfs: nothing mounted, nothing learned.
+            let same = rt.block_on(p.set_up_and_mount_id(r.clone())).unwrap();
+            assert_eq!(same, (path.clone(), None));
+            // Torn down and set up again: a new mount, a new id.
+            rt.block_on(p.tear_down(unmount_req(&r, &path))).unwrap();
+            let (_, again) = rt.block_on(p.set_up_and_mount_id(r.clone())).unwrap();
+            assert!(again.is_some() && again != id);
+            assert_eq!(again, p.mount_id(&r.pod_uid, &r.spec));
+            let mut plain = req(StorageMedium::Default, None);
+            plain.pod_uid = PodUid::new("plain").unwrap();
+            assert_eq!(rt.block_on(p.set_up_and_mount_id(plain)).unwrap().1, None);
+            rt.block_on(p.tear_down(unmount_req(&r, &path))).unwrap();
         });
     }
 

@@ -313,6 +313,16 @@ pub trait VolumePlugin: Send + Sync + 'static {
     /// restart, or when its state is uncertain), it completes without redoing.
     async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError>;
 
+    /// [`set_up`](Self::set_up), and the unique id of the mount it made when
+    /// setting up learned it on the way (see [`mount_id`](Self::mount_id),
+    /// asked otherwise). Default: `None`.
+    async fn set_up_and_mount_id(
+        &self,
+        req: MountRequest,
+    ) -> Result<(PathBuf, Option<u64>), VolumeError> {
+        self.set_up(req).await.map(|path| (path, None))
+    }
+
     /// Undoes `set_up`. Idempotent: a volume already gone is success.
     async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError>;
 

@@ -29,8 +29,10 @@ struct Frame {
     /// The open directory; `None` while closed to bound descriptors (only
     /// frames below the top are ever closed).
     fd: Option<OwnedFd>,
-    /// Its device and inode, to check a reopened directory is the same one.
-    id: (u64, u64),
+    /// Its device and inode, to check a reopened directory is the same one:
+    /// read from the descriptor when it is closed (most walks are shallow
+    /// and never close one, so never pay the `fstat`).
+    id: Option<(u64, u64)>,
     /// Listed entries not yet handed out.
     pending: Vec<dirents::DirEntry>,
     /// The last listing reached the end of the directory.
@@ -138,23 +140,35 @@ impl DirWalk {
     }
 
     fn push(&mut self, name: OsString, fd: OwnedFd) -> Result<(), SyscallError> {
-        let new_path = |w: &Self| w.path(Some(&name));
-        let st = nix::sys::stat::fstat(&fd)
-            .map_err(|e| SyscallError::new("fstat", new_path(self), e))?;
         let first = dirents::read_batch(fd.as_fd())
-            .map_err(|e| SyscallError::new("getdents64", new_path(self), e))?;
+            .map_err(|e| SyscallError::new("getdents64", self.path(Some(&name)), e))?;
         self.stack.push(Frame {
             name,
             fd: Some(fd),
-            id: (st.st_dev, st.st_ino),
+            id: None,
             pending: first.entries,
             listed_all: first.at_end,
         });
         if self.stack.len() - self.closed > MAX_OPEN_DIRS {
-            if let Some(f) = self.stack.get_mut(self.closed) {
-                f.fd = None;
-            }
+            self.close_frame(self.closed)?;
             self.closed += 1;
+        }
+        Ok(())
+    }
+
+    /// Closes frame `i`'s descriptor, keeping its identity for the check
+    /// when it is reopened through `..`.
+    fn close_frame(&mut self, i: usize) -> Result<(), SyscallError> {
+        let path = self.path_at(i, None);
+        let Some(f) = self.stack.get_mut(i) else {
+            return Ok(());
+        };
+        if let Some(fd) = f.fd.take() {
+            if f.id.is_none() {
+                let st =
+                    nix::sys::stat::fstat(&fd).map_err(|e| SyscallError::new("fstat", path, e))?;
+                f.id = Some((st.st_dev, st.st_ino));
+            }
         }
         Ok(())
     }
@@ -201,7 +215,7 @@ impl DirWalk {
         }
         let below = || self.path_at(n - 2, None);
         let top = self.dir()?;
-        let Some(want) = self.stack.get(n - 2).map(|f| f.id) else {
+        let Some(want) = self.stack.get(n - 2).and_then(|f| f.id) else {
             return Err(SyscallError::new("openat", below(), Errno::EBADF));
         };
         let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;

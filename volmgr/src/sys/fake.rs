@@ -275,6 +275,17 @@ impl Mounter for FakeMounter {
         Ok(top.map(|(_, _, id)| *id))
     }
 
+    fn mount_id_in(
+        &self,
+        parent: &Target,
+        name: &std::ffi::OsStr,
+    ) -> Result<Option<u64>, SyscallError> {
+        let path = parent.path().join(name);
+        let s = self.state.lock().unwrap();
+        let top = s.mounts.iter().rev().find(|(p, _, _)| *p == path);
+        Ok(top.map(|(_, _, id)| *id))
+    }
+
     fn mount_ids(&self) -> Result<Option<FastSet<u64>>, SyscallError> {
         let mut s = self.state.lock().unwrap();
         s.id_lists += 1;

@@ -113,10 +113,21 @@ impl Mounter for LinuxMounter {
 
     fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError> {
         let stx = statx_empty_path_mask(target, STATX_MNT_ID_UNIQUE)?;
-        let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
-        let is_root = stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0;
-        let unique = stx.stx_mask & STATX_MNT_ID_UNIQUE != 0;
-        Ok((is_root && unique).then_some(stx.stx_mnt_id))
+        Ok(unique_mount_id(&stx))
+    }
+
+    fn mount_id_in(&self, parent: &Target, name: &OsStr) -> Result<Option<u64>, SyscallError> {
+        let path = || parent.path().join(name);
+        let c_name = CString::new(name.as_bytes())
+            .map_err(|_| SyscallError::new("statx", path(), nix::errno::Errno::EINVAL))?;
+        let stx = statx_at(
+            parent,
+            &c_name,
+            libc::AT_SYMLINK_NOFOLLOW,
+            STATX_MNT_ID_UNIQUE,
+        )
+        .map_err(|e| SyscallError::io("statx", path(), e))?;
+        Ok(unique_mount_id(&stx))
     }
 
     fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError> {
@@ -348,6 +359,15 @@ impl MountTableWatch for ProcMountinfoWatch {
 
 fn statx_empty_path(target: &Target) -> Result<libc::statx, SyscallError> {
     statx_empty_path_mask(target, libc::STATX_BASIC_STATS)
+}
+
+/// The unique mount id `statx` returned, if it was asked of a mount's root
+/// and the kernel has unique ids.
+fn unique_mount_id(stx: &libc::statx) -> Option<u64> {
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    let is_root = stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0;
+    let unique = stx.stx_mask & STATX_MNT_ID_UNIQUE != 0;
+    (is_root && unique).then_some(stx.stx_mnt_id)
 }
 
 fn statx_empty_path_mask(target: &Target, mask: u32) -> Result<libc::statx, SyscallError> {

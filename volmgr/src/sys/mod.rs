@@ -156,6 +156,12 @@ pub trait Mounter: MountTableReader {
     /// no unique ids.
     fn mount_id(&self, target: &Target) -> Result<Option<u64>, SyscallError>;
 
+    /// [`mount_id`](Self::mount_id) of what is mounted on directory `name`
+    /// of `parent` (the lookup of `name` ends on the top mount there; a
+    /// symlink is not followed): one `statx`, where opening the mount's
+    /// root from ROOT costs a walk and two descriptors.
+    fn mount_id_in(&self, parent: &Target, name: &OsStr) -> Result<Option<u64>, SyscallError>;
+
     /// A bind mount of `source` (opened safely, possibly outside ROOT) on
     /// `target` (`mount(2)` with `MS_BIND`, not recursive, as the kubelet's
     /// `mount -o bind`).

@@ -168,6 +168,19 @@ const DIR_PATH: OFlag = OFlag::O_PATH.union(OFlag::O_DIRECTORY);
 /// The largest state file [`RootDir::read_file`] reads.
 pub const MAX_STATE_FILE_BYTES: u64 = 1 << 20;
 
+/// A directory [`RootDir::mkdir_mount_target_in`] made or opened.
+#[derive(Debug)]
+pub struct MadeDir {
+    /// The directory.
+    pub target: Target,
+    /// Its parent, still open from the walk, when this call created the
+    /// directory (so the walk went through the parent); `None` otherwise.
+    pub parent: Option<Target>,
+    /// Whether this call created the directory (then nothing can be
+    /// mounted on it yet).
+    pub created: bool,
+}
+
 impl RootDir {
     /// Creates (if needed) and opens the root. The root itself may be reached
     /// through symlinks chosen by the operator; it is canonicalized once here.
@@ -293,7 +306,7 @@ impl RootDir {
     /// umask), every one on ROOT's own mount, and returns the last one
     /// opened as a [`Target`].
     pub fn mkdir_all(&self, rel: &RelPath, mode: u32) -> Result<Target, PathError> {
-        self.mkdir(rel, mode, Last::OnSameMount).map(|(t, _)| t)
+        self.mkdir(rel, mode, Last::OnSameMount).map(|d| d.target)
     }
 
     /// Like [`mkdir_all`](Self::mkdir_all), but the last directory may
@@ -306,6 +319,16 @@ impl RootDir {
         mode: u32,
     ) -> Result<(Target, bool), PathError> {
         self.mkdir(rel, mode, Last::MayBeMountRoot)
+            .map(|d| (d.target, d.created))
+    }
+
+    /// Like [`mkdir_mount_target`](Self::mkdir_mount_target), and keeps the
+    /// parent open when the walk had it (a directory this call created):
+    /// what is mounted on the directory later can then be looked at through
+    /// the parent ([`Mounter::mount_id_in`](crate::sys::Mounter::mount_id_in))
+    /// without walking the path again.
+    pub fn mkdir_mount_target_in(&self, rel: &RelPath, mode: u32) -> Result<MadeDir, PathError> {
+        self.mkdir(rel, mode, Last::MayBeMountRoot)
     }
 
     /// An existing `rel` is opened in one call; otherwise the missing
@@ -313,13 +336,19 @@ impl RootDir {
     /// the directory just opened (on ROOT's mount, no symlink): a component
     /// swapped for a symlink or a mount meanwhile makes it fail, and
     /// nothing is ever created elsewhere.
-    fn mkdir(&self, rel: &RelPath, mode: u32, last: Last) -> Result<(Target, bool), PathError> {
+    fn mkdir(&self, rel: &RelPath, mode: u32, last: Last) -> Result<MadeDir, PathError> {
         let mode = Mode::from_bits_truncate(mode);
         if let Some(done) = self.mkdir_new_under_top(rel, mode, last)? {
             return Ok(done);
         }
         match self.open_rel(rel, DIR_PATH, last) {
-            Ok(fd) => return Ok((Target::new(fd, self.abs(rel)), false)),
+            Ok(fd) => {
+                return Ok(MadeDir {
+                    target: Target::new(fd, self.abs(rel)),
+                    parent: None,
+                    created: false,
+                })
+            }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
@@ -337,7 +366,7 @@ impl RootDir {
         rel: &RelPath,
         mode: Mode,
         last: Last,
-    ) -> Result<Option<(Target, bool)>, PathError> {
+    ) -> Result<Option<MadeDir>, PathError> {
         let mut comps = rel.as_path().iter();
         let (Some(top), Some(second)) = (comps.next(), comps.next()) else {
             return Ok(None);
@@ -368,9 +397,10 @@ impl RootDir {
         skip: usize,
         mode: Mode,
         last: Last,
-    ) -> Result<(Target, bool), PathError> {
+    ) -> Result<MadeDir, PathError> {
         let n = rel.as_path().iter().count();
         let mut cur = start;
+        let mut prev = None;
         let mut created = skip > 0;
         for (i, name) in rel.as_path().iter().enumerate().skip(skip) {
             let parent = cur.as_ref().map_or(self.fd.as_fd(), |f| f.as_fd());
@@ -385,13 +415,25 @@ impl RootDir {
             } else {
                 Last::OnSameMount
             };
-            cur = Some(self.open_component(parent, name, how, rel)?);
+            let next = self.open_component(parent, name, how, rel)?;
+            prev = cur.replace(next);
         }
         let fd = cur.ok_or_else(|| PathError::InvalidComponent {
             path: PathBuf::new(),
             component: String::new(),
         })?;
-        Ok((Target::new(fd, self.abs(rel)), created))
+        let path = self.abs(rel);
+        // The parent only when this call created the directory (a parent
+        // opened before the walk started is ROOT or a cached directory).
+        let parent = match (prev, path.parent()) {
+            (Some(p), Some(dir)) if created => Some(Target::new(p, dir.to_path_buf())),
+            _ => None,
+        };
+        Ok(MadeDir {
+            target: Target::new(fd, path),
+            parent,
+            created,
+        })
     }
 
     /// The cached descriptor of the first-level directory `name` (on ROOT's
