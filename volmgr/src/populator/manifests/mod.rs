@@ -29,7 +29,7 @@ pub mod yaml_depth;
 
 pub use parse::{parse_manifest, ParsedFile};
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +45,7 @@ use crate::populator::objects::resolver::{PodResolver, Resolvable};
 use crate::populator::objects::{KubeObject, ObjectRef};
 use crate::populator::PodSink;
 use crate::sys::inotify::{self, WatchError};
+use crate::util::fast_map::FastMap;
 use crate::volume::PodUid;
 use read::{is_manifest_name, read_file, FileKey, FileRead};
 
@@ -88,13 +89,13 @@ pub struct ManifestsSource {
     dir: PathBuf,
     sink: Arc<dyn PodSink>,
     rescan_period: Duration,
-    files: HashMap<OsString, FileState>,
+    files: FastMap<OsString, FileState>,
     /// Which file defines each pod (a second definition is rejected).
-    owners: HashMap<PodUid, OsString>,
+    owners: FastMap<PodUid, OsString>,
     /// The objects of every file and the pods that read them.
     resolver: PodResolver,
     /// Which file defines each object (a second definition is refused).
-    object_owners: HashMap<ObjectRef, OsString>,
+    object_owners: FastMap<ObjectRef, OsString>,
     /// New pods of the files being synced whose volumes need objects not
     /// read yet (a PVC in a file that sorts later): resolved once every
     /// file of the sync is applied, so they never show a passing "not
@@ -102,7 +103,7 @@ pub struct ManifestsSource {
     waiting: Vec<(OsString, Arc<Pod>)>,
     /// Files that had a pod refused because another file defines its UID:
     /// read again when that UID is released.
-    duplicates: HashMap<PodUid, BTreeSet<OsString>>,
+    duplicates: FastMap<PodUid, BTreeSet<OsString>>,
     /// Files to read again at the end of the current sync.
     reread: BTreeSet<OsString>,
 }
@@ -115,11 +116,11 @@ impl ManifestsSource {
             dir,
             sink,
             rescan_period,
-            files: HashMap::new(),
-            owners: HashMap::new(),
-            object_owners: HashMap::new(),
+            files: FastMap::default(),
+            owners: FastMap::default(),
+            object_owners: FastMap::default(),
             waiting: Vec::new(),
-            duplicates: HashMap::new(),
+            duplicates: FastMap::default(),
             reread: BTreeSet::new(),
         }
     }
