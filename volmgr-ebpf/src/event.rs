@@ -89,11 +89,10 @@ pub const TRUNC_SOURCE: u8 = 2;
 /// See [`TRUNC_FSTYPE`].
 pub const TRUNC_TARGET: u8 = 4;
 
-/// Wake-ups: a reader that got events reads again after this interval on
-/// its own (no wake-up needed, no event waits longer); one that got none
-/// says it sleeps (`READER_ASLEEP` = 1), looks once more and sleeps until
-/// the first event, whose program clears the flag and wakes it. A burst of
-/// calls costs one wake-up (each is a self-interrupt, a VM exit in a VM).
+/// Wake-up batching: an event wakes the reader only if no event did in the
+/// last `WAKE_INTERVAL_NS`; a reader that got events polls again after this
+/// interval, so no event waits longer than about one interval, and a burst
+/// of calls costs a few wake-ups instead of one per call.
 pub const WAKE_INTERVAL_NS: u64 = 1_000_000;
 
 /// Fixed part of an event.

@@ -89,10 +89,9 @@ static SCRATCH: PerCpuArray<[u8; EVENT_MAX]> = PerCpuArray::with_max_entries(1, 
 #[map]
 static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_KEYS, 0);
 
-/// 1 while the reader sleeps until a wake-up, 0 while it reads again within
-/// `WAKE_INTERVAL_NS` on its own (see there); mapped and set by user space.
+/// When an event last woke the reader (see `WAKE_INTERVAL_NS`).
 #[map]
-static READER_ASLEEP: Array<u64> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+static LAST_WAKE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// File system tools running now, by tgid (LRU: an exit that is never
 /// seen cannot fill it).
@@ -403,46 +402,26 @@ fn exit(ctx: &TracePointContext) -> u32 {
     // SAFETY: the header is plain data written at the start of the buffer.
     unsafe { core::ptr::write_unaligned(buf.as_mut_ptr() as *mut EventHeader, hdr) };
 
+    // Wake the reader only if no event did recently (races between CPUs
+    // only add a wake-up).
+    let mut wake = BPF_RB_NO_WAKEUP as u64;
+    if let Some(last) = LAST_WAKE.get_ptr_mut(0) {
+        // SAFETY: value of our own single-entry array.
+        unsafe {
+            if now.wrapping_sub(*last) >= WAKE_INTERVAL_NS {
+                *last = now;
+                wake = BPF_RB_FORCE_WAKEUP as u64;
+            }
+        }
+    }
     let sent = match buf.get(..off) {
-        Some(ev) => EVENTS.output::<[u8]>(ev, BPF_RB_NO_WAKEUP as u64).is_ok(),
+        Some(ev) => EVENTS.output::<[u8]>(ev, wake).is_ok(),
         None => false,
     };
     if !sent {
         count_lost(LOST_EVENTS);
     }
-    wake_reader();
     0
-}
-
-/// Wakes the reader if it sleeps (`READER_ASLEEP`). Read after the event's
-/// commit, a full barrier: a reader that says it sleeps after this read
-/// finds the event when it looks once more before sleeping.
-#[inline(always)]
-fn wake_reader() {
-    let Some(flag) = READER_ASLEEP.get_ptr_mut(0) else {
-        return;
-    };
-    // SAFETY: value of our own single-entry array, accessed atomically or
-    // volatile (user space writes it too).
-    unsafe {
-        // One CPU takes the wake-up.
-        if core::ptr::read_volatile(flag) == 0
-            || !atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::Relaxed }>(
-                flag, 1, 0,
-            )
-            .1
-        {
-            return;
-        }
-    }
-    // An empty record discarded at once, for its wake-up alone (readers
-    // skip discarded records).
-    match EVENTS.reserve::<u64>(0) {
-        Some(e) => e.discard(BPF_RB_FORCE_WAKEUP as u64),
-        // No room (the reader is behind, so awake): the next event tries.
-        // SAFETY: as above.
-        None => unsafe { core::ptr::write_volatile(flag, 1) },
-    }
 }
 
 /// `*(base + off)` in kernel memory, or 0.

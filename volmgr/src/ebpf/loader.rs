@@ -1,7 +1,6 @@
 //! Loading and attaching the embedded eBPF object, and reading its maps.
 
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
 use std::time::Duration;
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
@@ -13,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::btf::{Btf, ExecOffsets, MntNsOffsets};
 use super::decode::{decode_exec, extra_args, Decoder, ExtraArgs};
-use super::slots::{ReaderFlag, SlotTable};
+use super::slots::SlotTable;
 use super::wire::{self, Hist};
 use super::{EbpfError, MountSyscall, SyscallEvent, ToolExec, TraceFilter};
 
@@ -121,8 +120,6 @@ pub struct EbpfTracer {
     /// The last read got events: read again after the wake-up interval
     /// even without a wake-up (see `wire::WAKE_INTERVAL_NS`).
     poll_soon: bool,
-    /// The reader's sleep flag, shared with the programs.
-    asleep: Arc<ReaderFlag>,
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
     starts: SlotTable,
@@ -164,7 +161,6 @@ impl EbpfTracer {
         let hist = PerCpuArray::try_from(take_map(&mut ebpf, "HIST")?)
             .map_err(|e| EbpfError::Map("HIST", e))?;
         let starts = SlotTable::new(take_map(&mut ebpf, "STARTS")?)?;
-        let asleep = Arc::new(ReaderFlag::new(take_map(&mut ebpf, "READER_ASLEEP")?)?);
         let exec_ring = RingBuf::try_from(take_map(&mut ebpf, "EXEC_EVENTS")?)
             .map_err(|e| EbpfError::Map("EXEC_EVENTS", e))?;
         Ok(EbpfTracer {
@@ -174,7 +170,6 @@ impl EbpfTracer {
             exec_ring: Some(exec_ring),
             decoder: Decoder::default(),
             poll_soon: false,
-            asleep,
             lost,
             hist,
             starts,
@@ -191,9 +186,7 @@ impl EbpfTracer {
     pub fn events(&mut self) -> Result<mpsc::UnboundedReceiver<SyscallEvent>, EbpfError> {
         let fd = self.ring_fd()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(read_ring(fd, Arc::clone(&self.asleep), move |ev, _| {
-            tx.send(ev).is_ok()
-        }));
+        tokio::spawn(read_ring(fd, move |ev, _| tx.send(ev).is_ok()));
         Ok(rx)
     }
 
@@ -204,9 +197,7 @@ impl EbpfTracer {
     ) -> Result<mpsc::UnboundedReceiver<(SyscallEvent, ExtraArgs)>, EbpfError> {
         let fd = self.ring_fd()?;
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(read_ring(fd, Arc::clone(&self.asleep), move |ev, x| {
-            tx.send((ev, x)).is_ok()
-        }));
+        tokio::spawn(read_ring(fd, move |ev, x| tx.send((ev, x)).is_ok()));
         Ok(rx)
     }
 
@@ -240,16 +231,10 @@ impl EbpfTracer {
         let Some(fd) = self.ring_fd.as_mut() else {
             return Err(EbpfError::AlreadyStarted);
         };
-        self.poll_soon = wait_and_drain(
-            fd,
-            &mut self.decoder,
-            self.poll_soon,
-            &self.asleep,
-            &mut |ev, x| {
-                out.push((ev, x));
-                true
-            },
-        )
+        self.poll_soon = wait_and_drain(fd, &mut self.decoder, self.poll_soon, &mut |ev, x| {
+            out.push((ev, x));
+            true
+        })
         .await
         .map_err(EbpfError::Io)?
             > 0;
@@ -521,50 +506,43 @@ fn drain(
     }
 }
 
-/// Waits for events and hands every one to `send`; the number of events
-/// read. When `poll_soon` (the last call got events), waits at most one
-/// wake-up interval: the programs wake only a reader that sleeps.
-/// Otherwise says it sleeps (`asleep`), looks at the ring once more, and
-/// waits for the wake-up of the next event (see `wire::WAKE_INTERVAL_NS`).
+/// Waits until the ring is readable (or, when `poll_soon`, at most one
+/// wake-up interval: the kernel skips wake-ups within an interval of the
+/// last one) and hands every event to `send`; the number of events read.
 /// Stops early when `send` returns false.
 async fn wait_and_drain(
     fd: &mut AsyncFd<RingBuf<MapData>>,
     decoder: &mut Decoder,
     poll_soon: bool,
-    asleep: &ReaderFlag,
     send: &mut (impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send),
 ) -> std::io::Result<usize> {
     let mut n = 0;
-    let mut each = |ring: &mut RingBuf<MapData>, n: &mut usize| {
+    let mut each = |ring: &mut RingBuf<MapData>| {
         while let Some(item) = ring.next() {
             let x = extra_args(&item).unwrap_or_default();
             if let Some(ev) = decoder.decode(&item) {
-                *n += 1;
+                n += 1;
                 if !send(ev, x) {
-                    return;
+                    return false;
                 }
             }
         }
+        true
     };
     let interval = Duration::from_nanos(wire::WAKE_INTERVAL_NS);
     let ready = if poll_soon {
         tokio::time::timeout(interval, fd.readable_mut()).await.ok()
     } else {
-        asleep.sleep();
-        each(fd.get_mut(), &mut n);
-        if n > 0 {
-            return Ok(n);
-        }
         Some(fd.readable_mut().await)
     };
     match ready {
         Some(guard) => {
             let mut guard = guard?;
-            each(guard.get_inner_mut(), &mut n);
+            each(guard.get_inner_mut());
             guard.clear_ready();
         }
         None => {
-            each(fd.get_mut(), &mut n);
+            each(fd.get_mut());
         }
     }
     Ok(n)
@@ -575,7 +553,6 @@ async fn wait_and_drain(
 /// receiver is gone).
 async fn read_ring(
     mut fd: AsyncFd<RingBuf<MapData>>,
-    asleep: Arc<ReaderFlag>,
     mut send: impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send + 'static,
 ) {
     let mut decoder = Decoder::default();
@@ -587,7 +564,7 @@ async fn read_ring(
         ok
     };
     loop {
-        match wait_and_drain(&mut fd, &mut decoder, poll_soon, &asleep, &mut send_checked).await {
+        match wait_and_drain(&mut fd, &mut decoder, poll_soon, &mut send_checked).await {
             Ok(n) => poll_soon = n > 0,
             Err(e) => {
                 tracing::error!(fd = fd.get_ref().as_raw_fd(), "eBPF ring buffer: {e}");

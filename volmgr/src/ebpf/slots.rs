@@ -1,11 +1,10 @@
-//! The kernel programs' maps that this process maps into its memory
-//! (`BPF_F_MMAPABLE` arrays): the in-flight slot table (`STARTS`), read
-//! without a syscall per slot, and the reader's sleep flag
-//! (`READER_ASLEEP`).
+//! The kernel programs' in-flight slot table (`STARTS`), mapped read-only
+//! into this process: listing the calls in flight reads memory, with no
+//! syscall per slot.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::{addr_of, read_volatile, NonNull};
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, Ordering};
 
 use aya::maps::{Map, MapData};
 
@@ -31,10 +30,35 @@ unsafe impl Sync for SlotTable {}
 impl SlotTable {
     /// Maps `map`, which must be the object's `STARTS` array.
     pub(super) fn new(map: Map) -> Result<SlotTable, EbpfError> {
+        let Map::Array(map) = map else {
+            return Err(EbpfError::Io(std::io::Error::other(
+                "eBPF map STARTS is not an array",
+            )));
+        };
         let len = IN_FLIGHT_SLOTS as usize * std::mem::size_of::<InFlight>();
-        let (map, ptr) = map_array(map, "STARTS", len, libc::PROT_READ)?;
+        // SAFETY: a new shared read-only mapping of the array's values (the
+        // kernel checks that the map is mappable and `len` fits in it);
+        // nothing in this process writes through it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(EbpfError::Io(std::io::Error::other(format!(
+                "mapping eBPF map STARTS: {}",
+                std::io::Error::last_os_error()
+            ))));
+        }
+        let ptr = NonNull::new(p.cast::<InFlight>())
+            .ok_or_else(|| EbpfError::Io(std::io::Error::other("mmap returned null")))?;
         Ok(SlotTable {
-            ptr: ptr.cast(),
+            ptr,
             len,
             _map: map,
         })
@@ -78,91 +102,4 @@ impl Drop for SlotTable {
         // SAFETY: the mapping made in `new`, with its length; unmapped once.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
-}
-
-/// `READER_ASLEEP` (a `BPF_F_MMAPABLE` array of one u64), mapped shared
-/// and writable: 1 while the ring's reader sleeps until a wake-up, set by
-/// the reader, cleared by the program that wakes it (see
-/// `wire::WAKE_INTERVAL_NS`).
-pub(super) struct ReaderFlag {
-    ptr: NonNull<u64>,
-    /// The map (its descriptor), kept as long as the mapping.
-    _map: MapData,
-}
-
-// SAFETY: the mapping is only accessed atomically, from any thread; it
-// stays valid until the flag is dropped.
-unsafe impl Send for ReaderFlag {}
-// SAFETY: as above.
-unsafe impl Sync for ReaderFlag {}
-
-impl ReaderFlag {
-    /// Maps `map`, which must be the object's `READER_ASLEEP` array.
-    pub(super) fn new(map: Map) -> Result<ReaderFlag, EbpfError> {
-        let (map, ptr) = map_array(
-            map,
-            "READER_ASLEEP",
-            std::mem::size_of::<u64>(),
-            libc::PROT_READ | libc::PROT_WRITE,
-        )?;
-        Ok(ReaderFlag {
-            ptr: ptr.cast(),
-            _map: map,
-        })
-    }
-
-    /// Says the reader sleeps until a wake-up. Then look at the ring once
-    /// more before sleeping: an event whose program read the flag before
-    /// this store is in the ring by then.
-    pub(super) fn sleep(&self) {
-        // SAFETY: the u64 value of the mapped array (page aligned), which
-        // the kernel programs access atomically too.
-        let flag = unsafe { AtomicU64::from_ptr(self.ptr.as_ptr()) };
-        flag.store(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-    }
-}
-
-impl Drop for ReaderFlag {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`; unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), std::mem::size_of::<u64>()) };
-    }
-}
-
-/// Maps the first `len` bytes of the values of `map` (array `name`, created
-/// with `BPF_F_MMAPABLE`), shared, with protection `prot`.
-fn map_array(
-    map: Map,
-    name: &str,
-    len: usize,
-    prot: libc::c_int,
-) -> Result<(MapData, NonNull<libc::c_void>), EbpfError> {
-    let Map::Array(map) = map else {
-        return Err(EbpfError::Io(std::io::Error::other(format!(
-            "eBPF map {name} is not an array"
-        ))));
-    };
-    // SAFETY: a new shared mapping of the array's values (the kernel checks
-    // that the map is mappable and `len` fits in it); this process accesses
-    // it only through the types above.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            prot,
-            libc::MAP_SHARED,
-            map.fd().as_fd().as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(EbpfError::Io(std::io::Error::other(format!(
-            "mapping eBPF map {name}: {}",
-            std::io::Error::last_os_error()
-        ))));
-    }
-    let ptr = NonNull::new(p)
-        .ok_or_else(|| EbpfError::Io(std::io::Error::other("mmap returned null")))?;
-    Ok((map, ptr))
 }
