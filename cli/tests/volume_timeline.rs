@@ -428,6 +428,10 @@ fn mkfs_run_by_the_csi_driver_is_in_the_staging_timeline_before_the_mount() {
 
         let m = env.metrics_text();
         assert!(m.contains("\nvolmgr_trace_tool_runs_lost_total 0\n"), "{m}");
+        assert!(
+            m.contains("\nvolmgr_trace_slot_collisions_total 0\n"),
+            "{m}"
+        );
 
         env.remove_manifest("c.yaml");
         csi_driver::wait_for("the volume unstaged", || {

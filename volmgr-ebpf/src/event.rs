@@ -31,12 +31,35 @@ pub const NUM_SYSCALLS: u32 = 9;
 /// FUSE file systems); no event, no histogram.
 pub const SYS_STATFS: u32 = 9;
 
-/// What `sys_enter` keeps for `sys_exit`, per thread (key: pid_tgid), in
-/// the `STARTS` map; user space reads it to find calls still in flight.
+/// Slots of the in-flight table `STARTS` (a power of two): a call of thread
+/// `tid` uses slot `tid % IN_FLIGHT_SLOTS`.
+pub const IN_FLIGHT_SLOTS: u32 = 16384;
+
+/// Keys of the per-CPU `LOST` counters: syscall events the ring buffer had
+/// no room for.
+pub const LOST_EVENTS: u32 = 0;
+/// File system tool runs the ring buffer had no room for.
+pub const LOST_TOOL_RUNS: u32 = 1;
+/// Calls not traced because their in-flight slot was held by a call of
+/// another thread (thread ids equal modulo [`IN_FLIGHT_SLOTS`]).
+pub const LOST_SLOT_BUSY: u32 = 2;
+/// Number of `LOST` counters.
+pub const LOST_KEYS: u32 = 3;
+
+/// What `sys_enter` keeps for `sys_exit`: one slot of the direct-mapped
+/// `STARTS` array (index `tid % IN_FLIGHT_SLOTS`), held by the thread in
+/// `owner` (0 = free). User space maps the array (`BPF_F_MMAPABLE`) and
+/// reads it to find calls still in flight. The entry program claims the
+/// slot (compare-and-exchange of `owner` from 0), sets `ts` to 0, writes
+/// the record and writes `ts` last; the exit program sets `ts` to 0 before
+/// it frees the slot. A reader that finds the same non-zero `owner` and
+/// `ts` before and after copying the record has a whole record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InFlight {
-    /// `bpf_ktime_get_ns()` at entry.
+    /// The holder's `bpf_get_current_pid_tgid()`; 0 while the slot is free.
+    pub owner: u64,
+    /// `bpf_ktime_get_ns()` at entry (0 while the record is written).
     pub ts: u64,
     /// Inode of the caller's mount namespace.
     pub mnt_ns: u64,

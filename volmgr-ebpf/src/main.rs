@@ -2,10 +2,12 @@
 //! on every syscall that changes a mount table (classic and new mount API).
 //!
 //! At entry the arguments, the caller's mount namespace and the time are kept
-//! in a per-thread map; at exit the latency goes into a per-CPU log-linear
+//! in the thread's slot of a direct-mapped array (no hash-map helper call on
+//! the way in or out; a call whose slot another thread holds is counted and
+//! not traced); at exit the latency goes into a per-CPU log-linear
 //! histogram and an event with the paths (read with bounded reads) goes to
 //! the ring buffer. A failed ring-buffer write is counted, never silent.
-//! `statfs` is only kept in the per-thread map while in flight (user space
+//! `statfs` is only kept in its slot while in flight (user space
 //! reads the map to report calls stuck on a hung network or FUSE file
 //! system): no event, no histogram.
 //!
@@ -16,19 +18,25 @@
 //! duration); one event per tool run goes to a ring buffer of their own.
 #![no_std]
 #![no_main]
+// `atomic_cxchg`: core's `AtomicU64::compare_exchange` is not offered on the
+// BPF target; the backend emits `BPF_CMPXCHG` for the intrinsic (Linux 5.12+).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 use aya_ebpf::{
-    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    bindings::{BPF_F_MMAPABLE, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
         bpf_probe_read_user, bpf_probe_read_user_buf, bpf_probe_read_user_str_bytes,
         generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
     },
     macros::{map, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
     EbpfContext,
 };
+
+use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 #[allow(dead_code)]
 mod event;
@@ -60,10 +68,13 @@ static OFF_MM_ARG_END: u64 = 0;
 #[no_mangle]
 static OFF_TASK_EXIT_CODE: u64 = 0;
 
-/// Per-thread entry state (every entered call exits, even when a signal
-/// interrupts it, so entries do not pile up).
+/// Calls in flight, slot `tid % IN_FLIGHT_SLOTS` (see [`InFlight`]): every
+/// entered call exits, even when a signal interrupts it, and frees its slot.
+/// An array: its lookups are inlined by the verifier, where a hash map's
+/// update and delete are helper calls. Mappable, so that user space reads
+/// it without a syscall per slot.
 #[map]
-static STARTS: HashMap<u64, InFlight> = HashMap::with_max_entries(16384, 0);
+static STARTS: Array<InFlight> = Array::with_max_entries(IN_FLIGHT_SLOTS, BPF_F_MMAPABLE);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
@@ -72,10 +83,11 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 #[map]
 static SCRATCH: PerCpuArray<[u8; EVENT_MAX]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Per-CPU count of events the ring buffer had no room for: key 0 the
-/// syscall events, key 1 the file system tool runs.
+/// Per-CPU counts of what was not traced: `LOST_EVENTS` and
+/// `LOST_TOOL_RUNS` (no ring-buffer room), `LOST_SLOT_BUSY` (in-flight
+/// slot held by another thread).
 #[map]
-static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
+static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_KEYS, 0);
 
 /// When an event last woke the reader (see `WAKE_INTERVAL_NS`).
 #[map]
@@ -160,7 +172,9 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
     if filter != 0 && filter != mnt_ns {
         return 0;
     }
+    let pid_tgid = bpf_get_current_pid_tgid();
     let mut s = InFlight {
+        owner: pid_tgid,
         ts: 0,
         mnt_ns,
         flags: 0,
@@ -236,10 +250,50 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
         }
         _ => return 0,
     }
+    let Some(slot) = claim_slot(pid_tgid) else {
+        count_lost(LOST_SLOT_BUSY);
+        return 0;
+    };
     // SAFETY: helper without arguments.
-    s.ts = unsafe { bpf_ktime_get_ns() };
-    let _ = STARTS.insert(&bpf_get_current_pid_tgid(), &s, 0);
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: our own array's value, held by this thread (`claim_slot`).
+    // Volatile writes, in this order: the record with `ts` 0, then `ts`
+    // (see `InFlight` for the reader's side).
+    unsafe {
+        core::ptr::write_volatile(slot, s);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).ts), now);
+    }
     0
+}
+
+/// The slot of thread `pid_tgid`, claimed for it: free (owner 0) and taken
+/// with a compare-and-exchange (two CPUs cannot both take it), or already
+/// its own. `None` when another thread holds it.
+#[inline(always)]
+fn claim_slot(pid_tgid: u64) -> Option<*mut InFlight> {
+    let slot = STARTS.get_ptr_mut(pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1))?;
+    // SAFETY: `owner` is the first u64 of our own array's value (8-byte
+    // aligned), only ever accessed atomically or volatile.
+    let claimed = unsafe {
+        let owner = core::ptr::addr_of_mut!((*slot).owner);
+        let cur = core::ptr::read_volatile(owner);
+        cur == pid_tgid
+            || (cur == 0
+                && atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::Relaxed }>(
+                    owner, 0, pid_tgid,
+                )
+                .1)
+    };
+    claimed.then_some(slot)
+}
+
+/// Adds one to this CPU's `LOST` counter `key`.
+#[inline(always)]
+fn count_lost(key: u32) {
+    if let Some(lost) = LOST.get_ptr_mut(key) {
+        // SAFETY: per-CPU counter of our own map.
+        unsafe { *lost += 1 };
+    }
 }
 
 /// Reads the user string at `src` into `buf[off..off + max]`; its length
@@ -273,11 +327,24 @@ fn exit(ctx: &TracePointContext) -> u32 {
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
-    // SAFETY: the entry is copied out at once and removed.
-    let Some(s) = (unsafe { STARTS.get(&pid_tgid) }).copied() else {
+    let Some(slot) = STARTS.get_ptr_mut(pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1)) else {
         return 0;
     };
-    let _ = STARTS.remove(&pid_tgid);
+    // SAFETY: our own array's value. Only the thread in `owner` writes the
+    // record (the entry program claims the slot first), so once `owner` is
+    // this thread, the copy is whole; then the slot is freed (`ts` first,
+    // see `InFlight`).
+    let s = unsafe {
+        if core::ptr::read_volatile(core::ptr::addr_of!((*slot).owner)) != pid_tgid {
+            // Not traced at entry (slot held by another thread, filtered
+            // out, or the call entered before the tracer was attached).
+            return 0;
+        }
+        let s = core::ptr::read_volatile(slot);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).ts), 0);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).owner), 0);
+        s
+    };
     if s.syscall >= NUM_SYSCALLS {
         // Kept in flight only (statfs).
         return 0;
@@ -352,10 +419,7 @@ fn exit(ctx: &TracePointContext) -> u32 {
         None => false,
     };
     if !sent {
-        if let Some(lost) = LOST.get_ptr_mut(0) {
-            // SAFETY: per-CPU counter of our own map.
-            unsafe { *lost += 1 };
-        }
+        count_lost(LOST_EVENTS);
     }
     0
 }
@@ -457,10 +521,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
         .unwrap_or(0);
     }
     if EXEC_EVENTS.output::<ExecEvent>(&*e, 0).is_err() {
-        if let Some(lost) = LOST.get_ptr_mut(1) {
-            // SAFETY: per-CPU counter of our own map.
-            unsafe { *lost += 1 };
-        }
+        count_lost(LOST_TOOL_RUNS);
     }
     let _ = EXECS.remove(&pid);
     0

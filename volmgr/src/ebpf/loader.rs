@@ -3,7 +3,7 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::TracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tokio::io::unix::AsyncFd;
@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 
 use super::btf::{Btf, ExecOffsets, MntNsOffsets};
 use super::decode::{decode_exec, extra_args, Decoder, ExtraArgs};
-use super::wire::{self, Hist, InFlight};
+use super::slots::SlotTable;
+use super::wire::{self, Hist};
 use super::{EbpfError, MountSyscall, SyscallEvent, ToolExec, TraceFilter};
 
 /// The object built by `build.rs` (empty when built without it).
@@ -20,8 +21,6 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vo
 
 // SAFETY: `Hist` is `repr(C)` plain data (u64 arrays), valid for any bytes.
 unsafe impl aya::Pod for Hist {}
-// SAFETY: `InFlight` is `repr(C)` plain data (integers), valid for any bytes.
-unsafe impl aya::Pod for InFlight {}
 
 /// The tracepoints, as `syscalls:sys_{enter,exit}_<name>`.
 const TRACEPOINTS: [&str; 10] = [
@@ -123,7 +122,7 @@ pub struct EbpfTracer {
     poll_soon: bool,
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
-    starts: BpfHashMap<MapData, u64, InFlight>,
+    starts: SlotTable,
     filter: TraceFilter,
 }
 
@@ -161,8 +160,7 @@ impl EbpfTracer {
             .map_err(|e| EbpfError::Map("LOST", e))?;
         let hist = PerCpuArray::try_from(take_map(&mut ebpf, "HIST")?)
             .map_err(|e| EbpfError::Map("HIST", e))?;
-        let starts = BpfHashMap::try_from(take_map(&mut ebpf, "STARTS")?)
-            .map_err(|e| EbpfError::Map("STARTS", e))?;
+        let starts = SlotTable::new(take_map(&mut ebpf, "STARTS")?)?;
         let exec_ring = RingBuf::try_from(take_map(&mut ebpf, "EXEC_EVENTS")?)
             .map_err(|e| EbpfError::Map("EXEC_EVENTS", e))?;
         Ok(EbpfTracer {
@@ -267,32 +265,41 @@ impl EbpfTracer {
             .map_err(|e| EbpfError::Io(e.into()))
     }
 
-    /// Events the kernel failed to reserve ring space for (sum over CPUs).
-    pub fn events_lost(&self) -> u64 {
+    /// `LOST` counter `key`, summed over CPUs.
+    fn lost(&self, key: u32) -> u64 {
         self.lost
-            .get(&0, 0)
+            .get(&key, 0)
             .map(|v| v.iter().copied().sum())
             .unwrap_or(0)
+    }
+
+    /// Events the kernel failed to reserve ring space for (sum over CPUs).
+    pub fn events_lost(&self) -> u64 {
+        self.lost(wire::LOST_EVENTS)
     }
 
     /// File system tool runs the kernel had no room for (sum over CPUs).
     pub fn tool_runs_lost(&self) -> u64 {
-        self.lost
-            .get(&1, 0)
-            .map(|v| v.iter().copied().sum())
-            .unwrap_or(0)
+        self.lost(wire::LOST_TOOL_RUNS)
+    }
+
+    /// Calls not traced because their in-flight slot (thread id modulo
+    /// [`wire::IN_FLIGHT_SLOTS`]) was held by a call of another thread.
+    pub fn slot_collisions(&self) -> u64 {
+        self.lost(wire::LOST_SLOT_BUSY)
     }
 
     /// The traced calls in flight now (entered, not returned), from the
-    /// programs' per-thread entry map: the path argument is the caller's
-    /// user-space address (read it from `/proc/<pid>/mem` while the call
-    /// blocks). A thread's entry can be replaced between the read of its
-    /// key and of its value; such entries are skipped.
+    /// programs' in-flight slots (mapped into this process: no syscall):
+    /// the path argument is the caller's user-space address (read it from
+    /// `/proc/<pid>/mem` while the call blocks). A slot that changes while
+    /// it is read is skipped (its call just began or ended).
     pub fn in_flight(&self) -> Vec<InFlightCall> {
         self.starts
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(key, s)| {
+            .held()
+            .into_iter()
+            .map(|s| {
+                let key = s.owner;
                 let path_ptr = match s.syscall {
                     wire::SYS_MOUNT
                     | wire::SYS_UMOUNT
@@ -426,8 +433,10 @@ fn load_in_thread(
         .override_global("OFF_TASK_EXIT_CODE", &exec.task_exit_code, true)
         .load(OBJECT)
         .map_err(EbpfError::Load)?;
-    for name in TRACEPOINTS {
-        for dir in ["enter", "exit"] {
+    // Exits first: a call that enters once its entry program is attached
+    // then always meets its exit program, which frees its slot.
+    for dir in ["exit", "enter"] {
+        for name in TRACEPOINTS {
             attach(&mut ebpf, "syscalls", &format!("sys_{dir}_{name}"))?;
         }
     }

@@ -12,6 +12,7 @@ pub mod decode;
 mod histograms;
 mod loader;
 pub mod report;
+mod slots;
 /// The event format shared with the kernel programs (`volmgr-ebpf/src/event.rs`).
 #[path = "../../../volmgr-ebpf/src/event.rs"]
 #[allow(dead_code)]

@@ -483,23 +483,35 @@ fn ebpf_metrics(
         let mut text = stats.locked().prometheus_text(tracer.events_lost());
         text.push_str(&ebpf::kernel_prometheus_text(&tracer.kernel_histograms()));
         text.push_str(&stuck.prometheus_text());
-        text.push_str(&tool_runs_lost_text(tracer.tool_runs_lost()));
+        text.push_str(&lost_text(
+            tracer.tool_runs_lost(),
+            tracer.slot_collisions(),
+        ));
         text
     })
 }
 
 /// `volmgr_trace_tool_runs_lost_total`: file system tool runs (`mkfs`,
-/// `fsck`, ...) the kernel had no ring-buffer room for.
-fn tool_runs_lost_text(lost: u64) -> String {
+/// `fsck`, ...) the kernel had no ring-buffer room for;
+/// `volmgr_trace_slot_collisions_total`: calls not traced because their
+/// in-flight slot was held by another thread's call.
+fn lost_text(tool_runs_lost: u64, slot_collisions: u64) -> String {
     use crate::util::prometheus::{Exposition, MetricType};
-    let name = "volmgr_trace_tool_runs_lost_total";
     let mut w = Exposition::new();
+    let name = "volmgr_trace_tool_runs_lost_total";
     w.family(
         name,
         "File system tool runs (mkfs, fsck, resize2fs, ...) the kernel had no ring-buffer room for.",
         MetricType::Counter,
     );
-    w.sample(name, &[], lost);
+    w.sample(name, &[], tool_runs_lost);
+    let name = "volmgr_trace_slot_collisions_total";
+    w.family(
+        name,
+        "Mount-family calls not traced: their in-flight slot (thread id modulo 16384) was held by another thread's call.",
+        MetricType::Counter,
+    );
+    w.sample(name, &[], slot_collisions);
     w.finish()
 }
 
