@@ -90,8 +90,9 @@ pub const TRUNC_SOURCE: u8 = 2;
 pub const TRUNC_TARGET: u8 = 4;
 
 /// Wake-up batching: an event wakes the reader only if no event did in the
-/// last `WAKE_INTERVAL_NS`; a reader that got events polls again after this
-/// interval, so no event waits longer than about one interval, and a burst
+/// last `WAKE_INTERVAL_NS`; a reader that got events or a wake-up polls
+/// again after this interval (it blocks only after a whole interval with
+/// neither), so no event waits longer than about one interval, and a burst
 /// of calls costs a few wake-ups instead of one per call.
 pub const WAKE_INTERVAL_NS: u64 = 1_000_000;
 

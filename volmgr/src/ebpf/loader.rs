@@ -117,8 +117,8 @@ pub struct EbpfTracer {
     /// The file system tool runs' ring, until [`EbpfTracer::tool_execs`].
     exec_ring: Option<RingBuf<MapData>>,
     decoder: Decoder,
-    /// The last read got events: read again after the wake-up interval
-    /// even without a wake-up (see `wire::WAKE_INTERVAL_NS`).
+    /// The last read got events or a wake-up: read again after the
+    /// wake-up interval even without one (see `wait_and_drain`).
     poll_soon: bool,
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
@@ -236,8 +236,7 @@ impl EbpfTracer {
             true
         })
         .await
-        .map_err(EbpfError::Io)?
-            > 0;
+        .map_err(EbpfError::Io)?;
         Ok(())
     }
 
@@ -508,14 +507,21 @@ fn drain(
 
 /// Waits until the ring is readable (or, when `poll_soon`, at most one
 /// wake-up interval: the kernel skips wake-ups within an interval of the
-/// last one) and hands every event to `send`; the number of events read.
-/// Stops early when `send` returns false.
+/// last one) and hands every event to `send`. Stops early when `send`
+/// returns false. Returns whether the next wait must be short too: it
+/// may block without a time limit only after a whole interval passed with
+/// no event and no wake-up. An event the programs sent without a wake-up
+/// follows a wake-up by less than an interval, so it is always read by
+/// such a short wait, even when an earlier read (or [`drain_now`]) took the
+/// event whose wake-up is still pending and that wake-up finds nothing.
+///
+/// [`drain_now`]: EbpfTracer::drain_now
 async fn wait_and_drain(
     fd: &mut AsyncFd<RingBuf<MapData>>,
     decoder: &mut Decoder,
     poll_soon: bool,
     send: &mut (impl FnMut(SyscallEvent, ExtraArgs) -> bool + Send),
-) -> std::io::Result<usize> {
+) -> std::io::Result<bool> {
     let mut n = 0;
     let mut each = |ring: &mut RingBuf<MapData>| {
         while let Some(item) = ring.next() {
@@ -535,6 +541,7 @@ async fn wait_and_drain(
     } else {
         Some(fd.readable_mut().await)
     };
+    let woken = ready.is_some();
     match ready {
         Some(guard) => {
             let mut guard = guard?;
@@ -545,7 +552,7 @@ async fn wait_and_drain(
             each(fd.get_mut());
         }
     }
-    Ok(n)
+    Ok(n > 0 || woken)
 }
 
 /// Drains the ring buffer whenever it becomes readable (or soon after
@@ -565,7 +572,7 @@ async fn read_ring(
     };
     loop {
         match wait_and_drain(&mut fd, &mut decoder, poll_soon, &mut send_checked).await {
-            Ok(n) => poll_soon = n > 0,
+            Ok(soon) => poll_soon = soon,
             Err(e) => {
                 tracing::error!(fd = fd.get_ref().as_raw_fd(), "eBPF ring buffer: {e}");
                 return;
