@@ -498,20 +498,21 @@ fn ebpf_metrics(
 fn lost_text(tool_runs_lost: u64, slot_collisions: u64) -> String {
     use crate::util::prometheus::{Exposition, MetricType};
     let mut w = Exposition::new();
-    let name = "volmgr_trace_tool_runs_lost_total";
-    w.family(
-        name,
-        "File system tool runs (mkfs, fsck, resize2fs, ...) the kernel had no ring-buffer room for.",
-        MetricType::Counter,
-    );
-    w.sample(name, &[], tool_runs_lost);
-    let name = "volmgr_trace_slot_collisions_total";
-    w.family(
-        name,
-        "Mount-family calls not traced: their in-flight slot (thread id modulo 16384) was held by another thread's call.",
-        MetricType::Counter,
-    );
-    w.sample(name, &[], slot_collisions);
+    for (name, help, value) in [
+        (
+            "volmgr_trace_tool_runs_lost_total",
+            "File system tool runs (mkfs, fsck, resize2fs, ...) the kernel had no ring-buffer room for.",
+            tool_runs_lost,
+        ),
+        (
+            "volmgr_trace_slot_collisions_total",
+            "Mount-family calls not traced: their in-flight slot (thread id modulo 16384) was held by another thread's call.",
+            slot_collisions,
+        ),
+    ] {
+        w.family(name, help, MetricType::Counter);
+        w.sample(name, &[], value);
+    }
     w.finish()
 }
 
