@@ -71,6 +71,18 @@ pub struct AgentOptions {
     /// `--stuck-syscall-after`: a traced call blocked this long is reported
     /// as stuck (eBPF tracer).
     pub stuck_syscall_after: Duration,
+    /// `--stuck-tool-after`: a file system tool running this long is
+    /// reported as stuck (eBPF tracer).
+    pub stuck_tool_after: Duration,
+}
+
+/// `--stuck-syscall-after` and `--stuck-tool-after`, set before the
+/// tracer starts.
+pub(crate) fn set_stuck_thresholds(vm: &VolumeManager, opts: &AgentOptions) {
+    let ctx = vm.tracer_context();
+    let stuck = ctx.status.stuck();
+    stuck.set_threshold(opts.stuck_syscall_after);
+    stuck.set_tool_threshold(opts.stuck_tool_after);
 }
 
 /// Why the agent could not run.
@@ -165,10 +177,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let _lock = lock_root(&root)?;
     // Before the manager starts: nothing done to the mount table after
     // reconstruction read it goes unseen.
-    vm.tracer_context()
-        .status
-        .stuck()
-        .set_threshold(opts.stuck_syscall_after);
+    set_stuck_thresholds(&vm, &opts);
     let watchers = built.start_watchers(stop_rx.clone())?;
     let listener = api::bind(&root).map_err(io("binding the status socket"))?;
     let metrics = bind_metrics(&opts).await?;

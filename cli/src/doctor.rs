@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use volmgr::status::{Status, StuckSyscall};
+use volmgr::status::{Status, StuckSyscall, StuckToolRun};
 use volmgr::tracer::timeline::{PodTimeline, VolumeTimeline};
 use volmgr::util::escape::printable;
 use volmgr::volumemanager::VolumeManager;
@@ -80,6 +80,7 @@ async fn node_report(args: &DoctorArgs, timeout: Duration) -> anyhow::Result<Exi
                 "stuck_syscalls".into(),
                 serde_json::to_value(&s.stuck_syscalls)?,
             );
+            m.insert("stuck_tools".into(), serde_json::to_value(&s.stuck_tools)?);
         }
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -91,17 +92,19 @@ async fn node_report(args: &DoctorArgs, timeout: Duration) -> anyhow::Result<Exi
             ),
         }
         stuck_text(&mut out, &s.stuck_syscalls);
+        stuck_tools_text(&mut out, &s.stuck_tools);
         print!("{out}");
     }
-    Ok(if findings == 0 && s.stuck_syscalls.is_empty() {
-        ExitCode::SUCCESS
-    } else {
+    let needs_a_person = findings > 0 || !s.stuck_syscalls.is_empty() || !s.stuck_tools.is_empty();
+    Ok(if needs_a_person {
         ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     })
 }
 
-/// One pod's timelines: exit 0, or 1 when a call on the pod's volumes is
-/// stuck now.
+/// One pod's timelines: exit 0, or 1 when a call or a file system tool on
+/// the pod's volumes is stuck now.
 async fn pod_timelines(
     args: &DoctorArgs,
     pod: &str,
@@ -122,7 +125,7 @@ async fn pod_timelines(
     if let Some(file) = &args.svg {
         std::fs::write(file, svg(&t)).with_context(|| format!("writing {}", file.display()))?;
     }
-    Ok(if t.stuck.is_empty() {
+    Ok(if t.stuck.is_empty() && t.stuck_tools.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -154,6 +157,7 @@ pub fn answer(vm: &VolumeManager, pod: &str) -> Result<PodTimeline, String> {
         pod: name,
         volumes: ctx.status.timelines().for_pod(&uid),
         stuck: ctx.status.stuck().for_pod(&uid),
+        stuck_tools: ctx.status.stuck().tools_for_pod(&uid),
         uid,
         note,
     })
@@ -230,6 +234,7 @@ pub fn text(t: &PodTimeline) -> String {
         }
     }
     stuck_text(&mut out, &t.stuck);
+    stuck_tools_text(&mut out, &t.stuck_tools);
     out
 }
 
@@ -253,6 +258,35 @@ pub fn stuck_text(out: &mut String, stuck: &[StuckSyscall]) {
             s.since
         );
         for f in &s.kernel_stack {
+            let _ = writeln!(out, "      {}", printable(f));
+        }
+    }
+}
+
+/// The "file system tools stuck now" section (also used by status text).
+pub fn stuck_tools_text(out: &mut String, tools: &[StuckToolRun]) {
+    if tools.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nfile system tools stuck now:");
+    for t in tools {
+        let volume = match (&t.pod_uid, &t.volume) {
+            (Some(uid), Some(v)) => format!(" (pod {}, volume {})", printable(uid), printable(v)),
+            (None, Some(v)) => format!(" (volume {})", printable(v)),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}[{}] state {}: running {:.1}s (since {}){}",
+            printable(&t.comm),
+            t.pid,
+            if t.state.is_empty() { "?" } else { &t.state },
+            t.elapsed_seconds,
+            t.since,
+            volume
+        );
+        let _ = writeln!(out, "    {}", printable(&t.command_line));
+        for f in &t.kernel_stack {
             let _ = writeln!(out, "      {}", printable(f));
         }
     }
@@ -409,6 +443,18 @@ mod tests {
                 kernel_stack: vec!["fuse_simple_request+0x1/0x2".into()],
                 ..Default::default()
             }],
+            stuck_tools: vec![StuckToolRun {
+                pid: 9,
+                comm: "e2fsck".into(),
+                command_line: "e2fsck -p /dev/loop7".into(),
+                device: Some("/dev/loop7".into()),
+                state: "D".into(),
+                elapsed_seconds: 130.0,
+                pod_uid: Some("u".into()),
+                volume: Some("<v>".into()),
+                kernel_stack: vec!["io_schedule+0x1/0x2".into()],
+                ..Default::default()
+            }],
             note: None,
         }
     }
@@ -428,6 +474,12 @@ mod tests {
         assert!(ok < busy, "in order: {t}");
         assert!(t.contains("stuck now:\n  statfs(/r/x)"), "{t}");
         assert!(t.contains("fuse_simple_request"), "{t}");
+        assert!(
+            t.contains(
+                "file system tools stuck now:\n  e2fsck[9] state D: running 130.0s (since ) (pod u, volume <v>)\n    e2fsck -p /dev/loop7\n      io_schedule+0x1/0x2\n"
+            ),
+            "{t}"
+        );
     }
 
     #[test]

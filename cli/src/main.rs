@@ -100,6 +100,10 @@ struct AgentArgs {
     /// as stuck (status, doctor, log, metrics) while it is still blocked.
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     stuck_syscall_after: Duration,
+    /// A file system tool (mkfs, fsck, e2fsck, resize2fs, xfs_growfs,
+    /// xfs_repair) running this long is reported as stuck while it runs.
+    #[arg(long, default_value = "2m", value_parser = parse_positive_duration)]
+    stuck_tool_after: Duration,
     /// Observe mode: read the node next to an unmodified kubelet and
     /// report findings; never mount, unmount or write under ROOT (the
     /// kernel enforces it with Landlock).
@@ -158,6 +162,7 @@ impl AgentArgs {
             kubeconfig: self.kubeconfig,
             report_volumes_in_use: self.report_volumes_in_use,
             stuck_syscall_after: self.stuck_syscall_after,
+            stuck_tool_after: self.stuck_tool_after,
         }
     }
 }

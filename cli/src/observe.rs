@@ -121,10 +121,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let (stop_tx, stop_rx) = watch::channel(false);
     // The tracer (eBPF where it loads): per-volume syscall timelines for the
     // findings, stuck calls, latency histograms. It only reads.
-    vm.tracer_context()
-        .status
-        .stuck()
-        .set_threshold(opts.stuck_syscall_after);
+    crate::agent::set_stuck_thresholds(&vm, &opts);
     let watchers = built.start_watchers(stop_rx.clone())?;
     let kube = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
         Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)

@@ -29,6 +29,7 @@ pub fn status_text(s: &Status) -> String {
         );
     }
     crate::doctor::stuck_text(&mut out, &s.stuck_syscalls);
+    crate::doctor::stuck_tools_text(&mut out, &s.stuck_tools);
     out
 }
 

@@ -394,6 +394,7 @@ fn observe_mode_is_the_default_and_reads_only() {
     assert!(m.has_switch("observe"));
     assert!(!m.has_switch("report-volumes-in-use") && m.flag("manifests").is_none());
     assert!(m.flag("stuck-after").is_some() && m.flag("stuck-syscall-after").is_some());
+    assert!(m.flag("stuck-tool-after").is_some());
     // The state directory is not under the (read-only) root.
     let state = m.flag("state-dir").unwrap();
     assert!(!Path::new(&state).starts_with(m.flag("root").unwrap()));

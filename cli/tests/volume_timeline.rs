@@ -316,6 +316,116 @@ fn a_statfs_blocked_on_a_hung_fuse_mount_is_reported_while_stuck() {
     );
 }
 
+#[test]
+fn a_file_system_tool_that_hangs_is_reported_while_it_runs() {
+    let name = "a_file_system_tool_that_hangs_is_reported_while_it_runs";
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        let agent = start_ebpf_agent(&env, &["--stuck-tool-after", "1s"]);
+        // A tool by its command name (the script's file name), working on
+        // the pod's volume, that waits for a child that never ends.
+        let tool = env.dir.path().join("fsck.hung");
+        std::fs::write(&tool, "#!/bin/sh\nsleep 3600 &\nwait\n").unwrap();
+        std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let volume = env
+            .root
+            .join("pods/uid-web/volumes/kubernetes.io~empty-dir/d");
+        // Its own process group: the tool and its child end together.
+        let mut child =
+            std::os::unix::process::CommandExt::process_group(&mut Command::new(&tool), 0)
+                .arg(&volume)
+                .spawn()
+                .unwrap();
+        let pid = child.id();
+        let mut stuck = None;
+        env.wait_for("the tool reported as stuck", || {
+            stuck = env.status().stuck_tools.into_iter().find(|t| t.pid == pid);
+            stuck.is_some()
+        });
+        let t = stuck.unwrap();
+        let volume = volume.to_str().unwrap();
+        assert_eq!(t.comm, "fsck.hung");
+        assert_eq!(
+            t.command_line,
+            format!("/bin/sh {} {volume}", tool.display()),
+            "{t:?}"
+        );
+        assert_eq!(t.device.as_deref(), Some(volume));
+        assert_eq!(t.pod_uid.as_deref(), Some("uid-web"));
+        assert_eq!(t.volume.as_deref(), Some("d"));
+        assert_eq!(t.state, "S", "waiting for its child: {t:?}");
+        assert!(t.elapsed_seconds >= 1.0, "{t:?}");
+        assert!(!t.kernel_stack.is_empty(), "{t:?}");
+
+        let out = Command::new(volmgr_bin())
+            .args(["doctor", "--json", "--root"])
+            .arg(&env.root)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "doctor exits 1 on a stuck tool");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            report["stuck_tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["pid"] == pid),
+            "{report}"
+        );
+        let (pt, code) = doctor(&env, "test/web", None);
+        assert_eq!(code, 1, "doctor --pod exits 1 on a stuck tool");
+        assert!(pt.stuck_tools.iter().any(|x| x.pid == pid), "{pt:?}");
+        let m = env.metrics_text();
+        let gauge = |name: &str| -> f64 {
+            m.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .unwrap_or_else(|| panic!("{name} in {m}"))
+                .parse()
+                .unwrap()
+        };
+        assert!(gauge("volmgr_fs_tools_stuck") >= 1.0, "{m}");
+        assert!(gauge("volmgr_fs_tools_running") >= 1.0, "{m}");
+        assert!(gauge("volmgr_fs_tool_oldest_running_seconds") >= 1.0, "{m}");
+        let text = Command::new(volmgr_bin())
+            .args(["status", "--root"])
+            .arg(&env.root)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("file system tools stuck now:"), "{text}");
+        assert!(
+            text.contains(&format!("fsck.hung[{pid}] state S")),
+            "{text}"
+        );
+
+        // Ended: the tool and its child.
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        env.wait_for("the tool no longer stuck", || {
+            !env.status().stuck_tools.iter().any(|t| t.pid == pid)
+        });
+        let logged = agent
+            .log()
+            .lines()
+            .filter(|l| {
+                l.contains("file system tool running longer than --stuck-tool-after")
+                    && l.contains("fsck.hung")
+            })
+            .count();
+        assert_eq!(logged, 1, "logged once:\n{}", agent.log());
+        drop(agent);
+    });
+}
+
 const DRIVER: &str = "loop.csi.volmgr.dev";
 
 #[test]

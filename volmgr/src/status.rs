@@ -55,6 +55,11 @@ pub struct Status {
     /// `--stuck-syscall-after` right now, oldest first (eBPF tracer only).
     #[serde(default)]
     pub stuck_syscalls: Vec<StuckSyscall>,
+    /// File system tools (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`,
+    /// `xfs_growfs`, `xfs_repair`) running longer than `--stuck-tool-after`
+    /// right now, oldest first (eBPF tracer only).
+    #[serde(default)]
+    pub stuck_tools: Vec<StuckToolRun>,
     /// Observe mode (`volmgr agent --observe`): its sandbox and findings;
     /// absent when the agent manages volumes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -254,6 +259,39 @@ pub struct StuckSyscall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<String>,
     /// The task's kernel stack (`/proc/<pid>/task/<tid>/stack`), innermost
+    /// first; empty when the kernel does not show it.
+    #[serde(default)]
+    pub kernel_stack: Vec<String>,
+}
+
+/// A file system tool still running after the threshold: an `e2fsck` or
+/// `mkfs` exec'd by a driver that hangs holds its volume's stage or mount.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StuckToolRun {
+    /// Process id.
+    pub pid: u32,
+    /// The command name (`e2fsck`, `mkfs.ext4`, ...).
+    pub comm: String,
+    /// The command line as exec'd (`... ` first when it was longer than
+    /// the kernel program keeps).
+    pub command_line: String,
+    /// The device or path it works on (its last absolute path argument).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The process's state letter from `/proc/<pid>/stat` (`D`: waiting
+    /// in the kernel, uninterruptible; `S`: sleeping; `R`: running).
+    pub state: String,
+    /// When it was exec'd (RFC 3339).
+    pub since: String,
+    /// How long it has been running, seconds.
+    pub elapsed_seconds: f64,
+    /// The pod whose volume path it works on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    /// The volume (directory name under the pod's or plugin's directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
+    /// The main thread's kernel stack (`/proc/<pid>/stack`), innermost
     /// first; empty when the kernel does not show it.
     #[serde(default)]
     pub kernel_stack: Vec<String>,

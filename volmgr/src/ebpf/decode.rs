@@ -134,6 +134,12 @@ pub fn decode_exec(rec: &[u8]) -> Option<ToolExec> {
     // SAFETY: the record holds at least an ExecEvent, plain data valid for
     // any bytes; read_unaligned copes with the alignment.
     let e = unsafe { std::ptr::read_unaligned(rec.as_ptr().cast::<wire::ExecEvent>()) };
+    exec_from_wire(&e)
+}
+
+/// A tool run as the kernel program keeps it (`EXECS`, `end_ns` 0 while it
+/// runs) or sends it (`EXEC_EVENTS`).
+pub fn exec_from_wire(e: &wire::ExecEvent) -> Option<ToolExec> {
     let used = (e.args_len as usize).min(wire::EXEC_ARGS_MAX);
     let truncated = e.flags & wire::EXEC_ARGS_TRUNCATED != 0;
     let block = e.args.get(..used)?;

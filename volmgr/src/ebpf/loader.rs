@@ -3,7 +3,7 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::TracePoint;
 use aya::{Ebpf, EbpfLoader};
 use tokio::io::unix::AsyncFd;
@@ -11,9 +11,9 @@ use tokio::io::Interest;
 use tokio::sync::mpsc;
 
 use super::btf::{Btf, ExecOffsets, MntNsOffsets};
-use super::decode::{decode_exec, extra_args, Decoder, ExtraArgs};
+use super::decode::{decode_exec, exec_from_wire, extra_args, Decoder, ExtraArgs};
 use super::slots::SlotTable;
-use super::wire::{self, Hist};
+use super::wire::{self, ExecEvent, Hist};
 use super::{EbpfError, MountSyscall, SyscallEvent, ToolExec, TraceFilter};
 
 /// The object built by `build.rs` (empty when built without it).
@@ -21,6 +21,10 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vo
 
 // SAFETY: `Hist` is `repr(C)` plain data (u64 arrays), valid for any bytes.
 unsafe impl aya::Pod for Hist {}
+// SAFETY: `ExecEvent` is `repr(C)` plain data (integers and byte arrays,
+// no padding the kernel leaves unset: the program writes every field),
+// valid for any bytes.
+unsafe impl aya::Pod for ExecEvent {}
 
 /// The tracepoints, as `syscalls:sys_{enter,exit}_<name>`.
 const TRACEPOINTS: [&str; 10] = [
@@ -123,6 +127,8 @@ pub struct EbpfTracer {
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
     starts: SlotTable,
+    /// The file system tools running now (`EXECS`, by tgid).
+    execs: BpfHashMap<MapData, u32, ExecEvent>,
     filter: TraceFilter,
 }
 
@@ -163,6 +169,8 @@ impl EbpfTracer {
         let starts = SlotTable::new(take_map(&mut ebpf, "STARTS")?)?;
         let exec_ring = RingBuf::try_from(take_map(&mut ebpf, "EXEC_EVENTS")?)
             .map_err(|e| EbpfError::Map("EXEC_EVENTS", e))?;
+        let execs = BpfHashMap::try_from(take_map(&mut ebpf, "EXECS")?)
+            .map_err(|e| EbpfError::Map("EXECS", e))?;
         Ok(EbpfTracer {
             _ebpf: ebpf,
             ring: Some(ring),
@@ -173,6 +181,7 @@ impl EbpfTracer {
             lost,
             hist,
             starts,
+            execs,
             filter,
         })
     }
@@ -316,6 +325,24 @@ impl EbpfTracer {
                     mnt_ns: s.mnt_ns,
                     path_ptr,
                 }
+            })
+            .collect()
+    }
+
+    /// The file system tools (`mkfs*`, `fsck*`, ...) running now: exec'd
+    /// since the tracer was attached and not exited (`end_ns` 0), read
+    /// from the kernel program's table (two syscalls per run: there are
+    /// few). A run whose process is gone or runs another program now
+    /// (its `/proc/<pid>/comm` differs) is left out.
+    pub fn running_tools(&self) -> Vec<ToolExec> {
+        self.execs
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, e)| e.end_ns == 0)
+            .filter_map(|(_, e)| exec_from_wire(&e))
+            .filter(|x| {
+                std::fs::read_to_string(format!("/proc/{}/comm", x.pid))
+                    .is_ok_and(|c| c.trim_end_matches('\n') == x.comm)
             })
             .collect()
     }

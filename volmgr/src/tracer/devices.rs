@@ -154,11 +154,7 @@ impl DeviceVolumes {
         }
         let key = device_key(&device);
         if !self.by_device.contains_key(&key) {
-            let found = mounts().into_iter().find_map(|(s, p)| {
-                let a = attribute(p.to_str()?, root)?;
-                (s.starts_with("/dev/") && device_key(&s) == key).then_some((a, p))
-            });
-            if let Some((a, p)) = found {
+            if let Some((a, p)) = mounted_volume(&key, root, mounts()) {
                 self.learn(key.clone(), a, p);
             }
         }
@@ -225,6 +221,19 @@ impl DeviceVolumes {
 }
 
 /// Lexical clean-up (`//`, `/./`), as the attribution does.
+/// The volume path device `key` ([`device_key`]) is mounted on in
+/// `mounts` (source, mount point), and its attribution.
+pub fn mounted_volume(
+    key: &str,
+    root: &Path,
+    mounts: Vec<(String, PathBuf)>,
+) -> Option<(Attribution, PathBuf)> {
+    mounts.into_iter().find_map(|(s, p)| {
+        let a = attribute(p.to_str()?, root)?;
+        (s.starts_with("/dev/") && device_key(&s) == key).then_some((a, p))
+    })
+}
+
 fn clean(path: &str) -> PathBuf {
     Path::new(path).components().collect()
 }

@@ -13,6 +13,14 @@
 //! (`/proc/<pid>/task/<tid>/stack`). Each stuck call is logged once; the
 //! list is in status and doctor, and the age of the oldest call in flight is
 //! a gauge.
+//!
+//! File system tools (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`,
+//! `xfs_growfs`, `xfs_repair`) are followed the same way from the
+//! program's table of tools running: one running longer than
+//! `--stuck-tool-after` (an `e2fsck` that hangs holds its volume's
+//! NodeStageVolume) is reported while it runs, with its command line, the
+//! volume its device or path argument belongs to, its state and kernel
+//! stack.
 
 use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
@@ -23,14 +31,21 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::devices::{device_key, mounted_volume, own_mounts};
 use super::timeline::{attribute, monotonic_now_ns, wall_time_of};
-use crate::ebpf::{EbpfTracer, InFlightCall};
-use crate::status::StuckSyscall;
+use crate::ebpf::{EbpfTracer, InFlightCall, ToolExec};
+use crate::status::{StuckSyscall, StuckToolRun};
 use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::sync::MutexExt;
 
 /// `--stuck-syscall-after`'s default.
 pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// `--stuck-tool-after`'s default: the kubelet gives a CSI NodeStageVolume
+/// two minutes (its `csiTimeout`), so a tool still running then has made
+/// the stage time out at least once. `mkfs` and `fsck` of large volumes
+/// legitimately take long: raise it for those.
+pub const DEFAULT_STUCK_TOOL_AFTER: Duration = Duration::from_secs(120);
 
 /// Longest path argument read.
 const PATH_MAX: usize = 4096;
@@ -42,11 +57,17 @@ struct Inner {
     in_flight: usize,
     /// (tid, start) of the stuck calls already logged.
     reported: HashSet<(u32, u64)>,
+    tools: Vec<StuckToolRun>,
+    tools_running: usize,
+    oldest_tool_ns: u64,
+    /// (pid, start) of the stuck tool runs already logged.
+    reported_tools: HashSet<(u32, u64)>,
 }
 
-/// The calls stuck now (see the module).
+/// The calls and tool runs stuck now (see the module).
 pub struct StuckView {
     threshold_ns: AtomicU64,
+    tool_threshold_ns: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -54,21 +75,80 @@ impl Default for StuckView {
     fn default() -> Self {
         Self {
             threshold_ns: AtomicU64::new(DEFAULT_STUCK_AFTER.as_nanos() as u64),
+            tool_threshold_ns: AtomicU64::new(DEFAULT_STUCK_TOOL_AFTER.as_nanos() as u64),
             inner: Mutex::new(Inner::default()),
         }
     }
 }
 
+fn positive_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1)
+}
+
 impl StuckView {
     /// Sets `--stuck-syscall-after`.
     pub fn set_threshold(&self, d: Duration) {
-        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
-        self.threshold_ns.store(ns, Ordering::Relaxed);
+        self.threshold_ns.store(positive_ns(d), Ordering::Relaxed);
     }
 
     /// `--stuck-syscall-after`.
     pub fn threshold(&self) -> Duration {
         Duration::from_nanos(self.threshold_ns.load(Ordering::Relaxed))
+    }
+
+    /// Sets `--stuck-tool-after`.
+    pub fn set_tool_threshold(&self, d: Duration) {
+        self.tool_threshold_ns
+            .store(positive_ns(d), Ordering::Relaxed);
+    }
+
+    /// `--stuck-tool-after`.
+    pub fn tool_threshold(&self) -> Duration {
+        Duration::from_nanos(self.tool_threshold_ns.load(Ordering::Relaxed))
+    }
+
+    /// Takes the file system tools running at `now_ns`
+    /// (`CLOCK_MONOTONIC`): those past `--stuck-tool-after` become the
+    /// stuck tool list (each logged the first time).
+    pub fn update_tools(&self, runs: &[ToolExec], now_ns: u64, root: &Path) {
+        let threshold = self.tool_threshold_ns.load(Ordering::Relaxed);
+        let oldest_ns = runs
+            .iter()
+            .map(|r| now_ns.saturating_sub(r.start_ns))
+            .max()
+            .unwrap_or(0);
+        let mut old: Vec<&ToolExec> = runs
+            .iter()
+            .filter(|r| now_ns.saturating_sub(r.start_ns) >= threshold)
+            .collect();
+        old.sort_by_key(|r| (r.start_ns, r.pid));
+        let stuck: Vec<StuckToolRun> = old.iter().map(|r| describe_tool(r, now_ns, root)).collect();
+        let mut inner = self.inner.locked();
+        let keys: HashSet<(u32, u64)> = old.iter().map(|r| (r.pid, r.start_ns)).collect();
+        for (r, s) in old.iter().zip(&stuck) {
+            if inner.reported_tools.insert((r.pid, r.start_ns)) {
+                tracing::warn!(
+                    pid = s.pid,
+                    comm = %s.comm,
+                    command_line = %s.command_line,
+                    state = %s.state,
+                    elapsed_seconds = s.elapsed_seconds,
+                    pod_uid = s.pod_uid.as_deref().unwrap_or(""),
+                    volume = s.volume.as_deref().unwrap_or(""),
+                    kernel_stack = %s.kernel_stack.join(" <- "),
+                    "file system tool running longer than --stuck-tool-after"
+                );
+            }
+        }
+        inner.reported_tools.retain(|k| keys.contains(k));
+        inner.tools = stuck;
+        inner.oldest_tool_ns = oldest_ns;
+        inner.tools_running = runs.len();
+    }
+
+    /// The tool runs stuck at the last update, oldest first.
+    pub fn stuck_tools(&self) -> Vec<StuckToolRun> {
+        self.inner.locked().tools.clone()
     }
 
     /// Takes the calls in flight at `now_ns` (`CLOCK_MONOTONIC`): those past
@@ -127,17 +207,36 @@ impl StuckView {
             .collect()
     }
 
+    /// The stuck tool runs on pod `uid`'s volumes.
+    pub fn tools_for_pod(&self, uid: &str) -> Vec<StuckToolRun> {
+        let inner = self.inner.locked();
+        inner
+            .tools
+            .iter()
+            .filter(|t| t.pod_uid.as_deref() == Some(uid))
+            .cloned()
+            .collect()
+    }
+
     /// How long the oldest traced call in flight has been, at the last update.
     pub fn oldest_in_flight(&self) -> Duration {
         Duration::from_nanos(self.inner.locked().oldest_ns)
     }
 
-    /// `volmgr_mount_syscall_oldest_in_flight_seconds` and
-    /// `volmgr_mount_syscalls_stuck` (Prometheus text).
+    /// `volmgr_mount_syscall_oldest_in_flight_seconds`,
+    /// `volmgr_mount_syscalls_stuck` and the file system tools' gauges
+    /// (Prometheus text).
     pub fn prometheus_text(&self) -> String {
-        let (oldest, stuck, in_flight) = {
+        let (oldest, stuck, in_flight, oldest_tool, tools_stuck, tools_running) = {
             let i = self.inner.locked();
-            (i.oldest_ns, i.stuck.len(), i.in_flight)
+            (
+                i.oldest_ns,
+                i.stuck.len(),
+                i.in_flight,
+                i.oldest_tool_ns,
+                i.tools.len(),
+                i.tools_running,
+            )
         };
         let mut w = Exposition::new();
         let name = "volmgr_mount_syscall_oldest_in_flight_seconds";
@@ -157,8 +256,77 @@ impl StuckView {
             MetricType::Gauge,
         );
         w.sample(name, &[], stuck);
+        let name = "volmgr_fs_tools_running";
+        w.family(
+            name,
+            "File system tools (mkfs, fsck, e2fsck, resize2fs, xfs_growfs, xfs_repair) running now.",
+            MetricType::Gauge,
+        );
+        w.sample(name, &[], tools_running);
+        let name = "volmgr_fs_tool_oldest_running_seconds";
+        w.family(
+            name,
+            "How long the oldest file system tool running now has been running.",
+            MetricType::Gauge,
+        );
+        w.sample(name, &[], oldest_tool as f64 / 1e9);
+        let name = "volmgr_fs_tools_stuck";
+        w.family(
+            name,
+            "File system tools running longer than --stuck-tool-after now.",
+            MetricType::Gauge,
+        );
+        w.sample(name, &[], tools_stuck);
         w.finish()
     }
+}
+
+/// A tool run past the threshold, with what `/proc` tells about it; its
+/// volume from its argument: a volume path, or a device mounted on one.
+fn describe_tool(r: &ToolExec, now_ns: u64, root: &Path) -> StuckToolRun {
+    let proc = PathBuf::from(format!("/proc/{}", r.pid));
+    let device = r.device().map(str::to_string);
+    let attribution = device.as_deref().and_then(|d| {
+        attribute(d, root).or_else(|| {
+            d.starts_with("/dev/")
+                .then(|| mounted_volume(&device_key(d), root, own_mounts()).map(|(a, _)| a))
+                .flatten()
+        })
+    });
+    // `/proc/<pid>/stat`: "pid (comm) S ...": the state follows the last ')'.
+    let state = std::fs::read_to_string(proc.join("stat"))
+        .ok()
+        .and_then(|st| {
+            let (_, rest) = st.rsplit_once(')')?;
+            rest.split_whitespace().next().map(str::to_string)
+        })
+        .unwrap_or_default();
+    StuckToolRun {
+        pid: r.pid,
+        comm: r.comm.clone(),
+        command_line: r.command_line(),
+        device,
+        state,
+        since: crate::cache::out_of_band::rfc3339(wall_time_of(r.start_ns)),
+        elapsed_seconds: now_ns.saturating_sub(r.start_ns) as f64 / 1e9,
+        pod_uid: attribution.as_ref().and_then(|a| a.key.pod_uid.clone()),
+        volume: attribution.map(|a| a.key.volume),
+        kernel_stack: kernel_stack(&proc.join("stack")),
+    }
+}
+
+/// A task's kernel stack file, innermost first, without the addresses.
+fn kernel_stack(file: &Path) -> Vec<String> {
+    std::fs::read_to_string(file)
+        .map(|s| {
+            s.lines()
+                .map(|l| match l.split_once("] ") {
+                    Some((_, f)) => f.to_string(),
+                    None => l.to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A stuck call, with what `/proc` tells about it.
@@ -173,16 +341,7 @@ fn describe(c: &InFlightCall, now_ns: u64, root: &Path) -> StuckSyscall {
     } else {
         String::new()
     };
-    let kernel_stack = std::fs::read_to_string(task.join("stack"))
-        .map(|s| {
-            s.lines()
-                .map(|l| match l.split_once("] ") {
-                    Some((_, f)) => f.to_string(),
-                    None => l.to_string(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let kernel_stack = kernel_stack(&task.join("stack"));
     let a = attribute(&path, root);
     StuckSyscall {
         pid: c.pid,
@@ -240,8 +399,9 @@ fn fstype_under(pid: u32, path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Reads the calls in flight a few times per threshold (at most once a
-/// second, at least every 100 ms) until `shutdown`.
+/// Reads the calls in flight and the tools running a few times per
+/// threshold (the smaller one; at most once a second, at least every
+/// 100 ms) until `shutdown`.
 pub async fn run(
     tracer: Arc<EbpfTracer>,
     view: Arc<StuckView>,
@@ -249,19 +409,20 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
-        let period =
-            (view.threshold() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let period = (view.threshold().min(view.tool_threshold()) / 4)
+            .clamp(Duration::from_millis(100), Duration::from_secs(1));
         tokio::select! {
             biased;
             () = crate::util::shutdown::requested(&mut shutdown) => return,
             () = tokio::time::sleep(period) => {}
         }
         let calls = tracer.in_flight();
-        let view = Arc::clone(&view);
-        let root = root.clone();
-        // Reads /proc: off the runtime's threads.
+        let (view, tracer, root) = (Arc::clone(&view), Arc::clone(&tracer), root.clone());
+        // Reads the tools' map and /proc: off the runtime's threads.
         let _ = tokio::task::spawn_blocking(move || {
             view.update(&calls, monotonic_now_ns(), &root);
+            let tools = tracer.running_tools();
+            view.update_tools(&tools, monotonic_now_ns(), &root);
         })
         .await;
     }
@@ -322,5 +483,67 @@ mod tests {
         view.update(&[], now, Path::new("/r"));
         assert!(view.stuck().is_empty());
         assert!(view.inner.locked().reported.is_empty());
+    }
+
+    #[test]
+    fn tools_past_their_threshold_are_stuck_with_their_volume() {
+        let view = StuckView::default();
+        assert_eq!(view.tool_threshold(), DEFAULT_STUCK_TOOL_AFTER);
+        view.set_tool_threshold(Duration::from_secs(60));
+        // This process stands for the tool: its /proc entries are read.
+        let run = |start_ns: u64, arg: &str| ToolExec {
+            start_ns,
+            end_ns: 0,
+            pid: std::process::id(),
+            comm: "e2fsck".into(),
+            mnt_ns: 1,
+            cgroup_id: 1,
+            args: vec!["e2fsck".into(), "-p".into(), arg.into()],
+            args_truncated: false,
+            exit_code: 0,
+        };
+        let now = 1_000_000_000_000;
+        let dir = "/r/pods/u1/volumes/kubernetes.io~local-volume/data";
+        view.update_tools(&[run(now - 59_000_000_000, dir)], now, Path::new("/r"));
+        assert!(view.stuck_tools().is_empty());
+        view.update_tools(
+            &[
+                run(now - 59_000_000_000, dir),
+                run(now - 61_000_000_000, dir),
+            ],
+            now,
+            Path::new("/r"),
+        );
+        let t = view.stuck_tools();
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!(t[0].comm, "e2fsck");
+        assert_eq!(t[0].command_line, format!("e2fsck -p {dir}"));
+        assert_eq!(t[0].device.as_deref(), Some(dir));
+        assert_eq!(t[0].pod_uid.as_deref(), Some("u1"));
+        assert_eq!(t[0].volume.as_deref(), Some("data"));
+        assert_eq!(view.tools_for_pod("u1"), t);
+        assert!(view.tools_for_pod("u2").is_empty());
+        assert!((t[0].elapsed_seconds - 61.0).abs() < 1e-9);
+        // This test runs: its state is R (or S between time slices).
+        assert!(["R", "S"].contains(&t[0].state.as_str()), "{t:?}");
+        let text = view.prometheus_text();
+        assert!(text.contains("volmgr_fs_tools_running 2\n"), "{text}");
+        assert!(text.contains("volmgr_fs_tools_stuck 1\n"), "{text}");
+        assert!(
+            text.contains("volmgr_fs_tool_oldest_running_seconds 61\n"),
+            "{text}"
+        );
+        // A device no volume path has mounted: shown, not placed.
+        view.update_tools(
+            &[run(now - 61_000_000_000, "/dev/nonexistent-volmgr")],
+            now,
+            Path::new("/r"),
+        );
+        let t = view.stuck_tools();
+        assert_eq!(t[0].device.as_deref(), Some("/dev/nonexistent-volmgr"));
+        assert_eq!(t[0].pod_uid, None);
+        view.update_tools(&[], now, Path::new("/r"));
+        assert!(view.stuck_tools().is_empty());
+        assert!(view.inner.locked().reported_tools.is_empty());
     }
 }

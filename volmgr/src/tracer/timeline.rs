@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::ebpf::{SyscallEvent, ToolExec};
-use crate::status::StuckSyscall;
+use crate::status::{StuckSyscall, StuckToolRun};
 use crate::util::sync::MutexExt;
 
 /// Which of a volume's paths a call touched.
@@ -272,6 +272,10 @@ pub struct PodTimeline {
     pub volumes: Vec<VolumeTimeline>,
     /// Calls on its volumes' paths blocked longer than the threshold now.
     pub stuck: Vec<StuckSyscall>,
+    /// File system tools on its volumes running longer than
+    /// `--stuck-tool-after` now.
+    #[serde(default)]
+    pub stuck_tools: Vec<StuckToolRun>,
     /// Why the timelines are empty, when they cannot be recorded (the
     /// active tracer is not eBPF).
     #[serde(default, skip_serializing_if = "Option::is_none")]

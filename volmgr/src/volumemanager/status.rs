@@ -40,6 +40,7 @@ impl VolumeManager {
             },
             devices: self.device_statuses(),
             stuck_syscalls: self.tracer.stuck().stuck(),
+            stuck_tools: self.tracer.stuck().stuck_tools(),
             observe: self.observe_status(),
         }
     }
