@@ -55,13 +55,13 @@ struct Inner {
     stuck: Vec<StuckSyscall>,
     oldest_ns: u64,
     in_flight: usize,
-    /// (tid, start) of the stuck calls already logged.
-    reported: HashSet<(u32, u64)>,
+    /// (start, tid) of the stuck calls already logged.
+    reported: HashSet<(u64, u32)>,
     tools: Vec<StuckToolRun>,
     tools_running: usize,
     oldest_tool_ns: u64,
-    /// (pid, start) of the stuck tool runs already logged.
-    reported_tools: HashSet<(u32, u64)>,
+    /// (start, pid) of the stuck tool runs already logged.
+    reported_tools: HashSet<(u64, u32)>,
 }
 
 /// The calls and tool runs stuck now (see the module).
@@ -112,21 +112,15 @@ impl StuckView {
     /// stuck tool list (each logged the first time).
     pub fn update_tools(&self, runs: &[ToolExec], now_ns: u64, root: &Path) {
         let threshold = self.tool_threshold_ns.load(Ordering::Relaxed);
-        let oldest_ns = runs
-            .iter()
-            .map(|r| now_ns.saturating_sub(r.start_ns))
-            .max()
-            .unwrap_or(0);
-        let mut old: Vec<&ToolExec> = runs
-            .iter()
-            .filter(|r| now_ns.saturating_sub(r.start_ns) >= threshold)
-            .collect();
-        old.sort_by_key(|r| (r.start_ns, r.pid));
+        let (old, oldest_ns) = overdue(runs, now_ns, threshold, |r| (r.start_ns, r.pid));
         let stuck: Vec<StuckToolRun> = old.iter().map(|r| describe_tool(r, now_ns, root)).collect();
+        let keys: Vec<(u64, u32)> = old.iter().map(|r| (r.start_ns, r.pid)).collect();
         let mut inner = self.inner.locked();
-        let keys: HashSet<(u32, u64)> = old.iter().map(|r| (r.pid, r.start_ns)).collect();
-        for (r, s) in old.iter().zip(&stuck) {
-            if inner.reported_tools.insert((r.pid, r.start_ns)) {
+        for (s, new) in stuck
+            .iter()
+            .zip(first_seen(&mut inner.reported_tools, &keys))
+        {
+            if new {
                 tracing::warn!(
                     pid = s.pid,
                     comm = %s.comm,
@@ -140,7 +134,6 @@ impl StuckView {
                 );
             }
         }
-        inner.reported_tools.retain(|k| keys.contains(k));
         inner.tools = stuck;
         inner.oldest_tool_ns = oldest_ns;
         inner.tools_running = runs.len();
@@ -155,21 +148,12 @@ impl StuckView {
     /// the threshold become the stuck list (each logged the first time).
     pub fn update(&self, calls: &[InFlightCall], now_ns: u64, root: &Path) {
         let threshold = self.threshold_ns.load(Ordering::Relaxed);
-        let oldest_ns = calls
-            .iter()
-            .map(|c| now_ns.saturating_sub(c.start_ns))
-            .max()
-            .unwrap_or(0);
-        let mut old: Vec<&InFlightCall> = calls
-            .iter()
-            .filter(|c| now_ns.saturating_sub(c.start_ns) >= threshold)
-            .collect();
-        old.sort_by_key(|c| (c.start_ns, c.tid));
+        let (old, oldest_ns) = overdue(calls, now_ns, threshold, |c| (c.start_ns, c.tid));
         let stuck: Vec<StuckSyscall> = old.iter().map(|c| describe(c, now_ns, root)).collect();
+        let keys: Vec<(u64, u32)> = old.iter().map(|c| (c.start_ns, c.tid)).collect();
         let mut inner = self.inner.locked();
-        let keys: HashSet<(u32, u64)> = old.iter().map(|c| (c.tid, c.start_ns)).collect();
-        for (c, s) in old.iter().zip(&stuck) {
-            if inner.reported.insert((c.tid, c.start_ns)) {
+        for (s, new) in stuck.iter().zip(first_seen(&mut inner.reported, &keys)) {
+            if new {
                 tracing::warn!(
                     pid = s.pid,
                     tid = s.tid,
@@ -185,7 +169,6 @@ impl StuckView {
                 );
             }
         }
-        inner.reported.retain(|k| keys.contains(k));
         inner.stuck = stuck;
         inner.oldest_ns = oldest_ns;
         inner.in_flight = calls.len();
@@ -279,6 +262,31 @@ impl StuckView {
         w.sample(name, &[], tools_stuck);
         w.finish()
     }
+}
+
+/// Of `items`, keyed by (start ns, task id), those started at least
+/// `threshold` ns before `now_ns`, oldest first; and the age of the oldest
+/// item.
+fn overdue<T>(
+    items: &[T],
+    now_ns: u64,
+    threshold: u64,
+    key: impl Fn(&T) -> (u64, u32),
+) -> (Vec<&T>, u64) {
+    let age = |i: &T| now_ns.saturating_sub(key(i).0);
+    let oldest = items.iter().map(age).max().unwrap_or(0);
+    let mut old: Vec<&T> = items.iter().filter(|i| age(i) >= threshold).collect();
+    old.sort_by_key(|i| key(i));
+    (old, oldest)
+}
+
+/// For each of `keys` (stuck now), whether it is new to `reported`, which
+/// then holds exactly `keys` (what is no longer stuck is forgotten).
+fn first_seen(reported: &mut HashSet<(u64, u32)>, keys: &[(u64, u32)]) -> Vec<bool> {
+    let new = keys.iter().map(|k| reported.insert(*k)).collect();
+    let now: HashSet<(u64, u32)> = keys.iter().copied().collect();
+    reported.retain(|k| now.contains(k));
+    new
 }
 
 /// A tool run past the threshold, with what `/proc` tells about it; its
