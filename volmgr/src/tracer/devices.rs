@@ -220,7 +220,6 @@ impl DeviceVolumes {
     }
 }
 
-/// Lexical clean-up (`//`, `/./`), as the attribution does.
 /// The volume path device `key` ([`device_key`]) is mounted on in
 /// `mounts` (source, mount point), and its attribution.
 pub fn mounted_volume(
@@ -234,6 +233,7 @@ pub fn mounted_volume(
     })
 }
 
+/// Lexical clean-up (`//`, `/./`), as the attribution does.
 fn clean(path: &str) -> PathBuf {
     Path::new(path).components().collect()
 }
