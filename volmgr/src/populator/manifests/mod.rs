@@ -23,6 +23,7 @@
 //! defined (a half-written edit must not tear volumes down) and shows the
 //! error in status; a removed file removes its pods and objects.
 
+pub mod block_yaml;
 mod parse;
 mod read;
 pub mod yaml_depth;

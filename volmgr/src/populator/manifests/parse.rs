@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::yaml_depth;
+use super::{block_yaml, yaml_depth};
 use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{self, KubeObject, ObjectKind};
 
@@ -82,8 +82,13 @@ fn json_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
 }
 
 /// The documents of a YAML stream, up to the first that does not parse or
-/// nests deeper than [`yaml_depth::MAX_DEPTH`] (not parsed at all).
+/// nests deeper than [`yaml_depth::MAX_DEPTH`] (not parsed at all). A file
+/// of one document in the common subset of YAML is read by
+/// [`block_yaml`] alone, the rest by serde_norway.
 fn yaml_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
+    if let Some(v) = block_yaml::parse(text) {
+        return vec![Ok(v)];
+    }
     let (text, too_deep) = match yaml_depth::check(text) {
         Ok(()) => (text, None),
         Err(e) => (text.get(..e.document_start).unwrap_or(""), Some(e)),
