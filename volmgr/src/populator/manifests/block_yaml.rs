@@ -40,6 +40,14 @@ pub fn parse(text: &str) -> Option<Value> {
     (parser.pos == lines.len()).then_some(root)
 }
 
+/// Whether `c` may be in a stream this reader takes: YAML's printable
+/// characters (the caller checks ASCII first), without the byte-order mark
+/// and the line breaks beyond ASCII that libyaml honours (NEL, U+2028,
+/// U+2029).
+fn printable(c: char) -> bool {
+    matches!(c, '\n' | ' '..='~' | '\u{a0}'..='\u{2027}' | '\u{202a}'..='\u{d7ff}' | '\u{e000}'..='\u{fefe}' | '\u{ff00}'..='\u{fffd}' | '\u{10000}'..)
+}
+
 /// One line holding content: its indentation and its text from the first
 /// non-space character, trailing spaces cut.
 #[derive(Debug, Clone, Copy)]
@@ -50,9 +58,14 @@ struct Line<'a> {
 
 /// The lines with content, without blank and comment lines and a leading
 /// `---`; `None` on what this reader does not take line by line (tabs,
-/// carriage returns, a byte-order mark, directives, a second document).
+/// carriage returns, characters YAML does not allow, a byte-order mark, a
+/// second document).
 fn lines(text: &str) -> Option<Vec<Line<'_>>> {
-    if text.bytes().any(|b| b == b'\t' || b == b'\r') || text.starts_with('\u{feff}') {
+    if !text
+        .bytes()
+        .all(|b| b == b'\n' || (0x20..0x7f).contains(&b) || b >= 0x80)
+        || (!text.is_ascii() && !text.chars().all(printable))
+    {
         return None;
     }
     let mut out = Vec::with_capacity(text.len() / 16);

@@ -147,6 +147,14 @@ fn gives_up_outside_its_subset() {
         "a: b\n - c\n",
         "<<: {a: 1}\n",
         "---\n---\na: 1\n",
+        "# a\u{1}b\na: 1\n",
+        "a: b\u{0}c\n",
+        "a: b\u{7f}\n",
+        "a: b\u{9f}\n",
+        "a: b \u{85}# c\n",
+        "a: b\u{2028}c: d\n",
+        "a: \u{feff}b\n",
+        "\u{feff}a: b\n",
     ] {
         assert_eq!(parse(text), None, "accepted {text:?}");
     }
@@ -369,7 +377,8 @@ fn agrees_with_serde_norway_on_generated_documents() {
 /// Characters that change how YAML reads a line.
 const EDITS: &[&str] = &[
     " ", "  ", "-", "- ", ":", ": ", "#", " #", "\n", "{", "}", "[", "]", ",", "'", "\"", "&a ",
-    "*a", "!", "|", ">", "~", "0", "1", "x", ".", "?", "\\", "\t", "---\n",
+    "*a", "!", "|", ">", "~", "0", "1", "x", ".", "?", "\\", "\t", "---\n", "\u{1}", "\u{0}",
+    "\u{85}", "\u{9f}", "\u{feff}", "\u{2028}", "\u{2029}", "é", "\u{a0}",
 ];
 
 #[test]
