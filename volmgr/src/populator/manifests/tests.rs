@@ -27,6 +27,28 @@ fn multi_document_yaml_and_lists() {
 }
 
 #[test]
+fn yaml_is_read_with_the_core_schema_of_yaml_1_2() {
+    // The block reader takes this file, serde_norway the same with an
+    // anchor; both read `yes` as a string, so the pod is refused.
+    let block = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: a\n  uid: uid-a\nspec:\n  containers:\n  - name: c\n    image: i\n    volumeMounts:\n    - name: v\n      mountPath: /v\n      readOnly: yes\n  volumes:\n  - name: v\n    emptyDir: {}\n";
+    let anchored = block.replace("name: c", "name: &n c");
+    assert!(super::block_yaml::parse(block).is_some());
+    assert!(super::block_yaml::parse(&anchored).is_none());
+    for text in [block.to_string(), anchored] {
+        let p = parse_manifest(&text, false);
+        assert!(p.pods.is_empty(), "{text}");
+        assert!(
+            p.errors.len() == 1 && p.errors[0].contains("invalid type: string \"yes\", expected a boolean"),
+            "{:?}",
+            p.errors
+        );
+        assert!(!p.complete);
+        let ok = parse_manifest(&text.replace("readOnly: yes", "readOnly: true"), false);
+        assert_eq!(ok.pods.len(), 1, "{:?}", ok.errors);
+    }
+}
+
+#[test]
 fn json_stream() {
     let one =
         r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a"},"spec":{"containers":[]}}"#;
