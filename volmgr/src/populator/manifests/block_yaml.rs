@@ -29,15 +29,24 @@ use super::yaml_depth::MAX_DEPTH;
 /// The document of `text` as serde_norway reads it into a `Value`, or
 /// `None` when the text is outside the subset this reader knows (or holds
 /// no document at all).
+///
+/// One pass over the text, holding one line at a time: memory beyond the
+/// `Value` is bounded by the nesting, whatever the file's size.
 pub fn parse(text: &str) -> Option<Value> {
-    let lines = lines(text)?;
-    let first = lines.first()?;
-    let mut parser = Parser {
-        lines: &lines,
-        pos: 0,
+    let printable_ascii = |b: u8| b == b'\n' || (0x20..0x7f).contains(&b) || b >= 0x80;
+    if !text.bytes().all(printable_ascii) || (!text.is_ascii() && !text.chars().all(printable)) {
+        return None;
+    }
+    let mut lines = Lines {
+        rest: Some(text),
+        started: false,
+        refused: false,
     };
+    let current = lines.next_line();
+    let mut parser = Parser { lines, current };
+    let first = parser.current?;
     let root = parser.block(first.indent, 1)?;
-    (parser.pos == lines.len()).then_some(root)
+    (parser.current.is_none() && !parser.lines.refused).then_some(root)
 }
 
 /// Whether `c` may be in a stream this reader takes: YAML's printable
@@ -56,45 +65,55 @@ struct Line<'a> {
     text: &'a str,
 }
 
-/// The lines with content, without blank and comment lines and a leading
-/// `---`; `None` on what this reader does not take line by line (tabs,
-/// carriage returns, characters YAML does not allow, a byte-order mark, a
-/// second document).
-fn lines(text: &str) -> Option<Vec<Line<'_>>> {
-    if !text
-        .bytes()
-        .all(|b| b == b'\n' || (0x20..0x7f).contains(&b) || b >= 0x80)
-        || (!text.is_ascii() && !text.chars().all(printable))
-    {
-        return None;
-    }
-    let mut out = Vec::with_capacity(text.len() / 16);
-    let mut marker_seen = false;
-    for raw in text.split('\n') {
-        let trimmed = raw.trim_end_matches(' ');
-        let content = trimmed.trim_start_matches(' ');
-        if content.is_empty() || content.starts_with('#') {
-            continue;
-        }
-        let indent = trimmed.len() - content.len();
-        if indent == 0 && (content.starts_with("---") || content.starts_with("...")) {
-            if out.is_empty() && !marker_seen && content == "---" {
-                marker_seen = true;
-                continue;
-            }
-            return None;
-        }
-        out.push(Line {
-            indent,
-            text: content,
-        });
-    }
-    Some(out)
+/// The lines with content, one at a time, without blank and comment lines
+/// and a leading `---`.
+struct Lines<'a> {
+    /// The text not read yet.
+    rest: Option<&'a str>,
+    /// Whether a line with content (or a `---`) was read.
+    started: bool,
+    /// Whether a line this reader does not take (a second `---`, a `...`)
+    /// ended the reading early: the parse gives up.
+    refused: bool,
 }
 
-struct Parser<'l, 'a> {
-    lines: &'l [Line<'a>],
-    pos: usize,
+impl<'a> Lines<'a> {
+    fn next_line(&mut self) -> Option<Line<'a>> {
+        while let Some(text) = self.rest {
+            let (raw, rest) = match text.split_once('\n') {
+                Some((raw, rest)) => (raw, Some(rest)),
+                None => (text, None),
+            };
+            self.rest = rest;
+            let trimmed = raw.trim_end_matches(' ');
+            let content = trimmed.trim_start_matches(' ');
+            if content.is_empty() || content.starts_with('#') {
+                continue;
+            }
+            let indent = trimmed.len() - content.len();
+            if indent == 0 && (content.starts_with("---") || content.starts_with("...")) {
+                if !self.started && content == "---" {
+                    self.started = true;
+                    continue;
+                }
+                self.refused = true;
+                self.rest = None;
+                return None;
+            }
+            self.started = true;
+            return Some(Line {
+                indent,
+                text: content,
+            });
+        }
+        None
+    }
+}
+
+struct Parser<'a> {
+    lines: Lines<'a>,
+    /// The line being looked at (`None`: the end).
+    current: Option<Line<'a>>,
 }
 
 /// Whether a line is an entry of a block sequence.
@@ -102,9 +121,14 @@ fn is_item(text: &str) -> bool {
     text == "-" || text.starts_with("- ")
 }
 
-impl<'a> Parser<'_, 'a> {
+impl<'a> Parser<'a> {
     fn peek(&self) -> Option<Line<'a>> {
-        self.lines.get(self.pos).copied()
+        self.current
+    }
+
+    /// Moves on to the next line.
+    fn advance(&mut self) {
+        self.current = self.lines.next_line();
     }
 
     /// The mapping or sequence whose first line (the current one) is
@@ -135,7 +159,7 @@ impl<'a> Parser<'_, 'a> {
             if line.indent > indent || is_item(line.text) {
                 return None;
             }
-            self.pos += 1;
+            self.advance();
             self.entry(line.text, indent, depth, &mut map)?;
         }
         Some(Value::Object(map))
@@ -173,7 +197,7 @@ impl<'a> Parser<'_, 'a> {
             if line.indent > indent {
                 return None;
             }
-            self.pos += 1;
+            self.advance();
             let rest = line.text[1..].trim_start_matches(' ');
             if is_item(rest) {
                 return None;

@@ -38,7 +38,8 @@ fn yaml_is_read_with_the_core_schema_of_yaml_1_2() {
         let p = parse_manifest(&text, false);
         assert!(p.pods.is_empty(), "{text}");
         assert!(
-            p.errors.len() == 1 && p.errors[0].contains("invalid type: string \"yes\", expected a boolean"),
+            p.errors.len() == 1
+                && p.errors[0].contains("invalid type: string \"yes\", expected a boolean"),
             "{:?}",
             p.errors
         );
