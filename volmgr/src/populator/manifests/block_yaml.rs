@@ -445,8 +445,8 @@ fn plain(s: &str) -> Option<Value> {
         return Some(v);
     }
     if first.is_ascii_alphabetic() || first == b'/' || first == b'_' {
-        let lower = s.to_ascii_lowercase();
-        if matches!(lower.as_str(), "inf" | "infinity" | "nan") {
+        let float_word = ["inf", "infinity", "nan"];
+        if float_word.iter().any(|w| s.eq_ignore_ascii_case(w)) {
             return None;
         }
         return Some(Value::String(s.to_string()));
