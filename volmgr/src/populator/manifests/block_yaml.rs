@@ -261,7 +261,7 @@ fn split_key(text: &str) -> Start<'_> {
     if !start.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'"' || b == b'\'') {
         return Start::Value;
     }
-    if let Some(q) = text.bytes().next().filter(|b| *b == b'"' || *b == b'\'') {
+    if let Some(q) = start.filter(|b| *b == b'"' || *b == b'\'') {
         let Some((key, after)) = quoted(text, q) else {
             return Start::GiveUp;
         };
