@@ -10,6 +10,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+# A clean clone builds everything once: incremental caches would only cost
+# disk (several GiB) and time. A developer can still ask for them.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The run builds debug, release, fuzz and eBPF targets: say so early when the
+# disk is short, rather than fail in a link half an hour in.
+need_gib=20
+avail_gib=$(( $(df -Pk . | awk 'NR == 2 { print $4 }') / 1024 / 1024 ))
+if [ "$avail_gib" -lt "$need_gib" ]; then
+  echo "warning: $avail_gib GiB free under $(pwd); a whole run needs about $need_gib GiB (target/, fuzz/target/)" >&2
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
