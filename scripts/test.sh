@@ -15,7 +15,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The run builds debug, release, fuzz and eBPF targets: say so early when the
 # disk is short, rather than fail in a link half an hour in.
-need_gib=20
+need_gib=16
 avail_gib=$(( $(df -Pk . | awk 'NR == 2 { print $4 }') / 1024 / 1024 ))
 if [ "$avail_gib" -lt "$need_gib" ]; then
   echo "warning: $avail_gib GiB free under $(pwd); a whole run needs about $need_gib GiB (target/, fuzz/target/)" >&2
