@@ -607,3 +607,102 @@ fn a_config_map_of_10000_keys_is_mounted_whole() {
         assert!(agent.term());
     });
 }
+
+/// Fills the file system of `dir` (a small tmpfs) with `dir/filler`, to the
+/// last block.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![7u8; 4096];
+    loop {
+        match f.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    path
+}
+
+/// A node's disk fills up under ROOT (the kubelet's root on a full
+/// `/var/lib`): a configMap update that cannot be written fails with a clear
+/// error and leaves the old payload whole (no half-written payload or
+/// `..data_tmp` left to eat what space returns); a pod arriving meanwhile
+/// gets the error too; other pods keep their volumes; once space is freed,
+/// the update lands and the new pod mounts, by the operations' own retries.
+#[test]
+fn a_full_disk_fails_the_update_and_keeps_the_old_payload() {
+    isolated(
+        "a_full_disk_fails_the_update_and_keeps_the_old_payload",
+        || {
+            let env = Env::new();
+            let st = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+                .arg(&env.root)
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount a 2 MiB tmpfs on ROOT");
+            env.write_manifest("cm.yaml", &config_map("cm", &[("x", "old"), ("y", "old")]));
+            env.write_manifest(
+                "p.yaml",
+                &pod_yaml(
+                    "p",
+                    "uid-full",
+                    &[
+                        ("cfg", "configMap: {name: cm}"),
+                        ("mem", "emptyDir: {medium: Memory, sizeLimit: 1Mi}"),
+                    ],
+                ),
+            );
+            let agent = env.start_agent(&[]);
+            assert_eq!(env.wait_pod("uid-full", 30.0), 0, "{}", agent.log());
+            let cfg = vol_dir(&env, "uid-full", "configmap", "cfg");
+            let before = payload_dirs(&cfg);
+            assert_eq!(before.len(), 1, "{before:?}");
+
+            let filler = fill(&env.root);
+            let big = "n".repeat(64 * 1024);
+            env.write_manifest("cm.yaml", &config_map("cm", &[("x", &big), ("y", &big)]));
+            env.write_manifest(
+                "q.yaml",
+                &pod_yaml("q", "uid-late", &[("cfg", "configMap: {name: cm}")]),
+            );
+            let error_of = |uid: &str| {
+                env.volume_state(uid, "cfg")
+                    .and_then(|(_, _, e)| e)
+                    .unwrap_or_default()
+            };
+            env.wait_for("the update fails on the full disk", || {
+                error_of("uid-full").contains("No space left on device")
+            });
+            env.wait_for("the new pod's set-up fails on the full disk", || {
+                error_of("uid-late").contains("No space left on device")
+            });
+            // The old payload, whole; nothing half-written left behind.
+            assert_eq!(
+                (read(&cfg.join("x")), read(&cfg.join("y"))),
+                (Some("old".into()), Some("old".into()))
+            );
+            assert_eq!(payload_dirs(&cfg), before, "half-written payload left");
+            assert!(!cfg.join("..data_tmp").exists());
+            // The pod's other volume is untouched, and so is its pod.
+            assert!(is_tmpfs(&env, &env.empty_dir("uid-full", "mem")));
+            assert_eq!(env.wait_pod("uid-full", 1.0), 0, "pod p lost its volumes");
+
+            std::fs::remove_file(filler).unwrap();
+            env.wait_for("the update lands once space is back", || {
+                read(&cfg.join("x")).as_deref() == Some(&*big)
+            });
+            assert_eq!(read(&cfg.join("y")).as_deref(), Some(&*big));
+            assert_eq!(env.wait_pod("uid-late", 60.0), 0, "{}", agent.log());
+            let late = vol_dir(&env, "uid-late", "configmap", "cfg");
+            assert_eq!(read(&late.join("x")).as_deref(), Some(&*big));
+            env.wait_for("the update's error is cleared", || {
+                error_of("uid-full").is_empty()
+            });
+            env.assert_outside_untouched();
+            assert!(agent.term());
+        },
+    );
+}

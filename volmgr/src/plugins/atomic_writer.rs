@@ -241,8 +241,13 @@ pub fn write(
     let outcome = if unchanged {
         WriteOutcome::Unchanged
     } else {
-        let ts = write_payload_dir(dir, &clean, owner)?;
-        swap_data_link(dir, &ts)?;
+        let ts = new_payload_dir(dir)?;
+        let swapped =
+            fill_payload_dir(dir, &ts, &clean, owner).and_then(|()| swap_data_link(dir, &ts));
+        if let Err(e) = swapped {
+            discard_failed(root, dir, &ts);
+            return Err(e);
+        }
         WriteOutcome::Written {
             dir: ts.to_string_lossy().into_owned(),
         }
@@ -388,25 +393,55 @@ fn timestamp_name(attempt: u32) -> String {
 /// ext4 disk take a minute, one `syncfs` a fraction of it.
 const FSYNC_EACH_MAX: usize = 64;
 
-/// Creates a new payload directory in `dir` and writes `clean` into it,
-/// every file and directory synced. Returns its name.
-fn write_payload_dir(
-    dir: &Target,
-    clean: &BTreeMap<String, &PayloadFile>,
-    owner: Ownership,
-) -> Result<OsString, WriterError> {
+/// Creates a new, empty payload directory (`..<timestamp>`) in `dir`.
+/// Returns its name.
+fn new_payload_dir(dir: &Target) -> Result<OsString, WriterError> {
     let mut attempt = 0;
-    let name = loop {
+    loop {
         let name = timestamp_name(attempt);
         match mkdirat(dir.as_fd(), name.as_str(), Mode::from_bits_truncate(0o700)) {
-            Ok(()) => break name,
+            Ok(()) => return Ok(OsString::from(name)),
             Err(Errno::EEXIST) if attempt < 100 => attempt += 1,
             Err(e) => return Err(sys("mkdirat", dir, &name, e).into()),
         }
-    };
-    let ts = open_dir_at(dir.as_fd(), Path::new(&name)).map_err(|e| sys("open", dir, &name, e))?;
+    }
+}
+
+/// After a write that failed (a full disk, an I/O error): removes the
+/// payload directory `name` it made, and a `..data_tmp`, unless the swap
+/// happened (`..data` points at `name`) or that cannot be told. A failed
+/// write then leaves the volume as it was, with nothing half-written to eat
+/// what space comes back; the retries of a volume on a full disk do not
+/// pile up payloads. (The kubelet's writer leaves the directory of a
+/// payload it could not write: its step 6 returns the error as is.) Best
+/// effort: the error returned is the write's, and whatever is left goes at
+/// the next write ([`remove_stale`]).
+fn discard_failed(root: &RootDir, dir: &Target, name: &OsStr) {
+    match current_payload_dir(dir) {
+        Ok(current) if current.as_deref() != Some(name) => {}
+        _ => return,
+    }
+    if let Err(e) = unlinkat(dir.as_fd(), NEW_DATA_DIR_NAME, UnlinkatFlags::NoRemoveDir) {
+        if e != Errno::ENOENT {
+            tracing::warn!(dir = %dir.path().display(), error = %e, "cannot remove ..data_tmp of a failed write");
+        }
+    }
+    if let Err(e) = root.remove_all_at(dir, name) {
+        tracing::warn!(dir = %dir.path().display(), payload = ?name, error = %e, "cannot remove the payload of a failed write");
+    }
+}
+
+/// Writes `clean` into the new payload directory `name` of `dir`, every
+/// file and directory synced.
+fn fill_payload_dir(
+    dir: &Target,
+    name: &OsStr,
+    clean: &BTreeMap<String, &PayloadFile>,
+    owner: Ownership,
+) -> Result<(), WriterError> {
+    let ts = open_dir_at(dir.as_fd(), Path::new(name)).map_err(|e| sys("open", dir, name, e))?;
     let each = clean.len() <= FSYNC_EACH_MAX;
-    let sync = |fd: &OwnedFd| nix::unistd::fsync(fd).map_err(|e| sys("fsync", dir, &name, e));
+    let sync = |fd: &OwnedFd| nix::unistd::fsync(fd).map_err(|e| sys("fsync", dir, name, e));
     // The directory of the last file written (one descriptor open at a
     // time, however many directories; files of one directory are mostly
     // next to each other in path order), synced when left.
@@ -424,14 +459,14 @@ fn write_payload_dir(
                         sync(&fd)?;
                     }
                     let fd = make_dirs(ts.as_fd(), parent, owner)
-                        .map_err(|e| sys("mkdirat", dir, Path::new(&name).join(parent), e))?;
+                        .map_err(|e| sys("mkdirat", dir, Path::new(name).join(parent), e))?;
                     current = Some((parent, fd));
                 }
                 current.as_ref().map_or(ts.as_fd(), |(_, fd)| fd.as_fd())
             }
         };
         write_file(pfd, file, f, owner, each)
-            .map_err(|e| sys("write", dir, Path::new(&name).join(p), e))?;
+            .map_err(|e| sys("write", dir, Path::new(name).join(p), e))?;
     }
     if let (Some((_, fd)), true) = (current.take(), each) {
         sync(&fd)?;
@@ -440,13 +475,13 @@ fn write_payload_dir(
         ts.as_fd(),
         owner.dir_mode(0o755),
         None,
-        &dir.path().join(&name),
+        &dir.path().join(name),
     )?;
     match each {
         true => sync(&ts)?,
-        false => nix::unistd::syncfs(&ts).map_err(|e| sys("syncfs", dir, &name, e))?,
+        false => nix::unistd::syncfs(&ts).map_err(|e| sys("syncfs", dir, name, e))?,
     }
-    Ok(OsString::from(name))
+    Ok(())
 }
 
 fn open_dir_at(parent: BorrowedFd<'_>, name: &Path) -> Result<OwnedFd, Errno> {
@@ -763,6 +798,32 @@ mod tests {
             .into_iter()
             .filter(|n| n.starts_with("..") && n != "..data")
             .collect()
+    }
+
+    /// A write that failed before its swap (a full disk) takes its payload
+    /// directory and `..data_tmp` with it; one that failed after the swap
+    /// (syncing the volume directory) keeps the payload `..data` points at.
+    /// The end-to-end test on a full tmpfs is
+    /// `a_full_disk_fails_the_update_and_keeps_the_old_payload`.
+    #[test]
+    fn a_failed_write_takes_its_payload_but_never_the_current_one() {
+        let (_d, root, dir) = setup();
+        let v = dir.path().to_path_buf();
+        write(&root, &dir, &payload(&[("x", "old")]), Ownership::default()).unwrap();
+        let current = payload_dirs(&v);
+        assert_eq!(current.len(), 1);
+
+        let ts = new_payload_dir(&dir).unwrap();
+        std::fs::create_dir(v.join(&ts).join("sub")).unwrap();
+        std::fs::write(v.join(&ts).join("sub/x"), "half").unwrap();
+        symlinkat(ts.as_os_str(), dir.as_fd(), NEW_DATA_DIR_NAME).unwrap();
+        assert_eq!(payload_dirs(&v).len(), 3, "{:?}", names(&v));
+        discard_failed(&root, &dir, &ts);
+        assert_eq!(payload_dirs(&v), current, "{:?}", names(&v));
+
+        discard_failed(&root, &dir, OsStr::new(&current[0]));
+        assert_eq!(payload_dirs(&v), current);
+        assert_eq!(read(&v, "x"), "old");
     }
 
     /// Issue 25 item 4: a rotated-out secret does not stay on the pod's

@@ -481,6 +481,8 @@ impl RootDir {
     }
 
     /// Writes `contents` to file `rel` atomically (temporary file + rename).
+    /// A write that fails (a full disk) removes its temporary file: `rel`
+    /// is as it was, and nothing is left behind.
     pub fn write_file(&self, rel: &RelPath, contents: &[u8]) -> Result<(), PathError> {
         use std::io::Write;
         let (dir_rel, name) = rel
@@ -504,12 +506,22 @@ impl RootDir {
         )
         .map_err(|e| self.map_err("openat", rel, e))?;
         let mut file = std::fs::File::from(fd);
-        file.write_all(contents)
-            .map_err(|e| SyscallError::io("write", self.abs(rel), e))?;
+        let written = file
+            .write_all(contents)
+            .map_err(|e| PathError::from(SyscallError::io("write", self.abs(rel), e)));
         drop(file);
-        nix::fcntl::renameat(dir.as_fd(), tmp.as_os_str(), dir.as_fd(), name)
-            .map_err(|e| self.map_err("renameat", rel, e))?;
-        Ok(())
+        let renamed = written.and_then(|()| {
+            nix::fcntl::renameat(dir.as_fd(), tmp.as_os_str(), dir.as_fd(), name)
+                .map_err(|e| self.map_err("renameat", rel, e))
+        });
+        if renamed.is_err() {
+            let _ = nix::unistd::unlinkat(
+                &dir,
+                tmp.as_os_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+        }
+        renamed
     }
 
     /// Reads a small state file `rel` (at most [`MAX_STATE_FILE_BYTES`]).
@@ -1175,5 +1187,47 @@ mod tests {
             .read_dir(&RelPath::new(["nope"]).unwrap())
             .unwrap()
             .is_empty());
+    }
+
+    /// On a full file system (a 1 MiB tmpfs, filled), a write fails with
+    /// `ENOSPC`, the file keeps its old contents and no temporary file is
+    /// left; with space back, the same write succeeds.
+    #[test]
+    fn a_write_on_a_full_disk_keeps_the_old_file_and_leaves_nothing() {
+        use super::super::test_child::{run_in_child, Child};
+        let name =
+            crate::test_name!("a_write_on_a_full_disk_keeps_the_old_file_and_leaves_nothing");
+        run_in_child(name, Child::PrivateMounts, || {
+            use std::io::Write;
+            let t = tempfile::tempdir().unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                t.path(),
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                Some("size=1m"),
+            )
+            .unwrap();
+            let r = RootDir::open(t.path()).unwrap();
+            let rel = RelPath::new(["pods", "u", "vol_data.json"]).unwrap();
+            r.write_file(&rel, b"old").unwrap();
+            let filler = t.path().join("filler");
+            let mut f = std::fs::File::create(&filler).unwrap();
+            while f.write_all(&[7u8; 4096]).is_ok() {}
+            drop(f);
+            let err = r.write_file(&rel, &[b'n'; 64 * 1024]).unwrap_err();
+            assert!(err.to_string().contains("No space left on device"), "{err}");
+            assert_eq!(r.read_file(&rel).unwrap(), b"old");
+            let dir = RelPath::new(["pods", "u"]).unwrap();
+            assert_eq!(
+                r.read_dir(&dir).unwrap(),
+                vec![OsString::from("vol_data.json")]
+            );
+            std::fs::remove_file(&filler).unwrap();
+            r.write_file(&rel, &[b'n'; 64 * 1024]).unwrap();
+            assert_eq!(r.read_file(&rel).unwrap().len(), 64 * 1024);
+            drop(r);
+            nix::mount::umount(t.path()).unwrap();
+        });
     }
 }
