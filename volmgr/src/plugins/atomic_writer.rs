@@ -245,7 +245,7 @@ pub fn write(
         let swapped =
             fill_payload_dir(dir, &ts, &clean, owner).and_then(|()| swap_data_link(dir, &ts));
         if let Err(e) = swapped {
-            discard_failed(root, dir, &ts);
+            discard_failed(root, dir);
             return Err(e);
         }
         WriteOutcome::Written {
@@ -407,27 +407,22 @@ fn new_payload_dir(dir: &Target) -> Result<OsString, WriterError> {
     }
 }
 
-/// After a write that failed (a full disk, an I/O error): removes the
-/// payload directory `name` it made, and a `..data_tmp`, unless the swap
-/// happened (`..data` points at `name`) or that cannot be told. A failed
-/// write then leaves the volume as it was, with nothing half-written to eat
-/// what space comes back; the retries of a volume on a full disk do not
+/// After a write that failed (a full disk, an I/O error): what a
+/// successful write ends with, [`remove_stale`], keeping whatever payload
+/// `..data` points at (the old one, or the new one if the swap happened and
+/// only the sync after it failed); nothing if `..data` cannot be read. The
+/// payload directory the write made and a `..data_tmp` go, so a failed
+/// write leaves the volume as it was, with nothing half-written to eat
+/// what space comes back, and the retries of a volume on a full disk do not
 /// pile up payloads. (The kubelet's writer leaves the directory of a
 /// payload it could not write: its step 6 returns the error as is.) Best
-/// effort: the error returned is the write's, and whatever is left goes at
-/// the next write ([`remove_stale`]).
-fn discard_failed(root: &RootDir, dir: &Target, name: &OsStr) {
-    match current_payload_dir(dir) {
-        Ok(current) if current.as_deref() != Some(name) => {}
-        _ => return,
-    }
-    if let Err(e) = unlinkat(dir.as_fd(), NEW_DATA_DIR_NAME, UnlinkatFlags::NoRemoveDir) {
-        if e != Errno::ENOENT {
-            tracing::warn!(dir = %dir.path().display(), error = %e, "cannot remove ..data_tmp of a failed write");
-        }
-    }
-    if let Err(e) = root.remove_all_at(dir, name) {
-        tracing::warn!(dir = %dir.path().display(), payload = ?name, error = %e, "cannot remove the payload of a failed write");
+/// effort: the error returned is the write's.
+fn discard_failed(root: &RootDir, dir: &Target) {
+    let Ok(current) = current_payload_dir(dir) else {
+        return;
+    };
+    if let Err(e) = remove_stale(root, dir, &current.unwrap_or_default()) {
+        tracing::warn!(dir = %dir.path().display(), error = %e, "cannot clean up after a failed write");
     }
 }
 
@@ -802,7 +797,8 @@ mod tests {
 
     /// A write that failed before its swap (a full disk) takes its payload
     /// directory and `..data_tmp` with it; one that failed after the swap
-    /// (syncing the volume directory) keeps the payload `..data` points at.
+    /// (syncing the volume directory) keeps the payload `..data` points at
+    /// and ends as a successful write does.
     /// The end-to-end test on a full tmpfs is
     /// `a_full_disk_fails_the_update_and_keeps_the_old_payload`.
     #[test]
@@ -818,12 +814,19 @@ mod tests {
         std::fs::write(v.join(&ts).join("sub/x"), "half").unwrap();
         symlinkat(ts.as_os_str(), dir.as_fd(), NEW_DATA_DIR_NAME).unwrap();
         assert_eq!(payload_dirs(&v).len(), 3, "{:?}", names(&v));
-        discard_failed(&root, &dir, &ts);
+        discard_failed(&root, &dir);
         assert_eq!(payload_dirs(&v), current, "{:?}", names(&v));
-
-        discard_failed(&root, &dir, OsStr::new(&current[0]));
-        assert_eq!(payload_dirs(&v), current);
         assert_eq!(read(&v, "x"), "old");
+
+        // The swap done, only the sync after it failed: the new payload
+        // stays, and the previous one goes as after a successful write.
+        let ts = new_payload_dir(&dir).unwrap();
+        std::fs::write(v.join(&ts).join("x"), "new").unwrap();
+        symlinkat(ts.as_os_str(), dir.as_fd(), NEW_DATA_DIR_NAME).unwrap();
+        std::fs::rename(v.join(NEW_DATA_DIR_NAME), v.join(DATA_DIR_NAME)).unwrap();
+        discard_failed(&root, &dir);
+        assert_eq!(payload_dirs(&v), vec![ts.to_string_lossy().into_owned()]);
+        assert_eq!(read(&v, "x"), "new");
     }
 
     /// Issue 25 item 4: a rotated-out secret does not stay on the pod's
