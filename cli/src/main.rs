@@ -327,6 +327,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(log_colours())
         .init();
     if let Command::Agent(a) = &cli.command {
         // Before any thread: Landlock and capabilities bind the calling
@@ -356,6 +357,14 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Colours in the log only for a person at a terminal: a DaemonSet's log
+/// (`kubectl logs`), journald or a file gets plain text. `NO_COLOR` (any
+/// value, <https://no-color.org>) turns them off at a terminal too.
+fn log_colours() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
 /// Log fields written through [`printable`]: names and errors that come
