@@ -1,8 +1,9 @@
 //! What one `umount2` of a tmpfs costs depending on what the other CPUs do,
 //! which decides how volmgr schedules its tear-downs (see BENCHMARKS.md):
-//! every non-lazy unmount waits for an expedited RCU grace period, which
-//! completes at once while the other CPUs idle and needs an interrupt and a
-//! reply from each busy one.
+//! every non-lazy unmount waits for an expedited RCU grace period, which on
+//! some hosts completes at once while the other CPUs idle and needs an
+//! interrupt and a reply from each busy one (on others it costs about the
+//! same either way: BENCHMARKS.md has both).
 //!
 //! In a private mount namespace it creates itself, per round, N tmpfs are
 //! mounted and then unmounted one after the other by one thread while the
