@@ -480,9 +480,14 @@ impl RootDir {
         list_dir(fd, &self.abs(rel))
     }
 
-    /// Writes `contents` to file `rel` atomically (temporary file + rename).
-    /// A write that fails (a full disk) removes its temporary file: `rel`
-    /// is as it was, and nothing is left behind.
+    /// Writes `contents` to file `rel` atomically and durably: a temporary
+    /// file, its data synced (`fdatasync`), renamed over `rel`, then the
+    /// directory synced. After a power loss `rel` holds the old contents or
+    /// the new, never an empty or partial file (which ext4 and XFS may leave
+    /// for a new file renamed without a sync). A write or sync that fails (a
+    /// full disk, an I/O error) removes its temporary file: `rel` is as it
+    /// was, and nothing is left behind; a failed sync of the directory is
+    /// reported too (the new file is in place, its rename maybe not on disk).
     pub fn write_file(&self, rel: &RelPath, contents: &[u8]) -> Result<(), PathError> {
         use std::io::Write;
         let (dir_rel, name) = rel
@@ -508,7 +513,12 @@ impl RootDir {
         let mut file = std::fs::File::from(fd);
         let written = file
             .write_all(contents)
-            .map_err(|e| PathError::from(SyscallError::io("write", self.abs(rel), e)));
+            .map_err(|e| SyscallError::io("write", self.abs(rel), e))
+            .and_then(|()| {
+                file.sync_data()
+                    .map_err(|e| SyscallError::io("fdatasync", self.abs(rel), e))
+            })
+            .map_err(PathError::from);
         drop(file);
         let renamed = written.and_then(|()| {
             nix::fcntl::renameat(dir.as_fd(), tmp.as_os_str(), dir.as_fd(), name)
@@ -521,7 +531,19 @@ impl RootDir {
                 nix::unistd::UnlinkatFlags::NoRemoveDir,
             );
         }
-        renamed
+        renamed?;
+        // `dir` is an `O_PATH` descriptor: the directory opened for reading
+        // to sync it.
+        let dir_abs = || self.abs(&dir_rel);
+        let readable = nix::fcntl::openat(
+            dir.as_fd(),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| SyscallError::new("openat", dir_abs(), e))?;
+        nix::unistd::fsync(&readable).map_err(|e| SyscallError::new("fsync", dir_abs(), e))?;
+        Ok(())
     }
 
     /// Reads a small state file `rel` (at most [`MAX_STATE_FILE_BYTES`]).
@@ -1187,6 +1209,40 @@ mod tests {
             .read_dir(&RelPath::new(["nope"]).unwrap())
             .unwrap()
             .is_empty());
+    }
+
+    /// A write syncs the file and then its directory: with `fsync` failing
+    /// (a seccomp filter), the directory's sync after the rename is the
+    /// error; with `fdatasync` failing, the file's own sync before the
+    /// rename is, and the file keeps its old contents with nothing left.
+    #[test]
+    fn a_write_is_synced_and_a_failed_sync_is_reported() {
+        use super::super::test_child::{run_in_child, Child};
+        let name = crate::test_name!("a_write_is_synced_and_a_failed_sync_is_reported");
+        run_in_child(name, Child::PrivateMounts, || {
+            let (_t, r) = root();
+            let rel = RelPath::new(["pods", "u", "vol_data.json"]).unwrap();
+            let dir = RelPath::new(["pods", "u"]).unwrap();
+            r.write_file(&rel, b"old").unwrap();
+            // From here on `fsync` fails on this thread (a seccomp filter):
+            // the directory's sync, after the rename, is reported.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let nr = |n: libc::c_long| n as u32;
+            crate::sys::seccomp::fail_with_enosys(&[nr(libc::SYS_fsync)]).unwrap();
+            let err = r.write_file(&rel, b"new").unwrap_err();
+            assert!(err.to_string().contains("fsync"), "{err}");
+            assert_eq!(r.read_file(&rel).unwrap(), b"new");
+            // And `fdatasync` too: the file's own sync fails before the
+            // rename, which leaves the file as it was and nothing else.
+            crate::sys::seccomp::fail_with_enosys(&[nr(libc::SYS_fdatasync)]).unwrap();
+            let err = r.write_file(&rel, b"newer").unwrap_err();
+            assert!(err.to_string().contains("fdatasync"), "{err}");
+            assert_eq!(r.read_file(&rel).unwrap(), b"new");
+            assert_eq!(
+                r.read_dir(&dir).unwrap(),
+                vec![OsString::from("vol_data.json")]
+            );
+        });
     }
 
     /// On a full file system (a 1 MiB tmpfs, filled), a write fails with
