@@ -295,7 +295,7 @@ async fn connect_api(
     stop: &watch::Receiver<bool>,
 ) -> Result<Option<kube::Client>, AgentError> {
     let client = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
-        Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)
+        Some(apiserver::client::client(opts.kubeconfig.as_deref(), &opts.node_name).await?)
     } else {
         None
     };

@@ -87,9 +87,13 @@ struct AgentArgs {
     /// a volume fails to set up.
     #[arg(long, value_name = "DIR")]
     token_file: Option<PathBuf>,
-    /// Use the API server of this kubeconfig (its current context) for
-    /// events, CSINode and service account tokens. Without it, the
-    /// cluster's own API server when running in a pod.
+    /// Use the API server of this kubeconfig (its current context) as the
+    /// source of pods: the pods bound to --node-name and the objects they
+    /// read (claims, volumes, Secrets, ConfigMaps, ...) come from it,
+    /// next to the --manifests pods if given; and for events, CSINode,
+    /// the Node's status and service account tokens. Give it the node's
+    /// own credentials (as the kubelet's). Without it, the cluster's own
+    /// API server when running in a pod.
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
     /// Own the Node's status.volumesInUse (off next to a kubelet that

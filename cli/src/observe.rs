@@ -124,7 +124,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     crate::agent::set_stuck_thresholds(&vm, &opts);
     let watchers = built.start_watchers(stop_rx.clone())?;
     let kube = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
-        Some(apiserver::client::client(opts.kubeconfig.as_deref()).await?)
+        Some(apiserver::client::client(opts.kubeconfig.as_deref(), &opts.node_name).await?)
     } else {
         None
     };

@@ -4,11 +4,13 @@
 //! pods' recent events read back), the Node's `status.volumesInUse`, claims'
 //! status after node expansion, and service account tokens by TokenRequest.
 
+pub mod backoff;
 pub mod claim_status;
 pub mod client;
 pub mod csinode;
 pub mod events;
 pub mod node_status;
+mod object_get;
 mod object_update;
 pub mod pod_events;
 pub mod pods;

@@ -1,6 +1,7 @@
 //! What the watch of an object a pod reads reports to the API pod source
-//! (`pods.rs`); the watches by name live there, the whole-kind watch of
-//! ClusterTrustBundles in `trust_bundles.rs`.
+//! (`pods.rs`); the watches by name live there, the reads by `get` in
+//! `object_get.rs`, the whole-kind watch of ClusterTrustBundles in
+//! `trust_bundles.rs`.
 
 use volmgr::populator::objects::{KubeObject, ObjectRef};
 
@@ -12,6 +13,8 @@ pub(super) enum ObjectUpdate {
     Present(KubeObject),
     /// The object does not exist (deleted, or not created yet).
     Absent,
+    /// The object could not be read (the cause is in status); it was tried.
+    Unreadable,
     /// Every object of the kind, as (re)listed.
     Listed(Vec<KubeObject>),
     /// One object of the kind was deleted.

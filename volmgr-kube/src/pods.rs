@@ -16,19 +16,23 @@
 //! - A pod's volumes are torn down when the pod is deleted, when its phase
 //!   is `Succeeded` or `Failed`, or when its deletion was requested and
 //!   none of its containers runs any more (the kubelet's `notRunning`).
-//! - The objects the pods read (PersistentVolumeClaims, PersistentVolumes,
-//!   Secrets, ConfigMaps, their CSI drivers' CSIDrivers, their volumes'
-//!   VolumeAttachments, the ServiceAccounts their tokens are requested for,
-//!   and this Node for local PVs' node affinity) each by its own watch with
-//!   `fieldSelector=metadata.name=NAME` in its namespace: what the node
-//!   authorizer lets a node's credentials read, never a cluster-wide list.
-//!   A watch starts when a pod first refers to the object and stops when no
-//!   pod does; a change re-resolves exactly the pods that read the object
+//! - The objects the pods read, as the Node authorizer lets a node's own
+//!   credentials (`system:node:NAME`) read them, never a cluster-wide list:
+//!   PersistentVolumeClaims, PersistentVolumes, VolumeAttachments and the
+//!   ServiceAccounts their tokens are requested for by `get`, read again on
+//!   a schedule ([`super::object_get`]); Secrets, ConfigMaps, CSIDrivers
+//!   and this Node (local PVs' node affinity) each by its own watch with
+//!   `fieldSelector=metadata.name=NAME` in its namespace. A read starts
+//!   when a pod first refers to the object and stops when no pod does; a
+//!   change re-resolves exactly the pods that read the object
 //!   ([`PodResolver`]). A pod waits until every object it reads has been
-//!   listed (found or not), so nothing is set up on a resolution made
-//!   before its objects were read. A ServiceAccount the credentials may not
-//!   read counts as not found (only its UID is used, see
-//!   [`volmgr::populator::resolve::ObjectLookup::service_account`]).
+//!   read (found or not), so nothing is set up on a resolution made before
+//!   its objects were read; while it waits (an object the server refuses
+//!   or cannot serve), what is mounted for it stays (it is *held*), and it
+//!   holds nothing else back: the source counts as populated once the list
+//!   is done and every object was tried once. A ServiceAccount the
+//!   credentials may not read counts as not found (only its UID is used,
+//!   see [`volmgr::populator::resolve::ObjectLookup::service_account`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -43,12 +47,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use volmgr::populator::convert::PayloadResolution;
-use volmgr::populator::objects::{Kind, KindVisitor, ObjectKind, ObjectRef};
+use volmgr::populator::objects::{Kind, KindVisitor, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
+use super::object_get;
 use super::object_update::ObjectUpdate;
 use super::problems::ApiProblems;
-use super::transport::PAGE_SIZE;
 use volmgr::volume::PodUid;
 
 /// How many watch events are applied under one hold of the reconciler's
@@ -80,8 +84,11 @@ pub struct ApiPodSource {
     listed: bool,
     /// Whether the sink was told the desired state is populated.
     populated: bool,
-    /// One watch per referenced object.
+    /// One watch (or `get` loop) per referenced object.
     watches: HashMap<ObjectRef, JoinHandle<()>>,
+    /// The watched objects whose watch or read reported once (found,
+    /// absent or unreadable): the source is populated once all have.
+    reported: HashSet<ObjectRef>,
     updates_tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
     updates_rx: mpsc::Receiver<(ObjectRef, ObjectUpdate)>,
     /// Why lists and watches fail, for status.
@@ -109,6 +116,7 @@ impl ApiPodSource {
             listed: false,
             populated: false,
             watches: HashMap::new(),
+            reported: HashSet::new(),
             updates_tx,
             updates_rx,
         }
@@ -138,10 +146,11 @@ impl ApiPodSource {
     /// Follows the node's pods and the objects they read until `shutdown`.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         let api: Api<Pod> = Api::all(self.client.clone());
-        let config = watcher::Config::default()
-            .fields(&format!("spec.nodeName={}", self.node))
-            .page_size(PAGE_SIZE);
-        let mut pods = watcher::watcher(api, config).default_backoff().boxed();
+        let config =
+            super::transport::watcher_config().fields(&format!("spec.nodeName={}", self.node));
+        let mut pods = watcher::watcher(api, config)
+            .backoff(super::backoff::watch_backoff())
+            .boxed();
         tracing::info!(node = %self.node, "following the node's pods on the API server");
         loop {
             tokio::select! {
@@ -157,6 +166,8 @@ impl ApiPodSource {
                         }
                     }
                     self.sync_watches();
+                    // A deleted pod may have been the last one waiting.
+                    self.set_populated_when_settled();
                 }
                 Some((r, update)) = self.updates_rx.recv() => {
                     let _hold = self.sink.hold_wakes();
@@ -223,12 +234,14 @@ impl ApiPodSource {
     }
 
     /// Tells the sink the desired state is populated once the first list
-    /// is done and no listed pod is held back waiting for an object to be
-    /// read (its Node, a ConfigMap): such a pod is not gone, and what a
-    /// restart found on disk for it must not be torn down meanwhile (the
-    /// kubelet's desired state has every listed pod).
+    /// is done and every object the listed pods read was tried once
+    /// (found, absent, or unreadable). A pod still held back for an
+    /// object that cannot be read is not gone: the sink keeps what is
+    /// mounted for it (`PodSink::set_held`), and it holds no other pod's
+    /// tear-down back.
     fn set_populated_when_settled(&mut self) {
-        if self.populated || !self.listed || self.resolver.holds_pods() {
+        if self.populated || !self.listed || self.watches.keys().any(|r| !self.reported.contains(r))
+        {
             return;
         }
         self.populated = true;
@@ -303,6 +316,11 @@ impl ApiPodSource {
             // A late message from a watch just dropped.
             return;
         }
+        self.reported.insert(r.clone());
+        if matches!(update, ObjectUpdate::Unreadable) {
+            // Tried: the pods reading it stay held (status says why).
+            return;
+        }
         if r.is_any() {
             match update {
                 ObjectUpdate::Listed(all) => self.resolver.confirm_kind(r.kind, all),
@@ -310,7 +328,7 @@ impl ApiPodSource {
                     self.resolver.confirm_object(&obj.reference(), Some(obj))
                 }
                 ObjectUpdate::Deleted(gone) => self.resolver.confirm_object(&gone, None),
-                ObjectUpdate::Absent => {}
+                ObjectUpdate::Absent | ObjectUpdate::Unreadable => {}
             }
             return;
         }
@@ -322,6 +340,7 @@ impl ApiPodSource {
                 tracing::warn!(object = %r, got = %obj.reference(), "watch answered another object; ignored");
             }
             ObjectUpdate::Absent => self.resolver.confirm_object(&r, None),
+            ObjectUpdate::Unreadable => {}
             ObjectUpdate::Listed(_) | ObjectUpdate::Deleted(_) => {
                 tracing::warn!(object = %r, "a whole-kind update from a watch by name; ignored")
             }
@@ -353,6 +372,7 @@ impl ApiPodSource {
             if let Some(task) = self.watches.remove(&r) {
                 task.abort();
             }
+            self.reported.remove(&r);
             self.resolver.unconfirm_object(&r);
             self.problems.works(&r.to_string());
             tracing::debug!(object = %r, "no pod reads it any more: watch stopped");
@@ -426,8 +446,9 @@ pub fn is_terminated(pod: &Pod) -> bool {
     true
 }
 
-/// Follows one object by name until the task is aborted: [`follow`] with
-/// the kind's type (a kind followed whole is listed and watched whole).
+/// Follows one object until the task is aborted: by `get`
+/// ([`object_get::poll`]) for the kinds a node may only get, else
+/// [`follow`] by name (a kind followed whole is listed and watched whole).
 async fn watch_object(
     client: Client,
     r: ObjectRef,
@@ -437,20 +458,35 @@ async fn watch_object(
     if r.kind.followed_whole() {
         return super::trust_bundles::follow_all(client, r, tx).await;
     }
+    let by_get = object_get::read_by_get(r.kind);
     r.kind
         .visit(FollowKind {
             client,
+            by_get,
             out: Followed { tx, problems },
             r,
         })
         .await
 }
 
-/// [`follow`] for a kind learnt at run time.
+/// [`follow`] or [`object_get::poll`] for a kind learnt at run time.
 struct FollowKind {
     client: Client,
     r: ObjectRef,
+    /// Read by `get` rather than watched.
+    by_get: bool,
     out: Followed,
+}
+
+impl FollowKind {
+    fn run<K: Kind>(self, api: Api<K>) -> futures_util::future::BoxFuture<'static, ()> {
+        if self.by_get {
+            let Followed { tx, problems } = self.out;
+            Box::pin(object_get::poll(api, self.r, tx, problems))
+        } else {
+            Box::pin(follow(api, self.r, self.out))
+        }
+    }
 }
 
 impl KindVisitor for FollowKind {
@@ -458,22 +494,12 @@ impl KindVisitor for FollowKind {
     fn namespaced<K: Kind + k8s_openapi::Resource<Scope = NamespaceResourceScope>>(
         self,
     ) -> Self::Out {
-        let api = Api::<K>::namespaced(self.client, &self.r.namespace);
-        Box::pin(follow(api, self.r, self.out))
+        let api = Api::<K>::namespaced(self.client.clone(), &self.r.namespace);
+        self.run(api)
     }
     fn cluster<K: Kind + k8s_openapi::Resource<Scope = ClusterResourceScope>>(self) -> Self::Out {
-        Box::pin(follow(Api::<K>::all(self.client), self.r, self.out))
-    }
-}
-
-/// Whether a watch failed because the credentials may not read the object.
-fn forbidden(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.is_forbidden(),
-        watcher::Error::WatchError(s) => s.is_forbidden(),
-        _ => false,
+        let api = Api::<K>::all(self.client.clone());
+        self.run(api)
     }
 }
 
@@ -487,9 +513,13 @@ struct Followed {
 async fn follow<K: Kind>(api: Api<K>, r: ObjectRef, out: Followed) {
     let Followed { tx, problems } = out;
     let what = r.to_string();
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", r.name));
-    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let config = super::transport::watcher_config().fields(&format!("metadata.name={}", r.name));
+    let mut events = watcher::watcher(api, config)
+        .backoff(super::backoff::watch_backoff())
+        .boxed();
     let mut listed: Option<K> = None;
+    // Whether anything was sent: the first failure says the object was tried.
+    let mut reported = false;
     while let Some(ev) = events.next().await {
         if matches!(&ev, Ok(e) if !matches!(e, Event::Init)) {
             problems.works(&what);
@@ -509,20 +539,16 @@ async fn follow<K: Kind>(api: Api<K>, r: ObjectRef, out: Followed) {
             },
             Ok(Event::Apply(o)) => ObjectUpdate::Present(K::wrap(Arc::new(o))),
             Ok(Event::Delete(_)) => ObjectUpdate::Absent,
-            Err(e) if r.kind == ObjectKind::ServiceAccount && forbidden(&e) => {
-                // Only a token request's UID depends on it: without the
-                // right to read it (the node authorizer of older clusters
-                // refuses it), tokens are requested as the kubelet does.
-                tracing::info!(object = %r, error = %e, "may not read the ServiceAccount; its tokens are requested without following it");
-                let _ = tx.send((r, ObjectUpdate::Absent)).await;
-                return;
-            }
             Err(e) => {
                 tracing::debug!(object = %r, error = %e, "watch failed; retrying");
                 problems.failed(&what, &e);
-                continue;
+                if reported {
+                    continue;
+                }
+                ObjectUpdate::Unreadable
             }
         };
+        reported = true;
         if tx.send((r.clone(), update)).await.is_err() {
             return;
         }

@@ -46,6 +46,13 @@ impl ApiProblems {
         self.set(what, Some(cause));
     }
 
+    /// A request for `what` (a `get` of `PersistentVolumeClaim ns/name`)
+    /// failed.
+    pub fn request_failed(&self, what: &str, e: &kube::Error) {
+        let cause = describe_kube(e, &format!("{what} get"), &self.ca);
+        self.set(what, Some(cause));
+    }
+
     /// The list or watch of `what` works (again).
     pub fn works(&self, what: &str) {
         self.set(what, None);

@@ -8,9 +8,18 @@
 //! - **deadlines**: a connection (TCP and TLS) within [`CONNECT_TIMEOUT`],
 //!   an answer's headers within [`ANSWER_DEADLINE`], the whole body of a
 //!   list or get within [`BODY_DEADLINE`], a watch line (event or
-//!   bookmark) within [`WATCH_IDLE`]; an HTTP/2 ping every
+//!   bookmark) within the watch's own `timeoutSeconds` and
+//!   [`WATCH_IDLE_MARGIN`] ([`watch_idle`]); an HTTP/2 ping every
 //!   [`PING_INTERVAL`] answered within [`PING_TIMEOUT`] (client-go's
 //!   values) finds a dead connection under quiet watches;
+//! - **watches that live as long as the server lets them**, as client-go's
+//!   reflector asks for them ([`watcher_config`]): each watcher's watches
+//!   ask for a server-side `timeoutSeconds` between [`MIN_WATCH_TIMEOUT`]
+//!   and twice it, chosen at random, and for bookmarks. A real API server
+//!   sends nothing on a quiet watch (no bookmark while nothing changes):
+//!   the watch is silent until the server ends it, and is then resumed
+//!   from its resource version (no relist); its liveness meanwhile comes
+//!   from the HTTP/2 pings;
 //! - **sizes**: one watch event at most [`MAX_WATCH_EVENT`] bytes, one list
 //!   page (or any other answer) at most [`MAX_LIST_PAGE`], and everything
 //!   being received at once at most [`MAX_IN_FLIGHT`]; lists are paged by
@@ -46,9 +55,21 @@ pub const ANSWER_DEADLINE: Duration = Duration::from_secs(30);
 /// Time for the whole body of an answer that is not a watch (a list page,
 /// a get) to arrive after its headers.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(30);
-/// Longest silence within a watch: the API server sends a bookmark about
-/// every minute on a quiet watch, so a healthy watch is never idle as long.
-pub const WATCH_IDLE: Duration = Duration::from_secs(90);
+/// The shortest server-side watch timeout a watcher asks for; each asks
+/// for between this and twice it, at random (client-go's reflector:
+/// `minWatchTimeout` 5 min, `timeoutSeconds = minWatchTimeout * (1 +
+/// rand)`), so that the watches of many agents do not all end at once.
+pub const MIN_WATCH_TIMEOUT: Duration = Duration::from_secs(300);
+/// How much longer than its `timeoutSeconds` a watch may stay silent
+/// before it is cut: the server ends a healthy watch at its timeout, and
+/// a quiet resource gets no bookmark before then.
+pub const WATCH_IDLE_MARGIN: Duration = Duration::from_secs(60);
+/// Longest silence within a watch that asked for no `timeoutSeconds`:
+/// the API server then ends it within twice its `--min-request-timeout`
+/// (1800 s by default), plus [`WATCH_IDLE_MARGIN`].
+pub const WATCH_IDLE_WITHOUT_TIMEOUT: Duration = Duration::from_secs(3600 + 60);
+/// Longest silence within any watch, whatever its `timeoutSeconds`.
+pub const MAX_WATCH_IDLE: Duration = Duration::from_secs(24 * 3600);
 /// HTTP/2 ping period on a connection that received nothing.
 pub const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Time a ping has to be answered before the connection is dropped.
@@ -104,6 +125,45 @@ pub enum TransportError {
         /// The request dropped.
         what: String,
     },
+}
+
+/// A server-side watch timeout in seconds, at random between
+/// [`MIN_WATCH_TIMEOUT`] (included) and twice it (excluded), as client-go's
+/// reflector chooses one for each watch.
+pub fn random_watch_timeout() -> u32 {
+    let min = MIN_WATCH_TIMEOUT.as_secs() as u32;
+    let extra = f64::from(min) * super::backoff::random_fraction();
+    min + (extra as u32).min(min - 1)
+}
+
+/// The configuration of every watcher: a server-side `timeoutSeconds`
+/// from [`random_watch_timeout`] (one per watcher, for every watch it
+/// makes), bookmarks, and lists paged by [`PAGE_SIZE`]. Selectors are
+/// added by the caller (`watcher_config().fields("spec.nodeName=n1")`).
+pub fn watcher_config() -> kube::runtime::watcher::Config {
+    let mut config = kube::runtime::watcher::Config::default()
+        .timeout(random_watch_timeout())
+        .page_size(PAGE_SIZE);
+    config.bookmarks = true;
+    config
+}
+
+/// The longest silence allowed within the watch `uri` asks for: its
+/// `timeoutSeconds` plus [`WATCH_IDLE_MARGIN`] (at most
+/// [`MAX_WATCH_IDLE`]); without one (or `0`, the server's default),
+/// [`WATCH_IDLE_WITHOUT_TIMEOUT`].
+pub fn watch_idle(uri: &Uri) -> Duration {
+    let timeout = uri.query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("timeoutSeconds="))
+            .and_then(|v| v.parse::<u64>().ok())
+    });
+    match timeout {
+        Some(secs) if secs > 0 => Duration::from_secs(secs)
+            .saturating_add(WATCH_IDLE_MARGIN)
+            .min(MAX_WATCH_IDLE),
+        _ => WATCH_IDLE_WITHOUT_TIMEOUT,
+    }
 }
 
 /// The kube client over the bounded stack for `config`.
@@ -276,11 +336,16 @@ where
         Box::pin(async move {
             let watch = is_watch(req.uri());
             let what = describe_request(req.uri(), watch);
+            let after = if watch {
+                watch_idle(req.uri())
+            } else {
+                BODY_DEADLINE
+            };
             let resp = match tokio::time::timeout(ANSWER_DEADLINE, client.request(req)).await {
                 Ok(r) => r?,
                 Err(_) => return Err(TransportError::NoAnswer { what }.into()),
             };
-            Ok(resp.map(|inner| BoundedBody::new(inner, what, watch, budget)))
+            Ok(resp.map(|inner| BoundedBody::new(inner, what, watch, after, budget)))
         })
     }
 }
@@ -316,6 +381,8 @@ pub struct BoundedBody {
     inner: Incoming,
     what: String,
     watch: bool,
+    /// The deadline of the whole body, or of each watch line.
+    after: Duration,
     /// Bytes of the current line (watch) or of the whole body.
     pending: usize,
     budget: Arc<AtomicUsize>,
@@ -324,12 +391,18 @@ pub struct BoundedBody {
 }
 
 impl BoundedBody {
-    fn new(inner: Incoming, what: String, watch: bool, budget: Arc<AtomicUsize>) -> Self {
-        let after = if watch { WATCH_IDLE } else { BODY_DEADLINE };
+    fn new(
+        inner: Incoming,
+        what: String,
+        watch: bool,
+        after: Duration,
+        budget: Arc<AtomicUsize>,
+    ) -> Self {
         Self {
             inner,
             what,
             watch,
+            after,
             pending: 0,
             budget,
             deadline: Box::pin(tokio::time::sleep(after)),
@@ -391,7 +464,7 @@ impl BoundedBody {
         }
         self.hold(line)?;
         if ended {
-            let next = tokio::time::Instant::now() + WATCH_IDLE;
+            let next = tokio::time::Instant::now() + self.after;
             self.deadline.as_mut().reset(next);
         }
         Ok(())
@@ -423,11 +496,7 @@ impl http_body::Body for BoundedBody {
             return Poll::Ready(None);
         }
         if this.deadline.as_mut().poll(cx).is_ready() {
-            let after = if this.watch {
-                WATCH_IDLE
-            } else {
-                BODY_DEADLINE
-            };
+            let after = this.after;
             let what = this.noun();
             return this.fail(TransportError::Slow { what, after });
         }
@@ -472,5 +541,83 @@ mod tests {
         );
         assert!(is_watch(&"/api/v1/pods?a=b&watch=true".parse().unwrap()));
         assert!(!is_watch(&"/api/v1/pods?watcher=true".parse().unwrap()));
+    }
+
+    /// A watch may stay silent for its own `timeoutSeconds` and a margin:
+    /// the server ends it then.
+    #[test]
+    fn a_watch_is_silent_at_most_its_timeout_and_a_margin() {
+        let idle = |s: &str| watch_idle(&s.parse::<Uri>().unwrap());
+        assert_eq!(
+            idle("/api/v1/pods?&watch=true&timeoutSeconds=437&allowWatchBookmarks=true&resourceVersion=12"),
+            Duration::from_secs(437 + 60)
+        );
+        assert_eq!(
+            idle("/api/v1/pods?timeoutSeconds=300&watch=true"),
+            Duration::from_secs(360)
+        );
+        for none in [
+            "/api/v1/pods?watch=true",
+            "/api/v1/pods?watch=true&timeoutSeconds=0",
+            "/api/v1/pods?watch=true&timeoutSeconds=x",
+            "/api/v1/pods?watch=true&xtimeoutSeconds=30",
+            "/api/v1/pods",
+        ] {
+            assert_eq!(idle(none), WATCH_IDLE_WITHOUT_TIMEOUT, "{none}");
+        }
+        assert_eq!(
+            idle("/api/v1/pods?watch=true&timeoutSeconds=18446744073709551615"),
+            MAX_WATCH_IDLE
+        );
+    }
+
+    /// Every watcher asks for 300 to 599 s (client-go's 5 min × (1 +
+    /// rand)), not all the same, and for bookmarks.
+    #[test]
+    fn watch_timeouts_are_random_between_five_and_ten_minutes() {
+        let timeouts: Vec<u32> = (0..500).map(|_| random_watch_timeout()).collect();
+        assert!(
+            timeouts.iter().all(|t| (300..600).contains(t)),
+            "{timeouts:?}"
+        );
+        let distinct: std::collections::BTreeSet<u32> = timeouts.iter().copied().collect();
+        assert!(distinct.len() > 100, "{} distinct", distinct.len());
+        assert!(timeouts.iter().any(|t| *t < 350) && timeouts.iter().any(|t| *t >= 550));
+        let c = watcher_config();
+        assert!(c.bookmarks);
+        assert!(c.timeout.is_some_and(|t| (300..600).contains(&t)));
+        assert_eq!(c.page_size, Some(PAGE_SIZE));
+    }
+
+    /// The request a watcher makes carries the timeout, and the stack
+    /// gives its silence the timeout and the margin.
+    #[tokio::test]
+    async fn a_watchers_request_carries_its_timeout() {
+        use futures_util::StreamExt;
+        use k8s_openapi::api::core::v1::Pod;
+        let fake = crate::testing::FakeApiServer::in_memory();
+        let api: kube::Api<Pod> = kube::Api::all(fake.client());
+        let config = watcher_config().fields("spec.nodeName=n1");
+        let want = config.timeout.unwrap();
+        let mut events = kube::runtime::watcher::watcher(api, config).boxed();
+        // Init, InitDone, then the watch starts on the next poll.
+        for _ in 0..2 {
+            events.next().await.unwrap().unwrap();
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(200), events.next()).await;
+        let r = fake.take_requests();
+        let watch = r
+            .iter()
+            .find(|r| r.query.contains("watch=true"))
+            .unwrap_or_else(|| panic!("no watch in {r:?}"));
+        assert!(
+            watch.query.contains("allowWatchBookmarks=true"),
+            "{watch:?}"
+        );
+        let uri: Uri = format!("{}?{}", watch.path, watch.query).parse().unwrap();
+        assert_eq!(
+            watch_idle(&uri),
+            Duration::from_secs(u64::from(want)) + WATCH_IDLE_MARGIN
+        );
     }
 }

@@ -6,8 +6,6 @@
 //! and `v1alpha1` (earlier, when enabled); with none, the kind is listed
 //! empty and the sources that need a bundle say it is missing.
 
-use std::time::Duration;
-
 use futures_util::StreamExt;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher::{self, Event};
@@ -16,7 +14,9 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use volmgr::populator::objects::{KubeObject, ObjectRef};
 
+use super::backoff::{watch_backoff, Backoff};
 use super::object_update::ObjectUpdate;
+use super::transport::watcher_config;
 
 const GROUP: &str = "certificates.k8s.io";
 const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
@@ -24,7 +24,7 @@ const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
 /// The bundles' API at the first version the server serves; `None` if it
 /// serves none. Retries other errors (the server down) until it answers.
 async fn served_api(client: &Client) -> Option<Api<DynamicObject>> {
-    let mut delay = Duration::from_millis(500);
+    let mut backoff = Backoff::new();
     loop {
         let mut unanswered = false;
         for version in VERSIONS {
@@ -44,8 +44,7 @@ async fn served_api(client: &Client) -> Option<Api<DynamicObject>> {
         if !unanswered {
             return None;
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(30));
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
@@ -73,8 +72,8 @@ pub(super) async fn follow_all(
         let _ = tx.send((r, ObjectUpdate::Listed(Vec::new()))).await;
         return;
     };
-    let mut events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
+    let mut events = watcher::watcher(api, watcher_config())
+        .backoff(watch_backoff())
         .boxed();
     let mut listed: Vec<KubeObject> = Vec::new();
     while let Some(ev) = events.next().await {

@@ -13,6 +13,7 @@
 
 pub mod fake;
 pub mod hostile;
+pub mod real;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 pub use fake::{FakeApiServer, Recorded};
 pub use hostile::{HostileServer, Mode};
+pub use real::RealApiServer;
 
 /// A self-signed certificate for 127.0.0.1 and `localhost`: its PEM (the
 /// CA a kubeconfig trusts) and a TLS server configuration serving it.

@@ -102,6 +102,9 @@ pub struct DesiredStateOfWorld {
     pods: FastMap<PodUid, PodEntry>,
     /// The Node's `status.volumesAttached` at the last read.
     attached: FastSet<UniqueVolumeName>,
+    /// Pods a source knows but has not converted yet (an object they read
+    /// could not be read): what is mounted for them stays.
+    held: FastSet<PodUid>,
 }
 
 impl DesiredStateOfWorld {
@@ -204,6 +207,21 @@ impl DesiredStateOfWorld {
         self.volumes
             .get(volume)
             .is_some_and(|v| v.pods.contains_key(pod))
+    }
+
+    /// Marks pod `uid` held (known, not converted yet) or not.
+    pub fn set_held(&mut self, uid: &PodUid, held: bool) {
+        if held {
+            self.held.insert(uid.clone());
+        } else {
+            self.held.remove(uid);
+        }
+    }
+
+    /// Whether pod `uid` is held: its source knows it but could not convert
+    /// it yet, so nothing mounted for it may be torn down.
+    pub fn is_held(&self, uid: &PodUid) -> bool {
+        self.held.contains(uid)
     }
 
     /// Whether any pod needs `volume`.

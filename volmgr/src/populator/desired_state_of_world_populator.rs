@@ -293,6 +293,18 @@ impl PodSink for Populator {
         known
     }
 
+    fn set_held(&self, uid: &PodUid, held: bool) {
+        let mut dsw = self.world.dsw_mut();
+        if dsw.is_held(uid) == held {
+            return;
+        }
+        dsw.set_held(uid, held);
+        drop(dsw);
+        // Released: what was kept for it is reconsidered.
+        self.world.mark_pod_dirty(uid.clone());
+        self.world.mark_all_dirty();
+    }
+
     fn set_source_problems(&self, source: &str, errors: Vec<String>, rejected: Vec<PodRejected>) {
         let mut s = self.sources.locked();
         if errors.is_empty() && rejected.is_empty() {

@@ -36,6 +36,11 @@ pub trait PodSink: Send + Sync {
     /// Every pod of the source has been delivered once: volumes of pods no
     /// source knows may now be torn down.
     fn set_populated(&self);
+    /// Marks pod `uid` as known to its source but not converted yet (`held`
+    /// true: an object it reads could not be read), or no longer so. What
+    /// is mounted for a held pod is kept: it exists, and its containers may
+    /// be running (a restart found its volumes mounted).
+    fn set_held(&self, uid: &PodUid, held: bool);
     /// Holds back the reconciler's wake-ups while a batch is applied; they
     /// are delivered when the returned hold is dropped.
     fn hold_wakes(&self) -> WakeHold;

@@ -44,6 +44,10 @@ impl PodSink for SharedSink {
         self.inner.delete_pod(uid)
     }
 
+    fn set_held(&self, uid: &PodUid, held: bool) {
+        self.inner.set_held(uid, held)
+    }
+
     fn set_source_problems(&self, source: &str, errors: Vec<String>, rejected: Vec<PodRejected>) {
         self.inner.set_source_problems(source, errors, rejected)
     }
@@ -78,6 +82,7 @@ mod tests {
         fn set_populated(&self) {
             *self.0.lock().unwrap() += 1;
         }
+        fn set_held(&self, _: &PodUid, _: bool) {}
         fn hold_wakes(&self) -> WakeHold {
             self.1.hold_wakes()
         }

@@ -395,7 +395,7 @@ impl Reconciler {
         for v in scope {
             let Some(av) = asw.volume(v) else { continue };
             for (pod, m) in &av.pods {
-                if !dsw.pod_exists_in_volume(v, pod) {
+                if !dsw.pod_exists_in_volume(v, pod) && !dsw.is_held(pod) {
                     pass.actions.push(Action::Unmount {
                         volume: v.clone(),
                         pod: pod.clone(),
@@ -792,7 +792,7 @@ impl Reconciler {
             let asw = self.world.asw();
             candidates
                 .into_iter()
-                .filter(|u| dsw.pod(u).is_none() && !asw.pod_has_mounts(u))
+                .filter(|u| dsw.pod(u).is_none() && !dsw.is_held(u) && !asw.pod_has_mounts(u))
                 .collect()
         };
         for uid in eligible {

@@ -24,7 +24,8 @@ struct ClaimRef<'a> {
 }
 
 /// `pod.spec.volumes[].persistentVolumeClaim` → the claim (in the pod's
-/// namespace) → its bound PersistentVolume → `spec.csi` (or `spec.local`). For a generic
+/// namespace) → its bound PersistentVolume → `spec.csi` (or `spec.local`,
+/// or `spec.hostPath`). For a generic
 /// ephemeral volume `owner` is the pod, which must control the claim (the
 /// kubelet's `VolumeIsForPod`).
 pub(super) fn persistent_volume_claim(
@@ -57,6 +58,17 @@ pub(super) fn persistent_volume_claim(
         );
         return super::local_pv::local_source(&pv_name, spec, local, read_only, mode, objects)
             .map(VolumeSource::Local);
+    }
+    if let Some(hp) = &spec.host_path {
+        // The kubelet's hostPath plugin serves PersistentVolumes too
+        // (local-path-provisioner, kind and minikube make them): the same
+        // path and type checks as an inline hostPath; no block mode.
+        if volume_mode(&pv_name, spec, usage)? == CsiVolumeMode::Block {
+            return Err(VolumeSpecError::Unsupported(format!(
+                "PersistentVolume {pv_name}: a hostPath volume has no block mode"
+            )));
+        }
+        return super::pod::host_path_source(hp);
     }
     let csi = csi_spec(&pv, &pv_name, spec)?;
     let volume_mode = volume_mode(&pv_name, spec, usage)?;
@@ -213,7 +225,7 @@ fn csi_spec<'a>(
 ) -> Result<&'a CSIPersistentVolumeSource> {
     let csi = spec.csi.as_ref().ok_or_else(|| {
         VolumeSpecError::Unsupported(format!(
-            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI and local PersistentVolumes are supported",
+            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI, local and hostPath PersistentVolumes are supported",
             pv_source_kind(pv)
         ))
     })?;

@@ -384,8 +384,9 @@ fn size_memory_medium(source: VolumeSource, ctx: &ResolveContext<'_>) -> VolumeS
     }
 }
 
-/// `hostPath`: an absolute, clean path and a known type.
-fn host_path_source(
+/// `hostPath`: an absolute, clean path and a known type (an inline volume,
+/// or a hostPath PersistentVolume's `spec.hostPath`).
+pub(super) fn host_path_source(
     hp: &k8s_openapi::api::core::v1::HostPathVolumeSource,
 ) -> Result<VolumeSource, VolumeSpecError> {
     let path = PathBuf::from(&hp.path);

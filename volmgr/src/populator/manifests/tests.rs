@@ -338,6 +338,9 @@ impl PodSink for Recording {
     fn set_populated(&self) {
         self.0.set_populated()
     }
+    fn set_held(&self, uid: &PodUid, held: bool) {
+        self.0.set_held(uid, held)
+    }
     fn hold_wakes(&self) -> crate::cache::world::WakeHold {
         self.0.hold_wakes()
     }

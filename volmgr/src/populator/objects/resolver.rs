@@ -163,7 +163,9 @@ impl PodResolver {
             waiting.join(", ")
         );
         self.sink.set_source_problems(&key, vec![msg], vec![]);
-        self.held.insert(pod.uid.clone(), key);
+        if self.held.insert(pod.uid.clone(), key).is_none() {
+            self.sink.set_held(&pod.uid, true);
+        }
         self.dependents.set(&pod.uid, deps);
         self.resolvable.insert(pod.uid.clone(), raw);
     }
@@ -178,6 +180,7 @@ impl PodResolver {
     fn release(&mut self, uid: &PodUid) {
         if let Some(key) = self.held.remove(uid) {
             self.sink.set_source_problems(&key, vec![], vec![]);
+            self.sink.set_held(uid, false);
         }
     }
 
@@ -262,7 +265,6 @@ impl PodResolver {
                 self.hold(&pod, raw, deps);
                 return Ok(pod.uid);
             }
-            self.release(&pod.uid);
             (pod, Some((raw, deps)))
         } else {
             let mut pod = DesiredPod::from_pod_resolving(&raw, None, self.payloads)?;
@@ -272,6 +274,9 @@ impl PodResolver {
         let uid = pod.uid.clone();
         self.admit(&uid, resolvable);
         self.sink.set_pod(pod);
+        // Released only once in the desired state: in between, what is
+        // mounted for it must look neither held nor unwanted.
+        self.release(&uid);
         Ok(uid)
     }
 
@@ -373,6 +378,7 @@ mod tests {
             }
         }
         fn set_populated(&self) {}
+        fn set_held(&self, _: &PodUid, _: bool) {}
         fn hold_wakes(&self) -> WakeHold {
             self.1.hold_wakes()
         }

@@ -526,12 +526,9 @@ fn pvc_resolution_errors() {
     o.pvs[0] = pv(
         "pv-1",
         None,
-        serde_json::json!({"csi": null, "hostPath": {"path": "/x"}}),
+        serde_json::json!({"csi": null, "nfs": {"server": "nfs.example", "path": "/x"}}),
     );
-    check(
-        &o,
-        "PersistentVolume pv-1 is not a CSI volume (source hostPath)",
-    );
+    check(&o, "PersistentVolume pv-1 is not a CSI volume (source nfs)");
     for (extra, want) in [
         (
             serde_json::json!({"csi": {"driver": ""}}),

@@ -1,0 +1,441 @@
+//! Manager mode against a REAL control plane: etcd and kube-apiserver
+//! built from their Go modules (`volmgr_kube::testing::real`), with
+//! `--authorization-mode=Node,RBAC`, `NodeRestriction` and an audit log.
+//! The agent runs as the node itself (`system:node:<name>` in
+//! `system:nodes`, a client certificate as the kubelet's), so the Node
+//! authorizer bounds it exactly as it bounds the kubelet: every read it
+//! makes must be one the authorizer allows (0 forbidden requests in the
+//! audit log), and a read it refuses backs off and holds nothing else
+//! back. Each test runs in a private mount namespace with the real test
+//! CSI driver; the server is its own, stopped when the test ends.
+
+// Test-only helpers: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/csi_driver.rs"]
+mod csi_driver;
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use csi_driver::Driver;
+use support::{isolated, Agent, Env};
+use volmgr_kube::testing::real::{Audited, RealApiServer};
+
+const DRIVER: &str = "test.csi.volmgr.io";
+const NODE: &str = "n1";
+
+/// The node, the objects pod `app` reads, the claim `data` bound to the
+/// CSI volume `pv-data`, and the claim `logs` bound to the hostPath volume
+/// `pv-logs` (`ENV/host-logs`, created by the kubelet's hostPath rules). The CSI driver's CSIDriver requires attaching,
+/// so its volumes wait for a VolumeAttachment, made here as the
+/// attach/detach controller would (attached).
+fn cluster(server: &RealApiServer, env: &Env) {
+    server.namespace("default");
+    for node in [NODE, "n2"] {
+        server.apply(&format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"metadata\":{{\"name\":\"{node}\"}}}}"
+        ));
+    }
+    server.apply(
+        "apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: test.csi.volmgr.io}
+spec: {attachRequired: true, podInfoOnMount: false}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: settings, namespace: default}
+data: {mode: fast}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: creds, namespace: default}
+stringData: {password: hunter2}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: pv-data}
+spec:
+  capacity: {storage: 320Mi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  csi:
+    driver: test.csi.volmgr.io
+    volumeHandle: vol-1
+    fsType: xfs
+    volumeAttributes: {size: 320Mi}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data, namespace: default}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeName: pv-data
+  storageClassName: ''
+  resources: {requests: {storage: 320Mi}}
+",
+    );
+    server.bind("default", "data", "pv-data");
+    let logs = env.dir.path().join("host-logs");
+    server.apply(&format!(
+        "apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: pv-logs}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  hostPath: {{path: {}, type: DirectoryOrCreate}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: logs, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeName: pv-logs
+  storageClassName: ''
+  resources: {{requests: {{storage: 1Gi}}}}
+",
+        logs.display()
+    ));
+    server.bind("default", "logs", "pv-logs");
+    let va = volmgr::populator::convert::csi_driver::attachment_name("vol-1", DRIVER, NODE);
+    server.apply(&format!(
+        "apiVersion: storage.k8s.io/v1
+kind: VolumeAttachment
+metadata: {{name: {va}}}
+spec: {{attacher: {DRIVER}, nodeName: {NODE}, source: {{persistentVolumeName: pv-data}}}}
+"
+    ));
+    server.kubectl_ok(
+        &[
+            "patch",
+            "volumeattachment",
+            &va,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            "{\"status\":{\"attached\":true}}",
+        ],
+        None,
+    );
+}
+
+/// Pod `name` on the node with every kind of volume manager mode mounts:
+/// emptyDir (disk and Memory), configMap, secret, downwardAPI, projected
+/// (service account token, the root CA, a configMap), a claim of a CSI
+/// volume and one of a hostPath volume.
+fn pod_with_every_kind(name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default, labels: {{app: {name}}}}}
+spec:
+  nodeName: {NODE}
+  containers:
+  - name: c
+    image: busybox
+    volumeMounts:
+    - {{name: scratch, mountPath: /scratch}}
+    - {{name: cache, mountPath: /cache}}
+    - {{name: settings, mountPath: /settings}}
+    - {{name: creds, mountPath: /creds}}
+    - {{name: info, mountPath: /info}}
+    - {{name: token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}}
+    - {{name: data, mountPath: /data}}
+    - {{name: logs, mountPath: /logs}}
+  volumes:
+  - {{name: scratch, emptyDir: {{}}}}
+  - {{name: cache, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}
+  - {{name: settings, configMap: {{name: settings}}}}
+  - {{name: creds, secret: {{secretName: creds}}}}
+  - name: info
+    downwardAPI:
+      items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]
+  - name: token
+    projected:
+      sources:
+      - serviceAccountToken: {{path: token, expirationSeconds: 3607}}
+      - configMap: {{name: kube-root-ca.crt, items: [{{key: ca.crt, path: ca.crt}}]}}
+  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
+  - {{name: logs, persistentVolumeClaim: {{claimName: logs}}}}
+"
+    )
+}
+
+/// Pod `name` with only an emptyDir.
+fn pod_with_empty_dir(name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {NODE}
+  containers: [{{name: c, image: busybox, volumeMounts: [{{name: scratch, mountPath: /s}}]}}]
+  volumes: [{{name: scratch, emptyDir: {{}}}}]
+"
+    )
+}
+
+fn uid_of(server: &RealApiServer, pod: &str) -> String {
+    server.kubectl_ok(
+        &[
+            "get",
+            "pod",
+            pod,
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ],
+        None,
+    )
+}
+
+/// The test driver, registered through `ROOT/plugins_registry`.
+fn driver(env: &Env) -> Driver {
+    let mut d = Driver::new(env, DRIVER);
+    d.register_in(env.root.join("plugins_registry"));
+    d.spawn();
+    d
+}
+
+/// The agent in manager mode as `system:node:<identity>`, for node `NODE`.
+fn agent_as(env: &Env, server: &RealApiServer, identity: &str) -> Agent {
+    let kubeconfig = server.node_kubeconfig(identity);
+    env.start_agent_without_manifests(&[
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--node-name",
+        NODE,
+        "--tracer",
+        "off",
+        "--report-volumes-in-use",
+    ])
+}
+
+/// Waits up to `secs` for `cond`, dumping the agent's log on a time-out.
+fn wait(
+    agent: &Agent,
+    server: &RealApiServer,
+    secs: u64,
+    what: &str,
+    mut cond: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        if Instant::now() > deadline {
+            panic!(
+                "gave up waiting for: {what}\n--- agent log tail\n{}\n--- forbidden\n{:?}",
+                volmgr_kube::testing::real::tail(&agent.log(), 60),
+                server.forbidden(&format!("system:node:{NODE}"))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Whether every volume of pod `uid` is mounted (at least `n` of them:
+/// the ServiceAccount admission plugin adds `kube-api-access-*` to a pod
+/// that does not mount its token itself).
+fn all_mounted(env: &Env, uid: &str, n: usize) -> bool {
+    let s = env.status();
+    s.pods.iter().any(|p| {
+        p.uid == uid && p.volumes.len() >= n && p.volumes.iter().all(|v| v.state == "mounted")
+    })
+}
+
+/// Requests by `user`, counted by `verb resource`.
+fn by_verb_and_resource(audit: &[Audited], user: &str) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for a in audit.iter().filter(|a| a.user == user) {
+        *counts
+            .entry(format!("{} {} {}", a.code, a.verb, a.resource))
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Under the node's own identity every kind of volume mounts, and the
+/// Node authorizer refuses nothing the agent asks: the audit log has no
+/// 403 for `system:node:n1`. (On fae9a6f claims and volumes were listed
+/// and watched, which the authorizer refuses: the pod never mounted.)
+#[test]
+fn node_identity_mounts_every_volume_kind_with_no_forbidden_request() {
+    isolated(
+        "node_identity_mounts_every_volume_kind_with_no_forbidden_request",
+        || {
+            let Some(server) = RealApiServer::start() else {
+                return;
+            };
+            let env = Env::new();
+            cluster(&server, &env);
+            let _driver = driver(&env);
+            let agent = agent_as(&env, &server, NODE);
+            server.apply(&pod_with_every_kind("app"));
+            let uid = uid_of(&server, "app");
+            wait(&agent, &server, 120, "every volume of app mounted", || {
+                all_mounted(&env, &uid, 8)
+            });
+            let s = env.status();
+            assert!(s.errors.is_empty(), "no source problem: {:?}", s.errors);
+            // The token came from the real server's TokenRequest, signed
+            // with its service account key.
+            let token_dir = env
+                .root
+                .join("pods")
+                .join(&uid)
+                .join("volumes/kubernetes.io~projected/token");
+            let token = std::fs::read_to_string(token_dir.join("token")).unwrap();
+            assert_eq!(token.split('.').count(), 3, "a JWT: {token}");
+            assert!(token_dir.join("ca.crt").exists());
+            // The hostPath PersistentVolume's directory, made as its type says.
+            assert!(env.dir.path().join("host-logs").is_dir());
+            let user = format!("system:node:{NODE}");
+            let counts = by_verb_and_resource(&server.audit(), &user);
+            eprintln!("requests of {user} for one pod start: {counts:#?}");
+            assert_eq!(server.forbidden(&user), vec![], "{counts:#?}");
+
+            // Deleted: every volume torn down, the claim's device unstaged.
+            server.kubectl_ok(
+                &["delete", "pod", "app", "--grace-period=0", "--force"],
+                None,
+            );
+            wait(&agent, &server, 120, "app's volumes torn down", || {
+                !env.status().pods.iter().any(|p| p.uid == uid)
+            });
+            assert_eq!(server.forbidden(&user), vec![]);
+        },
+    );
+}
+
+/// The rights of the node's agent, but claims: user `restricted` may not
+/// read PersistentVolumeClaims; its kubeconfig.
+fn restricted_user(server: &RealApiServer) -> std::path::PathBuf {
+    server.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: all-but-claims}
+rules:
+- {apiGroups: [''], resources: [pods, nodes, configmaps, secrets], verbs: [get, list, watch]}
+- {apiGroups: [''], resources: [persistentvolumes, serviceaccounts], verbs: [get]}
+- {apiGroups: [''], resources: [serviceaccounts/token], verbs: [create]}
+- {apiGroups: [''], resources: [nodes, nodes/status], verbs: [patch]}
+- {apiGroups: [storage.k8s.io], resources: [csidrivers], verbs: [get, list, watch]}
+- {apiGroups: [storage.k8s.io], resources: [volumeattachments], verbs: [get]}
+- {apiGroups: [storage.k8s.io], resources: [csinodes], verbs: [get, create, update, patch]}
+- {apiGroups: [events.k8s.io], resources: [events], verbs: [create, patch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: all-but-claims}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: all-but-claims}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: restricted}]
+",
+    );
+    server.write_kubeconfig("restricted", "restricted", &[])
+}
+
+/// A read the server refuses backs off (capped exponential, not once a
+/// second), shows in status, and holds nothing else back: after a restart
+/// under credentials that may not read pod `app`'s claim, `app` is held
+/// with its volumes kept mounted, while pod `gone`, deleted while the agent
+/// was down, is torn down at once and the agent reports synced. Deleting
+/// the held pod releases it at once. (On fae9a6f: `synced: false` forever,
+/// `gone`'s volumes never torn down, and the refused read retried about
+/// once a second.)
+#[test]
+fn a_refused_read_backs_off_and_holds_nothing_hostage() {
+    isolated("a_refused_read_backs_off_and_holds_nothing_hostage", || {
+        let Some(server) = RealApiServer::start() else {
+            return;
+        };
+        let env = Env::new();
+        cluster(&server, &env);
+        let restricted = restricted_user(&server);
+        let _driver = driver(&env);
+        let agent = agent_as(&env, &server, NODE);
+        server.apply(&pod_with_every_kind("app"));
+        server.apply(&pod_with_empty_dir("gone"));
+        let app = uid_of(&server, "app");
+        let gone = uid_of(&server, "gone");
+        wait(&agent, &server, 120, "both pods mounted", || {
+            all_mounted(&env, &app, 8) && all_mounted(&env, &gone, 1)
+        });
+        agent.kill9();
+        let scratch = env.empty_dir(&gone, "scratch");
+        assert!(scratch.exists());
+        server.kubectl_ok(
+            &["delete", "pod", "gone", "--grace-period=0", "--force"],
+            None,
+        );
+
+        // Back as a user that may read everything but claims.
+        let started = Instant::now();
+        let agent = env.start_agent_without_manifests(&[
+            "--kubeconfig",
+            restricted.to_str().unwrap(),
+            "--node-name",
+            NODE,
+            "--tracer",
+            "off",
+        ]);
+        wait(
+            &agent,
+            &server,
+            60,
+            "synced, gone's volume torn down",
+            || {
+                let s = env.status();
+                s.synced && !s.pods.iter().any(|p| p.uid == gone)
+            },
+        );
+        assert!(!scratch.exists(), "gone's emptyDir removed");
+        // app is held, with what was mounted for it kept.
+        let data = env.csi_publish_path(&app, "pv-data");
+        let s = env.status();
+        assert!(
+            s.errors
+                .iter()
+                .any(|e| e.source == "api" && e.error.contains("403")),
+            "the refusal is in status: {:?}",
+            s.errors
+        );
+        assert!(
+            env.mounts().iter().any(|m| m.mount_point == data),
+            "app's claim stays mounted while app is held"
+        );
+        assert!(env.empty_dir(&app, "scratch").exists());
+
+        // Over 40 s the refused claim is asked for a handful of times, not
+        // forty (client-go's reflector: 0.8 s doubling to 30 s, jittered).
+        std::thread::sleep(Duration::from_secs(40).saturating_sub(started.elapsed()));
+        let gets = server
+            .forbidden("restricted")
+            .into_iter()
+            .filter(|a| a.resource == "persistentvolumeclaims" && a.name == "data")
+            .count();
+        assert!(
+            (1..=8).contains(&gets),
+            "refused claim asked {gets} times in 40 s"
+        );
+        let warnings = agent
+            .log()
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("PersistentVolumeClaim default/data"))
+            .count();
+        assert!(warnings <= 1, "logged once, not per retry: {warnings}");
+
+        // Deleting the held pod releases it at once.
+        server.kubectl_ok(
+            &["delete", "pod", "app", "--grace-period=0", "--force"],
+            None,
+        );
+        wait(&agent, &server, 60, "app torn down", || {
+            !env.mounts().iter().any(|m| m.mount_point == data)
+        });
+        // The node itself was refused nothing.
+        assert_eq!(server.forbidden(&format!("system:node:{NODE}")), vec![]);
+    });
+}

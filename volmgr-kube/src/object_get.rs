@@ -1,0 +1,127 @@
+//! Reading one object a pod needs by `get`, as the kubelet does for the
+//! kinds the Node authorizer lets a node only `get` (never list or watch):
+//! PersistentVolumeClaims, PersistentVolumes, VolumeAttachments and
+//! ServiceAccounts of the node's pods. The object is read again on a
+//! schedule, as the kubelet reads a pod's claim again at each pod sync:
+//! soon after a change or while it is missing (a claim about to be bound,
+//! an attachment about to be made), about once a minute once it is stable.
+//! A refused or failed read backs off ([`Backoff`]); its cause shows in
+//! status and the log once ([`ApiProblems`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Api;
+use tokio::sync::mpsc;
+
+use volmgr::populator::objects::{Kind, ObjectKind, ObjectRef};
+
+use super::backoff::Backoff;
+use super::object_update::ObjectUpdate;
+use super::problems::ApiProblems;
+
+/// The first re-read after a change, or of a missing object.
+const SOON: Duration = Duration::from_secs(1);
+/// The re-read period of a missing object, at most.
+const MISSING_MAX: Duration = Duration::from_secs(10);
+/// The re-read period of an object that does not change, at most (the
+/// kubelet's pod sync period).
+const STABLE_MAX: Duration = Duration::from_secs(60);
+
+/// Whether the node reads objects of `kind` by `get` only (see the module
+/// documentation); the other kinds are watched by name.
+pub fn read_by_get(kind: ObjectKind) -> bool {
+    matches!(
+        kind,
+        ObjectKind::PersistentVolumeClaim
+            | ObjectKind::PersistentVolume
+            | ObjectKind::VolumeAttachment
+            | ObjectKind::ServiceAccount
+    )
+}
+
+/// What one read found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Found {
+    /// The object, at this `resourceVersion`.
+    Present(Option<String>),
+    /// No such object.
+    Absent,
+}
+
+/// Reads the object `r` names with `api` until the task is aborted,
+/// sending what changed to `tx`. A read that fails sends
+/// [`ObjectUpdate::Unreadable`] once (the source then knows the object was
+/// tried), then backs off.
+pub async fn poll<K: Kind>(
+    api: Api<K>,
+    r: ObjectRef,
+    tx: mpsc::Sender<(ObjectRef, ObjectUpdate)>,
+    problems: Arc<ApiProblems>,
+) {
+    let what = r.to_string();
+    let mut last: Option<Found> = None;
+    let mut failing = false;
+    let mut period = SOON;
+    let mut backoff = Backoff::default();
+    loop {
+        let delay = match api.get_opt(&r.name).await {
+            Ok(obj) => {
+                problems.works(&what);
+                failing = false;
+                backoff.reset();
+                let found = match &obj {
+                    Some(o) => Found::Present(o.metadata().resource_version.clone()),
+                    None => Found::Absent,
+                };
+                if last.as_ref() != Some(&found) {
+                    let update = match obj {
+                        Some(o) => ObjectUpdate::Present(K::wrap(Arc::new(o))),
+                        None => ObjectUpdate::Absent,
+                    };
+                    if tx.send((r.clone(), update)).await.is_err() {
+                        return;
+                    }
+                    period = SOON;
+                } else {
+                    let max = match found {
+                        Found::Absent => MISSING_MAX,
+                        Found::Present(_) => STABLE_MAX,
+                    };
+                    period = (period * 2).min(max);
+                }
+                last = Some(found);
+                period
+            }
+            Err(e) if r.kind == ObjectKind::ServiceAccount && refused(&e) => {
+                // Only a token request's UID depends on it: without the
+                // right to read it (the node authorizer of older clusters
+                // refuses it), tokens are requested as the kubelet does.
+                tracing::info!(object = %r, error = %e, "may not read the ServiceAccount; its tokens are requested without it");
+                let _ = tx.send((r, ObjectUpdate::Absent)).await;
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(object = %r, error = %e, "get failed; retrying");
+                problems.request_failed(&what, &e);
+                if !failing {
+                    failing = true;
+                    if tx
+                        .send((r.clone(), ObjectUpdate::Unreadable))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                backoff.next_delay()
+            }
+        };
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// Whether the server refused the request for the credentials' rights.
+fn refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_forbidden())
+}
