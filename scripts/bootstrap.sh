@@ -30,7 +30,9 @@ command -v umount >/dev/null 2>&1 || need_pkgs+=(mount)
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || need_pkgs+=(curl ca-certificates)
 # Go for the cgo package in ffi/go (Debian's golang-go).
-command -v go >/dev/null 2>&1 || need_pkgs+=(golang-go)
+# The machine's own Go (/usr/local/go) is used where it is: Debian's is older
+# than what k8s.io/kubernetes needs (scripts/kube-binaries.sh).
+{ command -v go >/dev/null 2>&1 || [ -x /usr/local/go/bin/go ]; } || need_pkgs+=(golang-go)
 # File system tools for the test CSI driver (tests/csi-driver): mkfs.ext4, resize2fs;
 # blkid (util-linux) to see whether a loop device is formatted.
 have_sbin() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }

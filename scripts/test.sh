@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
-export PATH="$HOME/.cargo/bin:$PATH"
+export PATH="$HOME/.cargo/bin:$PATH:/usr/local/go/bin"
 # A clean clone builds everything once: incremental caches would only cost
 # disk (several GiB) and time. A developer can still ask for them.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"

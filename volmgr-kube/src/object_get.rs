@@ -14,7 +14,7 @@ use std::time::Duration;
 use kube::Api;
 use tokio::sync::mpsc;
 
-use volmgr::populator::objects::{Kind, ObjectKind, ObjectRef};
+use volmgr::populator::objects::{Kind, KubeObject, ObjectKind, ObjectRef};
 
 use super::backoff::Backoff;
 use super::object_update::ObjectUpdate;
@@ -22,7 +22,8 @@ use super::problems::ApiProblems;
 
 /// The first re-read after a change, or of a missing object.
 const SOON: Duration = Duration::from_secs(1);
-/// The re-read period of a missing object, at most.
+/// The re-read period of a missing object, or of one not ready yet (a
+/// claim not bound, an attachment not attached), at most.
 const MISSING_MAX: Duration = Duration::from_secs(10);
 /// The re-read period of an object that does not change, at most (the
 /// kubelet's pod sync period).
@@ -43,10 +44,23 @@ pub fn read_by_get(kind: ObjectKind) -> bool {
 /// What one read found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Found {
-    /// The object, at this `resourceVersion`.
-    Present(Option<String>),
+    /// The object, at this `resourceVersion`, and whether it is ready.
+    Present(Option<String>, bool),
     /// No such object.
     Absent,
+}
+
+/// Whether `o` is as a pod needs it to be: a claim bound, an attachment
+/// attached (until then it is read again within [`MISSING_MAX`], as the
+/// kubelet polls an attachment while it waits for it).
+fn ready(o: &KubeObject) -> bool {
+    match o {
+        KubeObject::PersistentVolumeClaim(c) => {
+            c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+        }
+        KubeObject::VolumeAttachment(a) => a.status.as_ref().is_some_and(|s| s.attached),
+        _ => true,
+    }
 }
 
 /// Reads the object `r` names with `api` until the task is aborted,
@@ -70,13 +84,18 @@ pub async fn poll<K: Kind>(
                 problems.works(&what);
                 failing = false;
                 backoff.reset();
+                let obj = obj.map(|o| {
+                    let version = o.metadata().resource_version.clone();
+                    (K::wrap(Arc::new(o)), version)
+                });
                 let found = match &obj {
-                    Some(o) => Found::Present(o.metadata().resource_version.clone()),
+                    Some((o, version)) => Found::Present(version.clone(), ready(o)),
                     None => Found::Absent,
                 };
+                let obj = obj.map(|(o, _)| o);
                 if last.as_ref() != Some(&found) {
                     let update = match obj {
-                        Some(o) => ObjectUpdate::Present(K::wrap(Arc::new(o))),
+                        Some(o) => ObjectUpdate::Present(o),
                         None => ObjectUpdate::Absent,
                     };
                     if tx.send((r.clone(), update)).await.is_err() {
@@ -85,8 +104,8 @@ pub async fn poll<K: Kind>(
                     period = SOON;
                 } else {
                     let max = match found {
-                        Found::Absent => MISSING_MAX,
-                        Found::Present(_) => STABLE_MAX,
+                        Found::Absent | Found::Present(_, false) => MISSING_MAX,
+                        Found::Present(_, true) => STABLE_MAX,
                     };
                     period = (period * 2).min(max);
                 }

@@ -179,33 +179,9 @@ impl RealApiServer {
             .unwrap();
         let d = dir.path();
         let ca = Ca::new("volmgr-test-ca");
-        std::fs::write(d.join("ca.crt"), ca.pem()).unwrap();
-        let (cert, key) = ca.server();
-        std::fs::write(d.join("serving.crt"), cert).unwrap();
-        std::fs::write(d.join("serving.key"), key).unwrap();
-        let sa = KeyPair::generate().unwrap();
-        std::fs::write(d.join("sa.key"), sa.serialize_pem()).unwrap();
-        std::fs::write(d.join("sa.pub"), sa.public_key_pem()).unwrap();
-        std::fs::write(
-            d.join("audit-policy.yaml"),
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
-        )
-        .unwrap();
-        let (etcd_port, peer_port, port) = (free_port(), free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd = spawn(
-            Command::new(bin.join("etcd"))
-                .arg(format!("--data-dir={}", d.join("etcd").display()))
-                .arg(format!("--listen-client-urls={etcd_url}"))
-                .arg(format!("--advertise-client-urls={etcd_url}"))
-                .arg(format!("--listen-peer-urls={peer_url}"))
-                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-                .arg(format!("--initial-cluster=default={peer_url}"))
-                .arg("--log-level=warn")
-                .arg("--quota-backend-bytes=1073741824"),
-            &d.join("etcd.log"),
-        );
+        write_keys(d, &ca);
+        let (etcd, etcd_url) = start_etcd(bin, d);
+        let port = free_port();
         let url = format!("https://127.0.0.1:{port}");
         let mut cmd = Command::new(bin.join("kube-apiserver"));
         cmd.arg(format!("--etcd-servers={etcd_url}"))
@@ -535,6 +511,44 @@ impl Drop for RealApiServer {
             let _ = child.wait();
         }
     }
+}
+
+/// Writes the CA, the serving certificate and key, the service account
+/// key pair and the audit policy into `d`.
+fn write_keys(d: &Path, ca: &Ca) {
+    std::fs::write(d.join("ca.crt"), ca.pem()).unwrap();
+    let (cert, key) = ca.server();
+    std::fs::write(d.join("serving.crt"), cert).unwrap();
+    std::fs::write(d.join("serving.key"), key).unwrap();
+    let sa = KeyPair::generate().unwrap();
+    std::fs::write(d.join("sa.key"), sa.serialize_pem()).unwrap();
+    std::fs::write(d.join("sa.pub"), sa.public_key_pem()).unwrap();
+    std::fs::write(
+        d.join("audit-policy.yaml"),
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+    )
+    .unwrap();
+}
+
+/// Starts etcd with its data in `d/etcd` on loopback ports; the process
+/// and its client URL.
+fn start_etcd(bin: &Path, d: &Path) -> (Child, String) {
+    let (etcd_port, peer_port) = (free_port(), free_port());
+    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let etcd = spawn(
+        Command::new(bin.join("etcd"))
+            .arg(format!("--data-dir={}", d.join("etcd").display()))
+            .arg(format!("--listen-client-urls={etcd_url}"))
+            .arg(format!("--advertise-client-urls={etcd_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=default={peer_url}"))
+            .arg("--log-level=warn")
+            .arg("--quota-backend-bytes=1073741824"),
+        &d.join("etcd.log"),
+    );
+    (etcd, etcd_url)
 }
 
 /// The last `n` lines of `text`.
