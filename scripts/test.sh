@@ -45,7 +45,7 @@ echo "== cargo test"
 log=$(mktemp)
 quiet_log=$(mktemp)
 quiet_pid=
-trap 'if [ -n "$quiet_pid" ]; then kill "$quiet_pid" 2>/dev/null || true; fi; rm -f "$log" "$quiet_log"' EXIT
+trap 'if [ -n "$quiet_pid" ]; then kill -- "-$quiet_pid" 2>/dev/null || true; fi; rm -f "$log" "$quiet_log"' EXIT
 # Fifteen minutes on a quiet real API server (the watches must outlive the
 # old 90 s deadline and the server's own timeouts without a relist): built
 # first, then run in the background while the rest of the suite runs.
@@ -53,7 +53,10 @@ quiet_test=quiet_watches_live_as_long_as_the_server_lets_them
 quiet_bin=$(cargo test -p volmgr-cli --test real_watch --no-run --message-format=json 2>/dev/null \
   | grep -o '"executable":"[^"]*real_watch[^"]*"' | tail -n 1 | cut -d'"' -f4)
 [ -x "$quiet_bin" ] || { echo "the real_watch test binary was not built" >&2; exit 1; }
-(cd cli && exec "$quiet_bin" "$quiet_test" --exact --test-threads=1) >"$quiet_log" 2>&1 &
+# In a session of its own, so that a failure elsewhere ends it whole (the
+# test re-executes itself in a private mount namespace and starts etcd,
+# kube-apiserver and the agent).
+(cd cli && exec setsid "$quiet_bin" "$quiet_test" --exact --test-threads=1) >"$quiet_log" 2>&1 &
 quiet_pid=$!
 cargo test --workspace -- --skip "$quiet_test" 2>&1 | tee "$log"
 echo "== end-to-end suites again as on a 4.18 kernel (openat2, listmount, fchmodat2, new mount API: ENOSYS)"

@@ -109,6 +109,9 @@ pub enum AgentError {
     /// The manifests source failed.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// Observe mode's `--state-dir` is refused.
+    #[error(transparent)]
+    StateDir(#[from] crate::state_dir::StateDirError),
     /// Neither `--manifests` nor an API server.
     #[error("no source of pods: give --manifests DIR, --kubeconfig FILE, or run in a pod")]
     NoSource,
@@ -255,9 +258,25 @@ pub(crate) fn spawn_sources(
     let mut sinks = volmgr::populator::share_sink(vm.pod_sink(), count).into_iter();
     // One sink per source present (`count` of them).
     let api = kube.and_then(|client| {
-        let source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
+        let events = client.clone();
+        let mut source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
             .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()))
-            .with_payload_resolution(payloads);
+            .with_payload_resolution(payloads)
+            // An observer keeps ended pods: their directories are the
+            // kubelet's until they are deleted.
+            .keeping_ended_pods(payloads == PayloadResolution::NamesOnly);
+        // Manager mode records why a pod's claims cannot be read, as the
+        // kubelet does; an observer leaves that to the node's kubelet.
+        if payloads == PayloadResolution::Full {
+            let config = apiserver::events::EventConfig::default();
+            let events = apiserver::events::SourceEvents::start(
+                events,
+                &opts.node_name,
+                config,
+                stop.clone(),
+            );
+            source = source.with_events(events);
+        }
         Some(tokio::spawn(source.run(stop.clone())))
     });
     let manifests = opts.manifests.clone().and_then(|dir| {

@@ -64,6 +64,15 @@ pub enum ApiError {
         /// What the agent did.
         how: &'static str,
     },
+    /// The socket, its directory or the process serving it belongs to
+    /// another user, who could have put it there: not asked.
+    #[error("{path}: not trusted: {why}")]
+    Untrusted {
+        /// The socket.
+        path: PathBuf,
+        /// Whose it is.
+        why: String,
+    },
     /// The agent did not answer in time.
     #[error("{path}: the agent did not answer within {after:?}")]
     Timeout {
@@ -380,7 +389,16 @@ async fn call_once(root: &Path, req: &Request) -> Result<serde_json::Value, ApiE
         path: path.clone(),
         source,
     };
+    let untrusted = |why| ApiError::Untrusted {
+        path: path.clone(),
+        why,
+    };
+    check_socket_file(&path).map_err(untrusted)?;
     let stream = UnixStream::connect(&path).await.map_err(io)?;
+    let peer = stream.peer_cred().map_err(io)?.uid();
+    if !trusted_uid(peer) {
+        return Err(untrusted(format!("served by uid {peer}")));
+    }
     let (r, mut w) = stream.into_split();
     let mut line = serde_json::to_vec(req).map_err(|e| ApiError::Protocol(e.to_string()))?;
     line.push(b'\n');
@@ -414,4 +432,53 @@ async fn call_once(root: &Path, req: &Request) -> Result<serde_json::Value, ApiE
         Response { error: Some(e), .. } if e == BUSY => Err(busy("has too many clients")),
         Response { error, .. } => Err(ApiError::Remote(error.unwrap_or_default())),
     }
+}
+
+/// Whether a file or process of `uid` may be trusted: root's, or the
+/// caller's own.
+fn trusted_uid(uid: u32) -> bool {
+    uid == 0 || uid == nix::unistd::geteuid().as_raw()
+}
+
+/// Checks, before connecting, that no other user could have put the socket
+/// at `path` (an agent's state directory pre-created by another user, or
+/// open to them): the socket is root's or the caller's, and so is its
+/// directory, which no one else may write to (unless sticky, where others
+/// cannot move what is not theirs). A missing socket passes (connecting
+/// then says so). The peer's credentials are checked after connecting.
+fn check_socket_file(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let d = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !trusted_uid(d.uid()) {
+        return Err(format!(
+            "its directory {} is owned by uid {}",
+            dir.display(),
+            d.uid()
+        ));
+    }
+    let mode = d.mode() & 0o7777;
+    if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
+        return Err(format!(
+            "its directory {} is writable by others (mode {mode:o})",
+            dir.display()
+        ));
+    }
+    let m = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if !m.file_type().is_socket() {
+        return Err("not a socket".into());
+    }
+    if !trusted_uid(m.uid()) {
+        return Err(format!("owned by uid {}", m.uid()));
+    }
+    Ok(())
 }

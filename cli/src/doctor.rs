@@ -57,6 +57,10 @@ pub async fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
 async fn node_report(args: &DoctorArgs, timeout: Duration) -> anyhow::Result<ExitCode> {
     let v = match api::call(&args.state_dir, &Request::Status, timeout).await {
         Ok(v) => v,
+        Err(e @ api::ApiError::Untrusted { .. }) => {
+            eprintln!("volmgr: {e}");
+            return Ok(ExitCode::from(2));
+        }
         Err(e) => {
             eprintln!(
                 "volmgr: no agent answers on {}: {e} (start `volmgr agent --observe --state-dir {}`)",
@@ -123,7 +127,10 @@ async fn pod_timelines(
         print!("{}", text(&t));
     }
     if let Some(file) = &args.svg {
-        std::fs::write(file, svg(&t)).with_context(|| format!("writing {}", file.display()))?;
+        // A new file renamed over FILE: a symlink or hard link planted
+        // there is replaced, never written through.
+        volmgr::util::output::replace_file(file, svg(&t).as_bytes())
+            .with_context(|| format!("writing {}", file.display()))?;
     }
     Ok(if t.stuck.is_empty() && t.stuck_tools.is_empty() {
         ExitCode::SUCCESS
@@ -253,7 +260,11 @@ pub fn stuck_text(out: &mut String, stuck: &[StuckSyscall]) {
             printable(&s.comm),
             s.pid,
             s.tid,
-            if s.fstype.is_empty() { "?" } else { &s.fstype },
+            if s.fstype.is_empty() {
+                "?".into()
+            } else {
+                printable(&s.fstype)
+            },
             s.elapsed_seconds,
             s.since
         );
@@ -280,7 +291,11 @@ pub fn stuck_tools_text(out: &mut String, tools: &[StuckToolRun]) {
             "  {}[{}] state {}: running {:.1}s (since {}){}",
             printable(&t.comm),
             t.pid,
-            if t.state.is_empty() { "?" } else { &t.state },
+            if t.state.is_empty() {
+                "?".into()
+            } else {
+                printable(&t.state)
+            },
             t.elapsed_seconds,
             t.since,
             volume
@@ -292,20 +307,10 @@ pub fn stuck_tools_text(out: &mut String, tools: &[StuckToolRun]) {
     }
 }
 
+/// Text for the SVG: markup escaped, what XML forbids replaced (process
+/// names and paths are anyone's).
 fn xml(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => o.push_str("&amp;"),
-            '<' => o.push_str("&lt;"),
-            '>' => o.push_str("&gt;"),
-            '"' => o.push_str("&quot;"),
-            '\'' => o.push_str("&apos;"),
-            c if c.is_control() => o.push('?'),
-            c => o.push(c),
-        }
-    }
-    o
+    volmgr::util::escape::xml_text(s)
 }
 
 const LABEL_W: f64 = 320.0;
@@ -513,5 +518,27 @@ mod tests {
         assert!(s.contains("fill=\"#d22\""), "the failed call is red");
         assert!(s.contains("&lt;v&gt;"));
         assert!(!s.contains("<v>"));
+    }
+
+    #[test]
+    fn names_xml_forbids_are_replaced_and_a_fuse_subtype_is_escaped() {
+        let mut t = sample();
+        t.volumes[0].entries[0].comm = "m\u{fffe}\u{ffff}\u{1}".into();
+        t.stuck[0].comm = "s\u{fffe}".into();
+        t.stuck[0].fstype = "fuse.\u{1b}]0;owned\u{7}\u{1b}[2J".into();
+        let s = svg(&t);
+        for bad in ['\u{fffe}', '\u{ffff}', '\u{1}'] {
+            assert!(!s.contains(bad), "{s}");
+        }
+        assert!(s.contains("m\u{fffd}\u{fffd}\u{fffd}[7/8]"), "{s}");
+        let text = text(&t);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text}"
+        );
+        assert!(
+            text.contains("on fuse.\\u{1b}]0;owned\\u{7}\\u{1b}[2J:"),
+            "{text}"
+        );
     }
 }

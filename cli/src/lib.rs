@@ -15,4 +15,5 @@ pub mod metrics_server;
 pub mod observe;
 pub mod observe_events;
 pub mod sandbox;
+pub mod state_dir;
 pub mod status_text;

@@ -38,6 +38,10 @@ use volmgr::volumemanager::{Built, Config, CsiSetup, VolumeManager, VolumeManage
 pub const WRITE_PROBE_FAILPOINT: &str = "observe-write-probe";
 /// The file the write probe tries to create under ROOT.
 pub const WRITE_PROBE_FILE: &str = ".volmgr-observe-probe";
+/// The failpoint that makes the observing agent try to signal its parent
+/// process (signal 0: the permission check only), logging what happened
+/// (the test that Landlock's signal scoping refuses it).
+pub const SIGNAL_PROBE_FAILPOINT: &str = "observe-signal-probe";
 
 /// Observe mode's settings.
 #[derive(Debug, Clone)]
@@ -53,10 +57,10 @@ pub struct ObserveOptions {
 static CONFINEMENT: OnceLock<Confinement> = OnceLock::new();
 
 /// Prepares observe mode before the runtime starts: checks ROOT exists
-/// (observe mode creates nothing there), creates the state directory
-/// (mode 0700) and confines the process.
+/// (observe mode creates nothing there), checks the state directory
+/// against ROOT and creates it (mode 0700, the agent's own:
+/// [`crate::state_dir`]) and confines the process.
 pub fn prepare(root: &Path, state_dir: &Path) -> Result<(), AgentError> {
-    use std::os::unix::fs::DirBuilderExt;
     if !root.is_dir() {
         return Err(AgentError::Io {
             what: format!("observe mode: ROOT {}", root.display()),
@@ -64,20 +68,7 @@ pub fn prepare(root: &Path, state_dir: &Path) -> Result<(), AgentError> {
         });
     }
     let canon_root = root.canonicalize().map_err(io("ROOT"))?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-        .map_err(io(format!("creating {}", state_dir.display())))?;
-    let state = state_dir
-        .canonicalize()
-        .map_err(io("the state directory"))?;
-    if state.starts_with(&canon_root) {
-        return Err(AgentError::Io {
-            what: format!("--state-dir {}", state.display()),
-            source: std::io::Error::other("must be outside ROOT in observe mode"),
-        });
-    }
+    let state = crate::state_dir::prepare(&canon_root, state_dir)?;
     crate::limits::raise_nofile();
     let c = sandbox::confine(&state);
     tracing::info!(landlock = %c.landlock, capabilities = %c.capabilities, "observe mode: confined");
@@ -214,6 +205,9 @@ impl SyscallHistory for TimelineHistory {
 fn initial_status(root: &Path) -> ObserveStatus {
     let c = CONFINEMENT.get().cloned().unwrap_or_default();
     let write_probe = volmgr::failpoint::armed(WRITE_PROBE_FAILPOINT).then(|| write_probe(root));
+    if volmgr::failpoint::armed(SIGNAL_PROBE_FAILPOINT) {
+        signal_probe();
+    }
     ObserveStatus {
         landlock: c.landlock,
         capabilities: c.capabilities,
@@ -232,6 +226,17 @@ fn write_probe(root: &Path) -> String {
     };
     tracing::warn!(path = %path.display(), %outcome, "observe mode write probe");
     outcome
+}
+
+/// Sends signal 0 to the parent process (failpoint
+/// [`SIGNAL_PROBE_FAILPOINT`]) and logs whether the kernel refused it.
+fn signal_probe() {
+    let parent = nix::unistd::getppid();
+    let outcome = match nix::sys::signal::kill(parent, None) {
+        Ok(()) => "signal allowed: observe mode can signal other processes".to_string(),
+        Err(e) => format!("signal refused: {e}"),
+    };
+    tracing::warn!(pid = parent.as_raw(), %outcome, "observe mode signal probe");
 }
 
 /// `volmgr_findings{kind}`: the findings of the last scan, by kind.

@@ -1,21 +1,26 @@
 //! Observe mode's confinement: the agent restricts itself with Landlock
 //! (read-only everywhere, ROOT included; writes only under its state
-//! directory) and drops the capabilities it does not need. Both act on the
-//! calling thread and what it starts later, so [`confine`] runs before the
-//! runtime starts any thread.
+//! directory; no signal to a process outside its Landlock domain) and drops
+//! the capabilities it does not need. Both act on the calling thread and
+//! what it starts later, so [`confine`] runs before the runtime starts any
+//! thread.
 //!
 //! Landlock (Linux ≥ 5.13) is used through its three system calls. The
 //! handled rights are every right that changes the file system (write,
 //! truncate, remove, make, rename/link across directories); reads stay
 //! unrestricted. A Landlock-restricted process also cannot mount or
-//! unmount anything (landlock(7)).
+//! unmount anything (landlock(7)). Landlock does not cover changes of
+//! metadata (chmod, chown, setxattr, utimes): those are left to the
+//! capabilities dropped and to file ownership. Where the kernel has
+//! Landlock ABI 6 (Linux 6.12), signals are scoped
+//! (`LANDLOCK_SCOPE_SIGNAL`): the agent can signal only itself.
 //!
 //! Capabilities kept (see docs/USAGE.md, "Observe mode"): `CAP_BPF`,
-//! `CAP_PERFMON` (loading the eBPF tracer), `CAP_SYS_ADMIN` (the same on
-//! kernels before 5.8, and reading other mount namespaces),
-//! `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH` (reading `/proc/<pid>` of
-//! other processes and the kubelet's files whatever their modes),
-//! `CAP_SYS_RESOURCE` (the locked-memory limit of BPF maps on older
+//! `CAP_PERFMON` (loading the eBPF tracer), `CAP_SYS_ADMIN` only on
+//! kernels without those two (before 5.8, where it is what loads the
+//! tracer), `CAP_SYS_PTRACE` and `CAP_DAC_READ_SEARCH` (reading
+//! `/proc/<pid>` of other processes and the kubelet's files whatever their
+//! modes), `CAP_SYS_RESOURCE` (the locked-memory limit of BPF maps on older
 //! kernels). Every other one is dropped from the bounding, ambient,
 //! inheritable, permitted and effective sets.
 
@@ -43,11 +48,19 @@ const WRITE_ABI1: u64 = (1 << 1) | (1 << 4) | (1 << 5) | (0x7f << 6);
 const REFER: u64 = 1 << 13;
 /// `LANDLOCK_ACCESS_FS_TRUNCATE` (ABI 3).
 const TRUNCATE: u64 = 1 << 14;
+/// `LANDLOCK_SCOPE_SIGNAL` (ABI 6): no signal to a process outside the
+/// domain.
+const SCOPE_SIGNAL: u64 = 1 << 1;
+/// The first ABI with `scoped`.
+const ABI_SCOPE: i64 = 6;
 
-/// `struct landlock_ruleset_attr`, its first field (what ABI 1 knows).
+/// `struct landlock_ruleset_attr` (ABI 6); earlier ABIs get its first
+/// field only.
 #[repr(C)]
 struct RulesetAttr {
     handled_access_fs: u64,
+    handled_access_net: u64,
+    scoped: u64,
 }
 
 /// `struct landlock_path_beneath_attr` (packed).
@@ -57,27 +70,58 @@ struct PathBeneathAttr {
     parent_fd: i32,
 }
 
-/// The capabilities kept (numbers of linux/capability.h).
+/// The capabilities kept (numbers of linux/capability.h), but
+/// [`CAP_SYS_ADMIN`] only where [`CAP_PERFMON`] and [`CAP_BPF`] do not exist.
 const KEPT: &[(u32, &str)] = &[
     (2, "CAP_DAC_READ_SEARCH"),
     (19, "CAP_SYS_PTRACE"),
-    (21, "CAP_SYS_ADMIN"),
+    (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"),
     (24, "CAP_SYS_RESOURCE"),
-    (38, "CAP_PERFMON"),
-    (39, "CAP_BPF"),
+    (CAP_PERFMON, "CAP_PERFMON"),
+    (CAP_BPF, "CAP_BPF"),
 ];
 
-/// Confines this process: writes only under `state_dir` (Landlock), the
-/// capabilities of [`KEPT`] only. Call before any thread is started.
+/// `CAP_SYS_ADMIN`.
+const CAP_SYS_ADMIN: u32 = 21;
+/// `CAP_PERFMON` (Linux 5.8).
+const CAP_PERFMON: u32 = 38;
+/// `CAP_BPF` (Linux 5.8).
+const CAP_BPF: u32 = 39;
+
+/// The capabilities to keep on a kernel whose last capability is
+/// `last_cap`: those of [`KEPT`] it knows, `CAP_SYS_ADMIN` only when it has
+/// no `CAP_BPF` (it would let the agent remount, set the host name, ...).
+fn kept(last_cap: u32) -> Vec<(u32, &'static str)> {
+    KEPT.iter()
+        .copied()
+        .filter(|(c, _)| *c <= last_cap)
+        .filter(|(c, _)| *c != CAP_SYS_ADMIN || last_cap < CAP_BPF)
+        .collect()
+}
+
+/// The kernel's last capability (`/proc/sys/kernel/cap_last_cap`).
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(CAP_BPF)
+}
+
+/// Confines this process: writes only under `state_dir` and signals only
+/// to itself (Landlock), the capabilities of [`kept`] only. Call before
+/// any thread is started.
 pub fn confine(state_dir: &Path) -> Confinement {
-    let capabilities = match drop_capabilities() {
+    let last = last_cap();
+    let keep = kept(last);
+    let capabilities = match drop_capabilities(last, &keep) {
         Ok(()) => {
-            let names: Vec<&str> = KEPT.iter().map(|(_, n)| *n).collect();
+            let names: Vec<&str> = keep.iter().map(|(_, n)| *n).collect();
             format!("kept {}", names.join(","))
         }
         Err(e) => format!("not dropped: {e}"),
     };
     let landlock = match landlock(state_dir) {
+        Ok(abi) if abi >= ABI_SCOPE => format!("enforced (ABI v{abi}, signals scoped)"),
         Ok(abi) => format!("enforced (ABI v{abi})"),
         Err(e) => format!("unavailable: {e}"),
     };
@@ -111,13 +155,21 @@ fn landlock(state_dir: &Path) -> std::io::Result<i64> {
     }
     let attr = RulesetAttr {
         handled_access_fs: handled,
+        handled_access_net: 0,
+        scoped: if abi >= ABI_SCOPE { SCOPE_SIGNAL } else { 0 },
     };
-    // SAFETY: `attr` is a valid ruleset attribute of the size given.
+    // What this ABI knows: `handled_access_fs` alone before ABI 6.
+    let size = if abi >= ABI_SCOPE {
+        std::mem::size_of::<RulesetAttr>()
+    } else {
+        std::mem::size_of::<u64>()
+    };
+    // SAFETY: `attr` is a valid ruleset attribute at least `size` long.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_landlock_create_ruleset,
             &attr as *const RulesetAttr,
-            std::mem::size_of::<RulesetAttr>(),
+            size,
             0u32,
         )
     };
@@ -195,14 +247,11 @@ struct CapData {
 /// `_LINUX_CAPABILITY_VERSION_3`.
 const CAP_VERSION_3: u32 = 0x2008_0522;
 
-/// Drops every capability but [`KEPT`] from all sets of this thread.
-fn drop_capabilities() -> std::io::Result<()> {
-    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .unwrap_or(40);
+/// Drops every capability up to `last` but those of `keep` from all sets
+/// of this thread.
+fn drop_capabilities(last: u32, keep: &[(u32, &str)]) -> std::io::Result<()> {
     for cap in 0..=last {
-        if !KEPT.iter().any(|(k, _)| *k == cap) {
+        if !keep.iter().any(|(k, _)| *k == cap) {
             // SAFETY: prctl with integer arguments only. Fails without
             // CAP_SETPCAP (then the bounding set stays; the sets below
             // are still reduced).
@@ -235,11 +284,11 @@ fn drop_capabilities() -> std::io::Result<()> {
     {
         return Err(std::io::Error::last_os_error());
     }
-    let mut keep = [0u32; 2];
-    for (cap, _) in KEPT {
-        keep[(*cap / 32) as usize] |= 1 << (cap % 32);
+    let mut mask = [0u32; 2];
+    for (cap, _) in keep {
+        mask[(*cap / 32) as usize] |= 1 << (cap % 32);
     }
-    for (d, k) in data.iter_mut().zip(keep) {
+    for (d, k) in data.iter_mut().zip(mask) {
         d.permitted &= k;
         d.effective = d.permitted;
         d.inheritable = 0;
@@ -249,4 +298,33 @@ fn drop_capabilities() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sys_admin_is_kept_only_where_bpf_and_perfmon_do_not_exist() {
+        let names = |last| -> Vec<&str> { kept(last).into_iter().map(|(_, n)| n).collect() };
+        assert_eq!(
+            names(40),
+            [
+                "CAP_DAC_READ_SEARCH",
+                "CAP_SYS_PTRACE",
+                "CAP_SYS_RESOURCE",
+                "CAP_PERFMON",
+                "CAP_BPF"
+            ]
+        );
+        assert_eq!(
+            names(37),
+            [
+                "CAP_DAC_READ_SEARCH",
+                "CAP_SYS_PTRACE",
+                "CAP_SYS_ADMIN",
+                "CAP_SYS_RESOURCE"
+            ]
+        );
+    }
 }

@@ -1,18 +1,37 @@
 //! End-to-end tests of the Kubernetes API as the agent's source of pods:
-//! the real agent, through kube-rs, against an in-process HTTPS fake API
-//! server (`volmgr_kube::testing::FakeApiServer`) that lists and watches with
-//! resource versions and bookmarks, answers `410 Gone` after a compaction,
-//! can be taken down (503), and refuses what the node authorizer refuses a
-//! node's credentials. Each test runs in a private mount namespace.
+//! the real agent, through kube-rs, each test in a private mount namespace.
+//!
+//! Where they run:
+//! - against a REAL kube-apiserver and etcd (`support/real_cluster.rs`:
+//!   Node,RBAC authorization, NodeRestriction, an audit log), the agent as
+//!   the node itself (`system:node:node-a`), every test that needs nothing
+//!   but what a real server does: pods and the objects they read, claims
+//!   bound late, deleted Secrets, missing ConfigMaps (the FailedMount
+//!   event), CSIDrivers, ClusterTrustBundles, local PVs' node affinity, the
+//!   Node's allocatable, static pods alongside, subPaths waiting for init
+//!   containers. Each ends with 0 requests of the node refused in the audit
+//!   log (and no Secret or ConfigMap listed or watched but by name).
+//! - against the in-process fake (`volmgr_kube::testing::FakeApiServer`)
+//!   the hostile modes a real server cannot be made to play: an outage
+//!   (503 to everything, watches cut) and a compaction (`410 Gone`) at a
+//!   chosen moment (`api_outage_and_relist_after_410`,
+//!   `api_restart_after_kill9_remounts_nothing`); credentials that may not
+//!   read ServiceAccounts, as older clusters' Node authorizer, and a
+//!   ServiceAccount replaced under the same name whose tokens tell which
+//!   account they were minted for
+//!   (`api_service_account_replaced_gets_a_fresh_token`).
 
 // Test-only code: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[path = "support/real_cluster.rs"]
+mod real_cluster;
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use real_cluster::RealCluster;
 use serde_json::{json, Value};
 use support::{isolated, Agent, Env};
 use volmgr_kube::testing::FakeApiServer;
@@ -46,46 +65,33 @@ fn memory_pod(name: &str, uid: &str, node: &str) -> Value {
     )
 }
 
-struct Cluster {
-    env: Env,
-    api: FakeApiServer,
-    kubeconfig: PathBuf,
-}
-
-impl Cluster {
-    fn new() -> Self {
-        let env = Env::new();
-        let api = FakeApiServer::start();
-        let kubeconfig = api.write_kubeconfig(env.dir.path());
-        Self {
-            env,
-            api,
-            kubeconfig,
-        }
-    }
+/// What the tests do with the agent and its ROOT, on either server.
+trait Node {
+    fn env(&self) -> &Env;
+    fn kubeconfig(&self) -> &Path;
 
     /// The agent on the API alone (no `--manifests`).
     fn start_agent(&self) -> Agent {
-        self.env.start_agent_without_manifests(&[
+        self.env().start_agent_without_manifests(&[
             "--kubeconfig",
-            self.kubeconfig.to_str().unwrap(),
+            self.kubeconfig().to_str().unwrap(),
             "--node-name",
             NODE,
         ])
     }
 
     fn scratch(&self, uid: &str) -> PathBuf {
-        self.env.empty_dir(uid, "scratch")
+        self.env().empty_dir(uid, "scratch")
     }
 
     fn state(&self, uid: &str, vol: &str) -> Option<String> {
-        self.env.volume_state(uid, vol).map(|s| s.0)
+        self.env().volume_state(uid, vol).map(|s| s.0)
     }
 
     fn wait_mounted(&self, uid: &str, vol: &str) {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let s = self.env.volume_state(uid, vol);
+            let s = self.env().volume_state(uid, vol);
             if s.as_ref().is_some_and(|s| s.0 == "mounted") {
                 return;
             }
@@ -98,9 +104,72 @@ impl Cluster {
     }
 
     fn wait_gone(&self, uid: &str) {
-        let dir = self.env.root.join("pods").join(uid);
-        self.env
+        let dir = self.env().root.join("pods").join(uid);
+        self.env()
             .wait_for(&format!("pod {uid} torn down"), || !dir.exists());
+    }
+}
+
+/// The agent on the fake API server.
+struct Cluster {
+    env: Env,
+    api: FakeApiServer,
+    kubeconfig: PathBuf,
+}
+
+impl Node for Cluster {
+    fn env(&self) -> &Env {
+        &self.env
+    }
+    fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+}
+
+/// The agent on the real API server, as `system:node:node-a`; namespace
+/// `test`.
+struct Real {
+    env: Env,
+    k: RealCluster,
+}
+
+impl Node for Real {
+    fn env(&self) -> &Env {
+        &self.env
+    }
+    fn kubeconfig(&self) -> &Path {
+        &self.k.kubeconfig
+    }
+}
+
+impl Real {
+    /// `None` (the test skips) where the real binaries cannot be had
+    /// outside CI.
+    fn new() -> Option<Self> {
+        let k = RealCluster::start(NODE, &["test"])?;
+        Some(Self { env: Env::new(), k })
+    }
+
+    fn apply(&self, obj: Value) {
+        self.k.apply(&obj);
+    }
+
+    /// Creates `pod`; its UID (the server's).
+    fn pod(&self, pod: Value) -> String {
+        self.k.create_pod(&pod)
+    }
+}
+
+impl Cluster {
+    fn new() -> Self {
+        let env = Env::new();
+        let api = FakeApiServer::start();
+        let kubeconfig = api.write_kubeconfig(env.dir.path());
+        Self {
+            env,
+            api,
+            kubeconfig,
+        }
     }
 
     /// No request was refused by the node authorizer, and every list or
@@ -119,29 +188,24 @@ impl Cluster {
 
 /// A pod bound to this node is mounted, another node's is ignored; a
 /// configMap volume follows its object; a claim bound late is mounted once
-/// bound; a pod that succeeded is torn down; and nothing the node
-/// authorizer refuses was ever asked for.
+/// bound; a pod that succeeded is torn down; and the real server refused
+/// the node nothing.
 #[test]
 fn api_pods_are_mounted_and_follow_their_objects() {
     isolated("api_pods_are_mounted_and_follow_their_objects", || {
-        let c = Cluster::new();
-        c.api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        let Some(c) = Real::new() else { return };
+        c.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "settings", "namespace": "test"}, "data": {"mode": "one"}}));
-        let mine = pod(
+        let uid = c.pod(pod(
             "mine",
-            "a1111111-0000-0000-0000-000000000001",
+            "",
             NODE,
             json!([{"name": "scratch", "emptyDir": {"medium": "Memory"}},
                    {"name": "conf", "configMap": {"name": "settings"}}]),
-        );
-        c.api.apply(mine.clone());
-        c.api.apply(memory_pod(
-            "theirs",
-            "b2222222-0000-0000-0000-000000000002",
-            "node-b",
         ));
+        let uid = uid.as_str();
+        let theirs = c.pod(memory_pod("theirs", "", "node-b"));
         let _agent = c.start_agent();
-        let uid = "a1111111-0000-0000-0000-000000000001";
         c.wait_mounted(uid, "scratch");
         c.wait_mounted(uid, "conf");
         assert_eq!(c.env.mount_count(&c.scratch(uid)), 1);
@@ -160,32 +224,29 @@ fn api_pods_are_mounted_and_follow_their_objects() {
         assert!(read_only("conf"), "a configMap volume is read-only");
         assert!(!read_only("scratch"));
         assert!(
-            !c.env
-                .root
-                .join("pods/b2222222-0000-0000-0000-000000000002")
-                .exists(),
+            !c.env.root.join("pods").join(&theirs).exists(),
             "another node's pod was set up"
         );
 
         // The configMap changes: the file follows.
-        c.api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        c.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "settings", "namespace": "test"}, "data": {"mode": "two"}}));
         c.env.wait_for("configMap update in the volume", || {
             std::fs::read_to_string(&conf).ok().as_deref() == Some("two")
         });
 
         // A claim bound after the pod arrives.
-        c.api.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        c.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": "data", "namespace": "test"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-            "status": {"phase": "Pending"}}));
-        let claimer = "c3333333-0000-0000-0000-000000000003";
-        c.api.apply(pod(
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                     "resources": {"requests": {"storage": "1Gi"}}}}));
+        let claimer = c.pod(pod(
             "claimer",
-            claimer,
+            "",
             NODE,
             json!([{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]),
         ));
+        let claimer = claimer.as_str();
         c.env.wait_for("the unbound claim reported", || {
             c.env
                 .volume_state(claimer, "data")
@@ -195,27 +256,18 @@ fn api_pods_are_mounted_and_follow_their_objects() {
         assert_ne!(c.state(claimer, "data").as_deref(), Some("mounted"));
         let host = c.env.dir.path().join("host-data");
         std::fs::create_dir_all(&host).unwrap();
-        c.api
-            .apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        c.apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": "pv-data"},
             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                     "local": {"path": host.to_str().unwrap()},
-                     "claimRef": {"namespace": "test", "name": "data"}},
-            "status": {"phase": "Bound"}}));
-        c.api.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "data", "namespace": "test"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
-                     "volumeName": "pv-data"},
-            "status": {"phase": "Bound"}}));
+                     "storageClassName": "", "hostPath": {"path": host.to_str().unwrap()}}}));
+        c.k.server.bind("test", "data", "pv-data");
         c.wait_mounted(claimer, "data");
 
         // The first pod's phase becomes Succeeded: its volumes go.
-        let mut done = mine;
-        done["status"]["phase"] = json!("Succeeded");
-        c.api.apply(done);
+        c.k.set_status("pod", "test", "mine", &json!({"phase": "Succeeded"}));
         c.wait_gone(uid);
         assert_eq!(c.env.mount_count(&c.scratch(uid)), 0);
-        c.assert_node_authorizer_content();
+        c.k.assert_node_refused_nothing();
         c.env.assert_outside_untouched();
     });
 }
@@ -227,19 +279,19 @@ fn api_pods_are_mounted_and_follow_their_objects() {
 #[test]
 fn api_deleted_optional_secret_leaves_the_volume() {
     isolated("api_deleted_optional_secret_leaves_the_volume", || {
-        let c = Cluster::new();
-        c.api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        let Some(c) = Real::new() else { return };
+        c.apply(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "s", "namespace": "test"}, "data": {"password": "b3B0LXNlY3JldA=="}}));
-        c.api.apply(json!({"apiVersion": "v1", "kind": "Secret",
+        c.apply(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "s2", "namespace": "test"}, "data": {"password": "cmVxLXNlY3JldA=="}}));
-        let uid = "d4444444-0000-0000-0000-000000000004";
-        c.api.apply(pod(
+        let uid = c.pod(pod(
             "del",
-            uid,
+            "",
             NODE,
             json!([{"name": "opt", "secret": {"secretName": "s", "optional": true}},
                    {"name": "req", "secret": {"secretName": "s2"}}]),
         ));
+        let uid = uid.as_str();
         let _agent = c.start_agent();
         c.wait_mounted(uid, "opt");
         c.wait_mounted(uid, "req");
@@ -257,7 +309,7 @@ fn api_deleted_optional_secret_leaves_the_volume() {
             Some("opt-secret")
         );
 
-        c.api.delete("Secret", "test", "s", false);
+        c.k.delete("secret", "test", "s");
         c.env.wait_for("optional secret gone", || {
             std::fs::read_dir(vol("opt")).unwrap().count() == 2
         });
@@ -275,7 +327,7 @@ fn api_deleted_optional_secret_leaves_the_volume() {
         );
         assert_eq!(c.state(uid, "opt").as_deref(), Some("mounted"));
 
-        c.api.delete("Secret", "test", "s2", false);
+        c.k.delete("secret", "test", "s2");
         c.env.wait_for("error on the volume", || {
             c.env
                 .volume_state(uid, "req")
@@ -287,7 +339,7 @@ fn api_deleted_optional_secret_leaves_the_volume() {
             Some("req-secret")
         );
         assert_eq!(c.state(uid, "req").as_deref(), Some("mounted"));
-        c.assert_node_authorizer_content();
+        c.k.assert_node_refused_nothing();
     });
 }
 
@@ -379,17 +431,17 @@ fn api_missing_config_map_is_a_failed_mount_then_mounted() {
     isolated(
         "api_missing_config_map_is_a_failed_mount_then_mounted",
         || {
-            let c = Cluster::new();
-            let uid = "ab000000-0000-0000-0000-00000000000a";
-            c.api.apply(pod(
+            let Some(c) = Real::new() else { return };
+            let uid = c.pod(pod(
                 "waits",
-                uid,
+                "",
                 NODE,
                 json!([{"name": "conf", "configMap": {"name": "later"}}]),
             ));
+            let uid = uid.as_str();
             let _agent = c.start_agent();
             let found = || {
-                c.api.objects_of("Event").iter().any(|e| {
+                c.k.events("test").iter().any(|e| {
                     e["reason"] == "FailedMount"
                         && e["regarding"]["uid"] == uid
                         && e["note"].as_str().is_some_and(|n| n.contains("later"))
@@ -398,17 +450,16 @@ fn api_missing_config_map_is_a_failed_mount_then_mounted() {
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
             while !found() {
                 if std::time::Instant::now() > deadline {
-                    let reqs: Vec<_> = c.api.requests();
                     panic!(
-                        "no FailedMount event: stored {:?}, requests {reqs:?}, volume {:?}",
-                        c.api.objects_of("Event"),
+                        "no FailedMount event: stored {:?}, volume {:?}",
+                        c.k.events("test"),
                         c.env.volume_state(uid, "conf")
                     );
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(200));
             }
             assert_ne!(c.state(uid, "conf").as_deref(), Some("mounted"));
-            c.api.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            c.apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "later", "namespace": "test"}, "data": {"k": "v"}}));
             c.wait_mounted(uid, "conf");
             let file = c
@@ -418,64 +469,71 @@ fn api_missing_config_map_is_a_failed_mount_then_mounted() {
                 .join(uid)
                 .join("volumes/kubernetes.io~configmap/conf/k");
             assert_eq!(std::fs::read_to_string(file).unwrap(), "v");
-            c.assert_node_authorizer_content();
+            c.k.assert_node_refused_nothing();
         },
     );
 }
 
 /// A pod's CSI driver's CSIDriver object is watched by name (cluster
 /// scoped) and its changes re-resolve the pod: a driver that does not list
-/// `Ephemeral` gets no inline volume until its object says it may.
+/// `Ephemeral` gets no inline volume until its object says it may (the
+/// real server keeps `volumeLifecycleModes` immutable: the object is
+/// deleted and created again).
 #[test]
 fn api_csidriver_is_followed_by_name() {
     isolated("api_csidriver_is_followed_by_name", || {
-        let c = Cluster::new();
+        let Some(c) = Real::new() else { return };
         let csidriver = |modes: Value| {
             json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
                    "metadata": {"name": "inline.example.com"},
                    "spec": {"attachRequired": false, "volumeLifecycleModes": modes}})
         };
-        c.api.apply(csidriver(json!(["Persistent"])));
-        let uid = "ac000000-0000-0000-0000-00000000000c";
-        c.api.apply(pod(
+        c.apply(csidriver(json!(["Persistent"])));
+        let uid = c.pod(pod(
             "inline",
-            uid,
+            "",
             NODE,
             json!([{"name": "x", "csi": {"driver": "inline.example.com"}}]),
         ));
+        let uid = uid.as_str();
         let _agent = c.start_agent();
         let error = || c.env.volume_state(uid, "x").and_then(|s| s.2);
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while !error().is_some_and(|e| e.contains("does not support inline")) {
             assert!(
                 std::time::Instant::now() < deadline,
-                "inline volume not refused: {:?}; requests {:?}",
+                "inline volume not refused: {:?}",
                 error(),
-                c.api.requests()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        c.api.apply(csidriver(json!(["Persistent", "Ephemeral"])));
+        c.k.delete("csidriver", "", "inline.example.com");
+        c.apply(csidriver(json!(["Persistent", "Ephemeral"])));
         c.env
             .wait_for("inline volume accepted, waiting for its driver", || {
                 error().is_some_and(|e| {
                     e.contains("inline.example.com") && !e.contains("does not support")
                 })
             });
-        assert!(c
-            .api
-            .requests()
-            .iter()
-            .any(|r| r.path.ends_with("/csidrivers")
-                && r.query.contains("metadata.name%3Dinline.example.com")));
-        c.assert_node_authorizer_content();
+        let reqs = c.k.node_requests();
+        assert!(
+            reqs.iter().any(|a| a.resource == "csidrivers"
+                && matches!(a.verb.as_str(), "list" | "watch")
+                && a.uri.contains("metadata.name%3Dinline.example.com")),
+            "{:#?}",
+            reqs.iter()
+                .filter(|a| a.resource == "csidrivers")
+                .collect::<Vec<_>>()
+        );
+        c.k.assert_node_refused_nothing();
     });
 }
 
 /// A pod's projected token comes from TokenRequest for its ServiceAccount,
-/// which is followed by name: when the account is deleted and created
-/// again (a new UID; the API server refuses tokens bound to the old one),
-/// the token is requested again and rewritten at once. Credentials that may
+/// which is read by `get` again within a minute: when the account is
+/// deleted and created again (a new UID; the API server refuses tokens
+/// bound to the old one), the token is requested again and rewritten at
+/// the next read. Credentials that may
 /// not read ServiceAccounts (older clusters' node authorizer) still get the
 /// pod mounted, its token requested as the kubelet does.
 #[test]
@@ -513,15 +571,21 @@ fn api_service_account_replaced_gets_a_fresh_token() {
         assert!(first.starts_with("tok-builder-sa-1-"), "{first}");
         c.api.delete("ServiceAccount", "test", "builder", false);
         c.api.apply(account("sa-2"));
-        c.env.wait_for("a token of the new account", || {
-            token_of(&c).is_some_and(|t| t.starts_with("tok-builder-sa-2-"))
-        });
+        // Read by `get` (the Node authorizer allows nothing else), again
+        // at most a minute after the last read of an unchanged account.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(150);
+        while !token_of(&c).is_some_and(|t| t.starts_with("tok-builder-sa-2-")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no token of the new account"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         assert!(c
             .api
             .requests()
             .iter()
-            .any(|r| r.path.ends_with("/serviceaccounts")
-                && r.query.contains("metadata.name%3Dbuilder")));
+            .any(|r| r.path.ends_with("/serviceaccounts/builder")));
         c.assert_node_authorizer_content();
         drop(agent);
 
@@ -539,68 +603,99 @@ fn api_service_account_replaced_gets_a_fresh_token() {
 
 /// Projected `clusterTrustBundle` sources, by name and by signer and
 /// labels, from one cluster-wide watch of the bundles: the files hold the
-/// selected certificates and follow a bundle added later.
+/// selected certificates (real ones: the server parses them) and follow a
+/// bundle added later.
 #[test]
 fn api_cluster_trust_bundles_by_name_and_signer() {
     isolated("api_cluster_trust_bundles_by_name_and_signer", || {
-        let pem = |body: &str| {
-            format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n")
-        };
-        let bundle = |name: &str, signer: Option<&str>, env: &str, body: &str| {
+        let Some(c) = Real::new() else { return };
+        // Real CA certificates: the server refuses others in a bundle.
+        let cert = |cn: &str| volmgr_kube::testing::real::Ca::new(cn).pem();
+        let (plain, one, dev, two) = (cert("plain"), cert("one"), cert("dev"), cert("two"));
+        let bundle = |name: &str, signer: Option<&str>, env: &str, pem: &str| {
             json!({"apiVersion": "certificates.k8s.io/v1", "kind": "ClusterTrustBundle",
                    "metadata": {"name": name, "labels": {"env": env}},
-                   "spec": {"signerName": signer, "trustBundle": pem(body)}})
+                   "spec": {"signerName": signer, "trustBundle": pem}})
         };
-        let c = Cluster::new();
-        c.api.apply(bundle("plain", None, "any", "QUFB"));
-        c.api.apply(bundle(
+        c.apply(bundle("plain", None, "any", &plain));
+        c.apply(bundle(
             "example.com:ca:one",
             Some("example.com/ca"),
             "prod",
-            "QkJC",
+            &one,
         ));
-        c.api.apply(bundle(
+        c.apply(bundle(
             "example.com:ca:dev",
             Some("example.com/ca"),
             "dev",
-            "RERE",
+            &dev,
         ));
-        let uid = "ae000000-0000-0000-0000-00000000000e";
-        c.api.apply(pod(
+        let uid = c.pod(pod(
             "bundles",
-            uid,
+            "",
             NODE,
             json!([{"name": "trust", "projected": {"sources": [
                 {"clusterTrustBundle": {"name": "plain", "path": "plain.pem"}},
                 {"clusterTrustBundle": {"signerName": "example.com/ca", "path": "ca.pem",
                     "labelSelector": {"matchLabels": {"env": "prod"}}}}]}}]),
         ));
-        let _agent = c.start_agent();
-        c.wait_mounted(uid, "trust");
+        let uid = uid.as_str();
+        let agent = c.start_agent();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while c.state(uid, "trust").as_deref() != Some("mounted") {
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "trust not mounted: {:?}\n{:#?}\n{}",
+                    c.env.volume_state(uid, "trust"),
+                    c.k.node_requests()
+                        .iter()
+                        .filter(|a| a.resource == "clustertrustbundles")
+                        .collect::<Vec<_>>(),
+                    volmgr_kube::testing::real::tail(&agent.log(), 40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let dir = c
             .env
             .root
             .join("pods")
             .join(uid)
             .join("volumes/kubernetes.io~projected/trust");
-        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-        assert_eq!(read("plain.pem"), Some(pem("QUFB")));
-        assert_eq!(read("ca.pem"), Some(pem("QkJC")));
-        c.api.apply(bundle(
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        // The certificates a file holds, whatever their order.
+        let certs = |pem: &str| {
+            let mut v: Vec<String> = pem
+                .split("-----END CERTIFICATE-----")
+                .map(|b| b.split_whitespace().collect::<String>())
+                .filter(|b| !b.is_empty())
+                .collect();
+            v.sort();
+            v
+        };
+        let of = |pems: &[&str]| {
+            let mut v: Vec<String> = pems.iter().flat_map(|p| certs(p)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(certs(&read("plain.pem")), of(&[&plain]));
+        assert_eq!(certs(&read("ca.pem")), of(&[&one]));
+        c.apply(bundle(
             "example.com:ca:two",
             Some("example.com/ca"),
             "prod",
-            "Q0ND",
+            &two,
         ));
-        let both = format!("{}{}", pem("Q0ND"), pem("QkJC"));
         c.env
             .wait_for("the new bundle's certificate in the file", || {
-                read("ca.pem").as_deref() == Some(both.as_str())
+                certs(&read("ca.pem")) == of(&[&one, &two])
             });
-        assert!(c.api.requests().iter().any(|r| r.path
-            == "/apis/certificates.k8s.io/v1/clustertrustbundles"
-            && r.query.contains("watch")));
-        c.assert_node_authorizer_content();
+        assert!(c
+            .k
+            .node_requests()
+            .iter()
+            .any(|a| a.resource == "clustertrustbundles" && a.verb == "list"));
+        c.k.assert_node_refused_nothing();
     });
 }
 
@@ -610,34 +705,33 @@ fn api_cluster_trust_bundles_by_name_and_signer() {
 #[test]
 fn api_local_pv_node_affinity_uses_the_node_object() {
     isolated("api_local_pv_node_affinity_uses_the_node_object", || {
-        let c = Cluster::new();
-        c.api.apply(json!({"apiVersion": "v1", "kind": "Node",
+        let Some(c) = Real::new() else { return };
+        c.apply(json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE, "zone": "a"}}}));
         let mut uids = Vec::new();
-        for (i, zone) in ["a", "b"].into_iter().enumerate() {
+        for zone in ["a", "b"] {
             let host = c.env.dir.path().join(format!("local-{zone}"));
             std::fs::create_dir_all(&host).unwrap();
-            c.api
-                .apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            c.apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
                 "metadata": {"name": format!("local-{zone}")},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                         "storageClassName": "",
                          "local": {"path": host.to_str().unwrap()},
-                         "claimRef": {"namespace": "test", "name": format!("claim-{zone}")},
                          "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions":
                              [{"key": "zone", "operator": "In", "values": [zone]}]}]}}}}));
-            c.api
-                .apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            c.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": {"name": format!("claim-{zone}"), "namespace": "test"},
                 "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": format!("local-{zone}"),
+                         "storageClassName": "",
                          "resources": {"requests": {"storage": "1Gi"}}}}));
-            let uid = format!("ad00000{i}-0000-0000-0000-00000000000d");
-            c.api.apply(pod(
+            c.k.server
+                .bind("test", &format!("claim-{zone}"), &format!("local-{zone}"));
+            uids.push(c.pod(pod(
                 &format!("local-{zone}"),
-                &uid,
+                "",
                 NODE,
                 json!([{"name": "data", "persistentVolumeClaim": {"claimName": format!("claim-{zone}")}}]),
-            ));
-            uids.push(uid);
+            )));
         }
         let _agent = c.start_agent();
         c.wait_mounted(&uids[0], "data");
@@ -647,12 +741,17 @@ fn api_local_pv_node_affinity_uses_the_node_object() {
                 .and_then(|s| s.2)
                 .is_some_and(|e| e.contains("node affinity does not match"))
         });
-        assert!(c
-            .api
-            .requests()
-            .iter()
-            .any(|r| r.path == "/api/v1/nodes" && r.query.contains("metadata.name%3Dnode-a")));
-        c.assert_node_authorizer_content();
+        let reqs = c.k.node_requests();
+        assert!(
+            reqs.iter().any(|a| a.resource == "nodes"
+                && matches!(a.verb.as_str(), "list" | "watch")
+                && a.uri.contains("metadata.name%3Dnode-a")),
+            "{:#?}",
+            reqs.iter()
+                .filter(|a| a.resource == "nodes")
+                .collect::<Vec<_>>()
+        );
+        c.k.assert_node_refused_nothing();
     });
 }
 
@@ -667,20 +766,18 @@ fn api_node_allocatable_sizes_memory_and_fills_the_downward_api() {
     isolated(
         "api_node_allocatable_sizes_memory_and_fills_the_downward_api",
         || {
-            let c = Cluster::new();
+            let Some(c) = Real::new() else { return };
             let node = |memory: &str| {
                 json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
                     "status": {"allocatable": {"cpu": "1500m", "memory": memory},
                                "capacity": {"cpu": "2", "memory": "1Gi"}}})
             };
-            c.api.apply(node("96Mi"));
-            let free = "ae000001-0000-0000-0000-00000000000e";
-            let limited = "ae000002-0000-0000-0000-00000000000e";
+            c.apply(node("96Mi"));
             let host = c.env.dir.path().join("host");
             std::fs::create_dir_all(&host).unwrap();
-            c.api.apply(pod(
+            let free = c.pod(pod(
                 "free",
-                free,
+                "",
                 NODE,
                 json!([
                     {"name": "scratch", "emptyDir": {"medium": "Memory"}},
@@ -690,15 +787,17 @@ fn api_node_allocatable_sizes_memory_and_fills_the_downward_api() {
                     {"name": "h", "hostPath": {"path": host.to_str().unwrap()}}
                 ]),
             ));
+            let free = free.as_str();
             let mut with_limit = pod(
                 "limited",
-                limited,
+                "",
                 NODE,
                 json!([{"name": "scratch", "emptyDir": {"medium": "Memory"}}]),
             );
             with_limit["spec"]["containers"][0]["resources"] =
                 json!({"limits": {"memory": "32Mi"}});
-            c.api.apply(with_limit);
+            let limited = c.pod(with_limit);
+            let limited = limited.as_str();
             let _agent = c.start_agent();
             for (uid, vol) in [
                 (free, "scratch"),
@@ -745,12 +844,12 @@ fn api_node_allocatable_sizes_memory_and_fills_the_downward_api() {
             );
             assert!(!relabel(free, "h"), "hostPath: no");
             // The Node's allocatable changes: the file follows.
-            c.api.apply(node("80Mi"));
+            c.apply(node("80Mi"));
             c.env
                 .wait_for("the downward API file follows the Node", || {
                     read("mem").as_deref() == Some("80")
                 });
-            c.assert_node_authorizer_content();
+            c.k.assert_node_refused_nothing();
         },
     );
 }
@@ -761,10 +860,10 @@ fn api_node_allocatable_sizes_memory_and_fills_the_downward_api() {
 #[test]
 fn api_and_manifests_together() {
     isolated("api_and_manifests_together", || {
-        let c = Cluster::new();
-        let from_api = "a8888888-0000-0000-0000-000000000008";
+        let Some(c) = Real::new() else { return };
+        let from_api = c.pod(memory_pod("api", "", NODE));
+        let from_api = from_api.as_str();
         let static_pod = "b9999999-0000-0000-0000-000000000009";
-        c.api.apply(memory_pod("api", from_api, NODE));
         c.env.write_manifest(
             "static.yaml",
             &support::pod_yaml(
@@ -775,7 +874,7 @@ fn api_and_manifests_together() {
         );
         let _agent = c.env.start_agent(&[
             "--kubeconfig",
-            c.kubeconfig.to_str().unwrap(),
+            c.k.kubeconfig.to_str().unwrap(),
             "--node-name",
             NODE,
         ]);
@@ -785,6 +884,7 @@ fn api_and_manifests_together() {
         c.wait_gone(static_pod);
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(c.state(from_api, "scratch").as_deref(), Some("mounted"));
+        c.k.assert_node_refused_nothing();
     });
 }
 
@@ -840,12 +940,11 @@ fn listed_sub_paths(env: &Env, uid: &str, vol: &str) -> Vec<String> {
 #[test]
 fn api_sub_paths_wait_for_the_init_containers() {
     isolated("api_sub_paths_wait_for_the_init_containers", || {
-        let c = Cluster::new();
-        let uid = "a9999999-0000-0000-0000-000000000009";
+        let Some(c) = Real::new() else { return };
         let pod = |init_state: Value| {
             json!({
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "rendered", "namespace": "test", "uid": uid},
+                "metadata": {"name": "rendered", "namespace": "test"},
                 "spec": {"nodeName": NODE,
                     "initContainers": [{"name": "render", "image": "i",
                         "volumeMounts": [{"name": "conf", "mountPath": "/out", "subPath": "out"}]}],
@@ -858,9 +957,10 @@ fn api_sub_paths_wait_for_the_init_containers() {
                      "restartCount": 0, "state": init_state}]}
             })
         };
-        c.api.apply(pod(
+        let uid = c.pod(pod(
             json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}),
         ));
+        let uid = uid.as_str();
         let agent = c.start_agent();
         c.wait_mounted(uid, "conf");
         c.env.wait_for("the init container's subPath bound", || {
@@ -883,9 +983,8 @@ fn api_sub_paths_wait_for_the_init_containers() {
 
         // The init container writes the file, then terminates with 0.
         std::fs::write(subs.join("render/0/app.conf"), "rendered").unwrap();
-        c.api.apply(pod(
-            json!({"terminated": {"exitCode": 0, "reason": "Completed"}}),
-        ));
+        let done = pod(json!({"terminated": {"exitCode": 0, "reason": "Completed"}}));
+        c.k.set_status("pod", "test", "rendered", &done["status"]);
         c.env.wait_for("the app's subPath bound", || {
             listed_sub_paths(&c.env, uid, "conf") == ["app/0", "render/0"]
         });
@@ -895,9 +994,10 @@ fn api_sub_paths_wait_for_the_init_containers() {
         assert_eq!(std::fs::read_to_string(&bind).unwrap(), "rendered");
         assert_eq!(set_ups(&c.env), before, "the volume was set up again");
 
-        c.api.delete("Pod", "test", "rendered", false);
+        c.k.delete("pod", "test", "rendered");
         c.wait_gone(uid);
         assert!(c.env.mounts().is_empty(), "{:?}", c.env.mounts());
+        c.k.assert_node_refused_nothing();
         assert!(agent.term());
     });
 }

@@ -246,6 +246,31 @@ fn all_mounted(env: &Env, uid: &str, n: usize) -> bool {
     })
 }
 
+/// The `FailedMount` events (events.k8s.io/v1) regarding pod `pod` of
+/// namespace `default`, read as the admin.
+fn failed_mount_events(server: &RealApiServer, pod: &str) -> Vec<serde_json::Value> {
+    let out = server.kubectl_ok(
+        &["get", "events.events.k8s.io", "-n", "default", "-o", "json"],
+        None,
+    );
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["reason"] == "FailedMount" && e["regarding"]["name"] == pod)
+        .cloned()
+        .collect()
+}
+
+/// The notes of [`failed_mount_events`].
+fn failed_mount_notes(server: &RealApiServer, pod: &str) -> Vec<String> {
+    failed_mount_events(server, pod)
+        .iter()
+        .filter_map(|e| e["note"].as_str().map(String::from))
+        .collect()
+}
+
 /// Requests by `user`, counted by `verb resource`.
 fn by_verb_and_resource(audit: &[Audited], user: &str) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
@@ -341,10 +366,12 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: restricted}]
 /// second), shows in status, and holds nothing else back: after a restart
 /// under credentials that may not read pod `app`'s claim, `app` is held
 /// with its volumes kept mounted, while pod `gone`, deleted while the agent
-/// was down, is torn down at once and the agent reports synced. Deleting
+/// was down, is torn down at once and the agent reports synced; `app` gets
+/// the kubelet's `Warning` `FailedMount` event saying why (its
+/// `WaitForAttachAndMount` error, with the server's refusal). Deleting
 /// the held pod releases it at once. (On fae9a6f: `synced: false` forever,
-/// `gone`'s volumes never torn down, and the refused read retried about
-/// once a second.)
+/// `gone`'s volumes never torn down, the refused read retried about once a
+/// second, and no event.)
 #[test]
 fn a_refused_read_backs_off_and_holds_nothing_hostage() {
     isolated("a_refused_read_backs_off_and_holds_nothing_hostage", || {
@@ -407,6 +434,30 @@ fn a_refused_read_backs_off_and_holds_nothing_hostage() {
             "app's claim stays mounted while app is held"
         );
         assert!(env.empty_dir(&app, "scratch").exists());
+        // As the kubelet says it: a Warning FailedMount on app, with its
+        // WaitForAttachAndMount error and the server's own words.
+        let refused = |claim: &str| {
+            format!(
+                "error processing PVC default/{claim}: failed to fetch PVC from API server: \
+                 persistentvolumeclaims \"{claim}\" is forbidden: User \"restricted\" cannot \
+                 get resource \"persistentvolumeclaims\" in API group \"\" in the namespace \
+                 \"default\""
+            )
+        };
+        let expected = format!(
+            "Unable to attach or mount volumes: unmounted volumes=[data logs], unattached \
+             volumes=[], failed to process volumes=[data logs]: {}; {}",
+            refused("data"),
+            refused("logs")
+        );
+        let mut notes = Vec::new();
+        wait(&agent, &server, 30, "a FailedMount event on app", || {
+            notes = failed_mount_notes(&server, "app");
+            notes.contains(&expected)
+        });
+        let event = failed_mount_events(&server, "app");
+        assert_eq!(event[0]["type"], "Warning", "{event:?}");
+        assert_eq!(event[0]["regarding"]["uid"], app.as_str(), "{event:?}");
 
         // Over 40 s the refused claim is asked for a handful of times, not
         // forty (client-go's reflector: 0.8 s doubling to 30 s, jittered).

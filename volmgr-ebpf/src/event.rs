@@ -31,9 +31,19 @@ pub const NUM_SYSCALLS: u32 = 9;
 /// FUSE file systems); no event, no histogram.
 pub const SYS_STATFS: u32 = 9;
 
-/// Slots of the in-flight table `STARTS` (a power of two): a call of thread
-/// `tid` uses slot `tid % IN_FLIGHT_SLOTS`.
+/// Slots of the in-flight table `STARTS` open to every caller (a power of
+/// two): a call of thread `tid` uses slot `tid % IN_FLIGHT_SLOTS`.
 pub const IN_FLIGHT_SLOTS: u32 = 16384;
+/// Slots after those, reserved for callers that can matter (uid 0 in the
+/// initial user namespace: the kubelet, CSI drivers, mount helpers run by
+/// them) whose own slot another thread holds (a power of two): an
+/// unprivileged process that parks a thread in every open slot cannot
+/// keep their calls out.
+pub const RESERVED_SLOTS: u32 = 1024;
+/// Reserved slots a privileged call tries, from `tid % RESERVED_SLOTS` on.
+pub const RESERVED_PROBES: u32 = 8;
+/// Every slot of `STARTS`.
+pub const ALL_SLOTS: u32 = IN_FLIGHT_SLOTS + RESERVED_SLOTS;
 
 /// Keys of the per-CPU `LOST` counters: syscall events the ring buffer had
 /// no room for.
@@ -73,8 +83,8 @@ pub struct InFlight {
     pub fds: [i32; 2],
     /// One of the `SYS_*` ids.
     pub syscall: u32,
-    /// Padding.
-    pub _pad: u32,
+    /// The caller's real uid in the initial user namespace.
+    pub uid: u32,
 }
 
 /// Longest filesystem type read, including the NUL.
@@ -132,6 +142,9 @@ pub struct EventHeader {
     pub _pad: u8,
     /// The thread's command name, NUL padded.
     pub comm: [u8; 16],
+    /// The caller's real uid in the initial user namespace (0: root of the
+    /// host; a process root in a user namespace of its own is not 0).
+    pub uid: u32,
 }
 
 /// Size of [`EventHeader`] in bytes.

@@ -26,8 +26,9 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user, bpf_probe_read_user_buf, bpf_probe_read_user_str_bytes,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns,
+        bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_buf,
+        bpf_probe_read_user_str_bytes,
         generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
     },
     macros::{map, tracepoint},
@@ -68,13 +69,15 @@ static OFF_MM_ARG_END: u64 = 0;
 #[no_mangle]
 static OFF_TASK_EXIT_CODE: u64 = 0;
 
-/// Calls in flight, slot `tid % IN_FLIGHT_SLOTS` (see [`InFlight`]): every
-/// entered call exits, even when a signal interrupts it, and frees its slot.
+/// Calls in flight, slot `tid % IN_FLIGHT_SLOTS` (see [`InFlight`]), or for
+/// a caller with uid 0 whose slot is held, one of the `RESERVED_SLOTS`
+/// after those: every entered call exits, even when a signal interrupts
+/// it, and frees its slot.
 /// An array: its lookups are inlined by the verifier, where a hash map's
 /// update and delete are helper calls. Mappable, so that user space reads
 /// it without a syscall per slot.
 #[map]
-static STARTS: Array<InFlight> = Array::with_max_entries(IN_FLIGHT_SLOTS, BPF_F_MMAPABLE);
+static STARTS: Array<InFlight> = Array::with_max_entries(ALL_SLOTS, BPF_F_MMAPABLE);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
@@ -173,6 +176,7 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
         return 0;
     }
     let pid_tgid = bpf_get_current_pid_tgid();
+    let uid = bpf_get_current_uid_gid() as u32;
     let mut s = InFlight {
         owner: pid_tgid,
         ts: 0,
@@ -182,7 +186,7 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
         strs: [0; 3],
         fds: [0; 2],
         syscall,
-        _pad: 0,
+        uid,
     };
     match syscall {
         SYS_MOUNT => {
@@ -250,7 +254,12 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
         }
         _ => return 0,
     }
-    let Some(slot) = claim_slot(pid_tgid) else {
+    let slot = match claim_slot(pid_tgid, pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1)) {
+        Some(slot) => Some(slot),
+        None if uid == 0 => claim_reserved(pid_tgid),
+        None => None,
+    };
+    let Some(slot) = slot else {
         count_lost(LOST_SLOT_BUSY);
         return 0;
     };
@@ -266,12 +275,56 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
     0
 }
 
-/// The slot of thread `pid_tgid`, claimed for it: free (owner 0) and taken
+/// Reserved slot number `i` of the probes of thread `pid_tgid`.
+#[inline(always)]
+fn reserved_index(pid_tgid: u64, i: u32) -> u32 {
+    IN_FLIGHT_SLOTS + ((pid_tgid as u32).wrapping_add(i) & (RESERVED_SLOTS - 1))
+}
+
+/// A reserved slot claimed for thread `pid_tgid` (a caller with uid 0
+/// whose own slot is held): the first of its `RESERVED_PROBES` that is
+/// free or its own.
+#[inline(always)]
+fn claim_reserved(pid_tgid: u64) -> Option<*mut InFlight> {
+    for i in 0..RESERVED_PROBES {
+        if let Some(slot) = claim_slot(pid_tgid, reserved_index(pid_tgid, i)) {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// The slot a call of thread `pid_tgid` (with `uid`) entered in: its own
+/// open slot, or for uid 0 one of its reserved probes; `None` when none
+/// is held by it (the call was not traced).
+#[inline(always)]
+fn own_slot(pid_tgid: u64, uid: u32) -> Option<*mut InFlight> {
+    let owned = |i: u32| {
+        let slot = STARTS.get_ptr_mut(i)?;
+        // SAFETY: `owner` of our own array's value, read volatile.
+        let owner = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*slot).owner)) };
+        (owner == pid_tgid).then_some(slot)
+    };
+    if let Some(slot) = owned(pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1)) {
+        return Some(slot);
+    }
+    if uid != 0 {
+        return None;
+    }
+    for i in 0..RESERVED_PROBES {
+        if let Some(slot) = owned(reserved_index(pid_tgid, i)) {
+            return Some(slot);
+        }
+    }
+    None
+}
+
+/// Slot `index`, claimed for thread `pid_tgid`: free (owner 0) and taken
 /// with a compare-and-exchange (two CPUs cannot both take it), or already
 /// its own. `None` when another thread holds it.
 #[inline(always)]
-fn claim_slot(pid_tgid: u64) -> Option<*mut InFlight> {
-    let slot = STARTS.get_ptr_mut(pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1))?;
+fn claim_slot(pid_tgid: u64, index: u32) -> Option<*mut InFlight> {
+    let slot = STARTS.get_ptr_mut(index)?;
     // SAFETY: `owner` is the first u64 of our own array's value (8-byte
     // aligned), only ever accessed atomically or volatile.
     let claimed = unsafe {
@@ -327,7 +380,10 @@ fn exit(ctx: &TracePointContext) -> u32 {
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
-    let Some(slot) = STARTS.get_ptr_mut(pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1)) else {
+    let uid = bpf_get_current_uid_gid() as u32;
+    // None: not traced at entry (slot held by another thread, filtered
+    // out, or the call entered before the tracer was attached).
+    let Some(slot) = own_slot(pid_tgid, uid) else {
         return 0;
     };
     // SAFETY: our own array's value. Only the thread in `owner` writes the
@@ -335,11 +391,6 @@ fn exit(ctx: &TracePointContext) -> u32 {
     // this thread, the copy is whole; then the slot is freed (`ts` first,
     // see `InFlight`).
     let s = unsafe {
-        if core::ptr::read_volatile(core::ptr::addr_of!((*slot).owner)) != pid_tgid {
-            // Not traced at entry (slot held by another thread, filtered
-            // out, or the call entered before the tracer was attached).
-            return 0;
-        }
         let s = core::ptr::read_volatile(slot);
         core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).ts), 0);
         core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).owner), 0);
@@ -398,6 +449,7 @@ fn exit(ctx: &TracePointContext) -> u32 {
             | u8::from(t2) * TRUNC_TARGET,
         _pad: 0,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        uid: s.uid,
     };
     // SAFETY: the header is plain data written at the start of the buffer.
     unsafe { core::ptr::write_unaligned(buf.as_mut_ptr() as *mut EventHeader, hdr) };

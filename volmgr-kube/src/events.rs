@@ -11,6 +11,12 @@
 //! error, a pod waiting for it gets `FailedAttachVolume`
 //! (`AttachVolume.Attach failed for volume "data" : <error>`, the message
 //! the controller records) so `kubectl describe pod` tells why it waits.
+//! A pod whose claim (or its volume) cannot be read from the API server
+//! gets the kubelet's pod-level `FailedMount` (`Unable to attach or mount
+//! volumes: ... error processing PVC default/data: failed to fetch PVC
+//! from API server: <the server's message>`,
+//! [`wait_for_attach_and_mount`]), sent by the API pod source through
+//! [`SourceEvents`].
 //!
 //! Events come from [`VolumeManager::add_event_listener`]; the listener
 //! never blocks: it hands the event to a bounded channel and counts what
@@ -18,7 +24,8 @@
 //! kube-rs' [`kube::runtime::events::Recorder`] (events.k8s.io/v1; a
 //! repeat of an event becomes a PATCH of its series), after a token bucket
 //! per (pod, volume, reason) so a failing volume retried with backoff does
-//! not flood the API server.
+//! not flood the API server; the pod source's events go through the same
+//! kind of bucket, per (pod, reason).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +103,49 @@ pub fn pod_event(ev: &VolumeEvent, node: &str) -> Option<PodEvent> {
         action,
         note: truncate(note, MAX_NOTE),
     })
+}
+
+/// The action of the event for a pod whose volumes wait (the kubelet's
+/// `WaitForAttachAndMount`).
+pub const WAIT_FOR_ATTACH_AND_MOUNT: &str = "WaitForAttachAndMount";
+
+/// The kubelet's event when a pod's volumes cannot all be processed (its
+/// `syncPod`: `Unable to attach or mount volumes: %v` of
+/// `WaitForAttachAndMount`'s error): a `Warning` `FailedMount` saying
+/// `Unable to attach or mount volumes: unmounted volumes=[data],
+/// unattached volumes=[], failed to process volumes=[data]: <errors>`,
+/// each list as Go prints a `[]string` (sorted, space separated) and the
+/// errors (the populator's, e.g. `error processing PVC default/data:
+/// failed to fetch PVC from API server: <the server's message>`) sorted
+/// and joined by `; ` as the desired state's `PopPodErrors` returns them.
+pub fn wait_for_attach_and_mount(
+    unmounted: &[String],
+    unattached: &[String],
+    failed: &[String],
+    errors: &[String],
+) -> PodEvent {
+    let list = |v: &[String]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v.dedup();
+        format!("[{}]", v.join(" "))
+    };
+    let mut errors = errors.to_vec();
+    errors.sort();
+    errors.dedup();
+    let note = format!(
+        "Unable to attach or mount volumes: unmounted volumes={}, unattached volumes={}, failed to process volumes={}: {}",
+        list(unmounted),
+        list(unattached),
+        list(failed),
+        errors.join("; ")
+    );
+    PodEvent {
+        warning: true,
+        reason: reason::FAILED_MOUNT,
+        action: WAIT_FOR_ATTACH_AND_MOUNT,
+        note: truncate(note, MAX_NOTE),
+    }
 }
 
 fn truncate(mut s: String, max: usize) -> String {
@@ -214,7 +264,7 @@ pub fn start(
     let weak = Arc::downgrade(vm);
     let names: PodNames = Arc::new(move |uid| weak.upgrade().and_then(|vm| vm.pod_name(uid)));
     let (listener, publisher) = pipeline(client, node, names, config);
-    let counters = Arc::clone(&publisher.counters);
+    let counters = Arc::clone(&publisher.emitter.counters);
     vm.add_event_listener(listener);
     tokio::spawn(publisher.run(shutdown));
     counters
@@ -229,37 +279,29 @@ pub fn pipeline(
     config: EventConfig,
 ) -> (volmgr::cache::world::EventListener, Publisher) {
     let (tx, rx) = mpsc::channel::<VolumeEvent>(config.queue.max(1));
-    let counters = Arc::new(EventCounters::default());
-    let dropped = Arc::clone(&counters);
+    let emitter = Emitter::new(client, node, config);
+    let dropped = Arc::clone(&emitter.counters);
     let listener: volmgr::cache::world::EventListener = Arc::new(move |ev: &VolumeEvent| {
         // Only what may become an event is queued.
         if pod_event(ev, "").is_some() && tx.try_send(ev.clone()).is_err() {
             dropped.dropped.fetch_add(1, Ordering::Relaxed);
         }
     });
-    let reporter = Reporter {
-        controller: "volmgr".into(),
-        instance: Some(node.to_string()),
-    };
     let publisher = Publisher {
-        recorder: Recorder::new(client, reporter),
+        emitter,
         node: node.to_string(),
         names,
-        limiter: RateLimiter::new(config.burst, config.refill, 10_000),
         rx,
-        counters,
     };
     (listener, publisher)
 }
 
 /// Publishes queued events.
 pub struct Publisher {
-    recorder: Recorder,
+    emitter: Emitter,
     node: String,
     names: PodNames,
-    limiter: RateLimiter,
     rx: mpsc::Receiver<VolumeEvent>,
-    counters: Arc<EventCounters>,
 }
 
 impl Publisher {
@@ -283,11 +325,73 @@ impl Publisher {
         let Some((namespace, name)) = (self.names)(&ev.pod_uid) else {
             return;
         };
-        if !self.limiter.allow(&ev.pod_uid, &ev.volume, pe.reason, now) {
+        self.emitter
+            .emit(&ev.pod_uid, &namespace, &name, &ev.volume, pe, now)
+            .await;
+    }
+}
+
+/// The rate limiter and kube-rs' recorder, shared by the volume events'
+/// publisher and the pod source's.
+struct Emitter {
+    client: Client,
+    reporter: Reporter,
+    recorder: Recorder,
+    limiter: RateLimiter,
+    counters: Arc<EventCounters>,
+    /// With `Some`, one recorder per (pod, note): a note that changed is a
+    /// new event, as the kubelet's recorder makes it (kube-rs' recorder
+    /// would count it as a repeat of the first, whose note stays).
+    per_note: Option<HashMap<(PodUid, String), Recorder>>,
+}
+
+impl Emitter {
+    fn new(client: Client, node: &str, config: EventConfig) -> Self {
+        let reporter = Reporter {
+            controller: "volmgr".into(),
+            instance: Some(node.to_string()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
+            limiter: RateLimiter::new(config.burst, config.refill, 10_000),
+            counters: Arc::new(EventCounters::default()),
+            per_note: None,
+        }
+    }
+
+    /// The recorder of `note` on pod `uid`.
+    fn recorder_for(&mut self, uid: &PodUid, note: &str) -> Recorder {
+        let Some(map) = &mut self.per_note else {
+            return self.recorder.clone();
+        };
+        if map.len() >= 10_000 {
+            map.clear();
+        }
+        let (client, reporter) = (&self.client, &self.reporter);
+        map.entry((uid.clone(), note.to_string()))
+            .or_insert_with(|| Recorder::new(client.clone(), reporter.clone()))
+            .clone()
+    }
+
+    /// Records `pe` on pod `namespace/name` (`uid`) if the limiter allows
+    /// it for (`uid`, `key`, reason).
+    async fn emit(
+        &mut self,
+        uid: &PodUid,
+        namespace: &str,
+        name: &str,
+        key: &str,
+        pe: PodEvent,
+        now: Instant,
+    ) {
+        if !self.limiter.allow(uid, key, pe.reason, now) {
             self.counters.limited.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let regarding = pod_reference(&namespace, &name, ev.pod_uid.as_str());
+        let regarding = pod_reference(namespace, name, uid.as_str());
+        let recorder = self.recorder_for(uid, &pe.note);
         let event = Event {
             type_: if pe.warning {
                 EventType::Warning
@@ -299,15 +403,89 @@ impl Publisher {
             action: pe.action.into(),
             secondary: None,
         };
-        match self.recorder.publish(&event, &regarding).await {
+        match recorder.publish(&event, &regarding).await {
             Ok(()) => {
                 self.counters.published.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(pod = %ev.pod_uid, volume = %ev.volume, reason = pe.reason, error = %e, "recording an event failed");
+                tracing::warn!(pod = %uid, key, reason = pe.reason, error = %e, "recording an event failed");
             }
         }
+    }
+}
+
+/// An event a pod source records on a pod itself (not a volume's: the
+/// kubelet's `WaitForAttachAndMount` failure of a pod whose claims cannot
+/// be read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourcePodEvent {
+    /// The pod's UID.
+    pub uid: PodUid,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The event.
+    pub event: PodEvent,
+}
+
+/// Where a pod source hands its events: a bounded channel to a publishing
+/// task (the same token bucket per (pod, reason) and kube-rs recorder as
+/// the volume events). Sending never blocks: past the queue's room an
+/// event is dropped and counted.
+#[derive(Clone)]
+pub struct SourceEvents {
+    tx: mpsc::Sender<SourcePodEvent>,
+    counters: Arc<EventCounters>,
+}
+
+impl SourceEvents {
+    /// Starts the publishing task (on the current tokio runtime) for
+    /// events recorded through `client` as node `node`'s volmgr, until
+    /// `shutdown`.
+    pub fn start(
+        client: Client,
+        node: &str,
+        config: EventConfig,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        let (tx, mut rx) = mpsc::channel::<SourcePodEvent>(config.queue.max(1));
+        let mut emitter = Emitter::new(client, node, config);
+        emitter.per_note = Some(HashMap::new());
+        let counters = Arc::clone(&emitter.counters);
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    () = volmgr::util::shutdown::requested(&mut shutdown) => return,
+                    ev = rx.recv() => match ev { Some(ev) => ev, None => return },
+                };
+                emitter
+                    .emit(
+                        &ev.uid,
+                        &ev.namespace,
+                        &ev.name,
+                        "",
+                        ev.event,
+                        Instant::now(),
+                    )
+                    .await;
+            }
+        });
+        Self { tx, counters }
+    }
+
+    /// Queues `ev` for publishing (dropped and counted when the queue is
+    /// full).
+    pub fn send(&self, ev: SourcePodEvent) {
+        if self.tx.try_send(ev).is_err() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The pipeline's counters.
+    pub fn counters(&self) -> &Arc<EventCounters> {
+        &self.counters
     }
 }
 
@@ -416,6 +594,36 @@ mod tests {
         assert!(f.note.len() <= MAX_NOTE && f.note.len() > MAX_NOTE - 2);
     }
 
+    /// The kubelet's pod-level `FailedMount` (`syncPod`'s `Unable to attach
+    /// or mount volumes: %v` of `WaitForAttachAndMount`'s error): lists as
+    /// Go prints a sorted `[]string`, errors sorted and joined by `; `.
+    #[test]
+    fn wait_for_attach_and_mount_as_the_kubelet_words_it() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let e = wait_for_attach_and_mount(
+            &s(&["logs", "data"]),
+            &[],
+            &s(&["logs", "data"]),
+            &s(&[
+                "error processing PVC default/logs: x",
+                "error processing PVC default/data: y",
+            ]),
+        );
+        assert_eq!(
+            (e.warning, e.reason, e.action),
+            (true, "FailedMount", "WaitForAttachAndMount")
+        );
+        assert_eq!(
+            e.note,
+            "Unable to attach or mount volumes: unmounted volumes=[data logs], unattached \
+             volumes=[], failed to process volumes=[data logs]: error processing PVC \
+             default/data: y; error processing PVC default/logs: x"
+        );
+        let long = vec!["é".repeat(2000)];
+        let e = wait_for_attach_and_mount(&s(&["data"]), &[], &s(&["data"]), &long);
+        assert!(e.note.len() <= MAX_NOTE);
+    }
+
     #[test]
     fn token_bucket_per_pod_volume_and_reason() {
         let mut l = RateLimiter::new(2, Duration::from_secs(60), 100);
@@ -501,7 +709,7 @@ mod tests {
         assert_eq!(b["reportingController"], "volmgr");
         assert_eq!(b["reportingInstance"], "node-1");
         assert_eq!(reqs[1].body["series"]["count"], 2);
-        let c = &publisher.counters;
+        let c = &publisher.emitter.counters;
         assert_eq!(c.published.load(Ordering::Relaxed), 2);
         assert_eq!(c.limited.load(Ordering::Relaxed), 3);
 

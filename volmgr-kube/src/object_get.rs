@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use volmgr::populator::objects::{Kind, KubeObject, ObjectKind, ObjectRef};
 
 use super::backoff::Backoff;
-use super::object_update::ObjectUpdate;
+use super::object_update::{cause, ObjectUpdate};
 use super::problems::ApiProblems;
 
 /// The first re-read after a change, or of a missing object.
@@ -126,7 +126,7 @@ pub async fn poll<K: Kind>(
                 if !failing {
                     failing = true;
                     if tx
-                        .send((r.clone(), ObjectUpdate::Unreadable))
+                        .send((r.clone(), ObjectUpdate::Unreadable(cause(&e))))
                         .await
                         .is_err()
                     {

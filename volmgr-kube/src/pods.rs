@@ -25,20 +25,31 @@
 //!   `fieldSelector=metadata.name=NAME` in its namespace. A read starts
 //!   when a pod first refers to the object and stops when no pod does; a
 //!   change re-resolves exactly the pods that read the object
-//!   ([`PodResolver`]). A pod waits until every object it reads has been
-//!   read (found or not), so nothing is set up on a resolution made before
-//!   its objects were read; while it waits (an object the server refuses
-//!   or cannot serve), what is mounted for it stays (it is *held*), and it
-//!   holds nothing else back: the source counts as populated once the list
-//!   is done and every object was tried once. A ServiceAccount the
+//!   ([`PodResolver`]); the first read waits 200 ms, about as the kubelet's
+//!   populator loop (100 ms) does (the Node authorizer's graph may not have the pod
+//!   yet when its watch event arrives). A pod waits until every object it
+//!   reads has been read (found or not), so nothing is set up on a
+//!   resolution made before its objects were read; while it waits (an
+//!   object the server refuses or cannot serve), what is mounted for it
+//!   stays (it is *held*), and it holds nothing else back: the source
+//!   counts as populated once the list is done and every object was tried
+//!   once. A ServiceAccount the
 //!   credentials may not read counts as not found (only its UID is used,
 //!   see [`volmgr::populator::resolve::ObjectLookup::service_account`]).
+//! - A pod held because one of its claims, or the volume a claim is bound
+//!   to, cannot be read gets the kubelet's `Warning` `FailedMount` event
+//!   (`Unable to attach or mount volumes: unmounted volumes=[data],
+//!   unattached volumes=[], failed to process volumes=[data]: error
+//!   processing PVC default/data: failed to fetch PVC from API server:
+//!   <the server's message>`, [`super::events::wait_for_attach_and_mount`])
+//!   when the source records events ([`ApiPodSource::with_events`]): once
+//!   per change of what it says, rate-limited per pod.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures_util::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -47,17 +58,27 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use volmgr::populator::convert::PayloadResolution;
-use volmgr::populator::objects::{Kind, KindVisitor, ObjectRef};
+use volmgr::populator::objects::{Kind, KindVisitor, ObjectKind, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
+use super::events::{wait_for_attach_and_mount, PodEvent, SourceEvents, SourcePodEvent};
 use super::object_get;
-use super::object_update::ObjectUpdate;
+use super::object_update::{watch_cause, ObjectUpdate};
 use super::problems::ApiProblems;
 use volmgr::volume::PodUid;
 
 /// How many watch events are applied under one hold of the reconciler's
 /// wake-ups (a burst of pods is one reconciler pass, not one per pod).
 const BATCH: usize = 256;
+
+/// How long after a pod first refers to an object it is first read: the
+/// Node authorizer lets a node read an object only once its own graph has
+/// the pod that refers to it, and that graph follows the pods through the
+/// server's own informer, which a pod watch can outrun (a claim read 4 ms
+/// after its pod was created was refused on a real server). The kubelet
+/// reads a new pod's objects from its desired-state populator's loop,
+/// every 100 ms; twice that leaves a loaded server's informer time too.
+const FIRST_READ_DELAY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// A pod this source delivered.
 struct KnownPod {
@@ -93,6 +114,17 @@ pub struct ApiPodSource {
     updates_rx: mpsc::Receiver<(ObjectRef, ObjectUpdate)>,
     /// Why lists and watches fail, for status.
     problems: Arc<ApiProblems>,
+    /// The followed objects tried but never read (refused, or the server
+    /// failing), with the error as client-go prints it: the pods reading
+    /// them are held.
+    unread: HashMap<ObjectRef, String>,
+    /// Where events on pods go, if the source records any.
+    events: Option<SourceEvents>,
+    /// The `FailedMount` note last recorded per held pod (by UID).
+    recorded: HashMap<String, String>,
+    /// Pods that ended stay, marked terminated, until deleted (observe
+    /// mode: they are the kubelet's until then).
+    keep_ended: bool,
 }
 
 impl ApiPodSource {
@@ -119,7 +151,28 @@ impl ApiPodSource {
             reported: HashSet::new(),
             updates_tx,
             updates_rx,
+            unread: HashMap::new(),
+            events: None,
+            recorded: HashMap::new(),
+            keep_ended: false,
         }
+    }
+
+    /// Keeps the pods that ended ([`is_terminated`]) in the desired state,
+    /// marked terminated (none of their volumes needed), until they are
+    /// deleted or leave the node, rather than removing them: observe mode,
+    /// where such a pod's directory is still the kubelet's.
+    pub fn keeping_ended_pods(mut self, keep: bool) -> Self {
+        self.keep_ended = keep;
+        self
+    }
+
+    /// Records the kubelet's `FailedMount` on pods held for a claim (or its
+    /// volume) that cannot be read, through `events` (manager mode; an
+    /// observer records none: the node's kubelet does).
+    pub fn with_events(mut self, events: SourceEvents) -> Self {
+        self.events = Some(events);
+        self
     }
 
     /// Names where the client's CA comes from in TLS errors (e.g.
@@ -168,6 +221,7 @@ impl ApiPodSource {
                     self.sync_watches();
                     // A deleted pod may have been the last one waiting.
                     self.set_populated_when_settled();
+                    self.record_waits();
                 }
                 Some((r, update)) = self.updates_rx.recv() => {
                     let _hold = self.sink.hold_wakes();
@@ -177,6 +231,7 @@ impl ApiPodSource {
                     }
                     self.sync_watches();
                     self.set_populated_when_settled();
+                    self.record_waits();
                 }
             }
         }
@@ -261,11 +316,17 @@ impl ApiPodSource {
             self.remove_pod(&uid);
             return;
         }
-        if is_terminated(&pod) {
+        let ended = is_terminated(&pod);
+        if ended && !self.keep_ended {
             self.remove_pod(&uid);
             return;
         }
-        let converted = Arc::new(for_conversion(pod));
+        let mut converted = for_conversion(pod);
+        if ended {
+            // What conversion reads as ended.
+            converted.status.get_or_insert_with(Default::default).phase = Some("Succeeded".into());
+        }
+        let converted = Arc::new(converted);
         if self
             .pods
             .get(&uid)
@@ -316,11 +377,16 @@ impl ApiPodSource {
             // A late message from a watch just dropped.
             return;
         }
-        self.reported.insert(r.clone());
-        if matches!(update, ObjectUpdate::Unreadable) {
-            // Tried: the pods reading it stay held (status says why).
+        let newly = self.reported.insert(r.clone());
+        if let ObjectUpdate::Unreadable(cause) = update {
+            // Tried: the pods reading it stay held (status says why). One
+            // read before keeps them as they were: they are not held.
+            if newly || self.unread.contains_key(&r) {
+                self.unread.insert(r, cause);
+            }
             return;
         }
+        self.unread.remove(&r);
         if r.is_any() {
             match update {
                 ObjectUpdate::Listed(all) => self.resolver.confirm_kind(r.kind, all),
@@ -328,7 +394,7 @@ impl ApiPodSource {
                     self.resolver.confirm_object(&obj.reference(), Some(obj))
                 }
                 ObjectUpdate::Deleted(gone) => self.resolver.confirm_object(&gone, None),
-                ObjectUpdate::Absent | ObjectUpdate::Unreadable => {}
+                ObjectUpdate::Absent | ObjectUpdate::Unreadable(_) => {}
             }
             return;
         }
@@ -340,11 +406,101 @@ impl ApiPodSource {
                 tracing::warn!(object = %r, got = %obj.reference(), "watch answered another object; ignored");
             }
             ObjectUpdate::Absent => self.resolver.confirm_object(&r, None),
-            ObjectUpdate::Unreadable => {}
+            ObjectUpdate::Unreadable(_) => {}
             ObjectUpdate::Listed(_) | ObjectUpdate::Deleted(_) => {
                 tracing::warn!(object = %r, "a whole-kind update from a watch by name; ignored")
             }
         }
+    }
+
+    /// Records `FailedMount` on each pod held for a claim or volume that
+    /// cannot be read, when what it would say changed (rate-limited per pod
+    /// by the events' token bucket); forgets the pods no longer held so.
+    fn record_waits(&mut self) {
+        let Some(events) = &self.events else {
+            return;
+        };
+        if self.unread.is_empty() && self.recorded.is_empty() {
+            return;
+        }
+        let mut waiting = Vec::new();
+        for (uid, known) in &self.pods {
+            if known.rejected {
+                continue;
+            }
+            if let Some(ev) = self.wait_event(&known.converted) {
+                waiting.push((uid.clone(), ev));
+            }
+        }
+        self.recorded
+            .retain(|uid, _| waiting.iter().any(|(u, _)| u == uid));
+        for (uid, event) in waiting {
+            if self.recorded.get(&uid) == Some(&event.note) {
+                continue;
+            }
+            let Some(known) = self.pods.get(&uid) else {
+                continue;
+            };
+            let Ok(pod_uid) = PodUid::new(&uid) else {
+                continue;
+            };
+            let meta = &known.converted.metadata;
+            self.recorded.insert(uid, event.note.clone());
+            events.send(SourcePodEvent {
+                uid: pod_uid,
+                namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+                name: meta.name.clone().unwrap_or_default(),
+                event,
+            });
+        }
+    }
+
+    /// The kubelet's `FailedMount` for `pod` if a claim one of its
+    /// containers uses, or the volume it is bound to, cannot be read: as
+    /// its desired-state populator says it (`error processing PVC ns/c:
+    /// failed to fetch PVC from API server: ...`, or `failed to fetch PV
+    /// pv from API server: ...`), each such volume unmounted and not
+    /// processed.
+    fn wait_event(&self, pod: &Pod) -> Option<PodEvent> {
+        let spec = pod.spec.as_ref()?;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+        let used = used_volumes(pod);
+        let mut failed = Vec::new();
+        let mut errors = Vec::new();
+        for v in spec.volumes.iter().flatten() {
+            if !used.contains(v.name.as_str()) {
+                continue;
+            }
+            let claim = match (&v.persistent_volume_claim, &v.ephemeral) {
+                (Some(c), _) => c.claim_name.clone(),
+                (None, Some(_)) => format!("{pod_name}-{}", v.name),
+                (None, None) => continue,
+            };
+            let pvc = ObjectRef::new(ObjectKind::PersistentVolumeClaim, ns, &claim);
+            let error = if let Some(cause) = self.unread.get(&pvc) {
+                format!("failed to fetch PVC from API server: {cause}")
+            } else {
+                let pv = self
+                    .resolver
+                    .objects()
+                    .get::<PersistentVolumeClaim>(ns, &claim)
+                    .and_then(|c| c.spec.as_ref()?.volume_name.clone())
+                    .filter(|pv| !pv.is_empty());
+                let Some(pv) = pv else { continue };
+                let r = ObjectRef::new(ObjectKind::PersistentVolume, "", &pv);
+                let Some(cause) = self.unread.get(&r) else {
+                    continue;
+                };
+                format!("failed to fetch PV {pv} from API server: {cause}")
+            };
+            failed.push(v.name.clone());
+            errors.push(format!("error processing PVC {ns}/{claim}: {error}"));
+        }
+        if failed.is_empty() {
+            return None;
+        }
+        Some(wait_for_attach_and_mount(&failed, &[], &failed, &errors))
     }
 
     /// Starts a watch for every object a pod reads that has none, and
@@ -373,6 +529,7 @@ impl ApiPodSource {
                 task.abort();
             }
             self.reported.remove(&r);
+            self.unread.remove(&r);
             self.resolver.unconfirm_object(&r);
             self.problems.works(&r.to_string());
             tracing::debug!(object = %r, "no pod reads it any more: watch stopped");
@@ -390,6 +547,28 @@ impl ApiPodSource {
             }
         }
     }
+}
+
+/// The volumes a pod's containers (init, app and ephemeral) mount or map:
+/// the kubelet processes only those (`GetPodVolumeNames`).
+fn used_volumes(pod: &Pod) -> HashSet<&str> {
+    let mut used = HashSet::new();
+    let Some(spec) = pod.spec.as_ref() else {
+        return used;
+    };
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        used.extend(c.volume_mounts.iter().flatten().map(|m| m.name.as_str()));
+        used.extend(c.volume_devices.iter().flatten().map(|d| d.name.as_str()));
+    }
+    for c in spec.ephemeral_containers.iter().flatten() {
+        used.extend(c.volume_mounts.iter().flatten().map(|m| m.name.as_str()));
+        used.extend(c.volume_devices.iter().flatten().map(|d| d.name.as_str()));
+    }
+    used
 }
 
 /// `namespace/name` of a pod.
@@ -448,7 +627,8 @@ pub fn is_terminated(pod: &Pod) -> bool {
 
 /// Follows one object until the task is aborted: by `get`
 /// ([`object_get::poll`]) for the kinds a node may only get, else
-/// [`follow`] by name (a kind followed whole is listed and watched whole).
+/// [`follow`] by name (a kind followed whole is listed and watched whole),
+/// [`FIRST_READ_DELAY`] after a pod first referred to it.
 async fn watch_object(
     client: Client,
     r: ObjectRef,
@@ -458,6 +638,7 @@ async fn watch_object(
     if r.kind.followed_whole() {
         return super::trust_bundles::follow_all(client, r, tx).await;
     }
+    tokio::time::sleep(FIRST_READ_DELAY).await;
     let by_get = object_get::read_by_get(r.kind);
     r.kind
         .visit(FollowKind {
@@ -545,7 +726,7 @@ async fn follow<K: Kind>(api: Api<K>, r: ObjectRef, out: Followed) {
                 if reported {
                     continue;
                 }
-                ObjectUpdate::Unreadable
+                ObjectUpdate::Unreadable(watch_cause(&e))
             }
         };
         reported = true;

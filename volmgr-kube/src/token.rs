@@ -240,6 +240,7 @@ mod tests {
             expiration_seconds: 3607,
             pod_name: "p".into(),
             pod_uid: "uid-1".into(),
+            service_account_uid: String::new(),
         };
         let err = source.request(&req).await.unwrap_err().to_string();
         assert!(
@@ -268,6 +269,7 @@ mod tests {
             expiration_seconds,
             pod_name: "p".into(),
             pod_uid: pod_uid.into(),
+            service_account_uid: String::new(),
         }
     }
 

@@ -48,8 +48,17 @@ async fn served_api(client: &Client) -> Option<Api<DynamicObject>> {
     }
 }
 
-/// A bundle of any served version, as the `v1` object volmgr reads.
-fn decode(o: DynamicObject) -> Option<KubeObject> {
+/// A bundle of any served version, as the `v1` object volmgr reads. The
+/// items of a real server's list carry no `apiVersion` nor `kind` (only a
+/// watch event's object does): those are the kind's (the versions have the
+/// same fields).
+fn decode(mut o: DynamicObject) -> Option<KubeObject> {
+    if o.types.as_ref().is_none_or(|t| t.kind.is_empty()) {
+        o.types = Some(kube::api::TypeMeta {
+            api_version: format!("{GROUP}/v1"),
+            kind: "ClusterTrustBundle".into(),
+        });
+    }
     let v = serde_json::to_value(o).ok()?;
     match KubeObject::from_json(v) {
         Ok(obj) => Some(obj),

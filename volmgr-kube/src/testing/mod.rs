@@ -13,6 +13,7 @@
 
 pub mod fake;
 pub mod hostile;
+pub mod kubelet;
 pub mod real;
 
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 pub use fake::{FakeApiServer, Recorded};
 pub use hostile::{HostileServer, Mode};
+pub use kubelet::RealKubelet;
 pub use real::RealApiServer;
 
 /// A self-signed certificate for 127.0.0.1 and `localhost`: its PEM (the

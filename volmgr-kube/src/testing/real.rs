@@ -74,7 +74,8 @@ pub struct Ca {
 }
 
 impl Ca {
-    fn new(name: &str) -> Self {
+    /// A new self-signed CA whose common name is `name`.
+    pub fn new(name: &str) -> Self {
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name.push(DnType::CommonName, name);
@@ -559,7 +560,7 @@ pub fn tail(text: &str, n: usize) -> String {
 
 /// Starts `cmd` with its output in `log`, killed if the test process dies
 /// first (`PR_SET_PDEATHSIG`).
-fn spawn(cmd: &mut Command, log: &Path) -> Child {
+pub(crate) fn spawn(cmd: &mut Command, log: &Path) -> Child {
     let out = std::fs::File::create(log).unwrap();
     let err = out.try_clone().unwrap();
     cmd.stdin(Stdio::null()).stdout(out).stderr(err);

@@ -81,6 +81,9 @@ pub struct PodEntry {
     pub volumes: Vec<PodVolumeEntry>,
     /// `fsGroup` and `supplementalGroups`, for `GetExtraSupplementalGroupsForPod`.
     pub supplemental_groups: Vec<i64>,
+    /// The pod ended (its source says so): none of its volumes is needed,
+    /// and it is still the kubelet's until it is deleted (observe mode).
+    pub terminated: bool,
 }
 
 /// What a populator hands over for one pod: its entry plus, for each volume
@@ -272,6 +275,7 @@ mod tests {
             name: "n".into(),
             volumes: vec![],
             supplemental_groups: vec![],
+            terminated: false,
         };
         let mut mounts = vec![];
         for v in vols {

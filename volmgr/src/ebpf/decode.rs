@@ -123,6 +123,7 @@ pub fn decode_record(rec: &[u8]) -> Option<SyscallEvent> {
         target,
         ret: h.ret,
         latency_ns: h.latency_ns,
+        uid: h.uid,
     })
 }
 

@@ -1,7 +1,15 @@
 //! Latency histograms of traced syscalls (user side, `hdrhistogram`) and
 //! their Prometheus text, including the in-kernel histograms.
+//!
+//! Any process can make these calls, with any file system type string and
+//! on any path, so the histograms are keyed by bounded labels only: the
+//! type by [`super::fstypes::label`] (a fixed set), at most
+//! [`MAX_DRIVERS`] driver labels (the rest `other`) and at most
+//! [`MAX_HISTOGRAMS`] histograms (the rest into one overflow histogram per
+//! syscall and result). Failed calls of unprivileged callers (uid not 0)
+//! are only counted, per syscall, apart from the histograms.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use hdrhistogram::Histogram;
 
@@ -19,12 +27,22 @@ pub const SYSCALL_BUCKETS: [f64; 22] = [
 
 /// Highest latency tracked: one hour, in ns.
 const MAX_NS: u64 = 3_600_000_000_000;
+/// Significant digits of the histograms (1 %: about 36 KiB each).
+const SIGFIG: u8 = 2;
+
+/// Distinct driver labels kept (a node's CSI drivers and volume plugins);
+/// later ones are labelled `other`.
+pub const MAX_DRIVERS: usize = 64;
+/// Histograms kept; later keys go into their syscall's and result's
+/// overflow histogram (`fstype="other",driver="other"`).
+pub const MAX_HISTOGRAMS: usize = 512;
 
 /// Key of one histogram.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Key {
     syscall: MountSyscall,
-    fstype: String,
+    /// A label of [`super::fstypes::label`].
+    fstype: &'static str,
     error: bool,
     /// The CSI driver (or volume plugin) whose volume path the call
     /// touched, `""` when it touched none.
@@ -38,10 +56,13 @@ struct Entry {
 }
 
 /// User-side latency histograms (hdrhistogram) per (syscall, fstype,
-/// ok/error, driver).
+/// ok/error, driver), bounded (see the module).
 #[derive(Debug, Default, Clone)]
 pub struct SyscallStats {
     by_key: BTreeMap<Key, Entry>,
+    drivers: BTreeSet<String>,
+    /// Failed calls of unprivileged callers, per syscall (wire id).
+    unprivileged_failures: BTreeMap<MountSyscall, u64>,
 }
 
 /// One row of [`SyscallStats::summary`]; latencies in nanoseconds.
@@ -90,17 +111,26 @@ impl SyscallStats {
     /// touched (the CSI driver's name, or the plugin's, see
     /// `tracer::timeline::attribute`).
     pub fn record_for_driver(&mut self, ev: &SyscallEvent, driver: &str) {
-        let key = Key {
+        let error = ev.ret < 0;
+        if error && ev.uid != 0 {
+            *self.unprivileged_failures.entry(ev.syscall).or_default() += 1;
+            return;
+        }
+        let mut key = Key {
             syscall: ev.syscall,
-            fstype: ev.fstype.clone().unwrap_or_default(),
-            error: ev.ret < 0,
-            driver: driver.to_string(),
+            fstype: super::fstypes::label(ev.fstype.as_deref()),
+            error,
+            driver: self.driver_label(driver),
         };
+        if !self.by_key.contains_key(&key) && self.by_key.len() >= MAX_HISTOGRAMS {
+            key.fstype = super::fstypes::OTHER;
+            key.driver = super::fstypes::OTHER.to_string();
+        }
         let entry = match self.by_key.get_mut(&key) {
             Some(e) => e,
             None => {
                 // Constant bounds that `new_with_bounds` accepts.
-                let Ok(hist) = Histogram::new_with_bounds(1, MAX_NS, 3) else {
+                let Ok(hist) = Histogram::new_with_bounds(1, MAX_NS, SIGFIG) else {
                     return;
                 };
                 self.by_key.entry(key).or_insert(Entry { hist, sum_ns: 0 })
@@ -108,6 +138,28 @@ impl SyscallStats {
         };
         entry.hist.saturating_record(ev.latency_ns.max(1));
         entry.sum_ns += u128::from(ev.latency_ns);
+    }
+
+    /// `driver`, or `other` once [`MAX_DRIVERS`] others are known.
+    fn driver_label(&mut self, driver: &str) -> String {
+        if driver.is_empty() || self.drivers.contains(driver) {
+            return driver.to_string();
+        }
+        if self.drivers.len() >= MAX_DRIVERS {
+            return super::fstypes::OTHER.to_string();
+        }
+        self.drivers.insert(driver.to_string());
+        driver.to_string()
+    }
+
+    /// Failed calls of unprivileged callers (uid not 0), counted apart.
+    pub fn unprivileged_failures(&self) -> u64 {
+        self.unprivileged_failures.values().sum()
+    }
+
+    /// Number of histograms kept.
+    pub fn histograms(&self) -> usize {
+        self.by_key.len()
     }
 
     /// Total number of recorded calls.
@@ -128,7 +180,7 @@ impl SyscallStats {
         for (k, e) in &self.by_key {
             let labels = [
                 ("syscall", k.syscall.name()),
-                ("fstype", k.fstype.as_str()),
+                ("fstype", k.fstype),
                 ("result", result_label(k.error)),
                 ("driver", k.driver.as_str()),
             ];
@@ -136,6 +188,17 @@ impl SyscallStats {
                 SYSCALL_BUCKETS.map(|le| (le, e.hist.count_between(0, (le * 1e9) as u64)));
             let sum = e.sum_ns as f64 / 1e9;
             w.histogram(name, &labels, buckets, e.hist.len(), sum);
+        }
+        if !self.unprivileged_failures.is_empty() {
+            let name = "volmgr_mount_syscall_unprivileged_failures_total";
+            w.family(
+                name,
+                "Failed mount-table syscalls of callers with a uid other than 0, counted apart from the histograms.",
+                MetricType::Counter,
+            );
+            for (syscall, n) in &self.unprivileged_failures {
+                w.sample(name, &[("syscall", syscall.name())], *n);
+            }
         }
         let name = "volmgr_trace_events_lost_total";
         w.family(
@@ -154,7 +217,7 @@ impl SyscallStats {
             .iter()
             .map(|(k, e)| SyscallSummary {
                 syscall: k.syscall.name().into(),
-                fstype: k.fstype.clone(),
+                fstype: k.fstype.into(),
                 result: result_label(k.error).into(),
                 count: e.hist.len(),
                 p50_ns: e.hist.value_at_quantile(0.5),
@@ -191,17 +254,17 @@ impl SyscallStats {
     /// Rows per (syscall, fstype), successes and failures together, with
     /// the number of failures, and the merged histogram.
     pub fn profile_rows(&self) -> Vec<ProfileRow> {
-        let mut merged: BTreeMap<(MountSyscall, String), (Histogram<u64>, u64)> = BTreeMap::new();
+        let mut merged: BTreeMap<(MountSyscall, &str), (Histogram<u64>, u64)> = BTreeMap::new();
         for (k, e) in &self.by_key {
             let errors = if k.error { e.hist.len() } else { 0 };
-            match merged.get_mut(&(k.syscall, k.fstype.clone())) {
+            match merged.get_mut(&(k.syscall, k.fstype)) {
                 Some((h, n)) => {
                     // Same bounds: adding cannot fail.
                     let _ = h.add(&e.hist);
                     *n += errors;
                 }
                 None => {
-                    merged.insert((k.syscall, k.fstype.clone()), (e.hist.clone(), errors));
+                    merged.insert((k.syscall, k.fstype), (e.hist.clone(), errors));
                 }
             }
         }
@@ -209,7 +272,7 @@ impl SyscallStats {
             .into_iter()
             .map(|((syscall, fstype), (h, errors))| ProfileRow {
                 syscall: syscall.name().into(),
-                fstype,
+                fstype: fstype.into(),
                 count: h.len(),
                 errors,
                 p50_ns: h.value_at_quantile(0.5),
@@ -307,6 +370,7 @@ pub fn kernel_prometheus_text(hists: &[KernelHistogram]) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fstypes;
     use super::*;
 
     /// Today's `prometheus_text` for a fixed input, byte for byte.
@@ -386,31 +450,31 @@ mod tests {
             "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\",le=\"+Inf\"} 1\n",
             "volmgr_mount_syscall_duration_seconds_sum{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\"} 0.000005\n",
             "volmgr_mount_syscall_duration_seconds_count{syscall=\"umount2\",fstype=\"\",result=\"error\",driver=\"\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.000001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.000005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.00001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.000025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.00005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.00025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.001\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.0025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.005\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.01\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.025\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.05\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.1\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.25\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"0.5\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"1\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"2.5\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"5\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"10\"} 0\n",
-            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\",le=\"+Inf\"} 1\n",
-            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\"} 12.345678901\n",
-            "volmgr_mount_syscall_duration_seconds_count{syscall=\"fsconfig\",fstype=\"od\\\"d\\\\fs\\n\",result=\"ok\",driver=\"\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.000001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.0000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.000005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.00001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.000025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.00005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.0001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.00025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.0005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.001\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.0025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.005\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.01\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.025\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.05\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.1\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.25\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"0.5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"1\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"2.5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"5\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"10\"} 0\n",
+            "volmgr_mount_syscall_duration_seconds_bucket{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\",le=\"+Inf\"} 1\n",
+            "volmgr_mount_syscall_duration_seconds_sum{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\"} 12.345678901\n",
+            "volmgr_mount_syscall_duration_seconds_count{syscall=\"fsconfig\",fstype=\"other\",result=\"ok\",driver=\"\"} 1\n",
             "# HELP volmgr_trace_events_lost_total Trace events the kernel had no ring-buffer room for.\n",
             "# TYPE volmgr_trace_events_lost_total counter\n",
             "volmgr_trace_events_lost_total 3\n",
@@ -477,6 +541,7 @@ mod tests {
             target: None,
             ret,
             latency_ns,
+            uid: 0,
         }
     }
 
@@ -505,6 +570,51 @@ mod tests {
         assert!(text.contains("volmgr_trace_events_lost_total 3"));
         let dist = s.distribution("mount", "tmpfs", false);
         assert_eq!(dist.iter().map(|d| d.1).sum::<u64>(), 100);
+    }
+
+    /// 10,000 distinct type strings, drivers and failing calls of an
+    /// unprivileged caller: the histograms stay within their bounds, and
+    /// every label printed is one of the fixed set.
+    #[test]
+    fn hostile_labels_are_bounded() {
+        let mut s = SyscallStats::new();
+        for i in 0..10_000u64 {
+            let fstype = format!("\u{1b}]0;fs{i}\u{7}");
+            // Unprivileged and failing: counted apart.
+            let mut e = ev(MountSyscall::Mount, Some(&fstype), -1, 1000);
+            e.uid = 65534;
+            s.record_for_driver(&e, &format!("evil{i}"));
+            // The host's root, with invented types and drivers.
+            for (syscall, ret) in [(MountSyscall::Mount, -19), (MountSyscall::Fsopen, 3)] {
+                let e = ev(syscall, Some(&fstype), ret, 1000);
+                s.record_for_driver(&e, &format!("driver{i}"));
+            }
+            let known = fstypes::KNOWN[i as usize % fstypes::KNOWN.len()];
+            let e = ev(MountSyscall::Mount, Some(known), 0, 1000);
+            s.record_for_driver(&e, &format!("driver{i}"));
+        }
+        assert_eq!(s.unprivileged_failures(), 10_000);
+        assert!(s.histograms() <= MAX_HISTOGRAMS + 2 * MountSyscall::ALL.len());
+        assert_eq!(s.total(), 30_000);
+        let rows = s.summary();
+        assert!(rows.len() <= 2 * MountSyscall::ALL.len() * (fstypes::KNOWN.len() + 2));
+        for r in &rows {
+            assert!(
+                r.fstype == fstypes::OTHER || fstypes::KNOWN.contains(&r.fstype.as_str()),
+                "{r:?}"
+            );
+        }
+        let text = s.prometheus_text(0);
+        assert!(!text.contains('\u{1b}'));
+        assert!(!text.contains("evil"));
+        assert!(text.contains(
+            "volmgr_mount_syscall_unprivileged_failures_total{syscall=\"mount\"} 10000\n"
+        ));
+        let drivers: BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.split("driver=\"").nth(1)?.split('"').next())
+            .collect();
+        assert!(drivers.len() <= MAX_DRIVERS + 2, "{}", drivers.len());
     }
 
     #[test]

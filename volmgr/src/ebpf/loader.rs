@@ -100,6 +100,8 @@ pub struct InFlightCall {
     pub mnt_ns: u64,
     /// User-space address of the call's path argument in the caller (0 = none).
     pub path_ptr: u64,
+    /// The caller's real uid in the initial user namespace.
+    pub uid: u32,
 }
 
 /// The name of wire syscall id `id`, in flight ([`wire::SYS_STATFS`] included).
@@ -324,6 +326,7 @@ impl EbpfTracer {
                     start_ns: s.ts,
                     mnt_ns: s.mnt_ns,
                     path_ptr,
+                    uid: s.uid,
                 }
             })
             .collect()

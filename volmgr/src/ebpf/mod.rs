@@ -9,6 +9,7 @@ use std::os::unix::fs::MetadataExt;
 
 pub mod btf;
 pub mod decode;
+pub mod fstypes;
 mod histograms;
 mod loader;
 pub mod report;
@@ -19,7 +20,8 @@ mod slots;
 pub mod wire;
 
 pub use histograms::{
-    kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, SYSCALL_BUCKETS,
+    kernel_prometheus_text, ProfileRow, SyscallStats, SyscallSummary, MAX_DRIVERS, MAX_HISTOGRAMS,
+    SYSCALL_BUCKETS,
 };
 pub use loader::{
     enable_run_time_stats, object_built, EbpfTracer, InFlightCall, KernelHistogram, ProgramRunStats,
@@ -113,6 +115,9 @@ pub struct SyscallEvent {
     pub ret: i64,
     /// Time from syscall entry to exit, measured in the kernel.
     pub latency_ns: u64,
+    /// The caller's real uid in the initial user namespace (0: the host's
+    /// root; root in a user namespace of its own is not 0).
+    pub uid: u32,
 }
 
 /// A file system tool (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`,

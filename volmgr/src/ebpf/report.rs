@@ -304,7 +304,7 @@ pub async fn profile(opts: ProfileOptions) -> Result<Profile, ReportError> {
         kernel: kernel_rows(&tracer.kernel_histograms()),
     };
     if let Some(path) = &opts.svg {
-        std::fs::write(path, svg(&profile.rows))?;
+        crate::util::output::replace_file(path, svg(&profile.rows).as_bytes())?;
     }
     if opts.json {
         println!(
@@ -594,11 +594,10 @@ impl Plot {
     }
 }
 
+/// Text for the SVG: markup escaped, what XML forbids replaced (an fstype
+/// is any string a caller of `mount()` passes).
 fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+    crate::util::escape::xml_text(s)
 }
 
 #[cfg(test)]
@@ -626,6 +625,17 @@ mod tests {
         assert!(svg.starts_with("<svg"));
         assert!(svg.contains("<polyline"));
         assert!(svg.contains("mount tmpfs (n=3"));
+        // An fstype XML does not allow: replaced, the document stays valid.
+        let odd = ProfileRow {
+            fstype: "fuse.\u{fffe}<x>\u{1b}".into(),
+            ..row.clone()
+        };
+        let svg_odd = super::svg(std::slice::from_ref(&odd));
+        assert!(
+            svg_odd.contains("mount fuse.\u{fffd}&lt;x&gt;\u{fffd} (n=3"),
+            "{svg_odd}"
+        );
+        assert!(!svg_odd.contains('\u{fffe}') && !svg_odd.contains('\u{1b}'));
         let h = text_histogram(&row.buckets);
         assert_eq!(h.lines().count(), 2, "{h}");
     }

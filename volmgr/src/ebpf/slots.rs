@@ -8,7 +8,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use aya::maps::{Map, MapData};
 
-use super::wire::{InFlight, IN_FLIGHT_SLOTS};
+use super::wire::{InFlight, ALL_SLOTS};
 use super::EbpfError;
 
 /// `STARTS` (a `BPF_F_MMAPABLE` array of [`InFlight`]), mapped shared and
@@ -35,7 +35,7 @@ impl SlotTable {
                 "eBPF map STARTS is not an array",
             )));
         };
-        let len = IN_FLIGHT_SLOTS as usize * std::mem::size_of::<InFlight>();
+        let len = ALL_SLOTS as usize * std::mem::size_of::<InFlight>();
         // SAFETY: a new shared read-only mapping of the array's values (the
         // kernel checks that the map is mappable and `len` fits in it);
         // nothing in this process writes through it.
@@ -70,8 +70,8 @@ impl SlotTable {
     /// (see [`InFlight`] for the writers' order).
     pub(super) fn held(&self) -> Vec<InFlight> {
         let mut out = Vec::new();
-        for i in 0..IN_FLIGHT_SLOTS as usize {
-            // SAFETY: `i` < IN_FLIGHT_SLOTS, so the slot lies within the
+        for i in 0..ALL_SLOTS as usize {
+            // SAFETY: `i` < ALL_SLOTS, so the slot lies within the
             // mapping; `InFlight` is plain integers (valid for any bytes),
             // read volatile because the kernel writes them meanwhile.
             let rec = unsafe {

@@ -12,6 +12,7 @@
 //! the kubelet recorded that are not in the mount table, (f) a target
 //! mounted more than once, (g) loop devices whose backing file is deleted.
 
+mod kubelet_layout;
 mod loops;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -25,6 +26,7 @@ use crate::cache::out_of_band::rfc3339;
 use crate::status::{Finding, FindingKind, RecentSyscall};
 use crate::sys::mount_table::MountTable;
 use crate::sys::mountinfo::MountInfo;
+use crate::sys::root_dir::{RelPath, RootDir};
 use crate::volume::PodUid;
 use crate::volumemanager::VolumeManager;
 
@@ -64,6 +66,9 @@ pub enum ObserveError {
 pub struct Snapshot {
     /// ROOT.
     pub root: PathBuf,
+    /// ROOT's door: directories are listed through it, never through a
+    /// symlink nor across a mount.
+    pub dir: Arc<RootDir>,
     /// The mount table.
     pub table: MountTable,
     /// The actual state, rebuilt read-only.
@@ -78,17 +83,21 @@ pub struct Snapshot {
 pub fn snapshot(vm: &VolumeManager) -> Result<Snapshot, ObserveError> {
     let table = MountTable::new(crate::sys::mountinfo::read_self()?);
     let (world, _report) = vm.observe_actual_state(&table)?;
-    let root = vm.root().path().to_path_buf();
-    let pod_dirs = std::fs::read_dir(root.join("pods"))
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter_map(|e| PodUid::new(e.file_name().to_str()?).ok())
+    let dir = Arc::clone(vm.root());
+    let root = dir.path().to_path_buf();
+    let pod_dirs = RelPath::new(["pods"])
+        .and_then(|pods| dir.read_dir(&pods))
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| PodUid::new(n.to_str()?).ok())
                 .collect()
         })
         .unwrap_or_default();
     let asw = std::mem::take(&mut *world.asw_mut());
     Ok(Snapshot {
         root,
+        dir,
         table,
         asw,
         pod_dirs,
@@ -104,6 +113,10 @@ pub struct Observer {
     history: Arc<dyn SyscallHistory>,
     /// `(pod, volume name in the pod)` → first seen not mounted.
     first_seen: HashMap<(PodUid, String), (Instant, SystemTime)>,
+    /// `(kind, path)` of what pods gone from the node left → first seen:
+    /// the kubelet tears down after the pod is gone (a graceful deletion
+    /// ends with its housekeeping), so (a), (b) and (c) wait `stuck_after`.
+    left_behind: HashMap<(FindingKind, String), (Instant, SystemTime)>,
 }
 
 impl Observer {
@@ -113,6 +126,7 @@ impl Observer {
             stuck_after,
             history,
             first_seen: HashMap::new(),
+            left_behind: HashMap::new(),
         }
     }
 
@@ -134,8 +148,10 @@ impl Observer {
     ) -> Vec<Finding> {
         let mut out = Vec::new();
         if populated {
-            deleted_pods(snap, dsw, &mut out);
-            unused_devices(snap, dsw, &mut out);
+            let mut left = Vec::new();
+            deleted_pods(snap, dsw, &mut left);
+            unused_devices(snap, dsw, &mut left);
+            self.after_teardown_time(left, now, &mut out);
         }
         self.needed_volumes(snap, dsw, now, &mut out);
         stacked_mounts(snap, dsw, &mut out);
@@ -149,8 +165,28 @@ impl Observer {
         out
     }
 
+    /// (a), (b) and (c) once seen for `stuck_after`: the kubelet's time to
+    /// tear down what a pod gone from the node left.
+    fn after_teardown_time(&mut self, left: Vec<Finding>, now: Instant, out: &mut Vec<Finding>) {
+        let mut seen = HashSet::new();
+        for mut f in left {
+            let key = (f.kind, f.path.clone());
+            let (first, since) = *self
+                .left_behind
+                .entry(key.clone())
+                .or_insert((now, SystemTime::now()));
+            seen.insert(key);
+            if now.saturating_duration_since(first) >= self.stuck_after {
+                f.since = Some(rfc3339(since));
+                out.push(f);
+            }
+        }
+        self.left_behind.retain(|k, _| seen.contains(k));
+    }
+
     /// (d) and (e): each desired pod's volumes that are not mounted, once
-    /// seen so for `stuck_after`.
+    /// seen so for `stuck_after`. A pod that ended (still the kubelet's
+    /// until it is deleted) needs none.
     fn needed_volumes(
         &mut self,
         snap: &Snapshot,
@@ -159,9 +195,9 @@ impl Observer {
         out: &mut Vec<Finding>,
     ) {
         let mut seen = HashSet::new();
-        for (uid, pod) in dsw.pods() {
+        for (uid, pod) in dsw.pods().filter(|(_, p)| !p.terminated) {
             for v in &pod.volumes {
-                let (kind, evidence, path) = match needed_state(snap, uid, v) {
+                let (kind, evidence, path) = match needed_state(snap, dsw, uid, v) {
                     Some(k) => k,
                     None => continue,
                 };
@@ -205,6 +241,7 @@ fn format_needed(kind: FindingKind, volume: &str, for_: Duration) -> String {
 /// or `None` when it is mounted.
 fn needed_state(
     snap: &Snapshot,
+    dsw: &DesiredStateOfWorld,
     uid: &PodUid,
     v: &crate::cache::desired_state_of_world::PodVolumeEntry,
 ) -> Option<(FindingKind, Vec<String>, String)> {
@@ -216,7 +253,23 @@ fn needed_state(
             return Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()));
         }
     };
-    match snap.asw.pod_mount(name, uid) {
+    let spec = dsw
+        .volume(name)
+        .and_then(|dv| dv.pods.get(uid))
+        .map(|p| Arc::clone(&p.spec));
+    if let Some(outside) = spec.as_deref().and_then(kubelet_layout::outside_pod_dir) {
+        // Nothing of it in the pod's directory: the kubelet fails it only
+        // on its own check.
+        let ev = vec![format!("volume {name}: {}", outside?)];
+        return Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()));
+    }
+    let mount = snap.asw.pod_mount(name, uid);
+    if let (Some(m), Some(spec)) = (mount, spec.as_deref()) {
+        if kubelet_layout::on_tmpfs(spec) && !kubelet_layout::tmpfs_at(&snap.table, &m.path) {
+            return Some(tmpfs_missing(snap, uid, v, name, &m.path));
+        }
+    }
+    match mount {
         Some(m) if m.state == VolumeMountState::Mounted => None,
         // Not trusted until set up again (reconstruction's uncertain),
         // but mounted, or a directory volume with no mount record.
@@ -231,7 +284,7 @@ fn needed_state(
                 m.path.display(),
                 crate::plugins::csi::VOL_DATA_FILE
             ));
-            ev.extend(dir_listing(&m.path));
+            ev.extend(listing_at(snap, &m.path));
             Some((
                 FindingKind::RecordedNotMounted,
                 ev,
@@ -243,10 +296,37 @@ fn needed_state(
                 "volume {name} ({}): nothing set up in the pod's directory",
                 v.plugin_name.as_deref().unwrap_or("?")
             )];
-            ev.extend(dir_listing(&pod_dir.join("volumes")));
+            ev.extend(listing_at(snap, &pod_dir.join("volumes")));
             Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()))
         }
     }
+}
+
+/// A volume the kubelet puts on a tmpfs whose directory is there without
+/// one: set up and unmounted since (the kubelet marked it ready, and does
+/// not mount it again: the container writes to the node's disk), or never
+/// mounted (stuck).
+fn tmpfs_missing(
+    snap: &Snapshot,
+    uid: &PodUid,
+    v: &crate::cache::desired_state_of_world::PodVolumeEntry,
+    name: &crate::volume::UniqueVolumeName,
+    path: &Path,
+) -> (FindingKind, Vec<String>, String) {
+    let mut ev = vec![format!(
+        "volume {name} ({}): {} is not a tmpfs mount",
+        v.plugin_name.as_deref().unwrap_or("?"),
+        path.display()
+    )];
+    let kind = match kubelet_layout::ready_mark(&snap.dir, uid, &v.outer_name) {
+        Some(ready) => {
+            ev.push(format!("the kubelet set it up ({ready} exists)"));
+            FindingKind::RecordedNotMounted
+        }
+        None => FindingKind::VolumeStuck,
+    };
+    ev.extend(listing_at(snap, path));
+    (kind, ev, path.display().to_string())
 }
 
 /// Whether the kubelet recorded a mount at `path`: a `vol_data.json`
@@ -290,30 +370,64 @@ fn mount_line(m: &MountInfo) -> String {
     )
 }
 
-/// What is left in a directory, two levels deep (names only), as evidence.
-fn dir_listing(dir: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        out.push(format!("{}: missing", dir.display()));
-        return out;
+/// [`dir_listing`] of `path`, an absolute path under ROOT.
+fn listing_at(snap: &Snapshot, path: &Path) -> Vec<String> {
+    let rel = path
+        .strip_prefix(&snap.root)
+        .ok()
+        .and_then(|r| RelPath::new(r.components().map(|c| c.as_os_str())).ok());
+    match rel {
+        Some(rel) => dir_listing(&snap.dir, &rel),
+        None => vec![format!("{}: not under ROOT, not listed", path.display())],
+    }
+}
+
+/// What is left in directory `rel` under ROOT, two levels deep (names
+/// only), as evidence. Listed through ROOT's descriptor: a symlink (to
+/// `/proc/self`, to `/etc`) is shown, never followed, and no mount is
+/// crossed.
+fn dir_listing(root: &RootDir, rel: &RelPath) -> Vec<String> {
+    let abs = root.abs(rel);
+    match root.exists(rel) {
+        Ok(true) => {}
+        Ok(false) => return vec![format!("{}: missing", abs.display())],
+        Err(e) => return vec![format!("{}: not listed: {e}", abs.display())],
+    }
+    let mut names = match root.read_dir(rel) {
+        Ok(names) => names,
+        Err(e) => return vec![format!("{}: not listed: {e}", abs.display())],
     };
-    let mut names: Vec<PathBuf> = rd.filter_map(|e| e.ok()).map(|e| e.path()).collect();
     names.sort();
-    for p in names.iter().take(32) {
-        let inner: Vec<String> = std::fs::read_dir(p)
-            .map(|rd| {
-                let mut v: Vec<String> = rd
-                    .filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
+    let mut out = Vec::new();
+    for name in names.iter().take(LISTED) {
+        let inner = rel.join(name).and_then(|r| root.read_dir(&r));
+        let p = abs.join(name);
+        out.push(match inner {
+            Ok(mut v) => {
                 v.sort();
-                v
-            })
-            .unwrap_or_default();
-        out.push(format!("left: {} [{}]", p.display(), inner.join(", ")));
+                let mut shown: Vec<_> =
+                    v.iter().take(LISTED).map(|n| n.to_string_lossy()).collect();
+                if v.len() > LISTED {
+                    shown.push(format!("... and {} more", v.len() - LISTED).into());
+                }
+                format!("left: {} [{}]", p.display(), shown.join(", "))
+            }
+            Err(e) => format!("left: {} (not listed: {e})", p.display()),
+        });
+    }
+    if names.len() > LISTED {
+        out.push(format!(
+            "... and {} more in {}",
+            names.len() - LISTED,
+            abs.display()
+        ));
     }
     out
 }
+
+/// How many entries of a directory, and of each directory in it, a
+/// finding's evidence names.
+const LISTED: usize = 32;
 
 /// (a) and (b): pod directories of pods not on the node, with or without
 /// mounts left in them.
@@ -336,9 +450,12 @@ fn deleted_pods(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Findin
                 ),
             );
             f.pod_uid = Some(uid.as_str().to_string());
-            f.evidence = dir_listing(&dir.join("volumes"));
-            f.evidence.extend(dir_listing(&dir.join("volume-subpaths")));
-            f.evidence.extend(dir_listing(&dir.join("volumeDevices")));
+            for sub in ["volumes", "volume-subpaths", "volumeDevices"] {
+                match RelPath::new(["pods", uid.as_str(), sub]) {
+                    Ok(rel) => f.evidence.extend(dir_listing(&snap.dir, &rel)),
+                    Err(e) => f.evidence.push(e.to_string()),
+                }
+            }
             out.push(f);
             continue;
         }
@@ -506,5 +623,40 @@ fn deleted_loop_backing(snap: &Snapshot, out: &mut Vec<Finding>) {
                 .map(mount_line),
         );
         out.push(f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn orphan_evidence_lists_without_following_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let pod = t.path().join("pods/uid-1");
+        std::fs::create_dir_all(pod.join("volumes/kubernetes.io~empty-dir/scratch")).unwrap();
+        std::os::unix::fs::symlink("/etc", pod.join("volumes/kubernetes.io~etc")).unwrap();
+        std::os::unix::fs::symlink("/proc/self", pod.join("volume-subpaths")).unwrap();
+        let root = RootDir::open(t.path()).unwrap();
+        let rel = |sub| RelPath::new(["pods", "uid-1", sub]).unwrap();
+        let volumes = dir_listing(&root, &rel("volumes")).join("\n");
+        assert!(
+            volumes.contains("kubernetes.io~empty-dir [scratch]"),
+            "{volumes}"
+        );
+        assert!(
+            volumes.contains("kubernetes.io~etc (not listed"),
+            "{volumes}"
+        );
+        assert!(!volumes.contains("passwd"), "{volumes}");
+        let subpaths = dir_listing(&root, &rel("volume-subpaths")).join("\n");
+        assert!(
+            subpaths.contains("volume-subpaths: not listed"),
+            "{subpaths}"
+        );
+        assert!(!subpaths.contains("left:"), "{subpaths}");
+        let devices = dir_listing(&root, &rel("volumeDevices")).join("\n");
+        assert!(devices.ends_with("volumeDevices: missing"), "{devices}");
     }
 }

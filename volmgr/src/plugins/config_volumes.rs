@@ -195,6 +195,7 @@ impl PayloadPlugin {
                 expiration_seconds: t.expiration_seconds,
                 pod_name: t.pod_name.clone(),
                 pod_uid: t.pod_uid.clone(),
+                service_account_uid: t.service_account_uid.clone(),
             };
             let token = source.request(&req).await.map_err(token_error)?;
             let after = refresh_after(token.expiration, SystemTime::now());

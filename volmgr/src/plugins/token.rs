@@ -28,6 +28,10 @@ pub struct TokenRequest {
     pub pod_name: String,
     /// The bound pod's UID (`boundObjectRef.uid`).
     pub pod_uid: String,
+    /// The service account's UID as last read (empty: unknown). Not sent:
+    /// it keys cached tokens, so an account deleted and created again
+    /// (the API server refuses tokens bound to the old one) gets new ones.
+    pub service_account_uid: String,
 }
 
 /// A token and when it expires. `Debug` never prints the token.
@@ -244,6 +248,7 @@ mod tests {
             expiration_seconds: 600,
             pod_name: "p".into(),
             pod_uid: "u".into(),
+            service_account_uid: String::new(),
         }
     }
 

@@ -107,6 +107,7 @@ impl Populator {
                 .into_iter()
                 .chain(pod.supplemental_groups.iter().copied())
                 .collect(),
+            terminated: pod.terminated,
         };
         let mut mounts = Vec::with_capacity(pod.volumes.len());
         let selinux: Option<Arc<str>> = pod.selinux_label.as_deref().map(Into::into);

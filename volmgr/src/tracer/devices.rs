@@ -282,6 +282,7 @@ mod tests {
             target: Some(target.into()),
             ret: 0,
             latency_ns: 10,
+            uid: 0,
         }
     }
 

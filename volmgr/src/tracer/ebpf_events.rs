@@ -24,6 +24,15 @@
 //! propagation (shared mounts) is left to the resync; the mountinfo poller,
 //! which watches the namespace's own table, does see those.
 //!
+//! Only calls that act on the host's mounts are placed on a volume
+//! ([`attributable`]): the calls of uid 0 of the initial user namespace
+//! (the kubelet, CSI driver containers, their mount helpers) and the
+//! successful calls made in the agent's own mount namespace. Any other
+//! process can name a volume's path (and its failing calls are traced),
+//! or mount anything at that path in a mount namespace of its own: its
+//! calls would only forge a pod's evidence, so they are counted in the
+//! histograms without a driver, never in a timeline.
+//!
 //! File system tool runs (`mkfs`, `fsck`, `resize2fs`, ... from their own
 //! ring buffer) go into the timeline of the volume their device belongs
 //! to ([`super::devices`]); the mount-family events teach it which device
@@ -123,11 +132,23 @@ fn record_placed(p: &Placed, own: &Own, sinks: &Sinks) {
         .record_exec(&p.exec, &p.attribution, &p.device, &own.root);
 }
 
+/// Whether `ev` may be placed on a volume (its timeline, its driver's
+/// histograms, the device map): a call of uid 0 in the initial user
+/// namespace, or a successful call in the agent's own mount namespace
+/// (see the module).
+pub fn attributable(ev: &SyscallEvent, own: &Own) -> bool {
+    ev.uid == 0 || (ev.ret >= 0 && ev.mnt_ns == own.mnt_ns)
+}
+
 fn handle(ev: &SyscallEvent, own: &Own, sinks: &Sinks, devices: &mut DeviceVolumes) {
-    for p in devices.on_syscall(ev, &own.root, own_mounts) {
-        record_placed(&p, own, sinks);
-    }
-    let driver = sinks.timelines.record(ev, &own.root);
+    let driver = if attributable(ev, own) {
+        for p in devices.on_syscall(ev, &own.root, own_mounts) {
+            record_placed(&p, own, sinks);
+        }
+        sinks.timelines.record(ev, &own.root)
+    } else {
+        None
+    };
     if driver.is_none() && ev.mnt_ns != own.mnt_ns {
         // Another namespace's call on no volume: not this node's concern.
         return;
@@ -256,6 +277,7 @@ mod tests {
             target: target.map(Into::into),
             ret: 0,
             latency_ns: 1000,
+            uid: 0,
         }
     }
 
@@ -298,6 +320,26 @@ mod tests {
         assert!(scopes(&e, &own()).is_empty(), "a sibling of ROOT");
         let e = ev(MountSyscall::Fsmount, None, None);
         assert!(scopes(&e, &own()).is_empty(), "a detached mount");
+    }
+
+    /// The host's root is placed on volumes wherever it calls from; anyone
+    /// else only with a successful call in the agent's mount namespace.
+    #[test]
+    fn only_calls_on_the_hosts_mounts_are_attributable() {
+        let victim = Some("/r/pods/victim/volumes/kubernetes.io~empty-dir/d");
+        let mut e = ev(MountSyscall::Mount, None, victim);
+        assert!(attributable(&e, &own()), "root, here");
+        e.mnt_ns = 8;
+        assert!(attributable(&e, &own()), "root, a CSI driver's namespace");
+        e.uid = 65534;
+        assert!(!attributable(&e, &own()), "nobody, a namespace of its own");
+        e.mnt_ns = 7;
+        assert!(attributable(&e, &own()), "nobody's mount here succeeded");
+        e.ret = -1;
+        e.comm = "kubelet".into();
+        assert!(!attributable(&e, &own()), "nobody's failed call");
+        e.uid = 0;
+        assert!(attributable(&e, &own()), "root's failed call");
     }
 
     #[test]

@@ -442,6 +442,7 @@ fn attach_ebpf(
         Arc::clone(&tracer),
         Arc::clone(ctx.status.stuck()),
         ctx.root_path().to_path_buf(),
+        mnt_ns,
         shutdown.clone(),
     ));
     let feed = tokio::spawn(ebpf_events::run(

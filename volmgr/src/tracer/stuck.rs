@@ -14,6 +14,15 @@
 //! list is in status and doctor, and the age of the oldest call in flight is
 //! a gauge.
 //!
+//! Any process can park threads in `statfs` on a FUSE file system of its
+//! own, so the list is bounded: at most [`MAX_STUCK_LISTED`] calls are
+//! described (read from `/proc`), listed and logged, those that can matter
+//! first (callers with uid 0 in the initial user namespace, or in the
+//! agent's own mount namespace), then the oldest; the rest are only
+//! counted. A call is placed on a pod's volume only when it can matter: an
+//! unprivileged caller in a mount namespace of its own may have mounted
+//! anything at a volume's path there.
+//!
 //! File system tools (`mkfs*`, `fsck*`, `e2fsck`, `resize2fs`,
 //! `xfs_growfs`, `xfs_repair`) are followed the same way from the
 //! program's table of tools running: one running longer than
@@ -50,9 +59,15 @@ pub const DEFAULT_STUCK_TOOL_AFTER: Duration = Duration::from_secs(120);
 /// Longest path argument read.
 const PATH_MAX: usize = 4096;
 
+/// Stuck calls described, listed in status and logged at most; the rest
+/// are counted (`volmgr_mount_syscalls_stuck` counts them all).
+pub const MAX_STUCK_LISTED: usize = 64;
+
 #[derive(Default)]
 struct Inner {
     stuck: Vec<StuckSyscall>,
+    /// Calls stuck now, listed or not.
+    stuck_total: usize,
     oldest_ns: u64,
     in_flight: usize,
     /// (start, tid) of the stuck calls already logged.
@@ -145,11 +160,21 @@ impl StuckView {
     }
 
     /// Takes the calls in flight at `now_ns` (`CLOCK_MONOTONIC`): those past
-    /// the threshold become the stuck list (each logged the first time).
-    pub fn update(&self, calls: &[InFlightCall], now_ns: u64, root: &Path) {
+    /// the threshold become the stuck list (each logged the first time), at
+    /// most [`MAX_STUCK_LISTED`] of them, those that can matter (see
+    /// [`can_matter`]; `own_mnt_ns`: the agent's mount namespace) first.
+    pub fn update(&self, calls: &[InFlightCall], now_ns: u64, root: &Path, own_mnt_ns: u64) {
         let threshold = self.threshold_ns.load(Ordering::Relaxed);
-        let (old, oldest_ns) = overdue(calls, now_ns, threshold, |c| (c.start_ns, c.tid));
-        let stuck: Vec<StuckSyscall> = old.iter().map(|c| describe(c, now_ns, root)).collect();
+        let (mut old, oldest_ns) = overdue(calls, now_ns, threshold, |c| (c.start_ns, c.tid));
+        let stuck_total = old.len();
+        // Stable: oldest first within each group.
+        old.sort_by_key(|c| !can_matter(c, own_mnt_ns));
+        old.truncate(MAX_STUCK_LISTED);
+        old.sort_by_key(|c| (c.start_ns, c.tid));
+        let stuck: Vec<StuckSyscall> = old
+            .iter()
+            .map(|c| describe(c, now_ns, root, can_matter(c, own_mnt_ns)))
+            .collect();
         let keys: Vec<(u64, u32)> = old.iter().map(|c| (c.start_ns, c.tid)).collect();
         let mut inner = self.inner.locked();
         for (s, new) in stuck.iter().zip(first_seen(&mut inner.reported, &keys)) {
@@ -170,13 +195,20 @@ impl StuckView {
             }
         }
         inner.stuck = stuck;
+        inner.stuck_total = stuck_total;
         inner.oldest_ns = oldest_ns;
         inner.in_flight = calls.len();
     }
 
-    /// The calls stuck at the last update, oldest first.
+    /// The calls stuck at the last update, oldest first (at most
+    /// [`MAX_STUCK_LISTED`]).
     pub fn stuck(&self) -> Vec<StuckSyscall> {
         self.inner.locked().stuck.clone()
+    }
+
+    /// How many calls were stuck at the last update, listed or not.
+    pub fn stuck_total(&self) -> usize {
+        self.inner.locked().stuck_total
     }
 
     /// Those on pod `uid`'s volume paths.
@@ -214,7 +246,7 @@ impl StuckView {
             let i = self.inner.locked();
             (
                 i.oldest_ns,
-                i.stuck.len(),
+                i.stuck_total,
                 i.in_flight,
                 i.oldest_tool_ns,
                 i.tools.len(),
@@ -239,6 +271,13 @@ impl StuckView {
             MetricType::Gauge,
         );
         w.sample(name, &[], stuck);
+        let name = "volmgr_mount_syscalls_stuck_not_listed";
+        w.family(
+            name,
+            "Stuck calls counted but not listed in status nor logged (over the list's bound).",
+            MetricType::Gauge,
+        );
+        w.sample(name, &[], stuck.saturating_sub(MAX_STUCK_LISTED));
         let name = "volmgr_fs_tools_running";
         w.family(
             name,
@@ -337,8 +376,18 @@ fn kernel_stack(file: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A stuck call, with what `/proc` tells about it.
-fn describe(c: &InFlightCall, now_ns: u64, root: &Path) -> StuckSyscall {
+/// Whether a call in flight can matter to the node's volumes: made by uid
+/// 0 of the initial user namespace (the kubelet, CSI drivers, their mount
+/// helpers), or in the agent's own mount namespace, where a path under
+/// ROOT is the host's mount of it. Others are listed after these, and
+/// never placed on a pod's volume.
+pub fn can_matter(c: &InFlightCall, own_mnt_ns: u64) -> bool {
+    c.uid == 0 || c.mnt_ns == own_mnt_ns
+}
+
+/// A stuck call, with what `/proc` tells about it; placed on a volume only
+/// when it can matter (`placed`).
+fn describe(c: &InFlightCall, now_ns: u64, root: &Path, placed: bool) -> StuckSyscall {
     let task = PathBuf::from(format!("/proc/{}/task/{}", c.pid, c.tid));
     let comm = std::fs::read_to_string(task.join("comm"))
         .map(|s| s.trim_end().to_string())
@@ -350,7 +399,7 @@ fn describe(c: &InFlightCall, now_ns: u64, root: &Path) -> StuckSyscall {
         String::new()
     };
     let kernel_stack = kernel_stack(&task.join("stack"));
-    let a = attribute(&path, root);
+    let a = attribute(&path, root).filter(|_| placed);
     StuckSyscall {
         pid: c.pid,
         tid: c.tid,
@@ -414,6 +463,7 @@ pub async fn run(
     tracer: Arc<EbpfTracer>,
     view: Arc<StuckView>,
     root: PathBuf,
+    own_mnt_ns: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -428,7 +478,7 @@ pub async fn run(
         let (view, tracer, root) = (Arc::clone(&view), Arc::clone(&tracer), root.clone());
         // Reads the tools' map and /proc: off the runtime's threads.
         let _ = tokio::task::spawn_blocking(move || {
-            view.update(&calls, monotonic_now_ns(), &root);
+            view.update(&calls, monotonic_now_ns(), &root, own_mnt_ns);
             let tools = tracer.running_tools();
             view.update_tools(&tools, monotonic_now_ns(), &root);
         })
@@ -455,9 +505,10 @@ mod tests {
             start_ns,
             mnt_ns: 1,
             path_ptr: path.as_ptr() as u64,
+            uid: 0,
         };
         let now = 100_000_000_000;
-        view.update(&[call(now - 1_000_000_000, tid)], now, Path::new("/r"));
+        view.update(&[call(now - 1_000_000_000, tid)], now, Path::new("/r"), 1);
         assert!(view.stuck().is_empty());
         assert_eq!(view.oldest_in_flight(), Duration::from_secs(1));
         view.update(
@@ -467,6 +518,7 @@ mod tests {
             ],
             now,
             Path::new("/r"),
+            1,
         );
         let s = view.stuck();
         assert_eq!(s.len(), 1, "{s:?}");
@@ -488,9 +540,57 @@ mod tests {
             text.contains("volmgr_mount_syscalls_in_flight 2\n"),
             "{text}"
         );
-        view.update(&[], now, Path::new("/r"));
+        view.update(&[], now, Path::new("/r"), 1);
         assert!(view.stuck().is_empty());
         assert!(view.inner.locked().reported.is_empty());
+    }
+
+    /// 16,384 unprivileged calls stuck in a mount namespace of their own,
+    /// on a pod's volume path, and one of the host's root: the list holds
+    /// the root's call and at most `MAX_STUCK_LISTED`, the rest is counted,
+    /// and no unprivileged call is placed on the pod.
+    #[test]
+    fn the_stuck_list_is_bounded_and_prefers_calls_that_can_matter() {
+        let view = StuckView::default();
+        view.set_threshold(Duration::from_secs(10));
+        let path = std::ffi::CString::new("/r/pods/u1/volumes/kubernetes.io~nfs/data").unwrap();
+        let me = std::process::id();
+        let now = 100_000_000_000;
+        let call = |start_ns: u64, tid: u32, uid: u32, mnt_ns: u64| InFlightCall {
+            pid: me,
+            tid,
+            call: "statfs",
+            start_ns,
+            mnt_ns,
+            path_ptr: path.as_ptr() as u64,
+            uid,
+        };
+        let mut calls: Vec<InFlightCall> = (0..16_384u32)
+            .map(|i| call(now - 60_000_000_000 + u64::from(i), 100_000 + i, 65534, 2))
+            .collect();
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        // The youngest of all.
+        calls.push(call(now - 11_000_000_000, tid, 0, 3));
+        view.update(&calls, now, Path::new("/r"), 1);
+        let s = view.stuck();
+        assert_eq!(s.len(), MAX_STUCK_LISTED);
+        assert_eq!(view.stuck_total(), 16_385);
+        let root_call: Vec<_> = s.iter().filter(|c| c.tid == tid).collect();
+        assert_eq!(root_call.len(), 1, "the root's call is listed");
+        assert_eq!(root_call[0].pod_uid.as_deref(), Some("u1"));
+        let placed = s.iter().filter(|c| c.pod_uid.is_some()).count();
+        assert_eq!(placed, 1, "only the root's call is on the pod: {s:?}");
+        assert_eq!(view.for_pod("u1").len(), 1);
+        assert!(view.inner.locked().reported.len() <= MAX_STUCK_LISTED);
+        let text = view.prometheus_text();
+        assert!(
+            text.contains("volmgr_mount_syscalls_stuck 16385\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("volmgr_mount_syscalls_stuck_not_listed 16321\n"),
+            "{text}"
+        );
     }
 
     #[test]

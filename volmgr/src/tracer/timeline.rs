@@ -719,6 +719,7 @@ mod tests {
             target: Some(target.into()),
             ret,
             latency_ns: 1_000,
+            uid: 0,
         }
     }
 

@@ -39,9 +39,39 @@ impl<T: std::fmt::Display> std::fmt::Display for Printable<T> {
     }
 }
 
+/// `s` as XML character data or an attribute value: `&`, `<`, `>`, `"`
+/// and `'` escaped, and every character XML 1.0 does not allow (C0
+/// controls, U+FFFE, U+FFFF), and the other controls (DEL, C1, tab, line
+/// breaks), replaced with U+FFFD: a process or file system name with one
+/// must not make the document invalid.
+pub fn xml_text(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&apos;"),
+            '\u{fffe}' | '\u{ffff}' => o.push('\u{fffd}'),
+            c if c.is_control() => o.push('\u{fffd}'),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xml_text_escapes_markup_and_replaces_what_xml_forbids() {
+        assert_eq!(
+            xml_text("a<b>&\"'\u{fffe}\u{ffff}\u{1b}\u{7f}\u{85}\tü\u{10000}"),
+            "a&lt;b&gt;&amp;&quot;&apos;\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}\u{fffd}ü\u{10000}"
+        );
+    }
 
     #[test]
     fn escapes_control_characters_only() {

@@ -213,6 +213,7 @@ impl CsiPlugin {
                 expiration_seconds: r.expiration_seconds,
                 pod_name: pod.pod_name.clone(),
                 pod_uid: pod.pod_uid.clone(),
+                service_account_uid: pod.service_account_uid.clone(),
             };
             let t = source
                 .request(&req)

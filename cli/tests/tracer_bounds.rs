@@ -1,0 +1,528 @@
+//! The eBPF tracer against unprivileged attackers (uid 65534, some in a
+//! user and mount namespace of their own), with the real agent in a private
+//! mount namespace (issue 40, §1 and §2):
+//!
+//! - `mount(2)` with thousands of distinct file system types (escape
+//!   sequences among them) on a pod's volume path, under the comm
+//!   `kubelet`: the agent's memory and status stay bounded, nothing raw is
+//!   printed, and the calls are not in the pod's timeline;
+//! - 2,100 failing calls on invented pod paths do not evict a pod's real
+//!   timeline;
+//! - threads parked in `statfs` on a hung FUSE mount the attacker made at
+//!   a pod's volume path in its own namespaces: a root call whose in-flight
+//!   slot one of them holds is still traced, the stuck list and its log
+//!   stay bounded, and the pod has no stuck call (`doctor --pod` exits 0).
+//!
+//! Needs root, BPF and (for the FUSE attack) `/dev/fuse` and user
+//! namespaces; skips with the reason otherwise (CI is root).
+
+// Test code: failing loudly is the point.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use support::{isolated, pod_yaml, volmgr_bin, Env};
+use volmgr::tracer::timeline::PodTimeline;
+
+const NOBODY: libc::uid_t = 65534;
+/// Set for the re-executed test binary that plays the FUSE attacker.
+const ATTACKER_ENV: &str = "VOLMGR_TEST_FUSE_ATTACKER";
+/// Threads the FUSE attacker parks in `statfs`.
+const PARKED: usize = 200;
+/// The agent's memory bound under each attack (issue 40).
+const MAX_RSS_KIB: u64 = 256 * 1024;
+
+fn ebpf_unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("needs root".into());
+    }
+    match volmgr::ebpf::EbpfTracer::load(volmgr::ebpf::TraceFilter { mnt_ns: None }) {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+fn start_ebpf_agent(env: &Env, extra: &[&str]) -> support::Agent {
+    env.write_manifest(
+        "p.yaml",
+        &pod_yaml("web", "uid-web", &[("d", "emptyDir: {}")]),
+    );
+    let mut args = vec!["--tracer", "ebpf", "--resync-period", "1h"];
+    args.extend_from_slice(extra);
+    let agent = env.start_agent(&args);
+    assert_eq!(env.wait_pod("uid-web", 60.0), 0, "log:\n{}", agent.log());
+    assert_eq!(env.status().tracer, "ebpf");
+    agent
+}
+
+fn doctor(env: &Env, pod: &str) -> (PodTimeline, i32) {
+    let out = Command::new(volmgr_bin())
+        .args(["doctor", "--json", "--pod", pod, "--root"])
+        .arg(&env.root)
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    assert!(
+        code == 0 || code == 1,
+        "doctor failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (serde_json::from_slice(&out.stdout).unwrap(), code)
+}
+
+/// The agent's peak resident set (`VmHWM`), KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Forks a child that runs `probe` as uid/gid 65534 with the comm
+/// `kubelet`, and waits for it. `probe` makes raw system calls only.
+fn as_nobody_kubelet(probe: impl FnOnce()) {
+    // SAFETY: the child only makes async-signal-safe calls, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: plain system calls in the child.
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(NOBODY) != 0
+                || libc::setuid(NOBODY) != 0
+                || libc::prctl(libc::PR_SET_NAME, c"kubelet".as_ptr()) != 0
+            {
+                libc::_exit(100);
+            }
+            probe();
+            libc::_exit(0);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(libc::WEXITSTATUS(status), 0, "the attacker ran");
+}
+
+/// Root mounts a tmpfs on `dir` and unmounts it (util-linux, another
+/// process than the agent), and waits until both calls are in pod
+/// `test/web`'s timeline of volume `data`: every event before them has
+/// been handled too.
+fn root_calls_reach_the_timeline(env: &Env, dir: &Path, label: &str) -> PodTimeline {
+    for (cmd, args) in [("mount", vec!["-t", "tmpfs", label]), ("umount", vec![])] {
+        let st = Command::new(cmd).args(&args).arg(dir).status().unwrap();
+        assert!(st.success(), "{cmd} {args:?}");
+    }
+    let mut t = PodTimeline::default();
+    env.wait_for("root's calls in the pod's timeline", || {
+        t = doctor(env, "test/web").0;
+        t.volumes.iter().any(|v| {
+            v.key.volume == "data"
+                && v.entries
+                    .iter()
+                    .any(|e| e.call == "mount" && e.source.as_deref() == Some(label))
+        })
+    });
+    t
+}
+
+fn assert_no_attacker_entries(t: &PodTimeline) {
+    for v in &t.volumes {
+        for e in &v.entries {
+            assert_ne!(e.comm, "kubelet", "an unprivileged call in {v:#?}");
+        }
+    }
+}
+
+#[test]
+fn distinct_fstypes_from_nobody_do_not_grow_the_agent() {
+    let name = "distinct_fstypes_from_nobody_do_not_grow_the_agent";
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        let agent = start_ebpf_agent(&env, &[]);
+        let data = env.root.join("pods/uid-web/volumes/example.com~test/data");
+        std::fs::create_dir_all(&data).unwrap();
+        root_calls_reach_the_timeline(&env, &data, "before");
+        // The real emptyDir volume's path, as `kubelet`, 4,000 types.
+        let victim = env
+            .root
+            .join("pods/uid-web/volumes/kubernetes.io~empty-dir/d");
+        let target = CString::new(victim.as_os_str().as_encoded_bytes()).unwrap();
+        let types: Vec<CString> = (0..4000)
+            .map(|i| CString::new(format!("\x1b]0;fs{i}\x07\x1b[2J")).unwrap())
+            .collect();
+        as_nobody_kubelet(|| {
+            for t in &types {
+                // SAFETY: prepared C strings; the call fails with EPERM.
+                unsafe {
+                    libc::mount(
+                        c"x".as_ptr(),
+                        target.as_ptr(),
+                        t.as_ptr(),
+                        0,
+                        std::ptr::null(),
+                    )
+                };
+            }
+        });
+        let t = root_calls_reach_the_timeline(&env, &data, "after");
+        let rss = peak_rss_kib(agent.child.id());
+        eprintln!("peak RSS after 4,000 fstypes: {rss} KiB");
+        assert!(rss <= MAX_RSS_KIB, "peak RSS {rss} KiB");
+        let status = env.status();
+        assert!(
+            status.syscalls.len() <= 2 * 9 * (volmgr::ebpf::fstypes::KNOWN.len() + 2),
+            "{} syscall rows",
+            status.syscalls.len()
+        );
+        let text = Command::new(volmgr_bin())
+            .args(["status", "--root"])
+            .arg(&env.root)
+            .output()
+            .unwrap();
+        assert!(text.status.success());
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(!text.contains('\x1b'), "raw escapes in status:\n{text}");
+        let m = env.metrics_text();
+        assert!(!m.contains('\x1b'), "raw escapes in the metrics");
+        let failures: u64 = m
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(
+                    "volmgr_mount_syscall_unprivileged_failures_total{syscall=\"mount\"} ",
+                )
+            })
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(failures >= 4000, "{failures}");
+        assert_no_attacker_entries(&t);
+        drop(agent);
+    });
+}
+
+#[test]
+fn invented_pod_paths_do_not_evict_or_forge_a_pods_timeline() {
+    let name = "invented_pod_paths_do_not_evict_or_forge_a_pods_timeline";
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        let agent = start_ebpf_agent(&env, &[]);
+        let data = env.root.join("pods/uid-web/volumes/example.com~test/data");
+        std::fs::create_dir_all(&data).unwrap();
+        root_calls_reach_the_timeline(&env, &data, "real");
+        let victim = CString::new(data.as_os_str().as_encoded_bytes()).unwrap();
+        let invented: Vec<CString> = (0..2100)
+            .map(|i| {
+                let p = env
+                    .root
+                    .join(format!("pods/fake-{i}/volumes/example.com~x/v"));
+                CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+            })
+            .collect();
+        as_nobody_kubelet(|| {
+            for p in invented.iter().chain(std::iter::once(&victim)) {
+                // SAFETY: prepared C strings; the calls fail (EPERM, ENOENT).
+                unsafe {
+                    libc::mount(
+                        c"x".as_ptr(),
+                        p.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        0,
+                        std::ptr::null(),
+                    );
+                    libc::umount2(p.as_ptr(), 0);
+                }
+            }
+        });
+        let t = root_calls_reach_the_timeline(&env, &data, "later");
+        assert_no_attacker_entries(&t);
+        let v = t.volumes.iter().find(|v| v.key.volume == "data").unwrap();
+        assert!(
+            v.entries
+                .iter()
+                .any(|e| e.source.as_deref() == Some("real")),
+            "the first calls were not evicted: {v:#?}"
+        );
+        drop(agent);
+    });
+}
+
+/// The FUSE attacker, re-executed as uid 65534 by the test below with the
+/// FUSE device node and the target in [`ATTACKER_ENV`] (`NODE PATH`):
+/// enters a user and mount namespace of its own, mounts a FUSE file system
+/// that never answers at PATH, parks [`PARKED`] threads in `statfs` on it
+/// and prints their thread ids. Does nothing when not re-executed.
+#[test]
+fn fuse_attacker() {
+    let Ok(spec) = std::env::var(ATTACKER_ENV) else {
+        return;
+    };
+    // In its own user and mount namespace already (see `enter_own_userns`).
+    let (node, target) = spec.split_once(' ').unwrap();
+    // Opened here: FUSE takes only a descriptor opened in the mounter's
+    // user namespace.
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(node)
+        .unwrap();
+    let fd = dev.as_raw_fd();
+    let data = format!("fd={fd},rootmode=40000,user_id=0,group_id=0");
+    nix::mount::mount(
+        Some("hung"),
+        target,
+        Some("fuse.hung"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..PARKED {
+        let (tx, target) = (tx.clone(), target.to_string());
+        std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                // Never answered: blocks until the process is killed.
+                let _ = nix::sys::statfs::statfs(target.as_str());
+            })
+            .unwrap();
+    }
+    let tids: Vec<String> = (0..PARKED)
+        .map(|_| rx.recv().unwrap().to_string())
+        .collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "parked {}", tids.join(" ")).unwrap();
+    out.flush().unwrap();
+    drop(out);
+    loop {
+        std::thread::park();
+    }
+}
+
+/// In a child between fork and exec, as uid 65534: a user and mount
+/// namespace of its own, where it is root (`0 65534 1`). Raw system calls
+/// on constant strings only.
+fn enter_own_userns() -> std::io::Result<()> {
+    // SAFETY: plain system calls on NUL-terminated constants.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        for (file, text) in [
+            (c"/proc/self/setgroups", &b"deny"[..]),
+            (c"/proc/self/uid_map", &b"0 65534 1"[..]),
+            (c"/proc/self/gid_map", &b"0 65534 1"[..]),
+        ] {
+            let f = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if f < 0 || libc::write(f, text.as_ptr().cast(), text.len()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::close(f);
+        }
+    }
+    Ok(())
+}
+
+/// Makes every directory from `/` down to `dir` searchable by others.
+fn searchable(dir: &Path) {
+    for a in dir.ancestors() {
+        let Ok(m) = std::fs::metadata(a) else {
+            continue;
+        };
+        let mut p = m.permissions();
+        p.set_mode(p.mode() | 0o711);
+        let _ = std::fs::set_permissions(a, p);
+    }
+}
+
+/// Mounts and unmounts a tmpfs on `dir` from a thread whose id is equal to
+/// one of `tids` modulo the in-flight slots (so that its slot is held);
+/// returns that thread's id.
+fn from_a_thread_whose_slot_is_held(tids: &HashSet<u32>, dir: &Path) -> u32 {
+    let slots = volmgr::ebpf::wire::IN_FLIGHT_SLOTS;
+    let held: HashSet<u32> = tids.iter().map(|t| t % slots).collect();
+    for _ in 0..1_000_000 {
+        let (held, dir) = (held.clone(), dir.to_path_buf());
+        let h = std::thread::spawn(move || {
+            let tid = nix::unistd::gettid().as_raw() as u32;
+            if !held.contains(&(tid % slots)) {
+                return None;
+            }
+            nix::mount::mount(
+                Some("collide"),
+                &dir,
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            )
+            .unwrap();
+            nix::mount::umount2(&dir, nix::mount::MntFlags::empty()).unwrap();
+            Some(tid)
+        });
+        if let Some(tid) = h.join().unwrap() {
+            return tid;
+        }
+    }
+    panic!("no thread id shared a slot with the parked threads");
+}
+
+/// A child killed (and reaped) when dropped, also when the test fails: its
+/// parked threads hold the harness's output open.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn metric(m: &str, name: &str) -> u64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{name} in\n{m}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn threads_parked_in_statfs_do_not_blind_the_tracer_nor_blame_a_pod() {
+    let name = "threads_parked_in_statfs_do_not_blind_the_tracer_nor_blame_a_pod";
+    if let Some(why) = ebpf_unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIP {name}: no /dev/fuse");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        let agent = start_ebpf_agent(&env, &["--stuck-syscall-after", "1s"]);
+        let data = env.root.join("pods/uid-web/volumes/example.com~test/data");
+        std::fs::create_dir_all(&data).unwrap();
+        let victim: PathBuf = env
+            .root
+            .join("pods/uid-web/volumes/kubernetes.io~empty-dir/d");
+        searchable(&victim);
+        // The FUSE device, open to everyone as a node's /dev/fuse is
+        // (this host's is 0600): a node of its own in the test's directory.
+        let node = env.dir.path().join("fuse");
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(10, 229),
+        )
+        .unwrap();
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+        searchable(&node);
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "fuse_attacker",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            ATTACKER_ENV,
+            format!("{} {}", node.display(), victim.display()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        // SAFETY: only async-signal-safe syscalls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(NOBODY) != 0
+                    || libc::setuid(NOBODY) != 0
+                    // Dumpable again (a change of uid clears it), so that
+                    // its /proc/self files are its own to write.
+                    || libc::prctl(libc::PR_SET_DUMPABLE, 1) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                enter_own_userns()
+            });
+        }
+        let mut attacker = Killed(cmd.spawn().unwrap());
+        // After the harness's own output (`test fuse_attacker ... `).
+        let line = BufReader::new(attacker.0.stdout.take().unwrap())
+            .lines()
+            .map(Result::unwrap)
+            .find_map(|l| Some(l.split_once("parked ")?.1.to_string()))
+            .expect("the attacker parked its threads");
+        let tids: HashSet<u32> = line
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert_eq!(tids.len(), PARKED);
+        env.wait_for("the parked calls stuck", || {
+            metric(&env.metrics_text(), "volmgr_mount_syscalls_stuck") >= PARKED as u64
+        });
+
+        // Blinding: a root call whose open slot a parked thread holds.
+        let tid = from_a_thread_whose_slot_is_held(&tids, &data);
+        let mut t = PodTimeline::default();
+        env.wait_for("the colliding root call traced", || {
+            t = doctor(&env, "test/web").0;
+            t.volumes
+                .iter()
+                .flat_map(|v| &v.entries)
+                .any(|e| e.tid == tid && e.call == "umount2")
+        });
+
+        // Bounded list and log; nothing against the pod.
+        let status = env.status();
+        assert!(
+            status.stuck_syscalls.len() <= volmgr::tracer::stuck::MAX_STUCK_LISTED,
+            "{} listed",
+            status.stuck_syscalls.len()
+        );
+        assert!(
+            status.stuck_syscalls.iter().all(|s| s.pod_uid.is_none()),
+            "an unprivileged call in its own namespace placed on a pod"
+        );
+        let m = env.metrics_text();
+        assert!(
+            metric(&m, "volmgr_mount_syscalls_stuck_not_listed") > 0,
+            "{m}"
+        );
+        let (t, code) = doctor(&env, "test/web");
+        assert_eq!(code, 0, "the pod has no stuck call: {t:#?}");
+        let logged = agent
+            .log()
+            .lines()
+            .filter(|l| l.contains("syscall stuck in the kernel"))
+            .count();
+        assert!(
+            logged <= volmgr::tracer::stuck::MAX_STUCK_LISTED,
+            "{logged} stuck calls logged"
+        );
+        let rss = peak_rss_kib(agent.child.id());
+        eprintln!("peak RSS with {PARKED} parked statfs: {rss} KiB");
+        assert!(rss <= MAX_RSS_KIB, "peak RSS {rss} KiB");
+
+        drop(attacker);
+        drop(agent);
+    });
+}
