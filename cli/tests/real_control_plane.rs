@@ -322,6 +322,27 @@ fn node_identity_mounts_every_volume_kind_with_no_forbidden_request() {
             eprintln!("requests of {user} for one pod start: {counts:#?}");
             assert_eq!(server.forbidden(&user), vec![], "{counts:#?}");
 
+            // A configMap update rewrites the volumes that read it (the
+            // projected one holds the token too) without a new
+            // TokenRequest: tokens are cached as the kubelet's token
+            // manager caches them (on fae9a6f: two more per update).
+            let tokens = |server: &RealApiServer| {
+                server
+                    .audit()
+                    .iter()
+                    .filter(|a| a.user == user && a.resource == "serviceaccounts/token")
+                    .count()
+            };
+            let before = tokens(&server);
+            server.apply(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kube-root-ca.crt, namespace: default}\ndata: {ca.crt: rotated}\n",
+            );
+            let ca = token_dir.join("ca.crt");
+            wait(&agent, &server, 120, "the projected CA rewritten", || {
+                std::fs::read_to_string(&ca).is_ok_and(|c| c == "rotated")
+            });
+            assert_eq!(tokens(&server), before, "no TokenRequest for an update");
+
             // Deleted: every volume torn down, the claim's device unstaged.
             server.kubectl_ok(
                 &["delete", "pod", "app", "--grace-period=0", "--force"],
