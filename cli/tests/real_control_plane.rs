@@ -442,14 +442,12 @@ fn a_refused_read_backs_off_and_holds_nothing_hostage() {
         assert!(!scratch.exists(), "gone's emptyDir removed");
         // app is held, with what was mounted for it kept.
         let data = env.csi_publish_path(&app, "pv-data");
-        let s = env.status();
-        assert!(
-            s.errors
+        wait(&agent, &server, 60, "the refusal in status", || {
+            env.status()
+                .errors
                 .iter()
-                .any(|e| e.source == "api" && e.error.contains("403")),
-            "the refusal is in status: {:?}",
-            s.errors
-        );
+                .any(|e| e.source == "api" && e.error.contains("403"))
+        });
         assert!(
             env.mounts().iter().any(|m| m.mount_point == data),
             "app's claim stays mounted while app is held"

@@ -284,8 +284,9 @@ impl ApiPodSource {
             tracing::info!(pod = %uid, "pod gone from the API server's list");
             self.remove_pod(&uid);
         }
+        // Populated once the objects these pods read were tried: after the
+        // batch's `sync_watches` (see `run`).
         self.listed = true;
-        self.set_populated_when_settled();
     }
 
     /// Tells the sink the desired state is populated once the first list
