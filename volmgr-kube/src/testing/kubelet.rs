@@ -31,7 +31,10 @@ use super::real::{free_port, tail, RealApiServer};
 pub struct RealKubelet {
     kubelet: Option<Child>,
     cri: Child,
-    bin: PathBuf,
+    /// The kubelet binary run: the stock one in `bin`, or a fork.
+    kubelet_bin: PathBuf,
+    /// Environment the kubelet process gets besides the test's.
+    env: Vec<(String, String)>,
     dir: PathBuf,
     /// The kubelet's `--root-dir`.
     pub root: PathBuf,
@@ -48,6 +51,21 @@ impl RealKubelet {
     /// in the test's temporary directory. Panics outside a private mount
     /// namespace.
     pub fn start(server: &RealApiServer, node: &str, root: &Path, dir: &Path) -> Self {
+        let stock = server.bin().join("kubelet");
+        Self::start_binary(server, node, root, dir, &stock, &[])
+    }
+
+    /// As [`Self::start`], running the kubelet binary `kubelet` (a fork,
+    /// such as the one `scripts/kubelet-fork.sh` builds) with `env` added
+    /// to its environment.
+    pub fn start_binary(
+        server: &RealApiServer,
+        node: &str,
+        root: &Path,
+        dir: &Path,
+        kubelet: &Path,
+        env: &[(&str, &str)],
+    ) -> Self {
         sandbox();
         for d in [root, dir] {
             assert!(
@@ -67,7 +85,11 @@ impl RealKubelet {
         let mut k = Self {
             kubelet: None,
             cri,
-            bin,
+            kubelet_bin: kubelet.to_path_buf(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             dir,
             root: root.to_path_buf(),
             node: node.to_string(),
@@ -81,7 +103,8 @@ impl RealKubelet {
     /// Starts the kubelet process (again).
     fn spawn_kubelet(&mut self) {
         let d = &self.dir;
-        let mut cmd = Command::new(self.bin.join("kubelet"));
+        let mut cmd = Command::new(&self.kubelet_bin);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.arg(format!("--config={}", d.join("config.yaml").display()))
             .arg(format!("--root-dir={}", self.root.display()))
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
@@ -95,6 +118,11 @@ impl RealKubelet {
         let log = d.join(format!("kubelet-{}.log", self.starts));
         self.starts += 1;
         self.kubelet = Some(super::real::spawn(&mut cmd, &log));
+    }
+
+    /// The kubelet's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.kubelet.as_ref().map(Child::id)
     }
 
     /// Kills the kubelet (SIGKILL, by pid): its mounts stay, as on a node
