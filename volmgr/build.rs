@@ -6,7 +6,9 @@
 //!    `tonic-prost-build` writes the Rust code into `OUT_DIR`. `csi.proto`
 //!    (`csi.v1`) gives the Identity and Node clients (volmgr calls the driver,
 //!    as the kubelet does); `pluginregistration.proto` the Registration
-//!    client (the kubelet dials each plugin's registration socket).
+//!    client (the kubelet dials each plugin's registration socket);
+//!    `cri.proto` (`runtime.v1`, a part of the CRI) the RuntimeService
+//!    client (is a deleted pod's runtime gone?).
 //! 2. The eBPF programs in `../volmgr-ebpf`, built with aya-build (nightly,
 //!    `build-std=core`, `bpfel-unknown-none`) into `$OUT_DIR/volmgr-ebpf`, which
 //!    `src/ebpf/loader.rs` embeds. Without nightly or bpf-linker the build still
@@ -67,6 +69,7 @@ fn grpc_clients(manifest_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         include.join("csi.proto"),
         include.join("pluginregistration.proto"),
+        include.join("cri.proto"),
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={}", p.display());

@@ -68,6 +68,9 @@ pub struct AgentOptions {
     /// `status.volumesInUse` (and sets attachable volumes up only once
     /// reported there).
     pub report_volumes_in_use: bool,
+    /// `--container-runtime-endpoint`: the CRI runtime asked before a
+    /// pod's volumes are torn down (`None`: no runtime on this node).
+    pub container_runtime: Option<volmgr::cri::RuntimeEndpoint>,
     /// `--stuck-syscall-after`: a traced call blocked this long is reported
     /// as stuck (eBPF tracer).
     pub stuck_syscall_after: Duration,
@@ -276,6 +279,12 @@ pub(crate) fn spawn_sources(
                 stop.clone(),
             );
             source = source.with_events(events);
+            // What the API says is gone may still run: the runtime says
+            // when its volumes may go (an observer tears nothing down).
+            if let Some(endpoint) = &opts.container_runtime {
+                source = source
+                    .with_container_runtime(volmgr::cri::RuntimeClient::new(endpoint.clone()));
+            }
         }
         Some(tokio::spawn(source.run(stop.clone())))
     });

@@ -100,6 +100,19 @@ struct AgentArgs {
     /// reports it); attachable volumes are then set up once reported.
     #[arg(long)]
     report_volumes_in_use: bool,
+    /// The container runtime's CRI socket (the kubelet's flag): before a
+    /// pod's volumes are torn down (pod deleted, ended or moved), the
+    /// runtime must list none of its containers running and none of its
+    /// sandboxes ready; while it does, or does not answer, they stay (status
+    /// says why). `none`: no runtime on this node (tests, demos): volumes
+    /// are torn down as soon as the API server says the pod is gone.
+    #[arg(
+        long,
+        value_name = "unix:///PATH|none",
+        default_value = volmgr::cri::RuntimeEndpoint::DEFAULT,
+        value_parser = parse_runtime_endpoint
+    )]
+    container_runtime_endpoint: RuntimeChoice,
     /// A traced mount-family or statfs call blocked this long is reported
     /// as stuck (status, doctor, log, metrics) while it is still blocked.
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
@@ -165,6 +178,7 @@ impl AgentArgs {
             token_dir: self.token_file,
             kubeconfig: self.kubeconfig,
             report_volumes_in_use: self.report_volumes_in_use,
+            container_runtime: self.container_runtime_endpoint.0,
             stuck_syscall_after: self.stuck_syscall_after,
             stuck_tool_after: self.stuck_tool_after,
         }
@@ -272,6 +286,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 const MIN_PERIOD: Duration = Duration::from_millis(1);
 
 /// Like [`parse_duration`], refusing zero (and anything under 1 ms).
+/// `--container-runtime-endpoint`: an endpoint, or `None` for `none`.
+#[derive(Debug, Clone)]
+struct RuntimeChoice(Option<volmgr::cri::RuntimeEndpoint>);
+
+fn parse_runtime_endpoint(s: &str) -> Result<RuntimeChoice, String> {
+    if s == "none" {
+        return Ok(RuntimeChoice(None));
+    }
+    volmgr::cri::RuntimeEndpoint::parse(s)
+        .map(|e| RuntimeChoice(Some(e)))
+        .map_err(|e| e.to_string())
+}
+
 fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < MIN_PERIOD {

@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod claim_status;
 pub mod client;
 pub mod csinode;
+pub mod ending_pods;
 pub mod events;
 pub mod node_status;
 mod object_get;

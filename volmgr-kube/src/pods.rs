@@ -15,7 +15,10 @@
 //!   found mounted for it, as if the pod were gone).
 //! - A pod's volumes are torn down when the pod is deleted, when its phase
 //!   is `Succeeded` or `Failed`, or when its deletion was requested and
-//!   none of its containers runs any more (the kubelet's `notRunning`).
+//!   none of its containers runs any more (the kubelet's `notRunning`);
+//!   with a container runtime to ask ([`ApiPodSource::with_container_runtime`]),
+//!   only once the runtime lists nothing of it running
+//!   ([`super::ending_pods`]).
 //! - The objects the pods read, as the Node authorizer lets a node's own
 //!   credentials (`system:node:NAME`) read them, never a cluster-wide list:
 //!   PersistentVolumeClaims, PersistentVolumes, VolumeAttachments and the
@@ -61,10 +64,12 @@ use volmgr::populator::convert::PayloadResolution;
 use volmgr::populator::objects::{Kind, KindVisitor, ObjectKind, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
 
+use super::ending_pods::{EndingPods, Outcome, RuntimeAnswer};
 use super::events::{wait_for_attach_and_mount, PodEvent, SourceEvents, SourcePodEvent};
 use super::object_get;
 use super::object_update::{watch_cause, ObjectUpdate};
 use super::problems::ApiProblems;
+use volmgr::cri::RuntimeClient;
 use volmgr::volume::PodUid;
 
 /// How many watch events are applied under one hold of the reconciler's
@@ -125,6 +130,9 @@ pub struct ApiPodSource {
     /// Pods that ended stay, marked terminated, until deleted (observe
     /// mode: they are the kubelet's until then).
     keep_ended: bool,
+    /// Pods gone (deleted, ended, moved) whose runtime is asked before
+    /// their volumes go, when the source has a runtime to ask.
+    ending: Option<EndingPods<KnownPod>>,
 }
 
 impl ApiPodSource {
@@ -155,7 +163,16 @@ impl ApiPodSource {
             events: None,
             recorded: HashMap::new(),
             keep_ended: false,
+            ending: None,
         }
+    }
+
+    /// Before a pod's volumes are torn down (deleted, ended, moved off the
+    /// node), waits until `runtime` lists none of its containers running
+    /// and none of its sandboxes ready ([`super::ending_pods`]).
+    pub fn with_container_runtime(mut self, runtime: RuntimeClient) -> Self {
+        self.ending = Some(EndingPods::new(runtime));
+        self
     }
 
     /// Keeps the pods that ended ([`is_terminated`]) in the desired state,
@@ -222,6 +239,10 @@ impl ApiPodSource {
                     // A deleted pod may have been the last one waiting.
                     self.set_populated_when_settled();
                     self.record_waits();
+                }
+                answer = next_runtime_answer(&mut self.ending) => {
+                    let _hold = self.sink.hold_wakes();
+                    self.on_runtime_answer(answer);
                 }
                 Some((r, update)) = self.updates_rx.recv() => {
                     let _hold = self.sink.hold_wakes();
@@ -322,6 +343,14 @@ impl ApiPodSource {
             self.remove_pod(&uid);
             return;
         }
+        // Back before its runtime was gone (not seen in practice: UIDs are
+        // not reused): converted again below, then what was kept released.
+        let returning = self
+            .ending
+            .as_mut()
+            .and_then(|e| e.take(&uid))
+            .map(|(key, _)| self.sink.set_source_problems(&key, vec![], vec![]))
+            .is_some();
         let mut converted = for_conversion(pod);
         if ended {
             // What conversion reads as ended.
@@ -350,6 +379,11 @@ impl ApiPodSource {
                 true
             }
         };
+        if returning {
+            if let Ok(pod_uid) = PodUid::new(&uid) {
+                self.resolver.release_kept(&pod_uid);
+            }
+        }
         self.pods.insert(
             uid,
             KnownPod {
@@ -360,15 +394,60 @@ impl ApiPodSource {
         );
     }
 
+    /// A pod gone: its volumes are torn down now, or once its runtime is
+    /// gone when the source has a runtime to ask.
     fn remove_pod(&mut self, uid: &str) {
         let Some(known) = self.pods.remove(uid) else {
             return;
         };
+        if let (Some(ending), Ok(pod_uid)) = (&mut self.ending, PodUid::new(uid)) {
+            tracing::info!(pod = %known.key, %uid, "pod gone: its volumes stay until the container runtime says nothing of it runs");
+            if known.rejected {
+                self.sink.set_source_problems(&known.key, vec![], vec![]);
+            }
+            // Nothing of it is read (the Node authorizer refuses a gone
+            // pod's objects) nor set up any more; what is mounted stays.
+            self.resolver.delete_pod_keeping_mounts(&pod_uid);
+            let key = known.key.clone();
+            ending.start(uid, key, known);
+            return;
+        }
+        self.delete_known(uid, known);
+    }
+
+    /// The runtime answered about a pod waiting for it.
+    fn on_runtime_answer(&mut self, answer: RuntimeAnswer) {
+        let Some(ending) = &mut self.ending else {
+            return;
+        };
+        match ending.on_answer(answer) {
+            Outcome::Removed { uid, key, .. } => {
+                tracing::info!(pod = %key, %uid, "nothing of the pod runs any more: tearing its volumes down");
+                self.sink.set_source_problems(&key, vec![], vec![]);
+                if let Ok(uid) = PodUid::new(&uid) {
+                    self.resolver.release_kept(&uid);
+                }
+            }
+            Outcome::Waiting { key, note } => {
+                tracing::warn!(pod = %key, "{note}");
+                self.sink.set_source_problems(&key, vec![note], vec![]);
+            }
+            Outcome::Unchanged => {}
+        }
+    }
+
+    /// Removes a pod from the desired state: its volumes are torn down.
+    fn delete_known(&mut self, uid: &str, known: KnownPod) {
         if known.rejected {
             self.sink.set_source_problems(&known.key, vec![], vec![]);
         }
         if let Ok(uid) = PodUid::new(uid) {
-            tracing::info!(pod = %known.key, %uid, "pod removed: tearing its volumes down");
+            if self.keep_ended {
+                // Observe mode tears nothing down: the kubelet does.
+                tracing::info!(pod = %known.key, %uid, "pod removed from the node");
+            } else {
+                tracing::info!(pod = %known.key, %uid, "pod removed: tearing its volumes down");
+            }
             self.resolver.delete_pod(&uid);
         }
     }
@@ -552,6 +631,15 @@ impl ApiPodSource {
 
 /// The volumes a pod's containers (init, app and ephemeral) mount or map:
 /// the kubelet processes only those (`GetPodVolumeNames`).
+/// The runtime's next answer about a pod waiting for it (never, without a
+/// runtime to ask).
+async fn next_runtime_answer(ending: &mut Option<EndingPods<KnownPod>>) -> RuntimeAnswer {
+    match ending {
+        Some(e) => e.next().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn used_volumes(pod: &Pod) -> HashSet<&str> {
     let mut used = HashSet::new();
     let Some(spec) = pod.spec.as_ref() else {

@@ -12,12 +12,14 @@
 //! tracer             eBPF / mountinfo observers: write the actual state, never mount
 //! plugins            emptyDir, hostPath, CSI (kubelet side)
 //! csi                gRPC clients, driver registry, plugin watcher (a leaf)
+//! cri                the container runtime's view of a pod (a leaf)
 //! cache              desired and actual states of world, out-of-band log
 //! sys                every syscall behind a seam; root_dir, the only door to ROOT
 //! base               volume names and specs, quantities, metrics, status schema, ebpf loader, util
 //! ```
 
 pub mod cache;
+pub mod cri;
 pub mod ebpf;
 pub mod failpoint;
 pub mod metrics;

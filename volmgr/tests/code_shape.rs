@@ -27,7 +27,7 @@ const LAYERS: &[&[&str]] = &[
     &["metrics"],
     &["status"],
     &["sys"],
-    &["cache", "pluginmanager"],
+    &["cache", "pluginmanager", "cri"],
     &["plugins"],
     &["tracer"],
     &["operationexecutor"],

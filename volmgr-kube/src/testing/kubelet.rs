@@ -66,6 +66,21 @@ impl RealKubelet {
         kubelet: &Path,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::start_with_runtime(server, node, root, dir, kubelet, env, &[])
+    }
+
+    /// As [`Self::start_binary`], with `runtime_args` added to `fake-cri`'s
+    /// command line (`--stop-delay=5s`: a StopContainer takes 5 s; it logs
+    /// every stopped container, see [`Self::runtime_log`]).
+    pub fn start_with_runtime(
+        server: &RealApiServer,
+        node: &str,
+        root: &Path,
+        dir: &Path,
+        kubelet: &Path,
+        env: &[(&str, &str)],
+        runtime_args: &[&str],
+    ) -> Self {
         sandbox();
         for d in [root, dir] {
             assert!(
@@ -80,7 +95,7 @@ impl RealKubelet {
         }
         std::fs::create_dir_all(root).unwrap();
         let bin = server.bin().to_path_buf();
-        let cri = start_cri(&bin, &dir);
+        let cri = start_cri(&bin, &dir, runtime_args);
         write_config(&dir, server);
         let mut k = Self {
             kubelet: None,
@@ -149,6 +164,13 @@ impl RealKubelet {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// The container runtime's (`fake-cri`'s) log so far: the containers
+    /// and sandboxes it stopped (`fake-cri: stopped container ID pod UID
+    /// unix_ns=N`).
+    pub fn runtime_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("fake-cri.log")).unwrap_or_default()
     }
 
     /// Waits up to `secs` for `cond`, panicking with the kubelet's log tail.
@@ -318,11 +340,12 @@ fn fs_type(p: &Path) -> libc::c_long {
     s.f_type as libc::c_long
 }
 
-/// Starts `fake-cri` on `dir/cri.sock` and waits for its socket.
-fn start_cri(bin: &Path, dir: &Path) -> Child {
+/// Starts `fake-cri` on `dir/cri.sock` with `args` and waits for its socket.
+fn start_cri(bin: &Path, dir: &Path, args: &[&str]) -> Child {
     let sock = dir.join("cri.sock");
     let mut cmd = Command::new(bin.join("fake-cri"));
     cmd.arg(format!("--endpoint={}", sock.display()))
+        .args(args)
         .current_dir(dir.join("work"));
     let child = super::real::spawn(&mut cmd, &dir.join("fake-cri.log"));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -375,4 +398,13 @@ imageGCLowThresholdPercent: 99
         ca = server.dir().join("ca.crt").display(),
     );
     std::fs::write(dir.join("config.yaml"), config).unwrap();
+}
+
+/// Starts `fake-cri` alone (no kubelet) on `dir/cri.sock`, from the empty
+/// working directory `dir/work`: a real CRI runtime for tests that drive
+/// it themselves (its sandboxes and containers live in its memory).
+/// Killed by pid when the returned child is, or when the test dies.
+pub fn fake_cri(server: &RealApiServer, dir: &Path) -> Child {
+    std::fs::create_dir_all(dir.join("work")).unwrap();
+    start_cri(server.bin(), dir, &[])
 }

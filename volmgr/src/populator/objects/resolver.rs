@@ -286,6 +286,26 @@ impl PodResolver {
         self.sink.delete_pod(uid)
     }
 
+    /// Removes pod `uid` from the desired state (nothing of it is read or
+    /// set up any more) but keeps it held, so that nothing mounted for it
+    /// is torn down until [`Self::release_kept`]: a pod gone from the API
+    /// whose containers may still run. Held before it leaves the desired
+    /// state, so the reconciler never sees it unheld and gone.
+    pub fn delete_pod_keeping_mounts(&mut self, uid: &PodUid) -> bool {
+        self.forget_pod(uid);
+        self.sink.set_held(uid, true);
+        self.sink.delete_pod(uid)
+    }
+
+    /// Lets what is mounted for pod `uid`, deleted by
+    /// [`Self::delete_pod_keeping_mounts`], be torn down (unless the pod
+    /// came back and waits for its objects).
+    pub fn release_kept(&self, uid: &PodUid) {
+        if !self.held.contains_key(uid) {
+            self.sink.set_held(uid, false);
+        }
+    }
+
     /// Records converted pod `uid` before it goes to the sink: with what it
     /// was converted from and read, it is followed; without, it reads
     /// nothing and anything recorded of it is forgotten.
