@@ -33,6 +33,7 @@ use std::future::Future;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use volmgr::util::backoff::{Backoff, Retries};
 
 /// Longest request line.
 pub const MAX_REQUEST_LINE: usize = 64 << 10;
@@ -315,23 +316,28 @@ pub fn raise_nofile() -> u64 {
 /// Backoff of an accept loop after an error: 10 ms doubling to 1 s, reset
 /// by a successful accept. Running out of descriptors (`EMFILE`,
 /// `ENFILE`) then costs a few wake-ups a second, not a core.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct AcceptBackoff {
-    delay: Option<Duration>,
+    retries: Retries,
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        Self {
+            retries: Backoff::new(Duration::from_millis(10), 2, Duration::from_secs(1)).retries(),
+        }
+    }
 }
 
 impl AcceptBackoff {
     /// A successful accept.
     pub fn reset(&mut self) {
-        self.delay = None;
+        self.retries.reset();
     }
 
     /// Sleeps after a failed accept.
     pub async fn failed(&mut self, e: &std::io::Error, what: &str) {
-        let d = self.delay.map_or(Duration::from_millis(10), |d| {
-            (d * 2).min(Duration::from_secs(1))
-        });
-        self.delay = Some(d);
+        let d = self.retries.next_delay();
         tracing::warn!(error = %e, listener = what, backoff_ms = d.as_millis() as u64, "accept failed");
         tokio::time::sleep(d).await;
     }

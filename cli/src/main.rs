@@ -164,11 +164,7 @@ impl AgentArgs {
             metrics_addr: self.metrics_addr,
             resync_period: self.resync_period,
             rescan_period: self.rescan_period,
-            backoff: Backoff {
-                initial: self.backoff_initial,
-                factor: 2,
-                max: self.backoff_max,
-            },
+            backoff: Backoff::new(self.backoff_initial, 2, self.backoff_max),
             node_name: self.node_name,
             csi_timeout: self.csi_timeout,
             volume_stats_period: self.volume_stats_period,

@@ -107,13 +107,12 @@ fn build_config(cfg: &NewConfig) -> Config {
         config.resync_period = Duration::from_millis(ms.max(1));
     }
     let d = Backoff::default();
-    config.backoff = Backoff {
-        initial: cfg
-            .backoff_initial_ms
+    config.backoff = Backoff::new(
+        cfg.backoff_initial_ms
             .map_or(d.initial, Duration::from_millis),
-        factor: d.factor,
-        max: cfg.backoff_max_ms.map_or(d.max, Duration::from_millis),
-    };
+        d.factor,
+        cfg.backoff_max_ms.map_or(d.max, Duration::from_millis),
+    );
     config.wait_for_reported_in_use = cfg.wait_for_reported_in_use;
     config.wait_for_volumes_attached = cfg.wait_for_volumes_attached;
     // The one default that differs from the agent's (see volmgr_new).

@@ -15,14 +15,16 @@
 //!   item that is not an error (a refused list is `Init`, then the error:
 //!   retried about once a second forever), it starts over only once the
 //!   watcher has gone [`RESET_AFTER`] without a failure.
-//! - [`Backoff`] for plain async code (a GET polled until it works):
-//!   [`Backoff::next_delay`] after each failure, [`Backoff::reset`] after
+//! - [`retries`] for plain async code (a GET polled until it works):
+//!   [`Retries::next_delay`] after each failure, [`Retries::reset`] after
 //!   a success.
+//!
+//! The policy is volmgr's one [`Backoff`] (`volmgr::util::backoff`).
 
-use std::hash::{BuildHasher, Hasher};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
+use volmgr::util::backoff::{Backoff, Retries};
 
 /// The first delay (client-go's reflector: 800 ms).
 pub const INITIAL: Duration = Duration::from_millis(800);
@@ -34,79 +36,22 @@ pub const FACTOR: u32 = 2;
 /// for its delay to start over (client-go's reflector: 2 min).
 pub const RESET_AFTER: Duration = Duration::from_secs(120);
 
-/// A uniformly distributed fraction in `[0, 1)`, from the standard
-/// library's randomly keyed SipHash (no random crate is needed for
-/// jitter).
-pub(crate) fn random_fraction() -> f64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    h.write_u128(nanos);
-    // The top 53 bits: every value exactly representable.
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+/// client-go's reflector policy: [`INITIAL`] doubling to [`MAX`], jittered.
+pub const REFLECTOR: Backoff = Backoff::new(INITIAL, FACTOR, MAX).with_jitter();
+
+/// A retry loop with client-go's reflector policy, for plain async code
+/// (a GET polled until it works): [`Retries::next_delay`] after each
+/// failure, [`Retries::reset`] after a success.
+pub fn retries() -> Retries {
+    REFLECTOR.retries()
 }
 
-/// `d` plus up to `d` more (client-go's `wait.Jitter(d, 1.0)`).
-fn jitter(d: Duration) -> Duration {
-    d + d.mul_f64(random_fraction())
-}
-
-/// Capped exponential backoff with jitter, for plain async code (see the
-/// module documentation).
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    /// The first delay ([`INITIAL`]).
-    initial: Duration,
-    /// The cap ([`MAX`]).
-    max: Duration,
-    /// The next delay before jitter.
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Backoff {
-    /// A backoff whose first delay is [`INITIAL`].
-    pub fn new() -> Self {
-        Self::with(INITIAL, MAX)
-    }
-
-    /// From `initial` up to `max` (shorter delays for tests).
-    fn with(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            next: initial,
-        }
-    }
-
-    /// The delay to wait after a failure: the current delay with jitter
-    /// (between it and twice it); the next one is [`FACTOR`] times longer,
-    /// up to [`MAX`].
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = self.next.saturating_mul(FACTOR).min(self.max);
-        jitter(d)
-    }
-
-    /// Starts over at [`INITIAL`] (after a success).
-    pub fn reset(&mut self) {
-        self.next = self.initial;
-    }
-}
-
-/// The backoff of one watcher stream: [`Backoff`], started over only once
+/// The backoff of one watcher stream: [`REFLECTOR`], started over only once
 /// the stream has gone [`RESET_AFTER`] without a failure (see
 /// [`watch_backoff`]).
 #[derive(Debug, Clone)]
 pub struct WatchBackoff {
-    backoff: Backoff,
+    backoff: Retries,
     /// When the stream first delivered an item after its last failure.
     working_since: Option<Instant>,
     /// [`RESET_AFTER`].
@@ -123,11 +68,11 @@ pub struct WatchBackoff {
 /// [`RESET_AFTER`]; a list or watch refused every time (401, 403, 404) is
 /// retried ever more slowly, up to one request every 30 to 60 s.
 pub fn watch_backoff() -> WatchBackoff {
-    WatchBackoff::with(Backoff::new(), RESET_AFTER)
+    WatchBackoff::with(retries(), RESET_AFTER)
 }
 
 impl WatchBackoff {
-    fn with(backoff: Backoff, reset_after: Duration) -> Self {
+    fn with(backoff: Retries, reset_after: Duration) -> Self {
         Self {
             backoff,
             working_since: None,
@@ -163,37 +108,18 @@ mod tests {
     use futures_util::StreamExt;
     use kube::runtime::utils::Backoff as _;
 
-    /// Each delay is between its base and twice it, the bases doubling
-    /// from 800 ms to 30 s (client-go's reflector), and a reset starts
-    /// over.
-    #[test]
-    fn doubles_with_jitter_up_to_the_cap() {
-        let mut b = Backoff::new();
-        let bases = [0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0, 30.0];
-        for base in bases {
-            let d = b.next_delay().as_secs_f64();
-            assert!(d >= base && d < 2.0 * base + 1e-9, "{d} for base {base}");
-        }
-        b.reset();
-        let d = b.next_delay();
-        assert!(d >= INITIAL && d < 2 * INITIAL, "{d:?}");
-    }
-
-    #[test]
-    fn jitter_spreads() {
-        let samples: Vec<f64> = (0..200).map(|_| random_fraction()).collect();
-        assert!(samples.iter().all(|f| (0.0..1.0).contains(f)));
-        let low = samples.iter().filter(|f| **f < 0.5).count();
-        assert!((40..160).contains(&low), "{low} of 200 under 0.5");
-    }
-
     /// `reset` (every item that is not an error, `Init` included) does not
     /// start the delay over: only working for [`RESET_AFTER`] does (here
     /// scaled down: delays of 10 ms to 300 ms, a reset after 400 ms).
     #[tokio::test]
     async fn starts_over_only_after_working_for_a_while() {
         let ms = Duration::from_millis;
-        let mut b = WatchBackoff::with(Backoff::with(ms(10), ms(300)), ms(400));
+        let mut b = WatchBackoff::with(
+            Backoff::new(ms(10), FACTOR, ms(300))
+                .with_jitter()
+                .retries(),
+            ms(400),
+        );
         for base in [10, 20, 40, 80, 160, 300, 300] {
             // An `Init` before each failure, as a refused list gives.
             b.reset();
@@ -232,7 +158,12 @@ mod tests {
         let api: kube::Api<Pod> = kube::Api::all(fake.client());
         let config = crate::transport::watcher_config().fields("spec.nodeName=n1");
         let ms = Duration::from_millis;
-        let backoff = WatchBackoff::with(Backoff::with(ms(10), ms(300)), RESET_AFTER);
+        let backoff = WatchBackoff::with(
+            Backoff::new(ms(10), FACTOR, ms(300))
+                .with_jitter()
+                .retries(),
+            RESET_AFTER,
+        );
         let mut events = watcher::watcher(api, config).backoff(backoff).boxed();
         let mut failed_at = Vec::new();
         while failed_at.len() < 6 {

@@ -28,6 +28,7 @@ use kube::Client;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 use volmgr::cache::world::ClaimResize;
+use volmgr::util::backoff::Backoff;
 use volmgr::volumemanager::VolumeManager;
 
 /// The conditions a finished resize removes (the kubelet's
@@ -104,7 +105,8 @@ async fn run(
             },
         };
         let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &r.namespace);
-        let mut delay = Duration::from_millis(500);
+        let mut backoff =
+            Backoff::new(Duration::from_millis(500), 2, Duration::from_secs(30)).retries();
         for attempt in 1..=ATTEMPTS {
             match mark_resize_finished(&api, &r).await {
                 Ok(()) => break,
@@ -115,9 +117,8 @@ async fn run(
                     tracing::info!(error = %e, attempt, "claim status not patched yet; retrying");
                     tokio::select! {
                         () = volmgr::util::shutdown::requested(&mut shutdown) => return,
-                        () = tokio::time::sleep(delay) => {}
+                        () = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(30));
                 }
             }
         }

@@ -25,12 +25,16 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use tokio::sync::watch;
 use volmgr::pluginmanager::registry::{DriverRegistry, NodeInfo};
+use volmgr::util::backoff::Backoff;
 
 /// The Node annotation with every driver's node ID (a JSON map).
 pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
 /// How often an update that lost a race (409 Conflict) is tried again at once.
 const CONFLICT_RETRIES: usize = 5;
+
+/// The wait after a failed sync: 1 s doubling to 32 s.
+const RETRY: Backoff = Backoff::new(Duration::from_secs(1), 2, Duration::from_secs(32));
 
 /// Why the node's objects could not be updated for a driver.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +121,7 @@ pub async fn run(
             None
         } else {
             failures = failures.saturating_add(1);
-            Some(Duration::from_millis(500) * 2u32.pow(failures.min(6)))
+            Some(RETRY.delay(failures))
         };
         tokio::select! {
             () = volmgr::util::shutdown::requested(&mut shutdown) => return,

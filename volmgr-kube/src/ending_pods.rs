@@ -86,7 +86,7 @@ impl<T> EndingPods<T> {
         let tx = self.tx.clone();
         let id = uid.to_string();
         let task = tokio::spawn(async move {
-            let mut backoff = crate::backoff::Backoff::new();
+            let mut backoff = crate::backoff::retries();
             loop {
                 let answer = runtime.pod_runtime(&id).await;
                 let delay = match &answer {

@@ -36,6 +36,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use volmgr::util::backoff::Backoff;
 use volmgr::volume::UniqueVolumeName;
 use volmgr::volumemanager::VolumeManager;
 
@@ -230,7 +231,7 @@ pub async fn run(
             Err(e) => {
                 failures = failures.saturating_add(1);
                 tracing::warn!(error = %e, "node status: will retry");
-                (Duration::from_millis(200) * 2u32.pow(failures.min(8))).min(config.period)
+                Backoff::new(Duration::from_millis(400), 2, config.period).delay(failures)
             }
         };
         tokio::select! {

@@ -5,7 +5,7 @@
 //! schedule, as the kubelet reads a pod's claim again at each pod sync:
 //! soon after a change or while it is missing (a claim about to be bound,
 //! an attachment about to be made), about once a minute once it is stable.
-//! A refused or failed read backs off ([`Backoff`]); its cause shows in
+//! A refused or failed read backs off ([`super::backoff::retries`]); its cause shows in
 //! status and the log once ([`ApiProblems`]).
 
 use std::sync::Arc;
@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 
 use volmgr::populator::objects::{Kind, KubeObject, ObjectKind, ObjectRef};
 
-use super::backoff::Backoff;
 use super::object_update::{cause, ObjectUpdate};
 use super::problems::ApiProblems;
 
@@ -77,7 +76,7 @@ pub async fn poll<K: Kind>(
     let mut last: Option<Found> = None;
     let mut failing = false;
     let mut period = SOON;
-    let mut backoff = Backoff::default();
+    let mut backoff = super::backoff::retries();
     loop {
         let delay = match api.get_opt(&r.name).await {
             Ok(obj) => {

@@ -129,7 +129,7 @@ impl ApiTokenSource {
     async fn token_at(&self, req: &TokenRequest, now: SystemTime) -> Result<Token, TokenError> {
         let slot = self.cache.locked().slot(req, now);
         let mut held = slot.lock().await;
-        let jitter = MAX_JITTER.mul_f64(super::backoff::random_fraction());
+        let jitter = MAX_JITTER.mul_f64(volmgr::util::backoff::random_fraction());
         if let Some(c) = held.as_ref().filter(|c| !c.requires_refresh(now, jitter)) {
             return Ok(c.token.clone());
         }

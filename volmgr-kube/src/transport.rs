@@ -132,7 +132,7 @@ pub enum TransportError {
 /// reflector chooses one for each watch.
 pub fn random_watch_timeout() -> u32 {
     let min = MIN_WATCH_TIMEOUT.as_secs() as u32;
-    let extra = f64::from(min) * super::backoff::random_fraction();
+    let extra = f64::from(min) * volmgr::util::backoff::random_fraction();
     min + (extra as u32).min(min - 1)
 }
 

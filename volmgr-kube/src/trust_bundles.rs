@@ -14,7 +14,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use volmgr::populator::objects::{KubeObject, ObjectRef};
 
-use super::backoff::{watch_backoff, Backoff};
+use super::backoff::{retries, watch_backoff};
 use super::object_update::ObjectUpdate;
 use super::transport::watcher_config;
 
@@ -24,7 +24,7 @@ const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
 /// The bundles' API at the first version the server serves; `None` if it
 /// serves none. Retries other errors (the server down) until it answers.
 async fn served_api(client: &Client) -> Option<Api<DynamicObject>> {
-    let mut backoff = Backoff::new();
+    let mut backoff = retries();
     loop {
         let mut unanswered = false;
         for version in VERSIONS {

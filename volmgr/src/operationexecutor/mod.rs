@@ -10,7 +10,7 @@ pub mod unstack;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::cache::operations::{OperationStamp, OperationsView};
 use crate::cache::pod_map::PodMap;
@@ -21,40 +21,9 @@ use crate::util::fast_map::FastMap;
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
 
-/// Backoff policy (the kubelet's `exponentialbackoff` defaults).
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    /// Wait after the first failure (kubelet: 500 ms).
-    pub initial: Duration,
-    /// Multiplier per further failure (kubelet: 2).
-    pub factor: u32,
-    /// Cap (kubelet: 2 m 2 s).
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(500),
-            factor: 2,
-            max: Duration::from_secs(122),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait after `failures` consecutive failures (1-based).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let mut d = self.initial;
-        for _ in 1..failures {
-            d = d.saturating_mul(self.factor);
-            if d >= self.max {
-                return self.max;
-            }
-        }
-        d.min(self.max)
-    }
-}
+/// The operations' backoff policy (the kubelet's `exponentialbackoff`
+/// defaults: [`Backoff::default`]).
+pub use crate::util::backoff::Backoff;
 
 /// The kind of an operation; the name is the kubelet's `operation_name` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,6 +82,10 @@ pub struct OperationRecord {
     pub uncertain: bool,
     /// Whether the last error waits for something to appear (a CSI driver).
     pub waiting: bool,
+    /// Whether the last error was the node's volume limit of the volume's
+    /// CSI driver (`VolumeError::VolumeLimit`): the kubelet's
+    /// `VolumeAttachLimitExceededError` when a wait for the pod ends.
+    pub limit_exceeded: bool,
     /// Running now.
     pub running: bool,
     /// Not to be retried before this.
@@ -319,6 +292,7 @@ impl OperationExecutor {
                     rec.last_error = None;
                     rec.uncertain = false;
                     rec.waiting = false;
+                    rec.limit_exceeded = false;
                     rec.retry_at = None;
                 }
                 Err(e) => {
@@ -326,6 +300,7 @@ impl OperationExecutor {
                     rec.last_error = Some(e.to_string());
                     rec.uncertain = e.is_uncertain();
                     rec.waiting = e.is_waiting();
+                    rec.limit_exceeded = matches!(e, VolumeError::VolumeLimit(_));
                     let delay = self.backoff.delay(rec.failures);
                     rec.retry_at = Some(Instant::now() + delay);
                     retry = Some(delay);
@@ -443,6 +418,7 @@ fn new_record(kind: OperationKind) -> OperationRecord {
         last_error: None,
         uncertain: false,
         waiting: false,
+        limit_exceeded: false,
         running: false,
         retry_at: None,
     }
@@ -451,16 +427,7 @@ fn new_record(kind: OperationKind) -> OperationRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kubelet_backoff() {
-        let b = Backoff::default();
-        assert_eq!(b.delay(1), Duration::from_millis(500));
-        assert_eq!(b.delay(2), Duration::from_secs(1));
-        assert_eq!(b.delay(8), Duration::from_secs(64));
-        assert_eq!(b.delay(9), Duration::from_secs(122));
-        assert_eq!(b.delay(1000), Duration::from_secs(122));
-    }
+    use std::time::Duration;
 
     #[tokio::test]
     async fn a_prepared_operation_runs_once_and_one_dropped_unrun_frees_its_record() {

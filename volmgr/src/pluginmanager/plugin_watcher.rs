@@ -39,6 +39,7 @@ use super::csi_proto::pluginregistration::registration_client::RegistrationClien
 use super::csi_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
 use super::registry::{DriverInfo, DriverRegistry, NodeInfo};
 use crate::sys::inotify::{self, InotifyFd, WatchError};
+use crate::util::backoff::Backoff;
 
 /// The plugin type this watcher handles (the kubelet's `CSIPlugin`).
 pub const CSI_PLUGIN_TYPE: &str = "CSIPlugin";
@@ -594,7 +595,8 @@ impl PluginWatcher {
                 });
             }
             Err(e) => {
-                let delay = backoff(self.config.retry_initial, self.config.retry_max, failures);
+                let delay = Backoff::new(self.config.retry_initial, 2, self.config.retry_max)
+                    .delay(failures.saturating_add(1));
                 tracing::warn!(socket = %a.socket.display(), error = %e, retry_in_ms = delay.as_millis() as u64, "plugin registration failed");
                 state.phase = Phase::Pending {
                     at: Instant::now() + delay,
@@ -610,13 +612,6 @@ impl PluginWatcher {
 
 fn is_hidden(name: &OsStr) -> bool {
     name.as_encoded_bytes().first() == Some(&b'.')
-}
-
-fn backoff(initial: Duration, max: Duration, failures: u32) -> Duration {
-    initial
-        .checked_mul(1u32 << failures.min(20))
-        .unwrap_or(max)
-        .min(max)
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -956,15 +951,6 @@ mod tests {
         assert!(node_info_of(answer("n1", -1, &[]))
             .unwrap_err()
             .contains("negative"));
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let (i, m) = (Duration::from_millis(500), Duration::from_secs(30));
-        assert_eq!(backoff(i, m, 0), i);
-        assert_eq!(backoff(i, m, 1), Duration::from_secs(1));
-        assert_eq!(backoff(i, m, 6), m);
-        assert_eq!(backoff(i, m, u32::MAX), m);
     }
 
     /// A watcher of `dir` with `socket` registered as driver `d` (as if its

@@ -223,11 +223,7 @@ fn desired_republished(uid: &str) -> DesiredPod {
 async fn manager(plugin: &Arc<ScriptedPlugin>) -> (tempfile::TempDir, Arc<VolumeManager>) {
     let t = tempfile::tempdir().unwrap();
     let mut cfg = Config::new(t.path());
-    cfg.backoff = Backoff {
-        initial: Duration::from_millis(10),
-        factor: 2,
-        max: Duration::from_millis(50),
-    };
+    cfg.backoff = Backoff::new(Duration::from_millis(10), 2, Duration::from_millis(50));
     let vm = VolumeManager::new(cfg, Arc::new(FakeMounter::default())).unwrap();
     vm.register_plugin(plugin.clone()).unwrap();
     vm.start().await.unwrap();

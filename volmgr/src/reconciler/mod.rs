@@ -992,11 +992,11 @@ mod tests {
     }
 
     async fn manager() -> (tempfile::TempDir, Arc<FakeDevicePlugin>, Arc<VolumeManager>) {
-        manager_with(Backoff {
-            initial: Duration::from_millis(10),
-            factor: 2,
-            max: Duration::from_millis(50),
-        })
+        manager_with(Backoff::new(
+            Duration::from_millis(10),
+            2,
+            Duration::from_millis(50),
+        ))
         .await
     }
 
@@ -1220,12 +1220,7 @@ mod tests {
     /// larger size is asked.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_infeasible_expansion_is_not_asked_again_for_that_size() {
-        let (_t, plugin, vm) = manager_with(Backoff {
-            initial: Duration::ZERO,
-            factor: 2,
-            max: Duration::ZERO,
-        })
-        .await;
+        let (_t, plugin, vm) = manager_with(Backoff::new(Duration::ZERO, 2, Duration::ZERO)).await;
         let v = UniqueVolumeName::new("fake/device/shared");
         *plugin.size.lock().unwrap() = Some(100);
         let a = vm.upsert_pod(&pod("a")).unwrap();

@@ -32,11 +32,7 @@ async fn manager() -> (tempfile::TempDir, Arc<FakeMounter>, Arc<VolumeManager>) 
     let t = tempfile::tempdir().unwrap();
     let fake = Arc::new(FakeMounter::default());
     let mut cfg = Config::new(t.path());
-    cfg.backoff = Backoff {
-        initial: Duration::from_millis(20),
-        factor: 2,
-        max: Duration::from_millis(100),
-    };
+    cfg.backoff = Backoff::new(Duration::from_millis(20), 2, Duration::from_millis(100));
     let vm = VolumeManager::new(cfg, fake.clone()).unwrap();
     vm.start().await.unwrap();
     (t, fake, vm)
