@@ -90,6 +90,23 @@ enum volmgr_status
    * table or the pods' directories at start failed.
    */
   VOLMGR_ERR_IO = 7,
+  /**
+   * `volmgr_wait_for_attach_and_mount` ended early: volumes of the pod
+   * could not be processed (a claim not found or not bound, a kind no
+   * plugin handles: the kubelet's pod errors). The message is the
+   * kubelet's `unmounted volumes=[…], unattached volumes=[…], failed to
+   * process volumes=[…]: <errors>`.
+   */
+  VOLMGR_ERR_POD_VOLUME_ERRORS = 8,
+  /**
+   * `volmgr_wait_for_attach_and_mount` timed out with a volume of the pod
+   * refused for the node's attach limit of its CSI driver (its
+   * VolumeAttachment failed with `ResourceExhausted`, or the driver's
+   * `max_volumes_per_node` is reached): the pod is to be rejected (the
+   * kubelet's `VolumeAttachLimitExceededError`, whose text the message
+   * is).
+   */
+  VOLMGR_ERR_ATTACH_LIMIT_EXCEEDED = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -738,6 +755,10 @@ void volmgr_volume_list_free(volmgr_volume_list *list);
  * The kubelet's `WaitForAttachAndMount`: returns `VOLMGR_OK` once every
  * volume of the pod is mounted, `VOLMGR_ERR_TIMEOUT` (with what is missing)
  * after `timeout_ms`, `VOLMGR_ERR_NOT_FOUND` for a pod never upserted.
+ * Volumes of the pod that could not be processed end it at once with
+ * `VOLMGR_ERR_POD_VOLUME_ERRORS`; a timeout with a volume refused for the
+ * node's attach limit is `VOLMGR_ERR_ATTACH_LIMIT_EXCEEDED`. Both errors
+ * have the kubelet's text (`volmgr_last_error`).
  *
  * # Safety
  * `vm` is NULL or a live handle; `pod_uid` is NULL or a NUL-terminated string.

@@ -7,9 +7,11 @@
 # package's tests, the fuzz targets for a bounded time, then a smoke run of
 # the demo, then the container image built and smoke-tested. The end-to-end
 # tests against a real control plane (kube-apiserver, etcd, kubectl built
-# from their Go modules by scripts/kube-binaries.sh, cached under $HOME) run
-# within cargo test; the fifteen-minute quiet-watch test runs in the
-# background beside the rest of the suite.
+# from their Go modules by scripts/kube-binaries.sh, cached under $HOME),
+# a stock kubelet and the kubelet fork whose volume manager is libvolmgr
+# (scripts/kubelet-fork.sh) run within cargo test; the fifteen-minute
+# quiet-watch test and the ten-minute healthy node run in the background
+# beside the rest of the suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/bootstrap.sh
@@ -41,24 +43,42 @@ for crate in volmgr-ffi volmgr-kube; do
 done
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== the kubelet fork (the stock kubelet, its volume manager libvolmgr: scripts/kubelet-fork.sh; cached under \$HOME)"
+# Against the debug libvolmgr.a the tests build anyway; relinked when it
+# changes (the Kubernetes packages stay in Go's build cache).
+VOLMGR_KUBELET_FORK=$(VOLMGR_FFI_PROFILE=debug ./scripts/kubelet-fork.sh)
+export VOLMGR_KUBELET_FORK
+echo "$VOLMGR_KUBELET_FORK"
 echo "== cargo test"
 log=$(mktemp)
-quiet_log=$(mktemp)
-quiet_pid=
-trap 'if [ -n "$quiet_pid" ]; then kill -- "-$quiet_pid" 2>/dev/null || true; fi; rm -f "$log" "$quiet_log"' EXIT
-# Fifteen minutes on a quiet real API server (the watches must outlive the
-# old 90 s deadline and the server's own timeouts without a relist): built
-# first, then run in the background while the rest of the suite runs.
+# The long tests run in the background while the rest of the suite runs,
+# each built first, in a session of its own so that a failure elsewhere
+# ends it whole (each re-executes itself in a private mount namespace and
+# starts etcd, kube-apiserver, a kubelet or the agent): its pid, log and
+# name by index.
+bg_pids=() bg_logs=() bg_names=()
+trap 'for p in "${bg_pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -f "$log" "${bg_logs[@]}"' EXIT
+# background TEST_FILE TEST_NAME [VAR=VALUE...]: starts one test of
+# cli/tests/TEST_FILE.rs in the background.
+background() {
+  local file=$1 name=$2 bin out
+  shift 2
+  bin=$(cargo test -p volmgr-cli --test "$file" --no-run --message-format=json 2>/dev/null \
+    | grep -o '"executable":"[^"]*'"$file"'[^"]*"' | tail -n 1 | cut -d'"' -f4)
+  [ -x "$bin" ] || { echo "the $file test binary was not built" >&2; exit 1; }
+  out=$(mktemp)
+  (cd cli && exec env "$@" setsid "$bin" "$name" --exact --test-threads=1) >"$out" 2>&1 &
+  bg_pids+=($!) bg_logs+=("$out") bg_names+=("$name")
+}
+# Fifteen minutes on a quiet real API server: the watches must outlive the
+# old 90 s deadline and the server's own timeouts without a relist.
 quiet_test=quiet_watches_live_as_long_as_the_server_lets_them
-quiet_bin=$(cargo test -p volmgr-cli --test real_watch --no-run --message-format=json 2>/dev/null \
-  | grep -o '"executable":"[^"]*real_watch[^"]*"' | tail -n 1 | cut -d'"' -f4)
-[ -x "$quiet_bin" ] || { echo "the real_watch test binary was not built" >&2; exit 1; }
-# In a session of its own, so that a failure elsewhere ends it whole (the
-# test re-executes itself in a private mount namespace and starts etcd,
-# kube-apiserver and the agent).
-(cd cli && exec setsid "$quiet_bin" "$quiet_test" --exact --test-threads=1) >"$quiet_log" 2>&1 &
-quiet_pid=$!
-cargo test --workspace -- --skip "$quiet_test" 2>&1 | tee "$log"
+background real_watch "$quiet_test"
+# Ten minutes of a healthy node with every volume kind next to a real
+# kubelet: observe mode's doctor exits 0 throughout.
+healthy_test=healthy_node_with_every_volume_kind_stays_clean
+background real_kubelet "$healthy_test" VOLMGR_HEALTHY_SECS=600
+cargo test --workspace -- --skip "$quiet_test" --skip "$healthy_test" 2>&1 | tee "$log"
 echo "== end-to-end suites again as on a 4.18 kernel (openat2, listmount, fchmodat2, new mount API: ENOSYS)"
 VOLMGR_TEST_OLDER_KERNEL=1 cargo test -p volmgr-cli --test agent --test hardening --test volume_kinds \
   --test config_volumes --test sub_paths --test csi 2>&1 | tee -a "$log"
@@ -72,14 +92,18 @@ echo "== demo smoke run"
 ./scripts/demo.sh --once
 echo "== container image (the demo's release build; size, --version, agent smoke from its root file system)"
 ./scripts/image.sh
-echo "== the quiet-watch test (started after the build, in the background)"
-quiet_rc=0
-wait "$quiet_pid" || quiet_rc=$?
-tee -a "$log" <"$quiet_log"
-if [ "$quiet_rc" -ne 0 ]; then
-  echo "the quiet-watch test failed (exit $quiet_rc)" >&2
-  exit 1
-fi
+echo "== the long tests (started after the build, in the background)"
+bg_failed=0
+for i in "${!bg_pids[@]}"; do
+  rc=0
+  wait "${bg_pids[$i]}" || rc=$?
+  tee -a "$log" <"${bg_logs[$i]}"
+  if [ "$rc" -ne 0 ]; then
+    echo "the background test ${bg_names[$i]} failed (exit $rc)" >&2
+    bg_failed=1
+  fi
+done
+[ "$bg_failed" -eq 0 ] || exit 1
 # One closing line for the whole run.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1); if ($i == "ignored;") s += $(i-1) } }
      /^c flow:/ { p += $3; f += $5 }

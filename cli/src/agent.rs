@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::api;
 use crate::limits::ClientLimits;
 use crate::metrics_server::serve_metrics;
-use crate::{api, apiserver};
 use volmgr::operationexecutor::Backoff;
 use volmgr::pluginmanager::registry::DriverRegistry;
 use volmgr::plugins::token::FileTokenSource;
@@ -96,7 +96,7 @@ pub enum AgentError {
     Manager(#[from] volumemanager::Error),
     /// The API server cannot be used.
     #[error(transparent)]
-    Api(#[from] apiserver::client::ClientError),
+    Api(#[from] volmgr_kube::client::ClientError),
     /// Another agent holds ROOT.
     #[error("another volmgr agent is running on {0} (lock held on volmgr.lock)")]
     Locked(PathBuf),
@@ -234,7 +234,7 @@ pub(crate) async fn wait_for_stop(
 /// names a directory.
 pub(crate) fn check_sources(opts: &AgentOptions) -> Result<(), AgentError> {
     match &opts.manifests {
-        None if !apiserver::client::api_requested(opts.kubeconfig.as_deref()) => {
+        None if !volmgr_kube::client::api_requested(opts.kubeconfig.as_deref()) => {
             Err(AgentError::NoSource)
         }
         Some(dir) if !dir.is_dir() => Err(AgentError::Io {
@@ -262,17 +262,18 @@ pub(crate) fn spawn_sources(
     // One sink per source present (`count` of them).
     let api = kube.and_then(|client| {
         let events = client.clone();
-        let mut source = apiserver::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
-            .with_ca_origin(&apiserver::client::ca_origin(opts.kubeconfig.as_deref()))
-            .with_payload_resolution(payloads)
-            // An observer keeps ended pods: their directories are the
-            // kubelet's until they are deleted.
-            .keeping_ended_pods(payloads == PayloadResolution::NamesOnly);
+        let mut source =
+            volmgr_kube::pods::ApiPodSource::new(client, &opts.node_name, sinks.next()?)
+                .with_ca_origin(&volmgr_kube::client::ca_origin(opts.kubeconfig.as_deref()))
+                .with_payload_resolution(payloads)
+                // An observer keeps ended pods: their directories are the
+                // kubelet's until they are deleted.
+                .keeping_ended_pods(payloads == PayloadResolution::NamesOnly);
         // Manager mode records why a pod's claims cannot be read, as the
         // kubelet does; an observer leaves that to the node's kubelet.
         if payloads == PayloadResolution::Full {
-            let config = apiserver::events::EventConfig::default();
-            let events = apiserver::events::SourceEvents::start(
+            let config = volmgr_kube::events::EventConfig::default();
+            let events = volmgr_kube::events::SourceEvents::start(
                 events,
                 &opts.node_name,
                 config,
@@ -322,22 +323,22 @@ async fn connect_api(
     vm: &Arc<VolumeManager>,
     stop: &watch::Receiver<bool>,
 ) -> Result<Option<kube::Client>, AgentError> {
-    let client = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
-        Some(apiserver::client::client(opts.kubeconfig.as_deref(), &opts.node_name).await?)
+    let client = if volmgr_kube::client::api_requested(opts.kubeconfig.as_deref()) {
+        Some(volmgr_kube::client::client(opts.kubeconfig.as_deref(), &opts.node_name).await?)
     } else {
         None
     };
     match (&opts.token_dir, &client) {
         (Some(dir), _) => vm.set_token_source(Arc::new(FileTokenSource::new(dir.clone()))),
         (None, Some(c)) => {
-            vm.set_token_source(Arc::new(apiserver::token::ApiTokenSource::new(c.clone())))
+            vm.set_token_source(Arc::new(volmgr_kube::token::ApiTokenSource::new(c.clone())))
         }
         (None, None) => {}
     }
     if let Some(c) = &client {
-        let events = apiserver::events::EventConfig::default();
-        apiserver::events::start(c.clone(), &opts.node_name, vm, events, stop.clone());
-        apiserver::claim_status::start(c.clone(), vm, stop.clone());
+        let events = volmgr_kube::events::EventConfig::default();
+        volmgr_kube::events::start(c.clone(), &opts.node_name, vm, events, stop.clone());
+        volmgr_kube::claim_status::start(c.clone(), vm, stop.clone());
         tracing::info!(node = %opts.node_name, "using the API server (pods, objects, events, CSINode, tokens)");
     }
     Ok(client)
@@ -354,18 +355,18 @@ fn spawn_node_components(
     stop: &watch::Receiver<bool>,
 ) {
     let node = opts.node_name.clone();
-    tokio::spawn(apiserver::csinode::run(
+    tokio::spawn(volmgr_kube::csinode::run(
         client.clone(),
         node.clone(),
         Arc::clone(registry),
         stop.clone(),
     ));
     if opts.report_volumes_in_use {
-        tokio::spawn(apiserver::node_status::run(
+        tokio::spawn(volmgr_kube::node_status::run(
             client,
             node,
             Arc::clone(vm),
-            apiserver::node_status::NodeStatusConfig::default(),
+            volmgr_kube::node_status::NodeStatusConfig::default(),
             stop.clone(),
         ));
     }

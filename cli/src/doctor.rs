@@ -251,6 +251,13 @@ pub fn stuck_text(out: &mut String, stuck: &[StuckSyscall]) {
         return;
     }
     let _ = writeln!(out, "\nstuck now:");
+    if stuck.iter().any(|s| s.path.is_empty()) {
+        // Observe mode's confinement: /proc/<pid>/mem is not readable.
+        let _ = writeln!(
+            out,
+            "  (a call's path could not be read: the agent reads it from the caller's memory, which observe mode's confinement forbids; known for each call: the call, the caller's pid/tid, how long it has been blocked; its file system and kernel stack as far as readable)"
+        );
+    }
     for s in stuck {
         let _ = writeln!(
             out,

@@ -18,9 +18,13 @@ pub fn observe_lines(out: &mut String, o: &ObserveStatus) {
     if let Some(p) = &o.write_probe {
         let _ = writeln!(out, "  write probe: {}", P(p));
     }
-    let _ = writeln!(out, "findings: {}", o.findings.len());
+    let more: usize = o.findings_not_listed.values().sum();
+    let _ = writeln!(out, "findings: {}", o.findings.len() + more);
     for f in &o.findings {
         finding_lines(out, f);
+    }
+    for (kind, n) in &o.findings_not_listed {
+        let _ = writeln!(out, "- ... and {n} more {} (not listed)", P(kind));
     }
 }
 

@@ -7,7 +7,6 @@
 
 pub mod agent;
 pub mod api;
-pub use volmgr_kube as apiserver;
 pub mod doctor;
 pub mod findings_text;
 pub mod limits;

@@ -283,7 +283,7 @@ where
 /// is a default for `select(2)` users, not a budget. Returns the soft
 /// limit in force. Descriptors stay in reserve for mounts, state files
 /// and the local API: the API server's traffic takes at most
-/// `apiserver::transport::MAX_CONNECTIONS`, local clients a quarter of the
+/// `volmgr_kube::transport::MAX_CONNECTIONS`, local clients a quarter of the
 /// limit ([`ClientLimits::from_rlimit`]).
 pub fn raise_nofile() -> u64 {
     let mut lim = libc::rlimit {

@@ -22,9 +22,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{watch, Notify};
 
 use crate::agent::{io, AgentError, AgentOptions};
-use crate::apiserver::pod_events::{PodEvents, PodEventsConfig, PodKey};
+use crate::api;
 use crate::sandbox::{self, Confinement};
-use crate::{api, apiserver};
 use volmgr::observer::{NoSyscallHistory, Observer, SyscallHistory};
 use volmgr::populator::convert::PayloadResolution;
 use volmgr::status::RecentSyscall;
@@ -32,6 +31,7 @@ use volmgr::status::{Finding, FindingKind, ObserveStatus};
 use volmgr::tracer::timeline::{self, TimelineStore};
 use volmgr::util::sync::MutexExt;
 use volmgr::volumemanager::{Built, Config, CsiSetup, VolumeManager, VolumeManagerBuilder};
+use volmgr_kube::pod_events::{PodEvents, PodEventsConfig, PodKey};
 
 /// The failpoint that makes the observing agent try a write under ROOT
 /// (the test that the kernel refuses it).
@@ -114,8 +114,8 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     // findings, stuck calls, latency histograms. It only reads.
     crate::agent::set_stuck_thresholds(&vm, &opts);
     let watchers = built.start_watchers(stop_rx.clone())?;
-    let kube = if apiserver::client::api_requested(opts.kubeconfig.as_deref()) {
-        Some(apiserver::client::client(opts.kubeconfig.as_deref(), &opts.node_name).await?)
+    let kube = if volmgr_kube::client::api_requested(opts.kubeconfig.as_deref()) {
+        Some(volmgr_kube::client::client(opts.kubeconfig.as_deref(), &opts.node_name).await?)
     } else {
         None
     };
@@ -248,7 +248,8 @@ fn add_findings_metrics(vm: &Arc<VolumeManager>, status: &Arc<Mutex<ObserveStatu
             "# HELP volmgr_findings Problems observe mode found on the node, by kind.\n# TYPE volmgr_findings gauge\n",
         );
         for kind in FindingKind::ALL {
-            let n = s.findings.iter().filter(|f| f.kind == kind).count();
+            let n = s.findings.iter().filter(|f| f.kind == kind).count()
+                + s.findings_not_listed.get(kind.as_str()).copied().unwrap_or(0);
             out.push_str(&format!("volmgr_findings{{kind=\"{}\"}} {n}\n", kind.as_str()));
         }
         out.push_str(&format!(
@@ -310,15 +311,24 @@ impl Scanner {
             Observer::new(Duration::ZERO, Arc::new(NoSyscallHistory)),
         );
         let joined = tokio::task::spawn_blocking(move || {
+            // Read before the scan: what it judges is at least that.
+            let populated = vm.sources_populated();
             let r = observer.scan(&vm);
-            (observer, r)
+            (observer, r, populated)
         })
         .await;
-        let Ok((observer, result)) = joined else {
+        let Ok((observer, result, populated)) = joined else {
             return;
         };
-        self.observer = observer;
         let mut s = self.status.locked().clone();
+        s.volumes = observer.volumes().to_vec();
+        s.findings_not_listed = observer
+            .not_listed()
+            .iter()
+            .map(|(k, n)| (k.as_str().to_string(), *n))
+            .collect();
+        s.synced = populated && result.is_ok();
+        self.observer = observer;
         s.scans += 1;
         s.last_scan = volmgr::cache::out_of_band::rfc3339(SystemTime::now());
         match result {

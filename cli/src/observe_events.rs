@@ -10,7 +10,7 @@ use kube::Client;
 use volmgr::status::{Finding, FindingKind};
 use volmgr::volume::PodUid;
 
-use crate::apiserver::events::RateLimiter;
+use volmgr_kube::events::RateLimiter;
 
 /// The most bytes of an event's note the API server takes.
 const MAX_NOTE: usize = 1024;
@@ -50,7 +50,7 @@ impl FindingEvents {
         {
             return;
         }
-        let regarding = crate::apiserver::events::pod_reference(namespace, name, uid);
+        let regarding = volmgr_kube::events::pod_reference(namespace, name, uid);
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),

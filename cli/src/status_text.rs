@@ -11,7 +11,7 @@ pub fn status_text(s: &Status) -> String {
     let mut out = String::new();
     agent_lines(&mut out, s);
     for p in &s.pods {
-        pod_lines(&mut out, p);
+        pod_lines(&mut out, p, s.observe.is_some());
     }
     for d in &s.devices {
         device_line(&mut out, d);
@@ -59,8 +59,9 @@ fn agent_lines(out: &mut String, s: &Status) {
     }
 }
 
-/// A pod, why it was rejected, and a line per volume.
-fn pod_lines(out: &mut String, p: &PodStatus) {
+/// A pod, why it was rejected, and a line per volume (in observe mode,
+/// the kubelet's state of it).
+fn pod_lines(out: &mut String, p: &PodStatus, observe: bool) {
     let _ = writeln!(
         out,
         "pod {}/{} ({})",
@@ -79,6 +80,10 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
         let _ = writeln!(out, "  {what}: {}", P(e));
     }
     for v in &p.volumes {
+        if observe {
+            observed_volume_line(out, v);
+            continue;
+        }
         let _ = writeln!(
             out,
             "  {:<20} {:<26} {:<10} attempts={:<3} {}{}{}",
@@ -91,6 +96,28 @@ fn pod_lines(out: &mut String, p: &PodStatus) {
             volume_stats(v)
         );
     }
+}
+
+/// Observe mode: a volume as the kubelet has it (observe mode starts no
+/// operation: no attempts to show).
+fn observed_volume_line(out: &mut String, v: &VolumeStatus) {
+    let since = v.since.as_deref().unwrap_or("?");
+    let state = match v.state.as_str() {
+        "mounted" => "mounted by the kubelet".to_string(),
+        "not_mounted" if v.since.is_some() => format!("not mounted (since {since})"),
+        "not_mounted" => "not mounted".to_string(),
+        "stuck" => format!("stuck since {since}"),
+        "unknown" => "not scanned yet".to_string(),
+        other => other.to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "  {:<20} {:<26} {} {}",
+        P(&v.name).to_string(),
+        v.plugin,
+        state,
+        volume_detail(v)
+    );
 }
 
 /// A volume's device mount: state, pods using it, and its operation's
@@ -154,7 +181,14 @@ fn volume_stats(v: &VolumeStatus) -> String {
 /// a resync found.
 fn tracer_lines(out: &mut String, s: &Status) {
     let t = &s.tracer_stats;
-    if s.tracer != "off" {
+    if s.observe.is_some() && s.tracer != "off" {
+        // Observe mode manages nothing: no change is out of band.
+        let _ = writeln!(
+            out,
+            "tracer events: {}  events lost: {}",
+            t.events, t.events_lost
+        );
+    } else if s.tracer != "off" {
         let _ = writeln!(
             out,
             "tracer events: {}  out-of-band: {}  mount-table checks: {}  events lost: {}",

@@ -66,6 +66,24 @@ fn staged_ok(driver: &Driver, handle: &str) -> usize {
     driver.count("NodeStageVolume", handle, "OK")
 }
 
+/// `volmgr wait --pod uid-c` ends, when its timeout passes, with the
+/// kubelet's `VolumeAttachLimitExceededError` text (before: volmgr's own
+/// timeout text).
+fn assert_wait_rejects_at_the_limit(env: &Env) {
+    let out = std::process::Command::new(support::volmgr_bin())
+        .args(["wait", "--pod", "uid-c", "--timeout", "1", "--root"])
+        .arg(&env.root)
+        .output()
+        .expect("run volmgr wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let want = format!(
+        "volmgr: Node has reached its volume attachment limit, rejecting pod. \
+         unmounted volumes=[data], unattached volumes=[data], failed to process volumes=[]: {LIMIT_ERROR}"
+    );
+    assert_eq!(stderr.trim_end(), want);
+}
+
 fn start_agent(env: &Env) -> Agent {
     env.start_agent(&["--node-name", "node-1"])
 }
@@ -113,6 +131,7 @@ fn driver_volume_limit_refuses_then_admits() {
                 .is_some_and(|(_, attempts, _)| attempts >= 2)
         });
         assert!(refused(&env, "c"), "{:?}", state(&env, "c"));
+        assert_wait_rejects_at_the_limit(&env);
         assert!(driver
             .calls_of("NodeStageVolume")
             .iter()

@@ -590,7 +590,8 @@ fn csidriver_object_drives_attach_pod_info_and_lifecycle_modes() {
                 "--csi-republish-period",
                 "300ms",
             ]);
-            let va = volmgr::populator::csi_driver::attachment_name("vol-a", DRIVER, "node-x");
+            let va =
+                volmgr::populator::convert::csi_driver::attachment_name("vol-a", DRIVER, "node-x");
             let error = |uid: &str, vol: &str| env.volume_state(uid, vol).and_then(|s| s.2);
             wait_or_dump(
                 &env,

@@ -11,6 +11,8 @@
 //! | `volumemanager::Error::ReconstructionTask` | `INTERNAL` |
 //! | `BuildError::Tracer` (the tracer asked for cannot run) | `UNSUPPORTED` |
 //! | `WaitError::Timeout` / `Stopped` | `TIMEOUT` / `BUSY` |
+//! | `WaitError::PodErrors` | `POD_VOLUME_ERRORS` |
+//! | `WaitError::AttachLimitExceeded` | `ATTACH_LIMIT_EXCEEDED` |
 //! | `ResizeError::PodNotFound` / `VolumeNotFound` | `NOT_FOUND` |
 //! | `ResizeError::NotMounted` | `BUSY` |
 //! | `ResizeError::Volume(BelowUsage)` | `INVALID_ARGUMENT` |
@@ -62,6 +64,19 @@ pub enum volmgr_status {
     /// (missing, not a directory, behind a symlink), or reading the mount
     /// table or the pods' directories at start failed.
     VOLMGR_ERR_IO = 7,
+    /// `volmgr_wait_for_attach_and_mount` ended early: volumes of the pod
+    /// could not be processed (a claim not found or not bound, a kind no
+    /// plugin handles: the kubelet's pod errors). The message is the
+    /// kubelet's `unmounted volumes=[…], unattached volumes=[…], failed to
+    /// process volumes=[…]: <errors>`.
+    VOLMGR_ERR_POD_VOLUME_ERRORS = 8,
+    /// `volmgr_wait_for_attach_and_mount` timed out with a volume of the pod
+    /// refused for the node's attach limit of its CSI driver (its
+    /// VolumeAttachment failed with `ResourceExhausted`, or the driver's
+    /// `max_volumes_per_node` is reached): the pod is to be rejected (the
+    /// kubelet's `VolumeAttachLimitExceededError`, whose text the message
+    /// is).
+    VOLMGR_ERR_ATTACH_LIMIT_EXCEEDED = 9,
 }
 
 pub use volmgr_status::*;
@@ -115,6 +130,8 @@ impl ErrorStatus for WaitError {
         match self {
             WaitError::Timeout { .. } => VOLMGR_ERR_TIMEOUT,
             WaitError::Stopped => VOLMGR_ERR_BUSY,
+            WaitError::PodErrors { .. } => VOLMGR_ERR_POD_VOLUME_ERRORS,
+            WaitError::AttachLimitExceeded { .. } => VOLMGR_ERR_ATTACH_LIMIT_EXCEEDED,
         }
     }
 }

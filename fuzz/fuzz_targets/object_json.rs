@@ -20,5 +20,5 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let Some(Ok(pod)) = pod.map(serde_json::from_value::<k8s_openapi::api::core::v1::Pod>) else {
         return;
     };
-    let _ = store.recording(|s| volmgr::populator::pod::DesiredPod::from_pod_with(&pod, Some(s)));
+    let _ = store.recording(|s| volmgr::populator::convert::pod::DesiredPod::from_pod_with(&pod, Some(s)));
 });

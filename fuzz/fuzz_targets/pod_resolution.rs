@@ -4,7 +4,7 @@
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if let Ok(pod) = serde_json::from_slice::<k8s_openapi::api::core::v1::Pod>(data) {
-        let _ = volmgr::populator::pod::DesiredPod::from_pod(&pod);
-        let _ = volmgr::populator::pod::needs_objects(&pod);
+        let _ = volmgr::populator::convert::pod::DesiredPod::from_pod(&pod);
+        let _ = volmgr::populator::convert::pod::needs_objects(&pod);
     }
 });

@@ -188,7 +188,17 @@ pub struct ExecEvent {
     /// The arguments (argv, NUL separated), or their last
     /// [`EXEC_ARGS_MAX`] bytes.
     pub args: [u8; EXEC_ARGS_MAX],
+    /// The process's real uid in the initial user namespace.
+    pub uid: u32,
+    /// Padding (0).
+    pub _pad: u32,
 }
+
+/// Tool runs followed at most per table: `EXECS` (callers that can
+/// matter: uid 0 of the initial user namespace) and `EXECS_OTHER`
+/// (everyone else), each an LRU table of its own, so that no number of
+/// unprivileged tools evicts a root one.
+pub const EXECS_MAX: u32 = 1024;
 
 /// Whether `comm` names a file system tool that is traced: `mkfs*`,
 /// `fsck*`, `e2fsck`, `resize2fs`, `xfs_growfs`, `xfs_repair`.

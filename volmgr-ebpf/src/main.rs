@@ -96,10 +96,16 @@ static LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(LOST_KEYS, 0);
 #[map]
 static LAST_WAKE: Array<u64> = Array::with_max_entries(1, 0);
 
-/// File system tools running now, by tgid (LRU: an exit that is never
-/// seen cannot fill it).
+/// File system tools running now whose callers can matter (uid 0 of the
+/// initial user namespace), by tgid (LRU: an exit that
+/// is never seen cannot fill it).
 #[map]
-static EXECS: LruHashMap<u32, ExecEvent> = LruHashMap::with_max_entries(1024, 0);
+static EXECS: LruHashMap<u32, ExecEvent> = LruHashMap::with_max_entries(EXECS_MAX, 0);
+
+/// Those of every other caller: however many an unprivileged user runs,
+/// they only evict each other.
+#[map]
+static EXECS_OTHER: LruHashMap<u32, ExecEvent> = LruHashMap::with_max_entries(EXECS_MAX, 0);
 
 /// Per-CPU space where an [`ExecEvent`] is assembled (too big for the stack).
 #[map]
@@ -518,6 +524,8 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     e.comm = comm;
     e.flags = 0;
     e.args_len = 0;
+    e.uid = bpf_get_current_uid_gid() as u32;
+    e._pad = 0;
     // The new program's argument block: current->mm->arg_start..arg_end.
     // SAFETY: helper without arguments.
     let task = unsafe { bpf_get_current_task() };
@@ -540,7 +548,11 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
             }
         }
     }
-    let _ = EXECS.insert(&pid, &*e, 0);
+    if e.uid == 0 {
+        let _ = EXECS.insert(&pid, &*e, 0);
+    } else {
+        let _ = EXECS_OTHER.insert(&pid, &*e, 0);
+    }
     0
 }
 
@@ -554,9 +566,21 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     if pid != pid_tgid as u32 {
         return 0;
     }
-    let Some(e) = EXECS.get_ptr_mut(&pid) else {
-        return 0;
-    };
+    // A process's uid may change after its exec: look in both tables.
+    if let Some(e) = EXECS.get_ptr_mut(&pid) {
+        send_tool_run(e);
+        let _ = EXECS.remove(&pid);
+    }
+    if let Some(e) = EXECS_OTHER.get_ptr_mut(&pid) {
+        send_tool_run(e);
+        let _ = EXECS_OTHER.remove(&pid);
+    }
+    0
+}
+
+/// Sends a followed tool run that ends now (exit status, duration).
+#[inline(always)]
+fn send_tool_run(e: *mut ExecEvent) {
     // SAFETY: value of our own map, written by this program only (the
     // leader exits once).
     let e = unsafe { &mut *e };
@@ -575,8 +599,6 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     if EXEC_EVENTS.output::<ExecEvent>(&*e, 0).is_err() {
         count_lost(LOST_TOOL_RUNS);
     }
-    let _ = EXECS.remove(&pid);
-    0
 }
 
 macro_rules! programs {

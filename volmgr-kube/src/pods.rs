@@ -52,7 +52,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures_util::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -60,6 +60,7 @@ use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use volmgr::populator::convert::pod::is_terminated;
 use volmgr::populator::convert::PayloadResolution;
 use volmgr::populator::objects::{Kind, KindVisitor, ObjectKind, ObjectRef};
 use volmgr::populator::{sub_path_status, PodResolver, PodSink, SubPathTiming};
@@ -682,38 +683,6 @@ fn for_conversion(mut pod: Pod) -> Pod {
     pod
 }
 
-/// The kubelet's terminated pod: phase `Succeeded` or `Failed`, or its
-/// deletion requested and no container running (every container status
-/// terminated or waiting; none reported counts as none running).
-pub fn is_terminated(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    if matches!(
-        status.and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    ) {
-        return true;
-    }
-    if pod.metadata.deletion_timestamp.is_none() {
-        return false;
-    }
-    let statuses = status.into_iter().flat_map(|s| {
-        let lists: [&Option<Vec<ContainerStatus>>; 3] = [
-            &s.init_container_statuses,
-            &s.container_statuses,
-            &s.ephemeral_container_statuses,
-        ];
-        lists.into_iter().flatten().flatten()
-    });
-    for c in statuses {
-        let state = c.state.as_ref();
-        let stopped = state.is_some_and(|s| s.terminated.is_some() || s.waiting.is_some());
-        if !stopped {
-            return false;
-        }
-    }
-    true
-}
-
 /// Follows one object until the task is aborted: by `get`
 /// ([`object_get::poll`]) for the kinds a node may only get, else
 /// [`follow`] by name (a kind followed whole is listed and watched whole),
@@ -832,32 +801,6 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).unwrap()
-    }
-
-    #[test]
-    fn terminated_as_the_kubelet_decides() {
-        let running = json!({"state": {"running": {}}, "name": "c", "image": "i", "ready": true, "restartCount": 0, "imageID": "", "containerID": ""});
-        let exited = json!({"state": {"terminated": {"exitCode": 0}}, "name": "c", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""});
-        let waiting = json!({"state": {"waiting": {}}, "name": "w", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""});
-        let p = |phase: &str, deleting: bool, statuses: Vec<serde_json::Value>| {
-            let mut meta = json!({"name": "p", "uid": "u"});
-            if deleting {
-                meta["deletionTimestamp"] = json!("2026-11-24T00:00:00Z");
-            }
-            pod(
-                json!({"metadata": meta, "status": {"phase": phase, "containerStatuses": statuses}}),
-            )
-        };
-        assert!(!is_terminated(&p("Running", false, vec![running.clone()])));
-        assert!(is_terminated(&p("Succeeded", false, vec![])));
-        assert!(is_terminated(&p("Failed", false, vec![running.clone()])));
-        assert!(
-            !is_terminated(&p("Running", true, vec![running.clone(), exited.clone()])),
-            "a container still runs: its volumes stay"
-        );
-        assert!(is_terminated(&p("Running", true, vec![exited, waiting])));
-        assert!(is_terminated(&p("Pending", true, vec![])));
-        assert!(!is_terminated(&p("Pending", false, vec![])));
     }
 
     #[test]

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+pub mod kubelet;
+
 use crate::util::fast_map::FastMap;
 use crate::util::prometheus::{Exposition, MetricType};
 use crate::util::sync::MutexExt;
@@ -84,13 +86,40 @@ impl LatencyHistogram {
     }
 }
 
+/// The `volume_plugin` label of a volume's operations
+/// (`kubernetes.io/empty-dir`, `kubernetes.io/csi:<driver>`), and whether
+/// CSI migration translated the volume from an in-tree plugin (the
+/// kubelet's `migrated` label of `storage_operation_duration_seconds`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PluginLabel {
+    /// The plugin's (or the CSI driver's) name.
+    pub name: Arc<str>,
+    /// A CSI-migrated volume.
+    pub migrated: bool,
+}
+
+impl From<Arc<str>> for PluginLabel {
+    fn from(name: Arc<str>) -> Self {
+        Self {
+            name,
+            migrated: false,
+        }
+    }
+}
+
+impl From<&str> for PluginLabel {
+    fn from(name: &str) -> Self {
+        Arc::<str>::from(name).into()
+    }
+}
+
 /// Key of an operation histogram.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OperationLabels {
     /// `volume_mount`, `volume_unmount`, ...
     pub operation_name: &'static str,
     /// `kubernetes.io/empty-dir`, ...
-    pub volume_plugin: Arc<str>,
+    pub volume_plugin: PluginLabel,
     /// `success` or `fail-unknown`.
     pub status: &'static str,
 }
@@ -112,12 +141,19 @@ pub struct LatencySummary {
     pub p99_seconds: f64,
     /// Max, seconds.
     pub max_seconds: f64,
+    /// Operations on volumes CSI migration translated from an in-tree
+    /// plugin (`migrated="true"` in the metrics).
+    #[serde(default)]
+    pub migrated: bool,
 }
 
 /// All metrics of a manager.
 #[derive(Debug, Default)]
 pub struct Metrics {
     operations: Mutex<FastMap<OperationLabels, LatencyHistogram>>,
+    /// The kubelet's other volume metrics (rendered by the manager, after
+    /// [`Metrics::render`]'s).
+    pub kubelet: kubelet::KubeletMetrics,
 }
 
 impl Metrics {
@@ -135,7 +171,8 @@ impl Metrics {
             .into_iter()
             .map(|(k, h)| LatencySummary {
                 operation: k.operation_name.to_string(),
-                plugin: k.volume_plugin.to_string(),
+                plugin: k.volume_plugin.name.to_string(),
+                migrated: k.volume_plugin.migrated,
                 status: k.status.to_string(),
                 count: h.count(),
                 p50_seconds: h.quantile_seconds(0.5),
@@ -157,9 +194,16 @@ impl Metrics {
             for (k, h) in sorted {
                 let labels = [
                     ("operation_name", k.operation_name),
-                    ("volume_plugin", &k.volume_plugin),
+                    ("volume_plugin", &*k.volume_plugin.name),
                     ("status", k.status),
-                    ("migrated", "false"),
+                    (
+                        "migrated",
+                        if k.volume_plugin.migrated {
+                            "true"
+                        } else {
+                            "false"
+                        },
+                    ),
                 ];
                 h.write_prometheus(&mut w, name, &labels);
             }
@@ -276,5 +320,35 @@ mod tests {
         let s = m.summaries();
         assert_eq!(s[0].count, 2);
         assert!(s[0].p99_seconds > 0.29);
+    }
+
+    /// A CSI-migrated volume's operations: the driver's label with
+    /// `migrated="true"`, apart from the same driver's CSI volumes (before:
+    /// always `migrated="false"`).
+    #[test]
+    fn migrated_volumes_are_labelled_migrated() {
+        let m = Metrics::default();
+        let plugin = "kubernetes.io/csi:ebs.csi.aws.com";
+        for migrated in [true, false] {
+            let label = PluginLabel {
+                name: plugin.into(),
+                migrated,
+            };
+            let l = OperationLabels {
+                operation_name: "volume_mount",
+                volume_plugin: label,
+                status: "success",
+            };
+            m.record_operation(l, Duration::from_millis(10));
+        }
+        let text = m.render(&[], "");
+        for migrated in ["true", "false"] {
+            let want = format!("storage_operation_duration_seconds_count{{operation_name=\"volume_mount\",volume_plugin=\"{plugin}\",status=\"success\",migrated=\"{migrated}\"}} 1");
+            assert!(text.contains(&want), "{text}");
+        }
+        assert!(!text.contains('\u{0}'));
+        let s = m.summaries();
+        assert!(s.iter().all(|o| o.plugin == plugin));
+        assert_eq!(s.iter().filter(|o| o.migrated).count(), 1);
     }
 }

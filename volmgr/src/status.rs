@@ -8,7 +8,9 @@ use crate::metrics::LatencySummary;
 /// The whole status.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Status {
-    /// Reconstruction done, sources populated, one full reconcile since.
+    /// Reconstruction done, sources populated, one full reconcile since; in
+    /// observe mode: the last scan judged the node's pods as the sources
+    /// delivered them ([`ObserveStatus::synced`]).
     pub synced: bool,
     /// Which tracer keeps the actual state current: `ebpf`, `mountinfo` or `off`.
     pub tracer: String,
@@ -85,8 +87,44 @@ pub struct ObserveStatus {
     /// `observe-write-probe`): the error the kernel answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_probe: Option<String>,
-    /// What needs a person, by kind, pod and path.
+    /// What needs a person, by kind, pod and path: at most
+    /// `observer::MAX_FINDINGS_PER_KIND` of each kind.
     pub findings: Vec<Finding>,
+    /// How many more findings of each kind (`orphaned_pod_dir`, ...) the
+    /// last scan found over that bound: counted, not listed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub findings_not_listed: std::collections::BTreeMap<String, usize>,
+    /// Whether the last scan judged the whole node: the pod sources had
+    /// delivered the node's pods (and the objects they read) once before
+    /// it. Status's `synced` in observe mode.
+    #[serde(default)]
+    pub synced: bool,
+    /// What the last scan saw of each volume of the pods on the node (the
+    /// kubelet's state, not a manager's): shown as the pods' volumes.
+    #[serde(default)]
+    pub volumes: Vec<ObservedVolume>,
+}
+
+/// Observe mode: one volume of a pod on the node as the last scan saw it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObservedVolume {
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The volume's name in the pod.
+    pub volume: String,
+    /// `mounted` (set up by the kubelet), `not_mounted` (not set up yet,
+    /// for less than `--stuck-after`, or a pod that ended), or `stuck` (a
+    /// `volume_stuck` or `recorded_not_mounted` finding).
+    pub state: String,
+    /// Where the kubelet set it up, when it did.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Since when it is seen not mounted (RFC 3339).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// A stuck volume's finding, in one line.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// One problem found on the node, with what a person needs to act on it.
@@ -428,7 +466,9 @@ pub struct VolumeStatus {
     pub name: String,
     /// The plugin (empty if none supports it).
     pub plugin: String,
-    /// `pending`, `mounted`, `uncertain`, `unmounting` or `error`.
+    /// `pending`, `mounted`, `uncertain`, `unmounting` or `error`; in
+    /// observe mode the kubelet's as observed ([`ObservedVolume::state`]:
+    /// `mounted`, `not_mounted`, `stuck`), or `unknown` before a scan saw it.
     pub state: String,
     /// Where it is set up, once known.
     pub path: Option<String>,
@@ -436,6 +476,14 @@ pub struct VolumeStatus {
     pub attempts: u32,
     /// The last error.
     pub error: Option<String>,
+    /// For a volume that does not resolve (or no longer does), what its
+    /// error means to `WaitForAttachAndMount`: `pod_error` (the kubelet's
+    /// pod error: the wait ends at once, "failed to process"), `waiting`
+    /// (something it needs is not there yet: a Secret, a ConfigMap, its
+    /// VolumeAttachment; the wait goes on) or `attach_limit` (the node's
+    /// attach limit: the pod is rejected when the wait times out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unresolved: Option<String>,
     /// How many times this volume was found changed behind the manager's
     /// back (unmounted, or something mounted over it).
     #[serde(default)]
@@ -463,6 +511,10 @@ pub struct VolumeStatus {
     /// kubelet's `GetAttributes().SELinuxRelabel`), once it is set up.
     #[serde(default)]
     pub selinux_relabel: bool,
+    /// Observe mode: since when the kubelet has not set it up (RFC 3339),
+    /// for a volume `not_mounted` or `stuck`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 /// The content of a configMap, secret, downwardAPI or projected volume.

@@ -74,6 +74,24 @@ impl fmt::Display for PodUid {
     }
 }
 
+/// For an in-tree volume type this manager cannot mount (the kubelet
+/// mounts it with a node tool, a kernel client or a vendor binary), what to
+/// use instead: its CSI driver. `None` for other kinds.
+pub fn in_tree_alternative(kind: &str) -> Option<&'static str> {
+    Some(match kind {
+        "iscsi" => "iSCSI has no in-tree support here (no iscsiadm logins); use an iSCSI CSI driver (iscsi.csi.k8s.io from kubernetes-csi/csi-driver-iscsi, or the storage vendor's)",
+        "fc" => "Fibre Channel has no in-tree support here (no SCSI host rescans); use the storage vendor's Fibre Channel CSI driver",
+        "rbd" => "Ceph RBD has no in-tree support (removed from the kubelet in 1.31); use Ceph CSI (rbd.csi.ceph.com)",
+        "cephfs" => "CephFS has no in-tree support (removed from the kubelet in 1.31); use Ceph CSI (cephfs.csi.ceph.com)",
+        "glusterfs" => "GlusterFS has no in-tree support (removed from the kubelet in 1.26); use a GlusterFS CSI driver",
+        "flexVolume" => "FlexVolume drivers are not run; use the CSI driver of the storage",
+        "flocker" | "quobyte" | "storageos" | "scaleIO" | "photonPersistentDisk" => {
+            "this in-tree type was removed from Kubernetes; use its CSI driver"
+        }
+        _ => return None,
+    })
+}
+
 /// Checks a pod UID without allocating: 1-128 characters of `[A-Za-z0-9._-]`,
 /// not `.` or `..` (so never `/`, `..` as a component, or NUL).
 pub fn check_pod_uid(uid: &str) -> Result<(), NameError> {
@@ -539,6 +557,10 @@ pub struct CsiVolumeSource {
     /// What the driver's CSIDriver object (and the volume's
     /// VolumeAttachment) adds; the default without a CSIDriver object.
     pub driver_info: Arc<CsiDriverInfo>,
+    /// The in-tree plugin (`kubernetes.io/aws-ebs`) whose volume this was
+    /// translated from by CSI migration; `None` for a CSI volume. Its
+    /// operations are labelled `migrated="true"`, as the kubelet's.
+    pub migrated_from: Option<&'static str>,
 }
 
 impl CsiVolumeSource {
@@ -565,6 +587,7 @@ impl CsiVolumeSource {
             node_expand_secrets: None,
             supplemental_gid: None,
             driver_info: Default::default(),
+            migrated_from: None,
         }
     }
 

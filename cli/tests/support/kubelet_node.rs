@@ -365,3 +365,120 @@ pub fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
     }
     out
 }
+
+impl Node {
+    /// As [`Self::start`], with observe mode (`--stuck-after stuck_after`)
+    /// started BEFORE the kubelet: it sees the kubelet's start (the bind of
+    /// its root onto itself, made shared) and every mount after. Where
+    /// tracefs can be mounted in the test's namespace, the observer (which
+    /// cannot mount it, confined) gets the eBPF tracer.
+    pub fn start_observed(stuck_after: &str) -> Option<Self> {
+        let server = RealApiServer::start()?;
+        let env = Env::new();
+        server.namespace("default");
+        server.apply(include_str!("../../../deploy/observe/rbac.yaml"));
+        server.apply(&format!(
+            "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: volmgr-observer}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volmgr-agent}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OBSERVER}}}]
+"
+        ));
+        server.apply(&objects(&env));
+        server.bind("default", "logs", "pv-logs");
+        mount_tracefs();
+        std::fs::create_dir_all(&env.root).unwrap();
+        let state = env.dir.path().join("state");
+        let kubeconfig = server.write_kubeconfig("observer", OBSERVER, &[]);
+        let observer = env.start_agent_without_manifests(&[
+            "--observe",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "--node-name",
+            NODE,
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--stuck-after",
+            stuck_after,
+            "--scan-period",
+            "200ms",
+        ]);
+        // The kubelet starts once the observer's tracer watches (eBPF
+        // loaded, or the poller after it could not).
+        let tracer = || {
+            let out = Command::new(volmgr_bin())
+                .args(["status", "--json", "--root"])
+                .arg(&state)
+                .output()
+                .unwrap();
+            let s: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            s["tracer"].as_str().unwrap_or("").to_string()
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while tracer().is_empty() || tracer() == "loading" {
+            assert!(Instant::now() < deadline, "{}", tail(&observer.log(), 40));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let stock = server.bin().join("kubelet");
+        let kubelet =
+            RealKubelet::start_binary(&server, NODE, &env.root, env.dir.path(), &stock, &[]);
+        kubelet.wait_ready(&server);
+        Some(Self {
+            observer: Some(observer),
+            kubelet,
+            server,
+            state,
+            env,
+        })
+    }
+
+    /// `volmgr status --root STATE` (text) of the observing agent.
+    pub fn status_text(&self) -> String {
+        let out = Command::new(volmgr_bin())
+            .args(["status", "--root"])
+            .arg(&self.state)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The observing agent's Prometheus text (its status socket's
+    /// `metrics`).
+    pub fn metrics(&self) -> String {
+        let v = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(volmgr_cli::api::call(
+                &self.state,
+                &volmgr_cli::api::Request::Metrics,
+                Duration::from_secs(30),
+            ))
+            .unwrap();
+        v.as_str().unwrap().to_string()
+    }
+
+    /// The observing agent's log so far.
+    pub fn observer_log(&self) -> String {
+        self.observer.as_ref().map(|a| a.log()).unwrap_or_default()
+    }
+}
+
+/// Mounts tracefs on `/sys/kernel/tracing` in the test's private mount
+/// namespace, as on a node (best effort: without it observe mode runs the
+/// mountinfo poller).
+pub fn mount_tracefs() {
+    let t = Path::new("/sys/kernel/tracing");
+    if t.join("events").is_dir() {
+        return;
+    }
+    let _ = nix::mount::mount(
+        Some("tracefs"),
+        t,
+        Some("tracefs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    );
+}

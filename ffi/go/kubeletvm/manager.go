@@ -121,8 +121,26 @@ func NewVolumeManager(
 	volumeHealthStatusUpdater volumehealth.StatusUpdater,
 	volumeHealthProbeInterval time.Duration) volumemanager.VolumeManager {
 
+	rootDir := filepath.Dir(kubeletPodsDir)
+	// The kubelet makes its root a shared mount (a bind onto itself where
+	// it is not a mount point) in setupDataDirs, after this call. volmgr
+	// opens the root now: its descriptors would then be of the covered
+	// directory, and every tmpfs it mounted through them would be hidden
+	// under the bind (the paths showing the empty directories), then
+	// mounted again over them by the next kubelet process. So the root is
+	// made shared first, with the kubelet's own code (a no-op for it later).
+	if err := os.MkdirAll(rootDir, 0o750); err != nil {
+		klog.ErrorS(err, "Cannot create the kubelet's root directory", "path", rootDir)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	if hostutil != nil {
+		if err := hostutil.MakeRShared(rootDir); err != nil {
+			klog.ErrorS(err, "Cannot make the kubelet's root directory shared", "path", rootDir)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+		}
+	}
 	cfg := volmgr.Config{
-		RootDir:  filepath.Dir(kubeletPodsDir),
+		RootDir:  rootDir,
 		NodeName: string(nodeName),
 		Tracer:   os.Getenv("VOLMGR_TRACER"),
 		// The kubelet's reconciler sets an attachable volume up once the
@@ -419,6 +437,9 @@ type statusPod struct {
 		State    string  `json:"state"`
 		Attempts uint32  `json:"attempts"`
 		Error    *string `json:"error"`
+		// What an unresolved volume's error means to the wait: pod_error,
+		// waiting or attach_limit (volmgr's status).
+		Unresolved string `json:"unresolved"`
 	} `json:"volumes"`
 }
 
@@ -461,7 +482,7 @@ func (m *Manager) podErrors(uid k8stypes.UID, expected []string) []string {
 	}
 	want := sets.New(expected...)
 	for _, v := range p.Volumes {
-		if notConverted(v.State, v.Attempts) && want.Has(v.Name) && v.Error != nil {
+		if isPodError(v.State, v.Attempts, v.Unresolved) && want.Has(v.Name) && v.Error != nil {
 			errs = append(errs, fmt.Sprintf("error processing volume %q: %s", v.Name, *v.Error))
 		}
 	}
@@ -473,13 +494,21 @@ func (m *Manager) podErrors(uid k8stypes.UID, expected []string) []string {
 // (that has attempts, and is retried as the kubelet's reconciler does).
 func notConverted(state string, attempts uint32) bool { return state == "error" && attempts == 0 }
 
+// isPodError: a volume volmgr could not convert for a reason the kubelet
+// counts as the pod's error (its AddErrorToPod: the wait ends at once), not
+// one it waits through (a missing Secret or ConfigMap, a VolumeAttachment
+// not there or not attached yet: still "unmounted" or "unattached").
+func isPodError(state string, attempts uint32, unresolved string) bool {
+	return notConverted(state, attempts) && (unresolved == "" || unresolved == "pod_error")
+}
+
 // volumesNotProcessed: the expected volumes volmgr does not have as
 // desired (not upserted yet, or not converted: the kubelet's "not in DSW").
 func (m *Manager) volumesNotProcessed(uid k8stypes.UID, expected []string) []string {
 	notIn := sets.New(expected...)
 	if p, ok := m.statusOf(uid); ok {
 		for _, v := range p.Volumes {
-			if !notConverted(v.State, v.Attempts) {
+			if !isPodError(v.State, v.Attempts, v.Unresolved) {
 				notIn.Delete(v.Name)
 			}
 		}
@@ -628,24 +657,51 @@ func (m *Manager) GetExtraSupplementalGroupsForPod(pod *v1.Pod) []int64 {
 	return g
 }
 
-// GetVolumesInUse: volmgr's attachable volumes in use. Before volmgr's
-// states have synced it answers busy: the last list is kept (the node
-// status setter asks only once ReconcilerStatesHasBeenSynced anyway).
+// GetVolumesInUse: volmgr's attachable volumes in use, and those of the
+// pods given to volmgr (the kubelet's desired state of world has them at
+// once; volmgr converts one only once its VolumeAttachment exists). Before
+// volmgr's states have synced it answers busy: the last list is kept (the
+// node status setter asks only once ReconcilerStatesHasBeenSynced anyway).
 func (m *Manager) GetVolumesInUse() []v1.UniqueVolumeName {
 	names, err := m.vm.GetVolumesInUse()
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if err != nil {
+		m.mu.Lock()
+		defer m.mu.Unlock()
 		return slices.Clone(m.lastInUse)
 	}
-	out := make([]v1.UniqueVolumeName, 0, len(names))
+	out := append([]v1.UniqueVolumeName{}, m.desiredAttachable()...)
 	for _, n := range names {
 		out = append(out, v1.UniqueVolumeName(n))
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	slices.Sort(out)
 	out = slices.Compact(out)
 	m.lastInUse = out
 	return slices.Clone(out)
+}
+
+// desiredAttachable: the attachable CSI volumes (PVs whose CSIDriver, as
+// last read, does not say attachRequired: false) of the pods volmgr has,
+// whether or not volmgr could convert them yet.
+func (m *Manager) desiredAttachable() []v1.UniqueVolumeName {
+	m.mu.Lock()
+	pods := make([]*v1.Pod, 0, len(m.pods))
+	for _, t := range m.pods {
+		pods = append(pods, t.pod)
+	}
+	m.mu.Unlock()
+	var out []v1.UniqueVolumeName
+	for _, pod := range pods {
+		for i := range pod.Spec.Volumes {
+			pv := m.objects.podVolumePV(pod, &pod.Spec.Volumes[i])
+			if pv == nil || pv.Spec.CSI == nil || !m.objects.attachRequired(pv.Spec.CSI.Driver) {
+				continue
+			}
+			out = append(out, v1.UniqueVolumeName(csiUniqueVolumeName(pv.Spec.CSI.Driver, pv.Spec.CSI.VolumeHandle)))
+		}
+	}
+	return out
 }
 
 // ReconcilerStatesHasBeenSynced is volmgr's.

@@ -90,12 +90,21 @@ const (
 	// IO: the system refused (RootDir cannot be opened or used, reading
 	// the mount table at Start failed).
 	IO Status = C.VOLMGR_ERR_IO
+	// PodVolumeErrors: WaitForAttachAndMount ended early, volumes of the
+	// pod could not be processed (the kubelet's pod errors); the message
+	// is the kubelet's "unmounted volumes=[…], unattached volumes=[…],
+	// failed to process volumes=[…]: <errors>".
+	PodVolumeErrors Status = C.VOLMGR_ERR_POD_VOLUME_ERRORS
+	// AttachLimitExceeded: WaitForAttachAndMount timed out with a volume
+	// refused for the node's attach limit of its driver; the message is
+	// the kubelet's VolumeAttachLimitExceededError text.
+	AttachLimitExceeded Status = C.VOLMGR_ERR_ATTACH_LIMIT_EXCEEDED
 )
 
 var statusNames = map[Status]string{
 	OK: "ok", InvalidArgument: "invalid argument", NotFound: "not found",
 	Timeout: "timeout", Busy: "busy", Unsupported: "unsupported", Internal: "internal error",
-	IO: "i/o error",
+	IO: "i/o error", PodVolumeErrors: "pod volume errors", AttachLimitExceeded: "attach limit exceeded",
 }
 
 func (s Status) String() string {
@@ -127,7 +136,11 @@ var (
 	ErrBusy            = &Error{Status: Busy}
 	ErrUnsupported     = &Error{Status: Unsupported}
 	ErrIO              = &Error{Status: IO}
-	ErrClosed          = errors.New("volmgr: manager is closed")
+	// ErrPodVolumeErrors: see PodVolumeErrors.
+	ErrPodVolumeErrors = &Error{Status: PodVolumeErrors}
+	// ErrAttachLimitExceeded: see AttachLimitExceeded.
+	ErrAttachLimitExceeded = &Error{Status: AttachLimitExceeded}
+	ErrClosed              = errors.New("volmgr: manager is closed")
 )
 
 // Config is volmgr_new's configuration. A field left at its zero value
@@ -469,7 +482,9 @@ func (m *Manager) wait(ctx context.Context, f func(h *C.volmgr, ms C.uint64_t) C
 		err := m.with(func(h *C.volmgr) error {
 			return call(func() C.volmgr_status { return f(h, C.uint64_t(slice.Milliseconds())) })
 		})
-		if !errors.Is(err, ErrTimeout) {
+		// A slice ending on the attach limit is a timeout until ctx's own
+		// end: the kubelet rejects the pod only when its wait is over.
+		if !errors.Is(err, ErrTimeout) && !errors.Is(err, ErrAttachLimitExceeded) {
 			return err
 		}
 		select {
@@ -495,7 +510,10 @@ func (m *Manager) waitPod(ctx context.Context, uid string, unmount bool) error {
 }
 
 // WaitForAttachAndMount returns once every volume of the pod is mounted, or
-// an error (errors.Is(err, ErrTimeout) when ctx ends first).
+// an error (errors.Is(err, ErrTimeout) when ctx ends first). Volumes of the
+// pod that could not be processed end it at once (ErrPodVolumeErrors); a
+// volume refused for the node's attach limit when ctx ends rejects the pod
+// (ErrAttachLimitExceeded). Both have the kubelet's text.
 func (m *Manager) WaitForAttachAndMount(ctx context.Context, uid string) error {
 	return m.waitPod(ctx, uid, false)
 }

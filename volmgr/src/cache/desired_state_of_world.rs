@@ -68,6 +68,37 @@ pub struct PodVolumeEntry {
     /// Why the volume, resolved before, no longer resolves: it keeps its
     /// previous desired state (the kubelet's `AddErrorToPod`).
     pub resolve_error: Option<String>,
+    /// How the error of a volume that does not resolve (`volume` or
+    /// `resolve_error`) ends `WaitForAttachAndMount`; `None` when it resolves.
+    pub unresolved: Option<Unresolved>,
+}
+
+/// What a volume that does not resolve means to `WaitForAttachAndMount`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unresolved {
+    /// The kubelet's pod error (`AddErrorToPod`: a claim not found or not
+    /// bound, a kind no plugin handles, an invalid spec): the wait ends at
+    /// once.
+    PodError,
+    /// Something it needs is not there yet (a Secret, a ConfigMap, its
+    /// VolumeAttachment): the wait goes on, as the kubelet's does while
+    /// the volume's set-up or attach fails.
+    Waiting,
+    /// Its VolumeAttachment failed with `ResourceExhausted` (the node's
+    /// attach limit of the driver): when the wait times out, the pod is
+    /// rejected (the kubelet's `VolumeAttachLimitExceededError`).
+    AttachLimit,
+}
+
+impl Unresolved {
+    /// Its name in status (`pod_error`, `waiting`, `attach_limit`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PodError => "pod_error",
+            Self::Waiting => "waiting",
+            Self::AttachLimit => "attach_limit",
+        }
+    }
 }
 
 /// A desired pod.
@@ -285,6 +316,7 @@ mod tests {
                 plugin_name: Some(plugin.clone()),
                 volume: Ok(name.clone()),
                 resolve_error: None,
+                unresolved: None,
             });
             mounts.push((
                 name,

@@ -168,6 +168,7 @@ pub fn exec_from_wire(e: &wire::ExecEvent) -> Option<ToolExec> {
         args,
         args_truncated: truncated,
         exit_code: e.exit_code,
+        uid: e.uid,
     })
 }
 
@@ -454,6 +455,8 @@ mod tests {
             flags,
             comm: [0; 16],
             args: [0; wire::EXEC_ARGS_MAX],
+            uid: 0,
+            _pad: 0,
         };
         e.comm[..9].copy_from_slice(b"mkfs.ext4");
         e.args[..args.len()].copy_from_slice(args);

@@ -129,8 +129,11 @@ pub struct EbpfTracer {
     lost: PerCpuArray<MapData, u64>,
     hist: PerCpuArray<MapData, Hist>,
     starts: SlotTable,
-    /// The file system tools running now (`EXECS`, by tgid).
+    /// The file system tools running now (`EXECS`, by tgid): those of
+    /// callers that can matter.
     execs: BpfHashMap<MapData, u32, ExecEvent>,
+    /// Those of every other caller (`EXECS_OTHER`).
+    execs_other: BpfHashMap<MapData, u32, ExecEvent>,
     filter: TraceFilter,
 }
 
@@ -173,6 +176,8 @@ impl EbpfTracer {
             .map_err(|e| EbpfError::Map("EXEC_EVENTS", e))?;
         let execs = BpfHashMap::try_from(take_map(&mut ebpf, "EXECS")?)
             .map_err(|e| EbpfError::Map("EXECS", e))?;
+        let execs_other = BpfHashMap::try_from(take_map(&mut ebpf, "EXECS_OTHER")?)
+            .map_err(|e| EbpfError::Map("EXECS_OTHER", e))?;
         Ok(EbpfTracer {
             _ebpf: ebpf,
             ring: Some(ring),
@@ -184,6 +189,7 @@ impl EbpfTracer {
             hist,
             starts,
             execs,
+            execs_other,
             filter,
         })
     }
@@ -334,19 +340,16 @@ impl EbpfTracer {
 
     /// The file system tools (`mkfs*`, `fsck*`, ...) running now: exec'd
     /// since the tracer was attached and not exited (`end_ns` 0), read
-    /// from the kernel program's table (two syscalls per run: there are
-    /// few). A run whose process is gone or runs another program now
-    /// (its `/proc/<pid>/comm` differs) is left out.
+    /// from the kernel program's two tables (two syscalls per run, at
+    /// most [`wire::EXECS_MAX`] runs each): those of callers that can
+    /// matter (uid 0), then the others. Whether
+    /// a run's process is still that program is for [`still_running`].
     pub fn running_tools(&self) -> Vec<ToolExec> {
-        self.execs
-            .iter()
-            .filter_map(Result::ok)
+        [&self.execs, &self.execs_other]
+            .into_iter()
+            .flat_map(|m| m.iter().filter_map(Result::ok))
             .filter(|(_, e)| e.end_ns == 0)
             .filter_map(|(_, e)| exec_from_wire(&e))
-            .filter(|x| {
-                std::fs::read_to_string(format!("/proc/{}/comm", x.pid))
-                    .is_ok_and(|c| c.trim_end_matches('\n') == x.comm)
-            })
             .collect()
     }
 
@@ -473,6 +476,14 @@ fn load_in_thread(
         attach(&mut ebpf, "sched", name)?;
     }
     Ok(ebpf)
+}
+
+/// Whether process `x.pid` still runs tool run `x`'s program (its
+/// `/proc/<pid>/comm` is the run's): a process gone, or that runs another
+/// program now, is not.
+pub fn still_running(x: &ToolExec) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/comm", x.pid))
+        .is_ok_and(|c| c.trim_end_matches('\n') == x.comm)
 }
 
 /// Loads program `prog` and attaches it to tracepoint `category:prog`.

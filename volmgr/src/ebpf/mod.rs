@@ -24,7 +24,8 @@ pub use histograms::{
     SYSCALL_BUCKETS,
 };
 pub use loader::{
-    enable_run_time_stats, object_built, EbpfTracer, InFlightCall, KernelHistogram, ProgramRunStats,
+    enable_run_time_stats, object_built, still_running, EbpfTracer, InFlightCall, KernelHistogram,
+    ProgramRunStats,
 };
 
 /// A syscall that changes a mount table.
@@ -144,6 +145,8 @@ pub struct ToolExec {
     pub args_truncated: bool,
     /// The kernel's exit code: a wait status.
     pub exit_code: i32,
+    /// The process's real uid (initial user namespace) at its exec.
+    pub uid: u32,
 }
 
 impl ToolExec {

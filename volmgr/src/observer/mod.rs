@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::cache::actual_state_of_world::{ActualStateOfWorld, DeviceMountState, VolumeMountState};
 use crate::cache::desired_state_of_world::DesiredStateOfWorld;
 use crate::cache::out_of_band::rfc3339;
-use crate::status::{Finding, FindingKind, RecentSyscall};
+use crate::status::{Finding, FindingKind, ObservedVolume, RecentSyscall};
 use crate::sys::mount_table::MountTable;
 use crate::sys::mountinfo::MountInfo;
 use crate::sys::root_dir::{RelPath, RootDir};
@@ -88,10 +88,13 @@ pub fn snapshot(vm: &VolumeManager) -> Result<Snapshot, ObserveError> {
     let pod_dirs = RelPath::new(["pods"])
         .and_then(|pods| dir.read_dir(&pods))
         .map(|names| {
-            names
+            let mut uids: Vec<PodUid> = names
                 .iter()
                 .filter_map(|n| PodUid::new(n.to_str()?).ok())
-                .collect()
+                .collect();
+            // The same pods first in every scan (the findings are capped).
+            uids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+            uids
         })
         .unwrap_or_default();
     let asw = std::mem::take(&mut *world.asw_mut());
@@ -117,7 +120,18 @@ pub struct Observer {
     /// the kubelet tears down after the pod is gone (a graceful deletion
     /// ends with its housekeeping), so (a), (b) and (c) wait `stuck_after`.
     left_behind: HashMap<(FindingKind, String), (Instant, SystemTime)>,
+    /// The last scan's view of every desired pod's volumes.
+    volumes: Vec<ObservedVolume>,
+    /// The last scan's findings over [`MAX_FINDINGS_PER_KIND`], by kind:
+    /// counted, not kept.
+    not_listed: BTreeMap<FindingKind, usize>,
 }
+
+/// Findings kept (with their evidence), put in status, logged and sent as
+/// events at most per kind and scan; the rest are only counted
+/// ([`Observer::not_listed`]). A million orphaned pod directories must
+/// not cost gigabytes of memory nor a million warnings.
+pub const MAX_FINDINGS_PER_KIND: usize = 256;
 
 impl Observer {
     /// An observer reporting needed volumes after `stuck_after`.
@@ -127,6 +141,8 @@ impl Observer {
             history,
             first_seen: HashMap::new(),
             left_behind: HashMap::new(),
+            volumes: Vec::new(),
+            not_listed: BTreeMap::new(),
         }
     }
 
@@ -147,9 +163,10 @@ impl Observer {
         now: Instant,
     ) -> Vec<Finding> {
         let mut out = Vec::new();
+        self.not_listed.clear();
         if populated {
             let mut left = Vec::new();
-            deleted_pods(snap, dsw, &mut left);
+            deleted_pods(snap, dsw, &mut left, &mut self.not_listed);
             unused_devices(snap, dsw, &mut left);
             self.after_teardown_time(left, now, &mut out);
         }
@@ -162,7 +179,13 @@ impl Observer {
             }
         }
         out.sort_by(|a, b| (a.kind, &a.path).cmp(&(b.kind, &b.path)));
+        cap_per_kind(&mut out, &mut self.not_listed);
         out
+    }
+
+    /// The last scan's findings over [`MAX_FINDINGS_PER_KIND`], by kind.
+    pub fn not_listed(&self) -> &BTreeMap<FindingKind, usize> {
+        &self.not_listed
     }
 
     /// (a), (b) and (c) once seen for `stuck_after`: the kubelet's time to
@@ -186,7 +209,8 @@ impl Observer {
 
     /// (d) and (e): each desired pod's volumes that are not mounted, once
     /// seen so for `stuck_after`. A pod that ended (still the kubelet's
-    /// until it is deleted) needs none.
+    /// until it is deleted) needs none. Every volume's state goes to
+    /// [`Self::volumes`].
     fn needed_volumes(
         &mut self,
         snap: &Snapshot,
@@ -195,11 +219,24 @@ impl Observer {
         out: &mut Vec<Finding>,
     ) {
         let mut seen = HashSet::new();
-        for (uid, pod) in dsw.pods().filter(|(_, p)| !p.terminated) {
+        self.volumes.clear();
+        for (uid, pod) in dsw.pods() {
             for v in &pod.volumes {
-                let (kind, evidence, path) = match needed_state(snap, dsw, uid, v) {
-                    Some(k) => k,
-                    None => continue,
+                let mut observed = ObservedVolume {
+                    pod_uid: uid.as_str().to_string(),
+                    volume: v.outer_name.clone(),
+                    state: "mounted".into(),
+                    path: mounted_path(snap, uid, v),
+                    since: None,
+                    error: None,
+                };
+                let missing = needed_state(snap, dsw, uid, v);
+                let Some((kind, evidence, path)) = missing.filter(|_| !pod.terminated) else {
+                    if observed.path.is_none() && pod.terminated {
+                        observed.state = "not_mounted".into();
+                    }
+                    self.volumes.push(observed);
+                    continue;
                 };
                 let key = (uid.clone(), v.outer_name.clone());
                 let (first, since) = *self
@@ -207,7 +244,11 @@ impl Observer {
                     .entry(key.clone())
                     .or_insert((now, SystemTime::now()));
                 seen.insert(key);
+                observed.path = None;
+                observed.since = Some(rfc3339(since));
                 if now.saturating_duration_since(first) < self.stuck_after {
+                    observed.state = "not_mounted".into();
+                    self.volumes.push(observed);
                     continue;
                 }
                 let mut f = finding(kind, path, format_needed(kind, &v.outer_name, now - first));
@@ -216,11 +257,35 @@ impl Observer {
                 f.volume = Some(v.outer_name.clone());
                 f.evidence = evidence;
                 f.since = Some(rfc3339(since));
+                observed.state = "stuck".into();
+                observed.error = Some(format!("{}: {}", kind.as_str(), f.summary));
+                self.volumes.push(observed);
                 out.push(f);
             }
         }
         self.first_seen.retain(|k, _| seen.contains(k));
     }
+
+    /// What the last scan saw of each volume of the pods on the node.
+    pub fn volumes(&self) -> &[ObservedVolume] {
+        &self.volumes
+    }
+}
+
+/// Where the kubelet has pod `uid`'s volume `v` mounted (its path in the
+/// rebuilt actual state, when that is in the mount table or needs no
+/// mount).
+fn mounted_path(
+    snap: &Snapshot,
+    uid: &PodUid,
+    v: &crate::cache::desired_state_of_world::PodVolumeEntry,
+) -> Option<String> {
+    let name = v.volume.as_ref().ok()?;
+    let m = snap.asw.pod_mount(name, uid)?;
+    let there = m.state == VolumeMountState::Mounted
+        || snap.table.is_mount_point(&m.path)
+        || !has_mount_record(&m.path);
+    there.then(|| m.path.display().to_string())
 }
 
 /// The one-line summary of a needed volume not mounted.
@@ -429,9 +494,31 @@ fn dir_listing(root: &RootDir, rel: &RelPath) -> Vec<String> {
 /// finding's evidence names.
 const LISTED: usize = 32;
 
+/// Keeps the first [`MAX_FINDINGS_PER_KIND`] of each kind of `out`;
+/// counts the rest in `not_listed`.
+fn cap_per_kind(out: &mut Vec<Finding>, not_listed: &mut BTreeMap<FindingKind, usize>) {
+    let mut kept: BTreeMap<FindingKind, usize> = BTreeMap::new();
+    out.retain(|f| {
+        let n = kept.entry(f.kind).or_default();
+        *n += 1;
+        if *n > MAX_FINDINGS_PER_KIND {
+            *not_listed.entry(f.kind).or_default() += 1;
+        }
+        *n <= MAX_FINDINGS_PER_KIND
+    });
+}
+
 /// (a) and (b): pod directories of pods not on the node, with or without
-/// mounts left in them.
-fn deleted_pods(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Finding>) {
+/// mounts left in them; past [`MAX_FINDINGS_PER_KIND`] of a kind (in the
+/// order of the UIDs) only counted in `not_listed`, without their evidence
+/// nor the wait for the kubelet's teardown.
+fn deleted_pods(
+    snap: &Snapshot,
+    dsw: &DesiredStateOfWorld,
+    out: &mut Vec<Finding>,
+    not_listed: &mut BTreeMap<FindingKind, usize>,
+) {
+    let mut kept = [0usize; 2];
     for uid in &snap.pod_dirs {
         if dsw.pod(uid).is_some() {
             continue;
@@ -441,6 +528,15 @@ fn deleted_pods(snap: &Snapshot, dsw: &DesiredStateOfWorld, out: &mut Vec<Findin
         for m in snap.table.below(&dir) {
             mounts.entry(&m.mount_point).or_default().push(m);
         }
+        let (kind, i) = match mounts.is_empty() {
+            true => (FindingKind::OrphanedPodDir, 0),
+            false => (FindingKind::MountedForDeletedPod, 1),
+        };
+        if kept[i] >= MAX_FINDINGS_PER_KIND {
+            *not_listed.entry(kind).or_default() += mounts.len().max(1);
+            continue;
+        }
+        kept[i] += mounts.len().max(1);
         if mounts.is_empty() {
             let mut f = finding(
                 FindingKind::OrphanedPodDir,

@@ -10,12 +10,12 @@ pub mod unstack;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::cache::operations::{OperationStamp, OperationsView};
 use crate::cache::pod_map::PodMap;
 use crate::cache::world::World;
-use crate::metrics::{Metrics, OperationLabels};
+use crate::metrics::{Metrics, OperationLabels, PluginLabel};
 use crate::plugins::VolumeError;
 use crate::util::fast_map::FastMap;
 use crate::util::sync::MutexExt;
@@ -86,6 +86,9 @@ pub struct OperationRecord {
     /// CSI driver (`VolumeError::VolumeLimit`): the kubelet's
     /// `VolumeAttachLimitExceededError` when a wait for the pod ends.
     pub limit_exceeded: bool,
+    /// When the first attempt of this operation started, until its first
+    /// success (`overall_volume_mount` of `volume_operation_total_seconds`).
+    pub first_attempt: Option<Instant>,
     /// Running now.
     pub running: bool,
     /// Not to be retried before this.
@@ -126,7 +129,7 @@ impl Pending {
     fn finish(
         mut self,
         kind: OperationKind,
-        plugin: Arc<str>,
+        plugin: PluginLabel,
         started: Instant,
         result: Result<(), VolumeError>,
     ) {
@@ -181,7 +184,7 @@ impl OperationExecutor {
         volume: &UniqueVolumeName,
         pod: Option<&PodUid>,
         kind: OperationKind,
-        plugin: Arc<str>,
+        plugin: PluginLabel,
         op: F,
     ) -> Result<(), NotStarted>
     where
@@ -202,7 +205,7 @@ impl OperationExecutor {
         volume: &UniqueVolumeName,
         pod: Option<&PodUid>,
         kind: OperationKind,
-        plugin: Arc<str>,
+        plugin: PluginLabel,
         op: F,
     ) -> Result<impl Future<Output = ()> + Send + 'static, NotStarted>
     where
@@ -267,17 +270,29 @@ impl OperationExecutor {
         self.world.mark_dirty([volume.clone()]);
     }
 
+    /// The kubelet's `volume_operation_total_seconds` of a pod's volume
+    /// set up for the first time (`overall_volume_mount`).
+    fn record_overall(&self, kind: OperationKind, plugin: &PluginLabel, overall: Option<Duration>) {
+        if let Some(d) = overall.filter(|_| kind == OperationKind::MountVolume) {
+            let name = "overall_volume_mount";
+            self.metrics
+                .kubelet
+                .record_total(Arc::clone(&plugin.name), name, d);
+        }
+    }
+
     fn finish(
         self: &Arc<Self>,
         volume: &UniqueVolumeName,
         pod: Option<&PodUid>,
         kind: OperationKind,
-        plugin: Arc<str>,
+        plugin: PluginLabel,
         started: Instant,
         result: Result<(), VolumeError>,
     ) {
         let elapsed = started.elapsed();
         let mut retry = None;
+        let mut overall = None;
         {
             let mut ops = self.lock();
             let vol = ops.entry(volume.clone()).or_default();
@@ -288,6 +303,7 @@ impl OperationExecutor {
             rec.running = false;
             match &result {
                 Ok(()) => {
+                    overall = rec.first_attempt.take().map(|t| t.elapsed());
                     rec.failures = 0;
                     rec.last_error = None;
                     rec.uncertain = false;
@@ -311,6 +327,7 @@ impl OperationExecutor {
             // Nothing left to report about a removed directory.
             self.forget_volume(volume);
         }
+        self.record_overall(kind, &plugin, overall);
         self.metrics.record_operation(
             OperationLabels {
                 operation_name: kind.metric_name(),
@@ -419,6 +436,7 @@ fn new_record(kind: OperationKind) -> OperationRecord {
         uncertain: false,
         waiting: false,
         limit_exceeded: false,
+        first_attempt: Some(Instant::now()),
         running: false,
         retry_at: None,
     }

@@ -9,6 +9,7 @@ pub mod foreign;
 pub mod host_path;
 pub mod image;
 pub mod local;
+pub mod nfs;
 pub mod subpath;
 pub mod token;
 pub mod volume_metrics;
@@ -388,7 +389,7 @@ pub trait VolumePlugin: Send + Sync + 'static {
 
     /// The `volume_plugin` label of this volume's operation metrics, when it
     /// is not the plugin name (CSI: `kubernetes.io/csi:<driver>`).
-    fn metric_label(&self, _spec: &VolumeSpec) -> Option<Arc<str>> {
+    fn metric_label(&self, _spec: &VolumeSpec) -> Option<crate::metrics::PluginLabel> {
         None
     }
 
@@ -466,11 +467,19 @@ pub struct VolumePluginMgr {
     plugins: RwLock<Vec<NamedPlugin>>,
 }
 
+/// `": <what to use instead>"` for an in-tree kind with a known
+/// alternative ([`crate::volume::in_tree_alternative`]), else empty.
+fn alternative_suffix(kind: &str) -> String {
+    crate::volume::in_tree_alternative(kind)
+        .map(|a| format!(": {a}"))
+        .unwrap_or_default()
+}
+
 /// No plugin (or more than one) handles a volume.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginLookupError {
     /// Nobody handles it.
-    #[error("no volume plugin supports {kind} volumes on this node")]
+    #[error("no volume plugin supports {kind} volumes on this node{}", alternative_suffix(.kind))]
     NotFound {
         /// The source kind (`configMap`).
         kind: String,

@@ -10,7 +10,7 @@ use super::convert::pod::{DesiredPod, PodRejected};
 use super::convert::VolumeSpecError;
 use super::PodSink;
 use crate::cache::desired_state_of_world::{
-    DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry,
+    DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry, Unresolved,
 };
 use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHold, World};
 use crate::operationexecutor::OperationExecutor;
@@ -116,22 +116,26 @@ impl Populator {
                 Err(VolumeSpecError::AttachFailed(_)) => VolumeOperation::Attach,
                 _ => VolumeOperation::SetUp,
             };
-            let resolved = v.source.map_err(|e| e.to_string()).and_then(|source| {
-                let plugin = self
-                    .plugins
-                    .find_by_source(&source)
-                    .map_err(|e| e.to_string())?;
-                Ok((plugin, source))
-            });
+            let resolved = v
+                .source
+                .map_err(|e| (unresolved_kind(&e), e.to_string()))
+                .and_then(|source| {
+                    let plugin = self
+                        .plugins
+                        .find_by_source(&source)
+                        .map_err(|e| (Unresolved::PodError, e.to_string()))?;
+                    Ok((plugin, source))
+                });
             let ((plugin_name, plugin), source) = match resolved {
                 Ok(r) => r,
-                Err(e) => {
+                Err((kind, e)) => {
                     self.report_unresolved(&pod.uid, &v.name, &e, operation);
                     entry.volumes.push(PodVolumeEntry {
                         outer_name: v.name,
                         plugin_name: None,
                         volume: Err(e),
                         resolve_error: None,
+                        unresolved: Some(kind),
                     });
                     continue;
                 }
@@ -146,6 +150,7 @@ impl Populator {
                 plugin_name: Some(Arc::clone(&plugin_name)),
                 volume: Ok(name.clone()),
                 resolve_error: None,
+                unresolved: None,
             });
             if !pod.terminated {
                 let to_mount = PodToMount {
@@ -212,6 +217,25 @@ impl Populator {
     }
 }
 
+/// What `e` means to `WaitForAttachAndMount`: the kubelet's pod errors are
+/// those of its populator (`createVolumeSpec`: a claim or its
+/// PersistentVolume, no plugin, an invalid spec); a missing Secret,
+/// ConfigMap or VolumeAttachment fails the kubelet's set-up or attach
+/// instead, which the wait waits through. An attach error with
+/// `ResourceExhausted` (its text from `convert::csi_driver`) is the node's
+/// attach limit.
+fn unresolved_kind(e: &VolumeSpecError) -> Unresolved {
+    match e {
+        VolumeSpecError::Invalid(_) | VolumeSpecError::Unsupported(_) => Unresolved::PodError,
+        VolumeSpecError::Missing(m) if m.starts_with("PersistentVolume") => Unresolved::PodError,
+        VolumeSpecError::Missing(_) => Unresolved::Waiting,
+        VolumeSpecError::AttachFailed(m) if m.contains("(ResourceExhausted)") => {
+            Unresolved::AttachLimit
+        }
+        VolumeSpecError::AttachFailed(_) => Unresolved::Waiting,
+    }
+}
+
 /// The kubelet's `processPodVolumes` on a pod it processed before: a volume
 /// that no longer resolves (its claim, PV, configMap or secret deleted or
 /// unreadable) stays in the desired state and the error goes on the pod, so
@@ -259,6 +283,7 @@ fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate, terminated
             plugin_name: Some(plugin),
             volume: Ok(name.clone()),
             resolve_error: Some(e.clone()),
+            unresolved: v.unresolved,
         };
     }
 }

@@ -15,14 +15,13 @@ pub mod objects;
 mod shared_sink;
 
 pub use convert::sub_paths::{sub_path_release, sub_path_status, SubPathTiming};
-pub use convert::{csi_driver, payload, pod};
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
 pub use objects::resolver::PodResolver;
 pub use shared_sink::share_sink;
 
 use crate::cache::world::WakeHold;
 use crate::volume::PodUid;
-use pod::{DesiredPod, PodRejected};
+use convert::pod::{DesiredPod, PodRejected};
 
 /// Where a source of pods writes: the populator, through this narrow door.
 pub trait PodSink: Send + Sync {

@@ -19,7 +19,7 @@ use crate::plugins::{
     DeviceMountRequest, DeviceMountableVolumePlugin, DeviceUnmountRequest, MountRequest,
     UnmountRequest, VolumeError, VolumePlugin,
 };
-use crate::populator::pod::{DesiredPod, PodVolume};
+use crate::populator::convert::pod::{DesiredPod, PodVolume};
 use crate::sys::fake::FakeMounter;
 use crate::sys::mount_table::MountTableView;
 use crate::volume::{PodUid, UniqueVolumeName, VolumeSource, VolumeSpec};

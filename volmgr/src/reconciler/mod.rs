@@ -25,6 +25,7 @@
 
 #[cfg(test)]
 mod kubelet_scenarios;
+mod orphan_volumes;
 pub mod reconstruct;
 pub mod resync;
 
@@ -56,6 +57,7 @@ pub struct AttachWait {
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodToMount, VolumeToMount};
 use crate::cache::out_of_band::OutOfBandLog;
 use crate::cache::world::{Dirty, World};
+use crate::metrics::PluginLabel;
 use crate::operationexecutor::generator::{self, ForeignMountRemoval, SubPathMounts};
 use crate::operationexecutor::{NotStarted, OperationExecutor, OperationKind};
 use crate::plugins::subpath;
@@ -648,7 +650,7 @@ impl Reconciler {
         let label = action
             .spec()
             .and_then(|s| plugin.metric_label(s))
-            .unwrap_or_else(|| Arc::clone(&plugin_name));
+            .unwrap_or_else(|| Arc::clone(&plugin_name).into());
         let batched = matches!(
             &action,
             Action::Unmount { mounted, .. } if plugin.runs_inline(&mounted.spec)
@@ -669,7 +671,7 @@ impl Reconciler {
         action: Action,
         plugin: Arc<dyn VolumePlugin>,
         plugin_name: Arc<str>,
-        label: Arc<str>,
+        label: PluginLabel,
     ) -> Result<BoxedOperation, NotStarted> {
         let (volume, pod, _, kind) = action.key();
         let (volume, pod) = (volume.clone(), pod.cloned());
@@ -755,7 +757,7 @@ impl Reconciler {
         volume: &UniqueVolumeName,
         pod: Option<&PodUid>,
         kind: OperationKind,
-        label: Arc<str>,
+        label: PluginLabel,
         op: F,
     ) -> Result<BoxedOperation, NotStarted>
     where
@@ -803,6 +805,7 @@ impl Reconciler {
             // the subPath binds of volumes no one found again at start-up.
             let op = async move {
                 subpath::clean_pod_sub_paths(&root, mounter.as_ref(), &u)?;
+                orphan_volumes::remove_orphaned_pod_volume_dirs(&root, &u)?;
                 let rel = RelPath::new(["pods", u.as_str()])?;
                 root.remove_all(&rel)?;
                 tracing::debug!(pod = %u, "removed orphaned pod directory");

@@ -53,6 +53,12 @@ pub struct ReconstructionReport {
     pub devices: usize,
     /// Problems that did not stop reconstruction.
     pub errors: Vec<String>,
+    /// Pod volumes whose reconstruction was tried (the kubelet's
+    /// `reconstruct_volume_operations_total`).
+    pub volumes_tried: u64,
+    /// Of those, the ones that could not be read (its
+    /// `reconstruct_volume_operations_errors_total`).
+    pub volumes_failed: u64,
 }
 
 /// Rebuilds the actual state into `world`.
@@ -123,12 +129,16 @@ fn scan(
             };
             for vol in vols {
                 let Some(vol) = vol.to_str() else { continue };
+                report.volumes_tried += 1;
                 match plugin.reconstruct(&uid, vol, table) {
                     Ok(Some(rec)) => {
                         record(&found, plugin_name, plugin.as_ref(), &uid, rec, report)
                     }
                     Ok(None) => {}
-                    Err(e) => report.errors.push(format!("pod {uid} volume {vol}: {e}")),
+                    Err(e) => {
+                        report.volumes_failed += 1;
+                        report.errors.push(format!("pod {uid} volume {vol}: {e}"))
+                    }
                 }
             }
         }
@@ -136,10 +146,15 @@ fn scan(
             match plugin.reconstruct_block_volumes(&uid, table) {
                 Ok(recs) => {
                     for rec in recs {
+                        report.volumes_tried += 1;
                         record(&found, plugin_name, plugin.as_ref(), &uid, rec, report);
                     }
                 }
-                Err(e) => report.errors.push(format!("pod {uid} block volumes: {e}")),
+                Err(e) => {
+                    report.volumes_failed += 1;
+                    report.volumes_tried += 1;
+                    report.errors.push(format!("pod {uid} block volumes: {e}"))
+                }
             }
         }
         world.mark_pod_dirty(uid);

@@ -82,6 +82,9 @@ impl MountTableWatch for FakeWatch {
 #[derive(Default)]
 pub struct FakeMounter {
     state: Mutex<State>,
+    /// While true, `unmount` blocks (an NFS server gone); `unmount_detach`
+    /// never does.
+    hang: Arc<(Mutex<bool>, std::sync::Condvar)>,
 }
 
 impl FakeMounter {
@@ -89,6 +92,36 @@ impl FakeMounter {
     pub fn fail_mounts(&self, n: usize, errno: nix::errno::Errno) {
         let mut s = self.state.lock().unwrap();
         s.mount_failures.extend(std::iter::repeat_n(errno, n));
+    }
+
+    /// `unmount`, never blocking.
+    fn unmount_now(&self, parent: &Target, name: &std::ffi::OsStr) -> Result<(), SyscallError> {
+        let path = parent.path().join(name);
+        let mut s = self.state.lock().unwrap();
+        s.calls.push(Call::Unmount(path.clone()));
+        if let Some(errno) = s.unmount_failures.pop_front() {
+            return Err(SyscallError::new("umount2", &path, errno));
+        }
+        match s.mounts.iter().rposition(|(p, _, _)| *p == path) {
+            Some(i) => {
+                s.mounts.remove(i);
+                s.changed();
+                Ok(())
+            }
+            None => Err(SyscallError::new(
+                "umount2",
+                &path,
+                nix::errno::Errno::EINVAL,
+            )),
+        }
+    }
+
+    /// Makes `unmount` block until called again with `false` (as an
+    /// unmount waiting for a dead NFS server does).
+    pub fn hang_unmounts(&self, hang: bool) {
+        let (lock, cv) = &*self.hang;
+        *lock.lock().unwrap() = hang;
+        cv.notify_all();
     }
 
     /// Makes the next `n` unmounts fail with `errno`.
@@ -209,25 +242,18 @@ impl Mounter for FakeMounter {
         Ok(())
     }
 
+    fn unmount_detach(&self, parent: &Target, name: &std::ffi::OsStr) -> Result<(), SyscallError> {
+        self.unmount_now(parent, name)
+    }
+
     fn unmount(&self, parent: &Target, name: &std::ffi::OsStr) -> Result<(), SyscallError> {
-        let path = parent.path().join(name);
-        let mut s = self.state.lock().unwrap();
-        s.calls.push(Call::Unmount(path.clone()));
-        if let Some(errno) = s.unmount_failures.pop_front() {
-            return Err(SyscallError::new("umount2", &path, errno));
+        let (lock, cv) = &*self.hang;
+        let mut hang = lock.lock().unwrap();
+        while *hang {
+            hang = cv.wait(hang).unwrap();
         }
-        match s.mounts.iter().rposition(|(p, _, _)| *p == path) {
-            Some(i) => {
-                s.mounts.remove(i);
-                s.changed();
-                Ok(())
-            }
-            None => Err(SyscallError::new(
-                "umount2",
-                &path,
-                nix::errno::Errno::EINVAL,
-            )),
-        }
+        drop(hang);
+        self.unmount_now(parent, name)
     }
 
     fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError> {

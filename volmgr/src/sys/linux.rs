@@ -46,6 +46,12 @@ impl Mounter for LinuxMounter {
             .map_err(|e| SyscallError::new("umount2", parent.path().join(name), e))
     }
 
+    fn unmount_detach(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError> {
+        let flags = MntFlags::UMOUNT_NOFOLLOW | MntFlags::MNT_FORCE | MntFlags::MNT_DETACH;
+        nix::mount::umount2(&parent.proc_path().join(name), flags)
+            .map_err(|e| SyscallError::new("umount2", parent.path().join(name), e))
+    }
+
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError> {
         let stx = statx_empty_path(target)?;
         if stx.stx_attributes_mask & (libc::STATX_ATTR_MOUNT_ROOT as u64) != 0 {

@@ -132,6 +132,13 @@ pub trait Mounter: MountTableReader {
     /// descriptor: a descriptor of the mount itself would keep it busy.
     fn unmount(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError>;
 
+    /// Detaches the top mount on `parent/name` at once, without waiting for
+    /// its file system (`umount2(MNT_FORCE | MNT_DETACH)`): for a network
+    /// file system whose server is gone. Default: [`unmount`](Self::unmount).
+    fn unmount_detach(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError> {
+        self.unmount(parent, name)
+    }
+
     /// Whether `target` is the root of a mount (exact, via `statx`).
     fn is_mount_point(&self, target: &Target) -> Result<bool, SyscallError>;
 

@@ -67,6 +67,9 @@ struct StatusInner {
 /// The volume manager owns one and reads it when it builds status.
 pub struct TracerStatus {
     inner: Mutex<StatusInner>,
+    /// Observe mode: the tracer watches the kubelet's mounts, none of them
+    /// managed (see [`Self::set_observing`]).
+    observing: std::sync::atomic::AtomicBool,
     timelines: Arc<TimelineStore>,
     stuck: Arc<StuckView>,
 }
@@ -80,6 +83,7 @@ impl Default for TracerStatus {
                 stats: None,
                 metrics: None,
             }),
+            observing: std::sync::atomic::AtomicBool::new(false),
             timelines: Arc::new(TimelineStore::default()),
             stuck: Arc::new(StuckView::default()),
         }
@@ -96,6 +100,19 @@ impl TracerStatus {
     /// (`--stuck-syscall-after`) before the tracer starts.
     pub fn stuck(&self) -> &Arc<StuckView> {
         &self.stuck
+    }
+
+    /// Observe mode (before the tracer starts): the mounts under ROOT are
+    /// the kubelet's, none managed: none counts as an out-of-band change,
+    /// none calls for a check.
+    pub fn set_observing(&self) {
+        self.observing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether [`Self::set_observing`] was called.
+    pub fn observing(&self) -> bool {
+        self.observing.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Records which tracer is active and why.

@@ -264,6 +264,7 @@ mod tests {
             args: args.iter().map(|s| s.to_string()).collect(),
             args_truncated: false,
             exit_code: 0,
+            uid: 0,
         }
     }
 

@@ -114,7 +114,12 @@ pub async fn run(
         match next {
             Ok(ev) => handle(&ev, &own, &sinks, &mut devices),
             Err(Some(x)) => {
-                if let Some(p) = devices.on_exec(x, &own.root, own_mounts) {
+                // Others' runs are neither placed nor wait for a mount
+                // (they would evict root's runs waiting there).
+                let placed = super::stuck::tool_can_matter(&x)
+                    .then(|| devices.on_exec(x, &own.root, own_mounts))
+                    .flatten();
+                if let Some(p) = placed {
                     record_placed(&p, &own, &sinks);
                 }
             }
@@ -159,6 +164,11 @@ fn handle(ev: &SyscallEvent, own: &Own, sinks: &Sinks, devices: &mut DeviceVolum
         .record_for_driver(ev, driver.as_deref().unwrap_or(""));
     let (checks, counters) = (&sinks.checks, &sinks.counters);
     counters.events.fetch_add(1, Ordering::Relaxed);
+    if counters.observing {
+        // Observe mode manages nothing: the kubelet's mounts (and the bind
+        // of its root onto itself) are its own, not out of band.
+        return;
+    }
     let scopes = scopes(ev, own);
     if scopes.is_empty() {
         return;

@@ -142,6 +142,20 @@ pub struct TracerCounters {
     /// Changes that touched (or may have touched) a managed path and were
     /// not the manager's own as far as the tracer can tell.
     pub out_of_band_events: AtomicU64,
+    /// Observe mode: nothing under ROOT is managed, so no change is out of
+    /// band (they are the kubelet's: its volumes' mounts, the bind of its
+    /// root onto itself) and none calls for a check of managed volumes.
+    pub observing: bool,
+}
+
+impl TracerCounters {
+    /// Counters for a tracer started with `ctx`.
+    fn for_context(ctx: &TracerContext) -> Self {
+        Self {
+            observing: ctx.status.observing(),
+            ..Self::default()
+        }
+    }
 }
 
 /// The running tracer.
@@ -234,10 +248,13 @@ fn start_auto(
     shutdown: watch::Receiver<bool>,
     thread_name: Option<&str>,
 ) -> ActiveTracer {
-    let name = "off";
+    // Not "off": a tracer is coming (status says `loading` until then).
+    let name = "loading";
     let reason = "auto: the eBPF tracer is loading".to_string();
     ctx.status.set(name, &reason);
-    tracing::info!(tracer = name, reason = %reason, "loading the eBPF tracer");
+    tracing::info!(
+        "loading the eBPF tracer in the background (the mountinfo poller if it cannot load)"
+    );
     let thread_name = thread_name.map(str::to_string);
     let mut stop = shutdown.clone();
     let task = tokio::spawn(async move {
@@ -299,7 +316,7 @@ fn start_mountinfo(
     reason: String,
 ) -> Result<ActiveTracer, TracerError> {
     let poller = MountinfoPoller::open(ctx.root_path())?;
-    let counters = Arc::new(TracerCounters::default());
+    let counters = Arc::new(TracerCounters::for_context(ctx));
     let check_counters = Arc::new(CheckCounters::default());
     let (checks, check_task) =
         Checker::new(ctx, Arc::clone(&check_counters)).spawn(shutdown.clone());
@@ -416,7 +433,7 @@ fn attach_ebpf(
     let events = tracer.events().map_err(TracerError::Ebpf)?;
     let execs = tracer.tool_execs().map_err(TracerError::Ebpf)?;
     let tracer = Arc::new(tracer);
-    let counters = Arc::new(TracerCounters::default());
+    let counters = Arc::new(TracerCounters::for_context(ctx));
     let check_counters = Arc::new(CheckCounters::default());
     let stats = Arc::new(Mutex::new(SyscallStats::new()));
     let (checks, check_task) =

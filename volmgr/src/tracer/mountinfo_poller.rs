@@ -136,6 +136,9 @@ impl MountinfoPoller {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(error = %e, "mountinfo poller: cannot read the mount table; checking everything");
+                if counters.observing {
+                    return;
+                }
                 counters.out_of_band_events.fetch_add(1, Ordering::Relaxed);
                 checks.check(Scope::All, origin());
                 return;
@@ -149,6 +152,11 @@ impl MountinfoPoller {
         counters
             .events
             .fetch_add(changed.len() as u64, Ordering::Relaxed);
+        if counters.observing {
+            // Observe mode manages nothing: the kubelet's mounts (and the
+            // bind of its root onto itself) are its own, not out of band.
+            return;
+        }
         let mut scopes = scopes(&self.root, changed);
         if scopes.is_empty() {
             // Something changed, but nothing at or above ROOT differs from

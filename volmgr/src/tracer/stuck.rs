@@ -29,7 +29,12 @@
 //! `--stuck-tool-after` (an `e2fsck` that hangs holds its volume's
 //! NodeStageVolume) is reported while it runs, with its command line, the
 //! volume its device or path argument belongs to, its state and kernel
-//! stack.
+//! stack. The kernel program keeps the tools of callers that can matter
+//! in a table of their own, so that no number of unprivileged tools evicts
+//! them; here too they are described first, at most
+//! [`MAX_STUCK_TOOLS_LISTED`], the rest counted. A tool's device is placed
+//! on a volume through the mount table, parsed once per change of it
+//! ([`MountCache`]), not once per tool.
 
 use std::collections::HashSet;
 use std::os::unix::fs::FileExt;
@@ -40,8 +45,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::devices::{device_key, mounted_volume, own_mounts};
-use super::timeline::{attribute, monotonic_now_ns, wall_time_of};
+use super::devices::device_key;
+use super::timeline::{attribute, monotonic_now_ns, wall_time_of, Attribution};
 use crate::ebpf::{EbpfTracer, InFlightCall, ToolExec};
 use crate::status::{StuckSyscall, StuckToolRun};
 use crate::util::prometheus::{Exposition, MetricType};
@@ -63,6 +68,67 @@ const PATH_MAX: usize = 4096;
 /// are counted (`volmgr_mount_syscalls_stuck` counts them all).
 pub const MAX_STUCK_LISTED: usize = 64;
 
+/// Stuck tool runs described, listed in status and logged at most; the
+/// rest are counted (`volmgr_fs_tools_stuck` counts them all).
+pub const MAX_STUCK_TOOLS_LISTED: usize = 64;
+
+/// The volume mounts of the agent's mount table (device, by
+/// [`device_key`], and the volume path it is mounted on), read again only
+/// when the kernel signals a change of the table (`POLLPRI` on
+/// `/proc/self/mountinfo`, proc(5)).
+#[derive(Default)]
+struct MountCache {
+    /// Open while the cache is valid; its `POLLPRI` says the table changed.
+    watch: Option<std::fs::File>,
+    volumes: Vec<(String, Attribution)>,
+    /// Times the table was read (for the tests).
+    reads: u64,
+}
+
+impl MountCache {
+    /// The volume device `key` (see [`device_key`]) is mounted on.
+    fn volume_of(&mut self, key: &str, root: &Path) -> Option<Attribution> {
+        if self.changed() {
+            self.reload(root);
+        }
+        self.volumes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, a)| a.clone())
+    }
+
+    /// Whether the table may have changed since the last read (or was
+    /// never read).
+    fn changed(&mut self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let Some(file) = &self.watch else {
+            return true;
+        };
+        let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLPRI)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => false,
+            // The event is cleared by this poll; read again.
+            _ => true,
+        }
+    }
+
+    fn reload(&mut self, root: &Path) {
+        // Opened before the read: a change after the read is signalled.
+        self.watch = std::fs::File::open("/proc/self/mountinfo").ok();
+        self.reads += 1;
+        self.volumes = crate::sys::mountinfo::read_self()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|m| m.source.starts_with("/dev/"))
+            .filter_map(|m| {
+                let a = attribute(m.mount_point.to_str()?, root)?;
+                Some((device_key(&m.source), a))
+            })
+            .collect();
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     stuck: Vec<StuckSyscall>,
@@ -73,10 +139,15 @@ struct Inner {
     /// (start, tid) of the stuck calls already logged.
     reported: HashSet<(u64, u32)>,
     tools: Vec<StuckToolRun>,
+    /// Tool runs stuck now, listed or not.
+    tools_stuck_total: usize,
     tools_running: usize,
     oldest_tool_ns: u64,
     /// (start, pid) of the stuck tool runs already logged.
     reported_tools: HashSet<(u64, u32)>,
+    /// Whether unprivileged users' stuck tools were listed at the last
+    /// update (they are logged in one line when they appear).
+    others_logged: bool,
 }
 
 /// The calls and tool runs stuck now (see the module).
@@ -84,6 +155,7 @@ pub struct StuckView {
     threshold_ns: AtomicU64,
     tool_threshold_ns: AtomicU64,
     inner: Mutex<Inner>,
+    mounts: Mutex<MountCache>,
 }
 
 impl Default for StuckView {
@@ -92,6 +164,7 @@ impl Default for StuckView {
             threshold_ns: AtomicU64::new(DEFAULT_STUCK_AFTER.as_nanos() as u64),
             tool_threshold_ns: AtomicU64::new(DEFAULT_STUCK_TOOL_AFTER.as_nanos() as u64),
             inner: Mutex::new(Inner::default()),
+            mounts: Mutex::new(MountCache::default()),
         }
     }
 }
@@ -123,40 +196,68 @@ impl StuckView {
     }
 
     /// Takes the file system tools running at `now_ns`
-    /// (`CLOCK_MONOTONIC`): those past `--stuck-tool-after` become the
-    /// stuck tool list (each logged the first time).
-    pub fn update_tools(&self, runs: &[ToolExec], now_ns: u64, root: &Path) {
+    /// (`CLOCK_MONOTONIC`): those past `--stuck-tool-after` that are
+    /// `alive` (still that program) become the stuck tool list (each
+    /// logged the first time), at most [`MAX_STUCK_TOOLS_LISTED`] of them,
+    /// those whose callers can matter ([`tool_can_matter`]) first.
+    pub fn update_tools(
+        &self,
+        runs: &[ToolExec],
+        now_ns: u64,
+        root: &Path,
+        alive: &dyn Fn(&ToolExec) -> bool,
+    ) {
         let threshold = self.tool_threshold_ns.load(Ordering::Relaxed);
-        let (old, oldest_ns) = overdue(runs, now_ns, threshold, |r| (r.start_ns, r.pid));
-        let stuck: Vec<StuckToolRun> = old.iter().map(|r| describe_tool(r, now_ns, root)).collect();
+        let (mut old, oldest_ns) = overdue(runs, now_ns, threshold, |r| (r.start_ns, r.pid));
+        // Stable: oldest first within each group.
+        old.sort_by_key(|r| !tool_can_matter(r));
+        // Only those listed are checked (read from /proc): the rest is counted.
+        let stuck_total = old.len();
+        let mut old: Vec<&ToolExec> = old
+            .into_iter()
+            .filter(|r| alive(r))
+            .take(MAX_STUCK_TOOLS_LISTED)
+            .collect();
+        old.sort_by_key(|r| (r.start_ns, r.pid));
+        let stuck: Vec<StuckToolRun> = {
+            let mut mounts = self.mounts.locked();
+            old.iter()
+                .map(|r| describe_tool(r, now_ns, root, tool_can_matter(r), &mut mounts))
+                .collect()
+        };
         let keys: Vec<(u64, u32)> = old.iter().map(|r| (r.start_ns, r.pid)).collect();
+        let others = old.iter().filter(|r| !tool_can_matter(r)).count();
         let mut inner = self.inner.locked();
-        for (s, new) in stuck
-            .iter()
-            .zip(first_seen(&mut inner.reported_tools, &keys))
-        {
-            if new {
-                tracing::warn!(
-                    pid = s.pid,
-                    comm = %s.comm,
-                    command_line = %s.command_line,
-                    state = %s.state,
-                    elapsed_seconds = s.elapsed_seconds,
-                    pod_uid = s.pod_uid.as_deref().unwrap_or(""),
-                    volume = s.volume.as_deref().unwrap_or(""),
-                    kernel_stack = %s.kernel_stack.join(" <- "),
-                    "file system tool running longer than --stuck-tool-after"
-                );
+        let new = first_seen(&mut inner.reported_tools, &keys);
+        for ((s, r), new) in stuck.iter().zip(&old).zip(new) {
+            // Others' runs come and go as the kernel's table evicts them:
+            // one line for all of them (below), not one each.
+            if new && tool_can_matter(r) {
+                log_stuck_tool(s);
             }
         }
+        if others > 0 && !inner.others_logged {
+            tracing::warn!(
+                listed = others,
+                "file system tools of unprivileged users running longer than --stuck-tool-after (listed in status, not logged each)"
+            );
+        }
+        inner.others_logged = others > 0;
         inner.tools = stuck;
+        inner.tools_stuck_total = stuck_total;
         inner.oldest_tool_ns = oldest_ns;
         inner.tools_running = runs.len();
     }
 
-    /// The tool runs stuck at the last update, oldest first.
+    /// The tool runs stuck at the last update, oldest first (at most
+    /// [`MAX_STUCK_TOOLS_LISTED`]).
     pub fn stuck_tools(&self) -> Vec<StuckToolRun> {
         self.inner.locked().tools.clone()
+    }
+
+    /// How many tool runs were stuck at the last update, listed or not.
+    pub fn stuck_tools_total(&self) -> usize {
+        self.inner.locked().tools_stuck_total
     }
 
     /// Takes the calls in flight at `now_ns` (`CLOCK_MONOTONIC`): those past
@@ -249,7 +350,7 @@ impl StuckView {
                 i.stuck_total,
                 i.in_flight,
                 i.oldest_tool_ns,
-                i.tools.len(),
+                i.tools_stuck_total,
                 i.tools_running,
             )
         };
@@ -299,6 +400,17 @@ impl StuckView {
             MetricType::Gauge,
         );
         w.sample(name, &[], tools_stuck);
+        let name = "volmgr_fs_tools_stuck_not_listed";
+        w.family(
+            name,
+            "Stuck file system tools counted but not listed in status nor logged (over the list's bound).",
+            MetricType::Gauge,
+        );
+        w.sample(
+            name,
+            &[],
+            tools_stuck.saturating_sub(MAX_STUCK_TOOLS_LISTED),
+        );
         w.finish()
     }
 }
@@ -328,15 +440,45 @@ fn first_seen(reported: &mut HashSet<(u64, u32)>, keys: &[(u64, u32)]) -> Vec<bo
     new
 }
 
+/// Logs a stuck tool run (once per run).
+fn log_stuck_tool(s: &StuckToolRun) {
+    tracing::warn!(
+        pid = s.pid,
+        comm = %s.comm,
+        command_line = %s.command_line,
+        state = %s.state,
+        elapsed_seconds = s.elapsed_seconds,
+        pod_uid = s.pod_uid.as_deref().unwrap_or(""),
+        volume = s.volume.as_deref().unwrap_or(""),
+        kernel_stack = %s.kernel_stack.join(" <- "),
+        "file system tool running longer than --stuck-tool-after"
+    );
+}
+
+/// Whether a tool run can matter to the node's volumes: run by uid 0 of
+/// the initial user namespace (the kubelet, CSI drivers). Others, in the
+/// host's mount namespace or not, cannot format nor repair a volume's
+/// device: they are listed after these, and never placed on a volume.
+pub fn tool_can_matter(r: &ToolExec) -> bool {
+    r.uid == 0
+}
+
 /// A tool run past the threshold, with what `/proc` tells about it; its
-/// volume from its argument: a volume path, or a device mounted on one.
-fn describe_tool(r: &ToolExec, now_ns: u64, root: &Path) -> StuckToolRun {
+/// volume from its argument (only when it can matter: `placed`): a volume
+/// path, or a device mounted on one.
+fn describe_tool(
+    r: &ToolExec,
+    now_ns: u64,
+    root: &Path,
+    placed: bool,
+    mounts: &mut MountCache,
+) -> StuckToolRun {
     let proc = PathBuf::from(format!("/proc/{}", r.pid));
     let device = r.device().map(str::to_string);
-    let attribution = device.as_deref().and_then(|d| {
+    let attribution = device.as_deref().filter(|_| placed).and_then(|d| {
         attribute(d, root).or_else(|| {
             d.starts_with("/dev/")
-                .then(|| mounted_volume(&device_key(d), root, own_mounts()).map(|(a, _)| a))
+                .then(|| mounts.volume_of(&device_key(d), root))
                 .flatten()
         })
     });
@@ -480,7 +622,8 @@ pub async fn run(
         let _ = tokio::task::spawn_blocking(move || {
             view.update(&calls, monotonic_now_ns(), &root, own_mnt_ns);
             let tools = tracer.running_tools();
-            view.update_tools(&tools, monotonic_now_ns(), &root);
+            let alive = crate::ebpf::still_running;
+            view.update_tools(&tools, monotonic_now_ns(), &root, &alive);
         })
         .await;
     }
@@ -609,10 +752,16 @@ mod tests {
             args: vec!["e2fsck".into(), "-p".into(), arg.into()],
             args_truncated: false,
             exit_code: 0,
+            uid: 0,
         };
         let now = 1_000_000_000_000;
         let dir = "/r/pods/u1/volumes/kubernetes.io~local-volume/data";
-        view.update_tools(&[run(now - 59_000_000_000, dir)], now, Path::new("/r"));
+        view.update_tools(
+            &[run(now - 59_000_000_000, dir)],
+            now,
+            Path::new("/r"),
+            &|_| true,
+        );
         assert!(view.stuck_tools().is_empty());
         view.update_tools(
             &[
@@ -621,6 +770,7 @@ mod tests {
             ],
             now,
             Path::new("/r"),
+            &|_| true,
         );
         let t = view.stuck_tools();
         assert_eq!(t.len(), 1, "{t:?}");
@@ -646,11 +796,12 @@ mod tests {
             &[run(now - 61_000_000_000, "/dev/nonexistent-volmgr")],
             now,
             Path::new("/r"),
+            &|_| true,
         );
         let t = view.stuck_tools();
         assert_eq!(t[0].device.as_deref(), Some("/dev/nonexistent-volmgr"));
         assert_eq!(t[0].pod_uid, None);
-        view.update_tools(&[], now, Path::new("/r"));
+        view.update_tools(&[], now, Path::new("/r"), &|_| true);
         assert!(view.stuck_tools().is_empty());
         assert!(view.inner.locked().reported_tools.is_empty());
     }

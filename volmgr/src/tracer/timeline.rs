@@ -25,7 +25,12 @@
 //! The store is bounded: at most `max_volumes` timelines of at most
 //! `per_volume` calls each; the least recently touched timeline makes room
 //! for a new one, and the oldest call of a full timeline for a new call.
-//! Both are counted.
+//! Both are counted. Each caller (uid) has a share: a caller other than
+//! root holds at most a quarter of the timelines (making one more evicts
+//! its own least recently touched), and root's calls (the kubelet's, the
+//! CSI drivers') evict other callers' timelines before root's own. Calls
+//! that failed for an unprivileged caller never get here (see
+//! `super::ebpf_events::attributable`): they are counted apart.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Component, Path, PathBuf};
@@ -290,6 +295,8 @@ struct Ring {
     entries: VecDeque<TimelineEntry>,
     dropped: u64,
     touched: u64,
+    /// The uid of the caller whose call made it (its share, see the module).
+    uid: u32,
 }
 
 struct Inner {
@@ -385,7 +392,7 @@ impl TimelineStore {
                 result: result_name(ev.ret),
                 command: None,
             };
-            let d = self.push(&mut inner, &a, entry, root);
+            let d = self.push(&mut inner, &a, entry, root, ev.uid);
             driver.get_or_insert(d);
         }
         driver
@@ -410,30 +417,53 @@ impl TimelineStore {
             command: Some(x.command_line()),
         };
         let mut inner = self.inner.locked();
-        self.push(&mut inner, a, entry, root)
+        self.push(&mut inner, a, entry, root, x.uid)
     }
 
-    /// Adds `entry` to `a`'s timeline (made, evicting the least recently
-    /// touched one if full); the timeline's driver.
+    /// Timelines a caller other than root may hold at most.
+    fn share(&self) -> usize {
+        (self.max_volumes / 4).max(1)
+    }
+
+    /// Makes room for a timeline made by a call of `uid`: past its share,
+    /// its own least recently touched timeline goes; in a full store, the
+    /// least recently touched of another caller's (root's last).
+    fn make_room(&self, inner: &mut Inner, uid: u32) {
+        let own = inner.rings.values().filter(|r| r.uid == uid).count();
+        let victim = if uid != 0 && own >= self.share() {
+            inner
+                .rings
+                .iter()
+                .filter(|(_, r)| r.uid == uid)
+                .min_by_key(|(_, r)| r.touched)
+        } else if inner.rings.len() >= self.max_volumes {
+            inner
+                .rings
+                .iter()
+                .min_by_key(|(_, r)| (r.uid == 0, r.touched))
+        } else {
+            None
+        };
+        if let Some(k) = victim.map(|(k, _)| k.clone()) {
+            inner.rings.remove(&k);
+            inner.evicted += 1;
+        }
+    }
+
+    /// Adds `entry`, a call of `uid`, to `a`'s timeline (made, making room
+    /// if needed: see [`Self::make_room`]); the timeline's driver.
     fn push(
         &self,
         inner: &mut Inner,
         a: &Attribution,
         entry: TimelineEntry,
         root: &Path,
+        uid: u32,
     ) -> String {
         inner.clock += 1;
         let clock = inner.clock;
-        if !inner.rings.contains_key(&a.key) && inner.rings.len() >= self.max_volumes {
-            let oldest = inner
-                .rings
-                .iter()
-                .min_by_key(|(_, r)| r.touched)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                inner.rings.remove(&k);
-                inner.evicted += 1;
-            }
+        if !inner.rings.contains_key(&a.key) {
+            self.make_room(inner, uid);
         }
         let ring = inner.rings.entry(a.key.clone()).or_insert_with(|| Ring {
             driver: a.driver.clone(),
@@ -441,6 +471,7 @@ impl TimelineStore {
             entries: VecDeque::new(),
             dropped: 0,
             touched: 0,
+            uid,
         });
         if ring.handle.is_none() && a.key.plugin == CSI_ESCAPED {
             if let Some((driver, handle)) = csi_vol_data(root, &a.key) {
@@ -754,6 +785,43 @@ mod tests {
         assert!(store.record(&ev("/mnt/x", None, 0, 1), root).is_none());
     }
 
+    /// A caller other than root (a successful call in the host's mount
+    /// namespace, by a uid with CAP_SYS_ADMIN) on 5,000 invented pod
+    /// paths: root's timeline stays, the caller holds at most its share.
+    /// Before: the store's least recently touched timeline made room, so
+    /// 2,048 invented paths evicted every real one.
+    #[test]
+    fn a_caller_other_than_root_holds_only_its_share_of_timelines() {
+        let root = Path::new("/r");
+        let store = TimelineStore::default();
+        let real = "/r/pods/u1/volumes/kubernetes.io~empty-dir/data";
+        store.record(&ev(real, None, 0, 1_000), root);
+        for i in 0..5_000u64 {
+            let mut e = ev(
+                &format!("/r/pods/fake-{i}/volumes/x~y/v"),
+                None,
+                0,
+                2_000 + i,
+            );
+            e.uid = 65534;
+            store.record(&e, root);
+        }
+        let key = attribute(real, root).unwrap().key;
+        assert!(store.for_volume(&key).is_some(), "root's timeline evicted");
+        let (volumes, _) = store.counts();
+        assert_eq!(volumes, 1 + DEFAULT_MAX_VOLUMES / 4);
+        // Root's calls evict the other caller's timelines first.
+        for i in 0..DEFAULT_MAX_VOLUMES as u64 - 1 {
+            store.record(
+                &ev(&format!("/r/pods/p{i}/volumes/x~y/v"), None, 0, 9_000 + i),
+                root,
+            );
+        }
+        assert_eq!(store.counts().0, DEFAULT_MAX_VOLUMES);
+        assert!(store.for_volume(&key).is_some(), "root's timeline evicted");
+        assert!(store.for_pod("fake-4999").is_empty(), "all of them went");
+    }
+
     #[test]
     fn a_tool_run_reported_after_the_mount_is_placed_before_it() {
         let root = Path::new("/r");
@@ -771,6 +839,7 @@ mod tests {
             args: vec!["mkfs.ext4".into(), "/dev/loop0".into()],
             args_truncated: false,
             exit_code: 0,
+            uid: 0,
         };
         let d = store.record_exec(&mkfs, &a, "/dev/loop0", root);
         assert_eq!(d, "d.example");

@@ -149,7 +149,16 @@ impl VolumeManagerBuilder {
         if let Some(csi) = &self.csi {
             check_csi(csi)?;
         }
-        let vm = VolumeManager::new(self.config, self.mounter)?;
+        let vm = VolumeManager::new(self.config, Arc::clone(&self.mounter))?;
+        if self.host_thread.is_none() {
+            // In a host process (the C ABI) NFS volumes are the host
+            // plugins' to claim.
+            vm.register_plugin(Arc::new(crate::plugins::nfs::NfsPlugin::new(
+                Arc::clone(vm.root()),
+                Arc::clone(&self.mounter),
+                Arc::clone(vm.pool()),
+            )))?;
+        }
         let csi_registry = DriverRegistry::new();
         if let Some(setup) = &self.csi {
             csi_wiring::install(&vm, Arc::clone(&csi_registry), setup.timeout)?;

@@ -8,7 +8,7 @@ pub mod csi_wiring;
 mod status;
 mod sub_paths;
 mod volume_stats_collector;
-mod wait;
+pub mod wait;
 
 pub use builder::{
     BuildError, Built, CsiSetup, VolumeManagerBuilder, Watchers, DEFAULT_CSI_TIMEOUT,
@@ -37,7 +37,7 @@ use crate::plugins::image::ImagePlugin;
 use crate::plugins::local::LocalVolumePlugin;
 use crate::plugins::token::{TokenRefresh, TokenSource};
 use crate::plugins::{BlockingPool, PluginLookupError, VolumePlugin, VolumePluginMgr};
-use crate::populator::pod::{DesiredPod, PodRejected};
+use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::{PodSink, Populator};
 use crate::reconciler::reconstruct::{reconstruct, ReconstructionReport};
 use crate::reconciler::Reconciler;
@@ -148,6 +148,30 @@ pub enum WaitError {
     /// The manager stopped.
     #[error("the volume manager stopped")]
     Stopped,
+    /// Volumes of the pod could not be processed (a claim not bound, an
+    /// object missing: the kubelet's pod errors): `WaitForAttachAndMount`
+    /// ends at once, with the kubelet's text.
+    #[error("{volumes}: {errors}")]
+    PodErrors {
+        /// The pod.
+        pod: String,
+        /// The kubelet's lists of the pod's volumes.
+        volumes: wait::PodVolumeLists,
+        /// The errors, joined with `; `.
+        errors: String,
+    },
+    /// A volume of the pod was refused for its CSI driver's node volume
+    /// limit when the wait's timeout passed (the kubelet's
+    /// `VolumeAttachLimitExceededError`: the pod is rejected).
+    #[error("Node has reached its volume attachment limit, rejecting pod. {volumes}: {error}")]
+    AttachLimitExceeded {
+        /// The pod.
+        pod: String,
+        /// The kubelet's lists of the pod's volumes.
+        volumes: wait::PodVolumeLists,
+        /// The refusal.
+        error: String,
+    },
 }
 
 /// A volume to resize: its plugin, the spec it was set up with, its path.
@@ -361,9 +385,7 @@ impl VolumeManager {
         let tracer = Arc::new(TracerStatus::default());
         let tracer_metrics = Arc::clone(&tracer);
         let stats_provider = Arc::new(volume_stats_collector::PluginStats::default());
-        let stats = Arc::new(volume_stats_collector::StatsCollector::new(
-            Arc::clone(&stats_provider) as Arc<dyn volume_stats_collector::StatsProvider>,
-        ));
+        let stats = volume_stats_collector::plugin_collector(&stats_provider, &metrics);
         let (stats_metrics, stats_world) = (Arc::clone(&stats), Arc::clone(&world));
         Ok(Arc::new(Self {
             config,
@@ -525,6 +547,9 @@ impl VolumeManager {
         .await
         .map_err(Error::ReconstructionTask)?
         .map_err(Error::Reconstruction)?;
+        self.metrics
+            .kubelet
+            .add_reconstructed(report.volumes_tried, report.volumes_failed);
         for e in &report.errors {
             tracing::warn!(error = %e, "reconstruction");
         }
@@ -684,6 +709,9 @@ impl VolumeManager {
 
     /// Sets observe mode's section of status.
     pub fn set_observe_status(&self, status: crate::status::ObserveStatus) {
+        // The tracer (started after this) counts none of the kubelet's
+        // mounts as out-of-band changes.
+        self.tracer.set_observing();
         *self.observe.locked() = Some(status);
     }
 

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use crate::plugins::subpath;
 use crate::status::{
-    CsiDriverStatus, DeviceStatus, PodStatus, SourceError, Status, SubPathStatus, VolumeStatus,
+    CsiDriverStatus, DeviceStatus, ObserveStatus, ObservedVolume, PodStatus, SourceError, Status,
+    SubPathStatus, VolumeStatus,
 };
 use crate::util::sync::MutexExt;
 use crate::volume::{PodUid, UniqueVolumeName};
@@ -16,13 +17,21 @@ use crate::volume::{PodUid, UniqueVolumeName};
 impl VolumeManager {
     /// The status document.
     pub fn status(&self) -> Status {
+        let observe = self.observe_status();
         let mut pods = self.pod_statuses();
+        if let Some(o) = &observe {
+            observed_volumes(&mut pods, o);
+        }
         let errors = self.source_statuses(&mut pods);
         pods.sort_by(|a, b| (&a.namespace, &a.name, &a.uid).cmp(&(&b.namespace, &b.name, &b.uid)));
         let (tracer, tracer_reason) = self.tracer.name_and_reason();
         let (tracer_stats, syscalls) = self.tracer.stats();
         Status {
-            synced: self.world.synced(),
+            // The manager never starts in observe mode: its own sync
+            // would never come; observe mode's is its scans'.
+            synced: observe
+                .as_ref()
+                .map_or_else(|| self.world.synced(), |o| o.synced),
             tracer,
             tracer_reason,
             pods,
@@ -41,7 +50,7 @@ impl VolumeManager {
             devices: self.device_statuses(),
             stuck_syscalls: self.tracer.stuck().stuck(),
             stuck_tools: self.tracer.stuck().stuck_tools(),
-            observe: self.observe_status(),
+            observe,
         }
     }
 
@@ -116,6 +125,7 @@ impl VolumeManager {
                     let mut st = self.volume_status(uid, v, &dsw, &asw);
                     // Kept as it was: why it no longer resolves comes first.
                     st.error = v.resolve_error.clone().or(st.error);
+                    st.unresolved = v.unresolved.map(|u| u.name().to_string());
                     st
                 })
                 .collect();
@@ -184,6 +194,8 @@ impl VolumeManager {
                     sub_paths: Vec::new(),
                     read_only: false,
                     selinux_relabel: false,
+                    since: None,
+                    unresolved: None,
                 }
             })
             .collect()
@@ -260,6 +272,8 @@ impl VolumeManager {
                     sub_paths: Vec::new(),
                     read_only: false,
                     selinux_relabel: false,
+                    since: None,
+                    unresolved: None,
                 }
             }
             Ok(n) => n,
@@ -304,6 +318,8 @@ impl VolumeManager {
                 .and_then(|dv| dv.pods.get(uid))
                 .is_some_and(|p| p.spec.read_only()),
             selinux_relabel: mount.is_some_and(|m| m.selinux_relabel),
+            since: None,
+            unresolved: None,
         }
     }
 
@@ -376,7 +392,12 @@ impl VolumeManager {
     /// Prometheus text.
     pub fn metrics_text(&self) -> String {
         let desired = self.world.dsw().count_by_plugin();
-        let actual = self.world.asw().count_by_plugin();
+        // Observe mode: the kubelet's volumes as seen, not the never-started
+        // manager's (none).
+        let actual = match self.observe_status() {
+            Some(o) => self.observed_counts(&o),
+            None => self.world.asw().count_by_plugin(),
+        };
         let mut plugins: Vec<String> = self
             .plugins
             .all()
@@ -394,7 +415,28 @@ impl VolumeManager {
             .collect();
         let mut extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
         extra.push_str(&self.device_metrics());
+        extra.push_str(&self.metrics.kubelet.prometheus_text());
         self.metrics.render(&counts, &extra)
+    }
+
+    /// Observe mode: the volumes its last scan saw mounted, by plugin.
+    fn observed_counts(&self, o: &ObserveStatus) -> HashMap<std::sync::Arc<str>, usize> {
+        let dsw = self.world.dsw();
+        let mut out: HashMap<std::sync::Arc<str>, usize> = HashMap::new();
+        for v in o.volumes.iter().filter(|v| v.state == "mounted") {
+            let plugin = PodUid::new(&v.pod_uid).ok().and_then(|uid| {
+                dsw.pod(&uid)?
+                    .volumes
+                    .iter()
+                    .find(|e| e.outer_name == v.volume)?
+                    .plugin_name
+                    .clone()
+            });
+            if let Some(p) = plugin {
+                *out.entry(p).or_default() += 1;
+            }
+        }
+        out
     }
 
     /// The record of the operation that holds a pod's volume back: its own,
@@ -417,6 +459,33 @@ impl VolumeManager {
         match dev {
             Some(dev) if rec.as_ref().is_none_or(|r| r.last_error.is_none()) => Some(dev),
             _ => rec,
+        }
+    }
+}
+
+/// Observe mode: the pods' volumes as its last scan saw them (the
+/// kubelet's state: `mounted`, `not_mounted`, `stuck`; `unknown` before a
+/// scan saw the volume), not the never-started manager's `pending` with
+/// no attempts.
+fn observed_volumes(pods: &mut [PodStatus], o: &ObserveStatus) {
+    let seen: HashMap<(&str, &str), &ObservedVolume> = o
+        .volumes
+        .iter()
+        .map(|v| ((v.pod_uid.as_str(), v.volume.as_str()), v))
+        .collect();
+    for p in pods.iter_mut() {
+        for v in &mut p.volumes {
+            v.attempts = 0;
+            match seen.get(&(p.uid.as_str(), v.name.as_str())) {
+                Some(s) => {
+                    v.state = s.state.clone();
+                    v.path = s.path.clone();
+                    v.since = s.since.clone();
+                    v.error = s.error.clone().or(v.error.take());
+                }
+                None if v.state == "error" => {}
+                None => v.state = "unknown".into(),
+            }
         }
     }
 }

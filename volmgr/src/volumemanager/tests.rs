@@ -316,15 +316,29 @@ async fn queries_mirror_the_kubelet_interface() {
     );
     let uid = vm.upsert_pod(&p).unwrap();
     vm.set_populated();
+    // A kind no plugin handles is the kubelet's pod error: the wait ends
+    // at once (not after its timeout), with the kubelet's text.
     let err = vm
-        .wait_for_attach_and_mount(&uid, Duration::from_millis(200))
+        .wait_for_attach_and_mount(&uid, T * 30)
         .await
         .unwrap_err();
+    assert!(matches!(err, WaitError::PodErrors { .. }), "{err:?}");
+    // `m` may be mounted by then or not.
+    let text = err.to_string();
     assert!(
-        err.to_string()
-            .contains("cm (error: no volume plugin supports configMap"),
+        text.starts_with("unmounted volumes=[cm")
+            && text.contains(
+                "], unattached volumes=[], failed to process volumes=[cm]: \
+                 no volume plugin supports configMap"
+            ),
         "{err}"
     );
+    for _ in 0..2000 {
+        if vm.mounted_volumes_for_pod(&uid).len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // No PersistentVolume, no extra group; nothing attachable in use.
     assert!(vm.extra_supplemental_groups_for_pod(&uid).is_empty());
     assert!(vm.volumes_in_use().is_empty());
@@ -397,7 +411,7 @@ fn desired(uid: &str, vols: Vec<(&str, crate::volume::VolumeSource)>) -> Desired
         selinux_label: None,
         volumes: vols
             .into_iter()
-            .map(|(n, s)| crate::populator::pod::PodVolume {
+            .map(|(n, s)| crate::populator::convert::pod::PodVolume {
                 name: n.into(),
                 source: Ok(s),
                 sub_paths: vec![],
@@ -703,4 +717,93 @@ async fn resizes_a_memory_empty_dir_in_place() {
         .await
         .unwrap_err();
     assert!(matches!(err, ResizeError::PodNotFound(_)), "{err}");
+}
+
+/// The kubelet's metrics volmgr lacked, read from the exposition after the
+/// event: a volume directory reconstructed at start-up
+/// (`reconstruct_volume_operations_total`), a mount's end-to-end time
+/// (`volume_operation_total_seconds{operation_name="overall_volume_mount"}`)
+/// and a stats collection (`kubelet_volume_metric_collection_duration_seconds`).
+/// Before, none of the three families was exposed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exposes_the_kubelets_reconstruct_total_and_collection_metrics() {
+    let t = tempfile::tempdir().unwrap();
+    let left = t.path().join("pods/old/volumes/kubernetes.io~empty-dir/v");
+    std::fs::create_dir_all(&left).unwrap();
+    let fake = Arc::new(FakeMounter::default());
+    let mut cfg = Config::new(t.path());
+    cfg.volume_stats_period = Duration::from_millis(20);
+    let vm = VolumeManager::new(cfg, fake).unwrap();
+    vm.start().await.unwrap();
+    let uid = vm
+        .upsert_pod(&pod("a", &[("d", serde_json::json!({"emptyDir": {}}))]))
+        .unwrap();
+    vm.set_populated();
+    vm.wait_for_attach_and_mount(&uid, T).await.unwrap();
+    let has = |text: &str, prefix: &str| text.lines().any(|l| l.starts_with(prefix));
+    let mut text = vm.metrics_text();
+    for _ in 0..2000 {
+        if has(
+            &text,
+            "kubelet_volume_metric_collection_duration_seconds_count{metric_source=\"statfs\"}",
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        text = vm.metrics_text();
+    }
+    for line in [
+        "reconstruct_volume_operations_total 1",
+        "reconstruct_volume_operations_errors_total 0",
+        "volume_operation_total_seconds_count{plugin_name=\"kubernetes.io/empty-dir\",operation_name=\"overall_volume_mount\"} 1",
+        "kubelet_volume_metric_collection_duration_seconds_bucket{metric_source=\"statfs\",le=\"+Inf\"}",
+    ] {
+        assert!(has(&text, line), "{line} missing in:\n{text}");
+    }
+    vm.stop().await.unwrap();
+}
+
+/// An orphaned pod's volume directories of a plugin volmgr does not know
+/// (`kubernetes.io~foo`) are removed as the kubelet's
+/// `removeOrphanedPodVolumeDirs` does: only an empty one; one with a file,
+/// and a symlink (never followed), are kept, and the pod directory with
+/// them. Before, the whole pod directory was removed, the file in the
+/// unknown plugin's volume directory with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_unknown_plugin_volume_dirs_are_removed_only_when_empty() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("keep"), b"x").unwrap();
+    let foo = t.path().join("pods/gone/volumes/kubernetes.io~foo");
+    std::fs::create_dir_all(foo.join("empty")).unwrap();
+    std::fs::create_dir_all(foo.join("full")).unwrap();
+    std::fs::write(foo.join("full/data"), b"data").unwrap();
+    std::os::unix::fs::symlink(outside.path(), foo.join("link")).unwrap();
+    let bar = t.path().join("pods/gone2/volumes/kubernetes.io~bar/empty");
+    std::fs::create_dir_all(&bar).unwrap();
+    let (_fake, vm) = {
+        let fake = Arc::new(FakeMounter::default());
+        let mut cfg = Config::new(t.path());
+        cfg.backoff = Backoff::new(Duration::from_millis(20), 2, Duration::from_millis(100));
+        let vm = VolumeManager::new(cfg, fake.clone()).unwrap();
+        vm.start().await.unwrap();
+        (fake, vm)
+    };
+    vm.set_populated();
+    // A pod whose only leftover is an empty unknown volume directory goes.
+    for _ in 0..2000 {
+        if !t.path().join("pods/gone2").exists() && !foo.join("empty").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!t.path().join("pods/gone2").exists());
+    assert!(
+        !foo.join("empty").exists(),
+        "an empty volume directory is removed"
+    );
+    assert_eq!(std::fs::read(foo.join("full/data")).unwrap(), b"data");
+    assert!(foo.join("link").symlink_metadata().unwrap().is_symlink());
+    assert!(outside.path().join("keep").exists());
+    vm.stop().await.unwrap();
 }

@@ -174,6 +174,9 @@ pub(crate) struct StatsCollector {
     timeout_ms: AtomicU64,
     concurrency: usize,
     cache: Mutex<HashMap<Key, Cached>>,
+    /// Where each call's duration goes
+    /// (`kubelet_volume_metric_collection_duration_seconds`).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl StatsCollector {
@@ -184,7 +187,14 @@ impl StatsCollector {
             timeout_ms: AtomicU64::new(millis(MAX_CALL_TIMEOUT)),
             concurrency: CONCURRENCY,
             cache: Mutex::default(),
+            metrics: None,
         }
+    }
+
+    /// Records each call's duration in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Bounds each call by `timeout` (at most [`MAX_CALL_TIMEOUT`]).
@@ -215,8 +225,14 @@ impl StatsCollector {
             }
             let provider = Arc::clone(&self.provider);
             let unresponsive = Arc::clone(&unresponsive);
+            let metrics = self.metrics.clone();
             calls.spawn(async move {
+                let started = std::time::Instant::now();
                 let r = ask(provider.as_ref(), &t, timeout, &unresponsive).await;
+                if let (Some(m), false) = (metrics, matches!(r, Ok(None))) {
+                    m.kubelet
+                        .record_collection(metric_source(&t), started.elapsed());
+                }
                 drop(permit);
                 (t, r)
             });
@@ -429,6 +445,26 @@ async fn ask(
         }
     }
     r
+}
+
+/// The manager's collector: asking `provider`, each call's duration
+/// recorded in `metrics`.
+pub(crate) fn plugin_collector(
+    provider: &Arc<PluginStats>,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> Arc<StatsCollector> {
+    let provider = Arc::clone(provider) as Arc<dyn StatsProvider>;
+    Arc::new(StatsCollector::new(provider).with_metrics(Arc::clone(metrics)))
+}
+
+/// The kubelet's `metric_source` of a volume's stats call: the CSI
+/// driver's name (`csi_metrics.go`), `statfs` for the others
+/// (`metrics_statfs.go`).
+fn metric_source(t: &StatsTarget) -> &str {
+    match &t.spec.source {
+        VolumeSource::Csi(c) => &c.driver,
+        _ => "statfs",
+    }
 }
 
 /// Every desired (volume, pod) that is mounted, with the desired spec.

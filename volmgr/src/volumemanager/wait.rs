@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::{VolumeManager, WaitError};
 use crate::cache::actual_state_of_world::{DeviceMountState, VolumeMountState};
+use crate::cache::desired_state_of_world::Unresolved;
 use crate::volume::{PodUid, UniqueVolumeName};
 
 /// Shortest pause between two convergence checks of a waiter.
@@ -12,16 +13,162 @@ const MIN_WAIT_PACE: Duration = Duration::from_micros(200);
 /// Longest pause between two convergence checks of a waiter.
 const MAX_WAIT_PACE: Duration = Duration::from_millis(10);
 
+/// The kubelet's lists of a pod's volumes in `WaitForAttachAndMount`'s
+/// error, each sorted, shown as the kubelet shows them:
+/// `unmounted volumes=[a b], unattached volumes=[], failed to process
+/// volumes=[b]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodVolumeLists {
+    /// The pod's volumes not mounted (uncertain ones included).
+    pub unmounted: Vec<String>,
+    /// Its attachable volumes not attached to the node yet.
+    pub unattached: Vec<String>,
+    /// Its volumes that could not be processed (not in the desired state).
+    pub not_processed: Vec<String>,
+}
+
+/// What [`VolumeManager::volume_lists`] finds of a pod.
+#[derive(Debug, Default)]
+struct VolumeLists {
+    lists: PodVolumeLists,
+    pod_errors: Vec<String>,
+    limit_errors: Vec<String>,
+}
+
+impl PodVolumeLists {
+    fn sort(&mut self) {
+        self.unmounted.sort();
+        self.unattached.sort();
+        self.not_processed.sort();
+    }
+}
+
+impl std::fmt::Display for PodVolumeLists {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unmounted volumes=[{}], unattached volumes=[{}], failed to process volumes=[{}]",
+            self.unmounted.join(" "),
+            self.unattached.join(" "),
+            self.not_processed.join(" ")
+        )
+    }
+}
+
 impl VolumeManager {
     /// The kubelet's `WaitForAttachAndMount`: returns once every volume of the
-    /// pod is mounted.
+    /// pod is mounted. Volumes of the pod that could not be processed (the
+    /// kubelet's pod errors) end it at once with [`WaitError::PodErrors`];
+    /// when the timeout passes with a volume refused for its CSI driver's
+    /// node limit, the pod is rejected with
+    /// [`WaitError::AttachLimitExceeded`]; otherwise it is
+    /// [`WaitError::Timeout`].
     pub async fn wait_for_attach_and_mount(
         &self,
         uid: &PodUid,
         timeout: Duration,
     ) -> Result<(), WaitError> {
-        self.wait(uid.as_str(), timeout, |this| this.pending_volumes(uid))
-            .await
+        let mut rx = self.world.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            rx.borrow_and_update();
+            let Some(missing) = self.pending_volumes(uid) else {
+                return Ok(());
+            };
+            if let Some(e) = self.pod_errors(uid) {
+                return Err(e);
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(WaitError::Stopped),
+                Err(_) => {
+                    return Err(self.limit_exceeded(uid).unwrap_or(WaitError::Timeout {
+                        pod: uid.to_string(),
+                        pending: missing,
+                    }))
+                }
+            }
+        }
+    }
+
+    /// The kubelet's lists of `uid`'s volumes, its pod errors (volumes that
+    /// could not be processed: [`Unresolved::PodError`]) and the errors of
+    /// its volumes refused for the node's attach limit.
+    fn volume_lists(&self, uid: &PodUid) -> VolumeLists {
+        let dsw = self.world.dsw();
+        let asw = self.world.asw();
+        let mut out = VolumeLists::default();
+        let Some(pod) = dsw.pod(uid) else {
+            return out;
+        };
+        for v in &pod.volumes {
+            let error = v.volume.as_ref().err().or(v.resolve_error.as_ref());
+            match (v.unresolved, error) {
+                (Some(Unresolved::PodError), Some(e)) => out.pod_errors.push(e.clone()),
+                (Some(Unresolved::AttachLimit), Some(e)) => out.limit_errors.push(e.clone()),
+                _ => {}
+            }
+            let name = match &v.volume {
+                Ok(name) => name,
+                Err(_) => {
+                    out.lists.unmounted.push(v.outer_name.clone());
+                    if v.unresolved == Some(Unresolved::AttachLimit) {
+                        // Desired to the kubelet, not attached.
+                        out.lists.unattached.push(v.outer_name.clone());
+                    } else {
+                        out.lists.not_processed.push(v.outer_name.clone());
+                    }
+                    continue;
+                }
+            };
+            if asw
+                .pod_mount(name, uid)
+                .is_none_or(|m| m.state != VolumeMountState::Mounted)
+            {
+                out.lists.unmounted.push(v.outer_name.clone());
+            }
+            let attachable = dsw.volume(name).is_some_and(|dv| {
+                dv.pods.get(uid).is_some_and(|p| {
+                    self.plugins
+                        .find_by_name(&dv.plugin_name)
+                        .is_some_and(|plugin| plugin.can_attach(&p.spec))
+                })
+            });
+            if attachable && asw.volume(name).is_none() {
+                out.lists.unattached.push(v.outer_name.clone());
+            }
+            if let Some(r) = [Some(uid), None]
+                .into_iter()
+                .find_map(|p| self.executor.record(name, p).filter(|r| r.limit_exceeded))
+            {
+                out.limit_errors.extend(r.last_error);
+            }
+        }
+        out.lists.sort();
+        out
+    }
+
+    /// [`WaitError::PodErrors`] when volumes of `uid` could not be processed.
+    fn pod_errors(&self, uid: &PodUid) -> Option<WaitError> {
+        let all = self.volume_lists(uid);
+        (!all.pod_errors.is_empty()).then(|| WaitError::PodErrors {
+            pod: uid.to_string(),
+            volumes: all.lists,
+            errors: all.pod_errors.join("; "),
+        })
+    }
+
+    /// [`WaitError::AttachLimitExceeded`] when a volume of `uid` not
+    /// mounted was refused for the node's attach limit of its driver (its
+    /// VolumeAttachment failed with `ResourceExhausted`, or the node's
+    /// `max_volumes_per_node` of the driver refused its stage or publish).
+    fn limit_exceeded(&self, uid: &PodUid) -> Option<WaitError> {
+        let all = self.volume_lists(uid);
+        (!all.limit_errors.is_empty()).then(|| WaitError::AttachLimitExceeded {
+            pod: uid.to_string(),
+            volumes: all.lists,
+            error: all.limit_errors.join("; "),
+        })
     }
 
     /// The kubelet's `WaitForUnmount`: returns once nothing of the pod is mounted.

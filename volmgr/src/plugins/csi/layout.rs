@@ -204,6 +204,7 @@ mod tests {
                 node_expand_secrets: None,
                 supplemental_gid: None,
                 driver_info: Default::default(),
+                migrated_from: None,
             })),
         }
     }

@@ -657,10 +657,11 @@ impl VolumePlugin for CsiPlugin {
             || self.tokens.as_ref().is_some_and(|t| t.is_due(volume))
     }
 
-    fn metric_label(&self, spec: &VolumeSpec) -> Option<Arc<str>> {
-        source(spec)
-            .ok()
-            .map(|c| format!("{PLUGIN_NAME}:{}", c.driver).into())
+    fn metric_label(&self, spec: &VolumeSpec) -> Option<crate::metrics::PluginLabel> {
+        source(spec).ok().map(|c| crate::metrics::PluginLabel {
+            name: format!("{PLUGIN_NAME}:{}", c.driver).into(),
+            migrated: c.migrated_from.is_some(),
+        })
     }
 
     fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {

@@ -70,6 +70,11 @@ pub(super) fn persistent_volume_claim(
         }
         return super::pod::host_path_source(hp);
     }
+    if let Some(nfs) = &spec.nfs {
+        return nfs_source(&pv_name, spec, nfs, src.read_only.unwrap_or(false), usage);
+    }
+    let (spec, migrated_from) = migrate(&pv, &pv_name, spec)?;
+    let spec = spec.as_ref();
     let csi = csi_spec(&pv, &pv_name, spec)?;
     let volume_mode = volume_mode(&pv_name, spec, usage)?;
     let secret =
@@ -97,9 +102,65 @@ pub(super) fn persistent_volume_claim(
         node_expand_secrets: secret(&csi.node_expand_secret_ref, "nodeExpandSecretRef")?,
         supplemental_gid: supplemental_gid(&pv),
         driver_info: Default::default(),
+        migrated_from,
         pv_name: Some(pv_name),
         claim_name: Some(claim.name.to_string()),
     })))
+}
+
+/// An NFS PersistentVolume, for the NFS plugin (kept as the API JSON, as
+/// an inline `nfs` volume is): the PV's server, path and `readOnly`, its
+/// `mountOptions`, the claim's `readOnly`, named after the PV (the
+/// kubelet's directory `kubernetes.io~nfs/<pv>`).
+fn nfs_source(
+    pv_name: &str,
+    spec: &PersistentVolumeSpec,
+    nfs: &k8s_openapi::api::core::v1::NFSVolumeSource,
+    claim_read_only: bool,
+    usage: Usage,
+) -> Result<VolumeSource> {
+    if volume_mode(pv_name, spec, usage)? == CsiVolumeMode::Block {
+        return Err(VolumeSpecError::Unsupported(format!(
+            "PersistentVolume {pv_name}: an NFS volume has no block mode"
+        )));
+    }
+    let json = serde_json::json!({
+        "name": pv_name,
+        "nfs": nfs,
+        "readOnly": claim_read_only,
+        "mountOptions": spec.mount_options.clone().unwrap_or_default(),
+    });
+    Ok(VolumeSource::Other {
+        kind: "nfs".into(),
+        spec: std::sync::Arc::new(json),
+    })
+}
+
+/// CSI migration (the kubelet's `TranslateInTreePVToCSI`): the spec of an
+/// in-tree cloud PersistentVolume with its CSI source (and access modes) in
+/// place, and the in-tree plugin it came from; any other spec unchanged.
+fn migrate<'a>(
+    pv: &PersistentVolume,
+    pv_name: &str,
+    spec: &'a PersistentVolumeSpec,
+) -> Result<(
+    std::borrow::Cow<'a, PersistentVolumeSpec>,
+    Option<&'static str>,
+)> {
+    let migrated = super::migration::translate_pv(pv)
+        .transpose()
+        .map_err(|e| invalid(format!("PersistentVolume {pv_name}: CSI migration: {e}")))?;
+    Ok(match migrated {
+        Some(m) => {
+            let translated = PersistentVolumeSpec {
+                csi: Some(m.csi),
+                access_modes: m.access_modes,
+                ..spec.clone()
+            };
+            (std::borrow::Cow::Owned(translated), Some(m.in_tree_plugin))
+        }
+        None => (std::borrow::Cow::Borrowed(spec), None),
+    })
 }
 
 /// The PersistentVolume's `pv.beta.kubernetes.io/gid` annotation as an
@@ -224,9 +285,12 @@ fn csi_spec<'a>(
     spec: &'a PersistentVolumeSpec,
 ) -> Result<&'a CSIPersistentVolumeSource> {
     let csi = spec.csi.as_ref().ok_or_else(|| {
+        let kind = pv_source_kind(pv);
+        let hint = crate::volume::in_tree_alternative(&kind)
+            .map(|a| format!(": {a}"))
+            .unwrap_or_default();
         VolumeSpecError::Unsupported(format!(
-            "PersistentVolume {pv_name} is not a CSI volume (source {}); only CSI, local and hostPath PersistentVolumes are supported",
-            pv_source_kind(pv)
+            "PersistentVolume {pv_name} is not a CSI volume (source {kind}); only CSI, local, hostPath and CSI-migrated (awsElasticBlockStore, gcePersistentDisk, azureDisk, azureFile, cinder, vsphereVolume, portworxVolume) PersistentVolumes are supported{hint}"
         ))
     })?;
     if csi.driver.is_empty() {

@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Volume};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Volume};
 
 pub use super::VolumeSpecError;
 use super::{fetch_secret, invalid, PayloadResolution, Usage};
@@ -148,10 +148,7 @@ impl DesiredPod {
                 .collect::<Vec<_>>()
                 .join(":")
         });
-        let terminated = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded") | Some("Failed")
-        );
+        let terminated = is_terminated(pod);
         Ok(Self {
             uid,
             namespace,
@@ -284,6 +281,9 @@ fn parse_plain_source(
     check_volume_name(&v.name).map_err(|e| invalid(e.to_string()))?;
     if let Some(csi) = &v.csi {
         return inline_csi(v, csi, usage, ctx).map(|c| VolumeSource::Csi(Box::new(c)));
+    }
+    if let Some(migrated) = super::migration::translate_inline(v, ctx.namespace) {
+        return migrated_inline(v, migrated, usage, ctx).map(|c| VolumeSource::Csi(Box::new(c)));
     }
     if let Some(pvc) = &v.persistent_volume_claim {
         if let Some(objects) = ctx.objects {
@@ -495,11 +495,71 @@ pub fn needs_objects(pod: &Pod) -> bool {
             || v.ephemeral.is_some()
             // Its driver's CSIDriver object.
             || v.csi.is_some()
+            // A migrated in-tree volume: its driver's CSIDriver, its
+            // VolumeAttachment, an Azure File secret.
+            || super::migration::is_migratable_inline(v)
             || super::payload::reads_objects(v)
             // Its ServiceAccount (the UID its tokens are bound to).
             || v.projected.as_ref().is_some_and(|p| {
                 p.sources.iter().flatten().any(|s| s.service_account_token.is_some())
             })
+    })
+}
+
+/// An inline in-tree cloud volume (`awsElasticBlockStore`, ...) migrated
+/// to CSI as the kubelet does (`TranslateInTreeInlineVolumeToCSI`): a
+/// persistent, attachable CSI volume of the translated handle, published
+/// with the translated access mode; the Azure File secret is read from the
+/// pod's namespace as the node stage secret.
+fn migrated_inline(
+    v: &Volume,
+    migrated: Result<super::migration::Migrated, String>,
+    usage: Usage,
+    ctx: &ResolveContext<'_>,
+) -> Result<CsiVolumeSource, VolumeSpecError> {
+    let m = migrated.map_err(|e| invalid(format!("volume {:?}: CSI migration: {e}", v.name)))?;
+    if usage.device {
+        return Err(invalid(format!(
+            "volume {:?} is in volumeDevices; an inline {} volume is a filesystem volume",
+            v.name, m.in_tree_plugin
+        )));
+    }
+    let access_mode = match m
+        .access_modes
+        .as_deref()
+        .and_then(|a| a.first())
+        .map(String::as_str)
+    {
+        Some("ReadOnlyMany") => CsiAccessMode::MultiNodeReaderOnly,
+        Some("ReadWriteMany") => CsiAccessMode::MultiNodeMultiWriter,
+        _ => CsiAccessMode::SingleNodeWriter,
+    };
+    let node_stage_secrets = match (&m.csi.node_stage_secret_ref, ctx.objects) {
+        (Some(_), _) if ctx.payloads == PayloadResolution::NamesOnly => None,
+        (Some(r), Some(objects)) => {
+            let (ns, name) = (
+                r.namespace.as_deref().unwrap_or(""),
+                r.name.as_deref().unwrap_or(""),
+            );
+            Some(fetch_secret(objects, ns, name, "azureFile.secretName")?)
+        }
+        (Some(r), None) => {
+            return Err(VolumeSpecError::Unsupported(format!(
+            "azureFile.secretName: Secret {:?} cannot be read (this source has no Secret objects)",
+            r.name.as_deref().unwrap_or("")
+        )))
+        }
+        (None, _) => None,
+    };
+    let csi = m.csi;
+    Ok(CsiVolumeSource {
+        read_only: csi.read_only.unwrap_or(false),
+        fs_type: csi.fs_type.filter(|f| !f.is_empty()),
+        access_mode,
+        volume_attributes: csi.volume_attributes.unwrap_or_default(),
+        node_stage_secrets,
+        migrated_from: Some(m.in_tree_plugin),
+        ..CsiVolumeSource::new(csi.driver, csi.volume_handle)
     })
 }
 
@@ -557,7 +617,41 @@ fn inline_csi(
         node_expand_secrets: None,
         supplemental_gid: None,
         driver_info: Default::default(),
+        migrated_from: None,
     })
+}
+
+/// The kubelet's terminated pod (the one rule, for every source of pods:
+/// none of its volumes is needed any more): phase `Succeeded` or `Failed`, or its
+/// deletion requested and no container running (every container status
+/// terminated or waiting; none reported counts as none running).
+pub fn is_terminated(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    if matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    ) {
+        return true;
+    }
+    if pod.metadata.deletion_timestamp.is_none() {
+        return false;
+    }
+    let statuses = status.into_iter().flat_map(|s| {
+        let lists: [&Option<Vec<ContainerStatus>>; 3] = [
+            &s.init_container_statuses,
+            &s.container_statuses,
+            &s.ephemeral_container_statuses,
+        ];
+        lists.into_iter().flatten().flatten()
+    });
+    for c in statuses {
+        let state = c.state.as_ref();
+        let stopped = state.is_some_and(|s| s.terminated.is_some() || s.waiting.is_some());
+        if !stopped {
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(test)]

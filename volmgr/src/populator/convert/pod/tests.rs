@@ -523,12 +523,25 @@ fn pvc_resolution_errors() {
         .unwrap()
         .uid = Some("someone-else".into());
     check(&o, "is bound to claim ns/claim, not to ns/claim");
+    // iSCSI and FC: named, with the CSI driver to use instead (before:
+    // only "is not a CSI volume (source iscsi)").
     o.pvs[0] = pv(
         "pv-1",
         None,
-        serde_json::json!({"csi": null, "nfs": {"server": "nfs.example", "path": "/x"}}),
+        serde_json::json!({"csi": null, "iscsi": {"targetPortal": "10.0.0.1:3260", "iqn": "iqn.2001-04.com.example:a", "lun": 0}}),
     );
-    check(&o, "PersistentVolume pv-1 is not a CSI volume (source nfs)");
+    check(
+        &o,
+        "PersistentVolume pv-1 is not a CSI volume (source iscsi)",
+    );
+    check(&o, "use an iSCSI CSI driver (iscsi.csi.k8s.io");
+    o.pvs[0] = pv(
+        "pv-1",
+        None,
+        serde_json::json!({"csi": null, "fc": {"targetWWNs": ["500a0982991b8dc5"], "lun": 2}}),
+    );
+    check(&o, "PersistentVolume pv-1 is not a CSI volume (source fc)");
+    check(&o, "Fibre Channel CSI driver");
     for (extra, want) in [
         (
             serde_json::json!({"csi": {"driver": ""}}),
@@ -676,4 +689,120 @@ fn a_zero_size_limit_is_no_limit() {
             "{zero}"
         );
     }
+}
+
+/// One rule for every source (the API, manifests, the C ABI): the
+/// `terminated` of a converted pod is the kubelet's.
+#[test]
+fn terminated_as_the_kubelet_decides() {
+    let running = serde_json::json!({"state": {"running": {}}, "name": "c", "image": "i", "ready": true, "restartCount": 0, "imageID": "", "containerID": ""});
+    let exited = serde_json::json!({"state": {"terminated": {"exitCode": 0}}, "name": "c", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""});
+    let waiting = serde_json::json!({"state": {"waiting": {}}, "name": "w", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""});
+    let p = |phase: &str, deleting: bool, statuses: Vec<serde_json::Value>| {
+        let mut meta = serde_json::json!({"name": "p", "uid": "u"});
+        if deleting {
+            meta["deletionTimestamp"] = serde_json::json!("2026-11-24T00:00:00Z");
+        }
+        pod(
+            serde_json::json!({"metadata": meta, "status": {"phase": phase, "containerStatuses": statuses}}),
+        )
+    };
+    assert!(!is_terminated(&p("Running", false, vec![running.clone()])));
+    assert!(is_terminated(&p("Succeeded", false, vec![])));
+    assert!(is_terminated(&p("Failed", false, vec![running.clone()])));
+    assert!(
+        !is_terminated(&p("Running", true, vec![running.clone(), exited.clone()])),
+        "a container still runs: its volumes stay"
+    );
+    assert!(is_terminated(&p("Running", true, vec![exited, waiting])));
+    assert!(is_terminated(&p("Pending", true, vec![])));
+    assert!(!is_terminated(&p("Pending", false, vec![])));
+}
+
+#[test]
+fn a_deleted_pod_with_nothing_running_converts_terminated() {
+    let p = pod(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "deletionTimestamp": "2026-11-24T00:00:00Z"},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+        "status": {"phase": "Running", "containerStatuses": [{"state": {"terminated": {"exitCode": 0}}, "name": "c", "image": "i", "ready": false, "restartCount": 0, "imageID": "", "containerID": ""}]}
+    }));
+    assert!(DesiredPod::from_pod(&p).unwrap().terminated);
+}
+
+/// An NFS PersistentVolume resolves for the NFS plugin: the API JSON named
+/// after the PV, with its `mountOptions` and the claim's `readOnly` (before:
+/// "PersistentVolume pv-n is not a CSI volume (source nfs)").
+#[test]
+fn nfs_pv_resolves_with_its_mount_options() {
+    let mut o = Objects::default();
+    o.pvcs.push(pvc("claim", Some("pv-n")));
+    o.pvs.push(pv(
+        "pv-n",
+        Some("claim"),
+        serde_json::json!({"csi": null, "nfs": {"server": "10.0.0.5", "path": "/exports"}, "mountOptions": ["nfsvers=4.1"]}),
+    ));
+    let Ok(VolumeSource::Other { kind, spec }) = resolve(&pvc_pod("claim", false), &o) else {
+        panic!("not an nfs source");
+    };
+    assert_eq!(kind, "nfs");
+    assert_eq!(spec["name"], "pv-n");
+    assert_eq!(spec["nfs"]["server"], "10.0.0.5");
+    assert_eq!(spec["mountOptions"][0], "nfsvers=4.1");
+    assert_eq!(spec["readOnly"], false);
+}
+
+/// CSI migration through a claim: an `awsElasticBlockStore` PV becomes
+/// the EBS CSI driver's volume, translated handle, marked migrated
+/// (before: "is not a CSI volume (source awsElasticBlockStore)").
+#[test]
+fn in_tree_pv_is_migrated_to_csi() {
+    let mut o = Objects::default();
+    o.pvcs.push(pvc("claim", Some("pv-e")));
+    o.pvs.push(pv(
+        "pv-e",
+        Some("claim"),
+        serde_json::json!({"csi": null, "awsElasticBlockStore": {"volumeID": "aws://us-east-1a/vol-123", "fsType": "ext4"}}),
+    ));
+    let c = csi_of(resolve(&pvc_pod("claim", false), &o));
+    assert_eq!(
+        (c.driver.as_str(), c.volume_handle.as_str()),
+        ("ebs.csi.aws.com", "vol-123")
+    );
+    assert_eq!(c.fs_type.as_deref(), Some("ext4"));
+    assert_eq!(c.migrated_from, Some("kubernetes.io/aws-ebs"));
+    assert!(!c.ephemeral && c.can_attach());
+    assert_eq!(
+        c.volume_attributes.get("partition").map(String::as_str),
+        Some("0")
+    );
+}
+
+/// An inline in-tree volume is migrated too (the kubelet's
+/// `TranslateInTreeInlineVolumeToCSI`): persistent (attachable), with the
+/// translated access mode.
+#[test]
+fn inline_in_tree_volume_is_migrated_to_csi() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
+        "spec": {
+            "containers": [{"name": "c", "volumeMounts": [{"name": "pd", "mountPath": "/d"}]}],
+            "volumes": [{"name": "pd", "gcePersistentDisk": {"pdName": "disk-1", "readOnly": true}}]
+        }
+    }))
+    .unwrap();
+    let d = DesiredPod::from_pod_with(&pod, Some(&ObjectStore::default())).unwrap();
+    let Ok(VolumeSource::Csi(c)) = &d.volumes[0].source else {
+        panic!("{:?}", d.volumes[0].source);
+    };
+    assert_eq!(c.driver, "pd.csi.storage.gke.io");
+    assert_eq!(
+        c.volume_handle,
+        "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/disk-1"
+    );
+    assert!(c.read_only && !c.ephemeral);
+    assert_eq!(
+        c.access_mode,
+        crate::volume::CsiAccessMode::MultiNodeReaderOnly
+    );
+    assert_eq!(c.migrated_from, Some("kubernetes.io/gce-pd"));
 }
