@@ -13,13 +13,11 @@
 mod csi_driver;
 mod support;
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use csi_driver::{wait_for, Driver};
-use support::{free_port, isolated, metrics, volmgr_bin, Env};
+use support::{free_port, isolated, metrics, tree, volmgr_bin, Env};
 use volmgr_kube::testing::FakeApiServer;
 
 const DRIVER: &str = "loop.csi.volmgr.dev";
@@ -64,46 +62,6 @@ fn stage_path(env: &Env, handle: &str) -> PathBuf {
         .join(DRIVER)
         .join(volmgr::plugins::csi::handle_hash(handle))
         .join("globalmount")
-}
-
-/// Every file under `dir` (not following symlinks, crossing mounts): its
-/// path, type and mode, size, owner, mtime and a hash of its contents (or
-/// of its link target).
-fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let md = std::fs::symlink_metadata(&d).unwrap();
-        let content = if md.is_file() {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            std::fs::read(&d).unwrap().hash(&mut h);
-            format!("{:016x}", h.finish())
-        } else if md.file_type().is_symlink() {
-            std::fs::read_link(&d).unwrap().display().to_string()
-        } else {
-            String::new()
-        };
-        out.insert(
-            d.clone(),
-            format!(
-                "mode={:o} size={} uid={} gid={} mtime={}.{} {}",
-                md.mode(),
-                md.size(),
-                md.uid(),
-                md.gid(),
-                md.mtime(),
-                md.mtime_nsec(),
-                content
-            ),
-        );
-        if md.is_dir() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                stack.push(e.unwrap().path());
-            }
-        }
-    }
-    out
 }
 
 /// `/proc/self/mountinfo` as bytes.

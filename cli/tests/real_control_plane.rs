@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use csi_driver::Driver;
+use support::pod_yaml::PodYaml;
 use support::{isolated, Agent, Env};
 use volmgr_kube::testing::real::{Audited, RealApiServer};
 
@@ -127,55 +128,18 @@ spec: {{attacher: {DRIVER}, nodeName: {NODE}, source: {{persistentVolumeName: pv
 /// (service account token, the root CA, a configMap), a claim of a CSI
 /// volume and one of a hostPath volume.
 fn pod_with_every_kind(name: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default, labels: {{app: {name}}}}}
-spec:
-  nodeName: {NODE}
-  containers:
-  - name: c
-    image: busybox
-    volumeMounts:
-    - {{name: scratch, mountPath: /scratch}}
-    - {{name: cache, mountPath: /cache}}
-    - {{name: settings, mountPath: /settings}}
-    - {{name: creds, mountPath: /creds}}
-    - {{name: info, mountPath: /info}}
-    - {{name: token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}}
-    - {{name: data, mountPath: /data}}
-    - {{name: logs, mountPath: /logs}}
-  volumes:
-  - {{name: scratch, emptyDir: {{}}}}
-  - {{name: cache, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}
-  - {{name: settings, configMap: {{name: settings}}}}
-  - {{name: creds, secret: {{secretName: creds}}}}
-  - name: info
-    downwardAPI:
-      items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]
-  - name: token
-    projected:
-      sources:
-      - serviceAccountToken: {{path: token, expirationSeconds: 3607}}
-      - configMap: {{name: kube-root-ca.crt, items: [{{key: ca.crt, path: ca.crt}}]}}
-  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
-  - {{name: logs, persistentVolumeClaim: {{claimName: logs}}}}
-"
-    )
+    PodYaml::new(name, NODE)
+        .with_payload_volumes()
+        .claim("data", "data")
+        .claim("logs", "logs")
+        .build()
 }
 
 /// Pod `name` with only an emptyDir.
 fn pod_with_empty_dir(name: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {NODE}
-  containers: [{{name: c, image: busybox, volumeMounts: [{{name: scratch, mountPath: /s}}]}}]
-  volumes: [{{name: scratch, emptyDir: {{}}}}]
-"
-    )
+    PodYaml::new(name, NODE)
+        .volume("scratch", "/s", "emptyDir: {}")
+        .build()
 }
 
 fn uid_of(server: &RealApiServer, pod: &str) -> String {

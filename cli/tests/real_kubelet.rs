@@ -31,7 +31,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kubelet_node::*;
-use support::isolated;
+use support::pod_yaml::PodYaml;
+use support::{isolated, tree};
 use volmgr_kube::testing::real::tail;
 
 /// How long the healthy node is watched: `VOLMGR_HEALTHY_SECS`, default 60.
@@ -144,22 +145,11 @@ fn host_path_persistent_volume_is_not_reported_stuck() {
 
 /// Pod `name` with a disk and a Memory emptyDir, and `extra` in its spec.
 fn pod_with_empty_dirs(name: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {NODE}
-  {extra}
-  containers:
-  - name: c
-    image: busybox
-    volumeMounts: [{{name: scratch, mountPath: /scratch}}, {{name: cache, mountPath: /cache}}]
-  volumes:
-  - {{name: scratch, emptyDir: {{}}}}
-  - {{name: cache, emptyDir: {{medium: Memory}}}}
-"
-    )
+    PodYaml::new(name, NODE)
+        .spec(extra)
+        .volume("scratch", "/scratch", "emptyDir: {}")
+        .volume("cache", "/cache", "emptyDir: {medium: Memory}")
+        .build()
 }
 
 /// An orphaned pod directory as the kubelet leaves it and does not clean
@@ -408,16 +398,9 @@ const STUCK_MESSAGE: &str = "injected: the backend is unreachable";
 
 /// Pod `name` with one volume `data` of `source` (a YAML flow mapping).
 fn pod_with_volume(name: &str, source: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {NODE}
-  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]
-  volumes: [{{name: data, {source}}}]
-"
-    )
+    PodYaml::new(name, NODE)
+        .volume("data", "/data", source)
+        .build()
 }
 
 /// The planted problems' objects: a claim no volume binds, the CSIDriver

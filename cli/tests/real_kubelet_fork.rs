@@ -49,8 +49,8 @@ use std::time::{Duration, Instant};
 
 use csi_driver::Driver;
 use kubelet_node::*;
+use support::pod_yaml::PodYaml;
 use support::{isolated, volmgr_bin, Env};
-use volmgr_kube::testing::real::RealApiServer;
 use volmgr_kube::testing::RealKubelet;
 
 /// The test CSI driver's name.
@@ -86,20 +86,7 @@ fn fork() -> Option<PathBuf> {
 /// given `runtime_args`; `None` where the tests skip.
 fn fork_node(runtime_args: &[&str]) -> Option<(Node, Driver)> {
     let kubelet = fork()?;
-    let server = RealApiServer::start()?;
-    let env = Env::new();
-    server.namespace("default");
-    server.apply(include_str!("../../deploy/observe/rbac.yaml"));
-    server.apply(&format!(
-        "apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: volmgr-observer}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volmgr-agent}}
-subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OBSERVER}}}]
-"
-    ));
-    server.apply(&objects(&env));
-    server.bind("default", "logs", "pv-logs");
+    let (server, env) = cluster()?;
     let mut driver = Driver::new(&env, DRIVER);
     driver.register_in(env.root.join("plugins_registry"));
     driver.start();
@@ -162,26 +149,12 @@ fn create_csi_claim(node: &Node, name: &str, attach_required: bool) {
 
 /// Pod `name` mounting claim `claim` at /data.
 fn pod_with_claim(name: &str, claim: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {NODE}
-  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]
-  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}]
-"
-    )
+    PodYaml::new(name, NODE).claim("data", claim).build()
 }
 
 /// `pod_with_every_kind` with the CSI claim `claim` as volume `data` too.
 fn pod_with_every_kind_and_csi(name: &str, env: &Env, claim: &str) -> String {
-    let pod = pod_with_every_kind(name, env, "");
-    let pod = pod.replace(
-        "    - {name: logs, mountPath: /logs}\n",
-        "    - {name: logs, mountPath: /logs}\n    - {name: data, mountPath: /data}\n",
-    );
-    format!("{pod}  - {{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}\n")
+    every_kind(name, env, "").claim("data", claim).build()
 }
 
 /// The pod's mounts (at or below its directory): (mount point, mount id),

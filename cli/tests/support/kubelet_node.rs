@@ -9,12 +9,11 @@
 // Test-only code: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::support::pod_yaml::PodYaml;
 use crate::support::{volmgr_bin, Agent, Env};
 use volmgr_kube::testing::real::{tail, RealApiServer};
 use volmgr_kube::testing::RealKubelet;
@@ -34,6 +33,28 @@ pub struct Node {
     pub env: Env,
 }
 
+/// The API server with namespace `default`, observe mode's RBAC bound to
+/// [`OBSERVER`], the objects the pods read ([`objects`]) and the claim
+/// `logs` bound; and the test's directories. `None` where the binaries
+/// cannot be had (outside CI).
+pub fn cluster() -> Option<(RealApiServer, Env)> {
+    let server = RealApiServer::start()?;
+    let env = Env::new();
+    server.namespace("default");
+    server.apply(include_str!("../../../deploy/observe/rbac.yaml"));
+    server.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: volmgr-observer}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volmgr-agent}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OBSERVER}}}]
+"
+    ));
+    server.apply(&objects(&env));
+    server.bind("default", "logs", "pv-logs");
+    Some((server, env))
+}
+
 impl Node {
     /// The server with namespace `default`, observe mode's RBAC and the
     /// objects the pods read, and the kubelet, Ready. `None` where the
@@ -45,20 +66,7 @@ impl Node {
     /// As [`Self::start`] with the kubelet binary `kubelet` (a fork) and
     /// `env` added to its environment, where `kubelet` is given.
     pub fn start_with(kubelet: Option<&Path>, env_vars: &[(&str, &str)]) -> Option<Self> {
-        let server = RealApiServer::start()?;
-        let env = Env::new();
-        server.namespace("default");
-        server.apply(include_str!("../../../deploy/observe/rbac.yaml"));
-        server.apply(&format!(
-            "apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: volmgr-observer}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volmgr-agent}}
-subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OBSERVER}}}]
-"
-        ));
-        server.apply(&objects(&env));
-        server.bind("default", "logs", "pv-logs");
+        let (server, env) = cluster()?;
         let stock = server.bin().join("kubelet");
         let bin = kubelet.unwrap_or(&stock);
         let kubelet =
@@ -258,112 +266,35 @@ spec:
 /// configMap, secret, downwardAPI, projected (service account token, the
 /// root CA), inline hostPath and a hostPath PersistentVolume's claim.
 pub fn pod_with_every_kind(name: &str, env: &Env, extra: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default, labels: {{app: {name}}}}}
-spec:
-  nodeName: {NODE}
-  {extra}
-  containers:
-  - name: c
-    image: busybox
-    volumeMounts:
-    - {{name: scratch, mountPath: /scratch}}
-    - {{name: cache, mountPath: /cache}}
-    - {{name: settings, mountPath: /settings}}
-    - {{name: creds, mountPath: /creds}}
-    - {{name: info, mountPath: /info}}
-    - {{name: token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}}
-    - {{name: host, mountPath: /host}}
-    - {{name: logs, mountPath: /logs}}
-  volumes:
-  - {{name: scratch, emptyDir: {{}}}}
-  - {{name: cache, emptyDir: {{medium: Memory, sizeLimit: 16Mi}}}}
-  - {{name: settings, configMap: {{name: settings}}}}
-  - {{name: creds, secret: {{secretName: creds}}}}
-  - name: info
-    downwardAPI:
-      items: [{{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}]
-  - name: token
-    projected:
-      sources:
-      - serviceAccountToken: {{path: token, expirationSeconds: 3607}}
-      - configMap: {{name: kube-root-ca.crt, items: [{{key: ca.crt, path: ca.crt}}]}}
-  - {{name: host, hostPath: {{path: {}, type: DirectoryOrCreate}}}}
-  - {{name: logs, persistentVolumeClaim: {{claimName: logs}}}}
-",
-        env.dir.path().join("host-inline").display()
-    )
+    every_kind(name, env, extra).build()
+}
+
+/// [`pod_with_every_kind`], to add to.
+pub fn every_kind(name: &str, env: &Env, extra: &str) -> PodYaml {
+    let host = env.dir.path().join("host-inline");
+    PodYaml::new(name, NODE)
+        .spec(extra)
+        .with_payload_volumes()
+        .volume(
+            "host",
+            "/host",
+            &format!(
+                "hostPath: {{path: {}, type: DirectoryOrCreate}}",
+                host.display()
+            ),
+        )
+        .claim("logs", "logs")
 }
 
 /// Pod `name` with the hostPath PersistentVolume's claim only.
 pub fn pod_with_host_path_claim(name: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {NODE}
-  containers: [{{name: c, image: busybox, volumeMounts: [{{name: logs, mountPath: /logs}}]}}]
-  volumes: [{{name: logs, persistentVolumeClaim: {{claimName: logs}}}}]
-"
-    )
+    PodYaml::new(name, NODE).claim("logs", "logs").build()
 }
 
 /// Pod `name` with a claim that does not exist: the kubelet cannot mount
 /// it either (a real stuck volume, the tests' control).
 pub fn pod_with_missing_claim(name: &str) -> String {
-    format!(
-        "apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeName: {NODE}
-  containers: [{{name: c, image: busybox, volumeMounts: [{{name: data, mountPath: /data}}]}}]
-  volumes: [{{name: data, persistentVolumeClaim: {{claimName: nowhere}}}}]
-"
-    )
-}
-
-/// Every file under `dir` (not following symlinks, crossing mounts): its
-/// path, type and mode, size, owner, mtime and a hash of its contents (or
-/// of its link target).
-pub fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let md = std::fs::symlink_metadata(&d).unwrap();
-        let content = if md.is_file() {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            std::fs::read(&d).unwrap().hash(&mut h);
-            format!("{:016x}", h.finish())
-        } else if md.file_type().is_symlink() {
-            std::fs::read_link(&d).unwrap().display().to_string()
-        } else {
-            String::new()
-        };
-        out.insert(
-            d.clone(),
-            format!(
-                "mode={:o} size={} uid={} gid={} mtime={}.{} {}",
-                md.mode(),
-                md.size(),
-                md.uid(),
-                md.gid(),
-                md.mtime(),
-                md.mtime_nsec(),
-                content
-            ),
-        );
-        if md.is_dir() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                stack.push(e.unwrap().path());
-            }
-        }
-    }
-    out
+    PodYaml::new(name, NODE).claim("data", "nowhere").build()
 }
 
 impl Node {
@@ -373,20 +304,7 @@ impl Node {
     /// tracefs can be mounted in the test's namespace, the observer (which
     /// cannot mount it, confined) gets the eBPF tracer.
     pub fn start_observed(stuck_after: &str) -> Option<Self> {
-        let server = RealApiServer::start()?;
-        let env = Env::new();
-        server.namespace("default");
-        server.apply(include_str!("../../../deploy/observe/rbac.yaml"));
-        server.apply(&format!(
-            "apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {{name: volmgr-observer}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: volmgr-agent}}
-subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {OBSERVER}}}]
-"
-        ));
-        server.apply(&objects(&env));
-        server.bind("default", "logs", "pv-logs");
+        let (server, env) = cluster()?;
         mount_tracefs();
         std::fs::create_dir_all(&env.root).unwrap();
         let state = env.dir.path().join("state");

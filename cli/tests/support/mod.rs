@@ -6,6 +6,8 @@
 // Test-only code: failing loudly is the point.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod pod_yaml;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -372,4 +374,44 @@ pub fn metrics(addr: &str) -> String {
 pub fn free_port() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
+}
+
+/// Every file under `dir` (not following symlinks, crossing mounts): its
+/// path, type and mode, size, owner, mtime and a hash of its contents (or
+/// of its link target).
+pub fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let md = std::fs::symlink_metadata(&d).unwrap();
+        let content = if md.is_file() {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            std::fs::read(&d).unwrap().hash(&mut h);
+            format!("{:016x}", h.finish())
+        } else if md.file_type().is_symlink() {
+            std::fs::read_link(&d).unwrap().display().to_string()
+        } else {
+            String::new()
+        };
+        out.insert(
+            d.clone(),
+            format!(
+                "mode={:o} size={} uid={} gid={} mtime={}.{} {}",
+                std::os::unix::fs::MetadataExt::mode(&md),
+                std::os::unix::fs::MetadataExt::size(&md),
+                std::os::unix::fs::MetadataExt::uid(&md),
+                std::os::unix::fs::MetadataExt::gid(&md),
+                std::os::unix::fs::MetadataExt::mtime(&md),
+                std::os::unix::fs::MetadataExt::mtime_nsec(&md),
+                content
+            ),
+        );
+        if md.is_dir() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+    out
 }
