@@ -58,6 +58,9 @@ log=$(mktemp)
 # name by index.
 bg_pids=() bg_logs=() bg_names=()
 trap 'for p in "${bg_pids[@]}"; do kill -- "-$p" 2>/dev/null || true; done; rm -f "$log" "${bg_logs[@]}"' EXIT
+# Stopped from outside (a CI time-out): the EXIT trap still ends them.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 # background TEST_FILE TEST_NAME [VAR=VALUE...]: starts one test of
 # cli/tests/TEST_FILE.rs in the background.
 background() {
