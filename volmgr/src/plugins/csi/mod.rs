@@ -545,15 +545,21 @@ impl CsiPlugin {
             volume_context: publish_volume_context(src, self.service_account_tokens(src).await?),
         };
         if let Err(e) = self.clients.node_publish_volume(&src.driver, call).await {
-            match classify(CsiOp::Publish, e) {
+            let classified = match classify(CsiOp::Publish, e) {
                 // Inline volumes are never staged: nothing to stage again.
                 Err(VolumeError::NeedsDeviceMount(message)) if src.ephemeral => {
-                    return Err(VolumeError::Plugin {
+                    Err(VolumeError::Plugin {
                         plugin: PLUGIN_NAME.into(),
                         message,
                     })
                 }
-                r => r?,
+                r => r,
+            };
+            if let Err(err) = classified {
+                if !matches!(err, VolumeError::Uncertain(_)) {
+                    self.remove_mount_dir(&layout);
+                }
+                return Err(err);
             }
         }
         fs_group::apply(&req, src, caps, &target).await?;
@@ -574,6 +580,41 @@ impl CsiPlugin {
             None => target,
             Some(link) => self.abs(link),
         })
+    }
+
+    /// The kubelet's `removeMountDir` after a NodePublishVolume that
+    /// finished with an error (not one whose outcome is unknown): the target
+    /// directory (unless it is a mount point or not empty), then
+    /// `vol_data.json` and the volume's directory, so that nothing is left
+    /// that an orphaned pod's clean-up, which only removes empty
+    /// directories, would have to keep. Block volumes keep their layout
+    /// (their link is how a publish is found at start-up).
+    fn remove_mount_dir(&self, layout: &PublishLayout) {
+        if layout.pod_link.is_some() {
+            return;
+        }
+        match self.root.remove_empty_dir(&layout.target) {
+            Ok(true) => {}
+            // Mounted or not empty: the driver did something; keep it all.
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "removing the publish target after a failed publish");
+                return;
+            }
+        }
+        let cleaned = layout
+            .data_dir
+            .join(VOL_DATA_FILE)
+            .map_err(VolumeError::from)
+            .and_then(|f| self.remove_file(&f))
+            .and_then(|()| {
+                self.root
+                    .remove_empty_dir(&layout.data_dir)
+                    .map_err(VolumeError::from)
+            });
+        if let Err(e) = cleaned {
+            tracing::warn!(error = %e, "removing vol_data.json after a failed publish");
+        }
     }
 
     /// NodeUnpublishVolume.
