@@ -66,7 +66,20 @@ fn healthy_node_with_every_volume_kind_stays_clean() {
         let mut checks = 0;
         while Instant::now() < until {
             let (code, report) = node.doctor();
-            assert_eq!(code, 0, "doctor on a healthy node: {report:#}");
+            // Loop devices are the host's, not this node's: in CI this test
+            // runs beside the CSI tests, whose drivers' loop devices may be
+            // found backed by a deleted image for a moment.
+            let ours: Vec<_> = report["findings"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|f| f["kind"] != "loop_backing_deleted")
+                .collect();
+            let stuck = report["stuck_syscalls"].as_array().map_or(0, Vec::len);
+            assert!(
+                code == 0 || (ours.is_empty() && stuck == 0),
+                "doctor on a healthy node: {report:#}"
+            );
             checks += 1;
             std::thread::sleep(Duration::from_secs(1));
         }
