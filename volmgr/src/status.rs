@@ -215,11 +215,28 @@ pub enum FindingKind {
     MountedMoreThanOnce,
     /// (g) A loop device whose backing file is deleted.
     LoopBackingDeleted,
+    /// (h) A network or FUSE mount under the kubelet's root that no longer
+    /// answers (a time-limited `statx` does not return, or returns
+    /// `ENOTCONN`).
+    MountUnreachable,
+    /// (i) A deleted pod's volume still mounted after `--stuck-after`
+    /// because something holds it (processes, other mount namespaces,
+    /// device holders).
+    TeardownBlocked,
+    /// (j) A process walking a volume to change its owner, mode or SELinux
+    /// label (`fsGroup`, relabel) while its pod waits.
+    OwnershipWalk,
+    /// (k) A CSI driver a pod on the node needs that is not registered or
+    /// does not answer (registration socket, `GetInfo`, `Probe`, CSINode).
+    CsiDriverNotReady,
+    /// (l) The kubelet says one thing of a volume (its events, its
+    /// records) and the node shows another.
+    KubeletDisagrees,
 }
 
 impl FindingKind {
     /// Every kind, in report order.
-    pub const ALL: [FindingKind; 7] = [
+    pub const ALL: [FindingKind; 12] = [
         Self::OrphanedPodDir,
         Self::MountedForDeletedPod,
         Self::UnusedDeviceMount,
@@ -227,6 +244,11 @@ impl FindingKind {
         Self::RecordedNotMounted,
         Self::MountedMoreThanOnce,
         Self::LoopBackingDeleted,
+        Self::MountUnreachable,
+        Self::TeardownBlocked,
+        Self::OwnershipWalk,
+        Self::CsiDriverNotReady,
+        Self::KubeletDisagrees,
     ];
 
     /// The name in JSON and in the `kind` label.
@@ -239,6 +261,11 @@ impl FindingKind {
             Self::RecordedNotMounted => "recorded_not_mounted",
             Self::MountedMoreThanOnce => "mounted_more_than_once",
             Self::LoopBackingDeleted => "loop_backing_deleted",
+            Self::MountUnreachable => "mount_unreachable",
+            Self::TeardownBlocked => "teardown_blocked",
+            Self::OwnershipWalk => "ownership_walk",
+            Self::CsiDriverNotReady => "csi_driver_not_ready",
+            Self::KubeletDisagrees => "kubelet_disagrees",
         }
     }
 
@@ -252,6 +279,11 @@ impl FindingKind {
             Self::RecordedNotMounted => "VolumeNotMounted",
             Self::MountedMoreThanOnce => "VolumeMountedTwice",
             Self::LoopBackingDeleted => "LoopDeviceDeleted",
+            Self::MountUnreachable => "VolumeMountUnreachable",
+            Self::TeardownBlocked => "VolumeTeardownBlocked",
+            Self::OwnershipWalk => "VolumeOwnershipWalk",
+            Self::CsiDriverNotReady => "CSIDriverNotReady",
+            Self::KubeletDisagrees => "KubeletDisagrees",
         }
     }
 
@@ -265,6 +297,11 @@ impl FindingKind {
             Self::RecordedNotMounted => "the mount went away behind the kubelet: restart the pod (or the kubelet, which reconstructs and mounts again)",
             Self::MountedMoreThanOnce => "unmount the extra mounts on the path down to one (umount once per extra)",
             Self::LoopBackingDeleted => "the file behind the loop device was deleted while in use: unmount what uses the device, then detach it (losetup -d)",
+            Self::MountUnreachable => "the server or FUSE daemon behind the mount does not answer: bring it back (or restart the CSI node plugin), or unmount it lazily (umount -l) and delete the pods using it",
+            Self::TeardownBlocked => "something still holds the volume: end the processes named (or leave their cwd), unmount it in the other mount namespaces named, or release the device's holders; the kubelet then unmounts on its own",
+            Self::OwnershipWalk => "the kubelet is changing every file's owner or label: wait for the time left, or set fsGroupChangePolicy: OnRootMismatch (and an SELinux mount context) so it is not done at every mount",
+            Self::CsiDriverNotReady => "the driver's node plugin is not registered or does not answer: check its DaemonSet pod on this node (node-driver-registrar and the driver containers) and their logs",
+            Self::KubeletDisagrees => "the kubelet's view and the node differ: restart the kubelet so it reconstructs its state from the node, or fix the side the evidence shows wrong",
         }
     }
 }
