@@ -21,7 +21,7 @@ use volmgr_cli::status_text::status_text;
 
 /// volmgr: a node-level Kubernetes volume manager.
 #[derive(Parser, Debug)]
-#[command(version, about, args_override_self = true)]
+#[command(name = "volmgr", version, about, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -628,3 +628,16 @@ fn foreign_mount_under_a_pod(no_openat2: bool) {
     assert_eq!(env.volume_state("uid-c", "d").unwrap().0, "mounted");
     assert!(again.term());
 }
+
+/// `volmgr --version` names the program users run, not its crate (it
+/// printed `volmgr-cli 0.1.0`).
+#[test]
+fn version_names_the_program() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_volmgr"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, format!("volmgr {}\n", env!("CARGO_PKG_VERSION")));
+}

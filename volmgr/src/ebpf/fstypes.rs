@@ -91,9 +91,54 @@ pub fn label(raw: Option<&str>) -> &'static str {
     }
 }
 
+/// The label of a `mount(2)` call with `flags` and type `raw`: a call that
+/// makes no new file system (a remount, a bind, a propagation change, a
+/// move: the kernel ignores its type argument, often `none`) by what it
+/// does, in the kernel's order of precedence (`path_mount`, after it strips
+/// the legacy `MS_MGC_VAL` magic); any other by
+/// [`label`].
+pub fn mount_label(flags: u64, raw: Option<&str>) -> &'static str {
+    // The legacy magic in the high half, stripped as the kernel does.
+    let flags = match flags & 0xffff_0000 {
+        0xc0ed_0000 => flags & 0xffff,
+        _ => flags,
+    };
+    let propagation = libc::MS_SHARED | libc::MS_PRIVATE | libc::MS_SLAVE | libc::MS_UNBINDABLE;
+    if flags & libc::MS_REMOUNT != 0 {
+        "remount"
+    } else if flags & libc::MS_BIND != 0 {
+        "bind"
+    } else if flags & propagation != 0 {
+        "propagation"
+    } else if flags & libc::MS_MOVE != 0 {
+        "move"
+    } else {
+        label(raw)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bind mount was labelled `mount none` (the type argument the
+    /// kernel ignores).
+    #[test]
+    fn mounts_that_make_no_file_system_are_labelled_by_what_they_do() {
+        assert_eq!(mount_label(libc::MS_BIND, Some("none")), "bind");
+        assert_eq!(mount_label(libc::MS_BIND | libc::MS_REC, None), "bind");
+        assert_eq!(
+            mount_label(libc::MS_REMOUNT | libc::MS_BIND, Some("none")),
+            "remount"
+        );
+        assert_eq!(
+            mount_label(libc::MS_SHARED | libc::MS_REC, Some("none")),
+            "propagation"
+        );
+        assert_eq!(mount_label(libc::MS_MOVE, Some("none")), "move");
+        assert_eq!(mount_label(0, Some("tmpfs")), "tmpfs");
+        assert_eq!(mount_label(0xC0ED_0000, Some("ext4")), "ext4");
+    }
 
     #[test]
     fn known_is_sorted_and_unique() {

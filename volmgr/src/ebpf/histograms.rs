@@ -41,7 +41,8 @@ pub const MAX_HISTOGRAMS: usize = 512;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Key {
     syscall: MountSyscall,
-    /// A label of [`super::fstypes::label`].
+    /// A label of [`super::fstypes::label`] (of [`super::fstypes::mount_label`]
+    /// for `mount(2)`).
     fstype: &'static str,
     error: bool,
     /// The CSI driver (or volume plugin) whose volume path the call
@@ -118,7 +119,10 @@ impl SyscallStats {
         }
         let mut key = Key {
             syscall: ev.syscall,
-            fstype: super::fstypes::label(ev.fstype.as_deref()),
+            fstype: match ev.syscall {
+                MountSyscall::Mount => super::fstypes::mount_label(ev.flags, ev.fstype.as_deref()),
+                _ => super::fstypes::label(ev.fstype.as_deref()),
+            },
             error,
             driver: self.driver_label(driver),
         };
