@@ -328,7 +328,7 @@ volmgr_status volmgr_set_event_callback(volmgr *vm, volmgr_event_callback cb, vo
  *   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
  *   "wait_for_sources_ready": true, "wait_for_reported_in_use": false,
  *   "wait_for_volumes_attached": false, "make_root_shared": false,
- *   "volume_stats_period_ms": 60000,
+ *   "volume_stats_period_ms": 60000, "selinux_enabled": null, "selinux_mount": true,
  *   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
  *           "timeout_ms": 120000, "republish_period_ms": 60000}}`
  * (the values shown are the defaults).
@@ -367,6 +367,15 @@ volmgr_status volmgr_set_event_callback(volmgr *vm, volmgr_event_callback cb, vo
  *   host that removes ROOT after `volmgr_free` finds it busy) and the
  *   host, not a library it links, owns its mount table. A failure is
  *   reported in status and the manager runs on.
+ * - `selinux_enabled` (null: asked, `selinuxfs` at `/sys/fs/selinux`, as
+ *   the kubelet's go-selinux decides): whether the host has SELinux; only
+ *   then are volumes of CSIDrivers with `seLinuxMount` mounted with their
+ *   pod's label (`context=`) and conflicting labels refused as pod errors
+ *   (`VOLMGR_ERR_POD_VOLUME_ERRORS` from the wait), as the kubelet's
+ *   desired state of world does.
+ * - `selinux_mount` (true): the kubelet's `SELinuxMount` feature gate (on
+ *   by default in Kubernetes 1.37): every PersistentVolume may be mounted
+ *   with its label, not only a ReadWriteOncePod one.
  * - `volume_stats_period_ms` (60000): how often the volumes' usage is
  *   collected (`kubelet_volume_stats_*` metrics, status `stats`), as the
  *   agent's `--volume-stats-period` and the kubelet's

@@ -43,6 +43,8 @@ have_sbin() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "
 have_sbin blkid || need_pkgs+=(util-linux)
 # valgrind: the C consumer also runs under memcheck (tests/c/run.sh).
 command -v valgrind >/dev/null 2>&1 || need_pkgs+=(valgrind)
+# strace: the system-call yardstick (cli/tests/syscall_yardstick.rs).
+command -v strace >/dev/null 2>&1 || need_pkgs+=(strace)
 # podman builds the container image (scripts/image.sh); readelf (binutils)
 # checks the binary is static, strip makes the image's copy small.
 command -v podman >/dev/null 2>&1 || need_pkgs+=(podman)

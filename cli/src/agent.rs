@@ -77,6 +77,10 @@ pub struct AgentOptions {
     /// `--stuck-tool-after`: a file system tool running this long is
     /// reported as stuck (eBPF tracer).
     pub stuck_tool_after: Duration,
+    /// `--selinux-enabled`: whether the host has SELinux (`None`: ask).
+    pub selinux_enabled: Option<bool>,
+    /// `--feature-gates SELinuxMount=...`.
+    pub selinux_mount: bool,
 }
 
 /// `--stuck-syscall-after` and `--stuck-tool-after`, set before the
@@ -168,6 +172,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     config.volume_stats_period = opts.volume_stats_period;
     config.csi_republish_period = opts.csi_republish_period;
     config.wait_for_reported_in_use = opts.report_volumes_in_use;
+    config.selinux_enabled = opts.selinux_enabled;
+    config.selinux_mount = opts.selinux_mount;
     let built = VolumeManagerBuilder::new(config)
         .tracer(opts.tracer)
         .csi(CsiSetup {

@@ -333,7 +333,9 @@ async fn answer(req: Request, vm: &VolumeManager) -> Response {
         Request::Metrics => ok(serde_json::Value::String(vm.metrics_text())),
         Request::Wait { pod, timeout_ms } => wait(vm, &pod, timeout_ms, false).await,
         Request::WaitUnmount { pod, timeout_ms } => wait(vm, &pod, timeout_ms, true).await,
-        Request::Timeline { pod } => match crate::doctor::answer(vm, &pod)
+        Request::Timeline { pod } => match vm
+            .pod_timeline(&pod)
+            .map_err(|e| e.to_string())
             .and_then(|t| serde_json::to_value(t).map_err(|e| e.to_string()))
         {
             Ok(v) => ok(v),

@@ -16,3 +16,6 @@ pub mod observe_events;
 pub mod sandbox;
 pub mod state_dir;
 pub mod status_text;
+pub mod stuck_text;
+pub mod timeline_svg;
+pub mod timeline_text;

@@ -121,6 +121,16 @@ struct AgentArgs {
     /// xfs_repair) running this long is reported as stuck while it runs.
     #[arg(long, default_value = "2m", value_parser = parse_positive_duration)]
     stuck_tool_after: Duration,
+    /// The kubelet's feature gates volmgr follows, NAME=BOOL comma
+    /// separated: SELinuxMount (on by default, as in Kubernetes 1.37);
+    /// SELinuxMountReadWriteOncePod and SELinuxChangePolicy are locked on.
+    #[arg(long, default_value = "", value_parser = parse_feature_gates)]
+    feature_gates: volmgr::cache::selinux::SeLinuxSettings,
+    /// Whether the host has SELinux (volumes mounted with their pods'
+    /// SELinux label, conflicting labels refused): `auto` asks the kernel
+    /// (selinuxfs at /sys/fs/selinux), as the kubelet does.
+    #[arg(long, default_value = "auto", value_parser = parse_selinux_enabled)]
+    selinux_enabled: SeLinuxChoice,
     /// Observe mode: read the node next to an unmodified kubelet and
     /// report findings; never mount, unmount or write under ROOT (the
     /// kernel enforces it with Landlock).
@@ -177,6 +187,8 @@ impl AgentArgs {
             container_runtime: self.container_runtime_endpoint.0,
             stuck_syscall_after: self.stuck_syscall_after,
             stuck_tool_after: self.stuck_tool_after,
+            selinux_enabled: self.selinux_enabled.0,
+            selinux_mount: self.feature_gates.selinux_mount,
         }
     }
 }
@@ -285,6 +297,25 @@ const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// `--container-runtime-endpoint`: an endpoint, or `None` for `none`.
 #[derive(Debug, Clone)]
 struct RuntimeChoice(Option<volmgr::cri::RuntimeEndpoint>);
+
+/// `--selinux-enabled`: `None` for `auto`.
+#[derive(Debug, Clone, Copy)]
+struct SeLinuxChoice(Option<bool>);
+
+fn parse_selinux_enabled(s: &str) -> Result<SeLinuxChoice, String> {
+    match s {
+        "auto" => Ok(SeLinuxChoice(None)),
+        "true" => Ok(SeLinuxChoice(Some(true))),
+        "false" => Ok(SeLinuxChoice(Some(false))),
+        _ => Err(format!("{s:?}: expected auto, true or false")),
+    }
+}
+
+fn parse_feature_gates(s: &str) -> Result<volmgr::cache::selinux::SeLinuxSettings, String> {
+    let mut settings = volmgr::cache::selinux::SeLinuxSettings::default();
+    settings.apply_feature_gates(s).map_err(|e| e.to_string())?;
+    Ok(settings)
+}
 
 fn parse_runtime_endpoint(s: &str) -> Result<RuntimeChoice, String> {
     if s == "none" {

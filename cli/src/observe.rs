@@ -12,7 +12,8 @@
 //! drivers), request tokens, write CSINode, the Node's status or claims.
 //! It records events on pods for findings (rate-limited), and reads back
 //! the recent events of pods with a stuck volume (finding (d) shows them;
-//! [`volmgr_kube::pod_events`]).
+//! [`volmgr_kube::pod_events`]) and of the node's `Pending` pods (finding
+//! (l), `kubelet_disagrees`, compares them with the mount table).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -70,6 +71,11 @@ pub fn prepare(root: &Path, state_dir: &Path) -> Result<(), AgentError> {
     let canon_root = root.canonicalize().map_err(io("ROOT"))?;
     let state = crate::state_dir::prepare(&canon_root, state_dir)?;
     crate::limits::raise_nofile();
+    // Outside the Landlock domain: reading other processes' /proc links
+    // (teardown_blocked's holders) is ptrace access Landlock denies.
+    if let Err(e) = volmgr::observer::holder_helper::start() {
+        tracing::warn!(error = %e, "observe mode: no holder scan helper");
+    }
     let c = sandbox::confine(&state);
     tracing::info!(landlock = %c.landlock, capabilities = %c.capabilities, "observe mode: confined");
     let _ = CONFINEMENT.set(c);
@@ -125,18 +131,29 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
         .clone()
         .map(|c| crate::observe_events::FindingEvents::new(c, &opts.node_name));
     // The stuck pods' events, read in the background (never in a scan).
-    let pod_events = kube
-        .clone()
-        .map(|c| PodEvents::start(c, PodEventsConfig::default(), stop_rx.clone()));
+    // The stuck pods' events and the node's Pending pods' (kubelet_disagrees),
+    // read in the background (never in a scan).
+    let pod_events = kube.clone().map(|c| {
+        let pe = PodEvents::start(c.clone(), PodEventsConfig::default(), stop_rx.clone());
+        Arc::new(pe.follow_pending_pods(c, &opts.node_name, stop_rx.clone()))
+    });
     let (api_task, metrics_task) = crate::agent::serve_clients(listener, metrics, &vm, &stop_rx);
-    let scanner = Scanner {
+    let mut scanner = Scanner {
         vm: Arc::clone(&vm),
-        observer: Observer::new(obs.stuck_after, history(&vm)),
+        observer: with_csinode(
+            with_mount_probes(Observer::new(obs.stuck_after, history(&vm)), &vm)
+                .with_walk_counters(Arc::clone(&vm.tracer_context().status) as _),
+            &kube,
+            &opts,
+        ),
         status: Arc::clone(&status),
         events,
         pod_events,
         reported: BTreeSet::new(),
     };
+    if let Some(pe) = &scanner.pod_events {
+        scanner.observer.set_pod_events(Arc::clone(pe) as _);
+    }
     let scan_task = tokio::spawn(scanner.run(obs.scan_period, stop_rx.clone()));
     // The same pod sources as manager mode, feeding the (never started)
     // manager's desired state; payload volumes by name only, so the agent
@@ -154,6 +171,31 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     }
     let _ = std::fs::remove_file(api::socket_path(&state));
     result
+}
+
+/// `observer` probing the network and FUSE mounts under ROOT
+/// (`mount_unreachable`), the tracer's stuck calls naming the tasks
+/// blocked on them.
+fn with_mount_probes(observer: Observer, vm: &Arc<VolumeManager>) -> Observer {
+    let stuck = Arc::clone(vm.tracer_context().status.stuck());
+    match volmgr::observer::MountProber::start(Default::default(), Some(stuck)) {
+        Ok(p) => observer.with_mount_prober(p),
+        Err(e) => {
+            tracing::warn!(error = %e, "mount probes not started: mount_unreachable is not reported");
+            observer
+        }
+    }
+}
+
+/// The CSI triage reads the node's CSINode when there is an API server.
+fn with_csinode(o: Observer, kube: &Option<kube::Client>, opts: &AgentOptions) -> Observer {
+    match kube {
+        Some(c) => o.with_csinode(Arc::new(volmgr_kube::csinode_read::CsiNodeRead::new(
+            c.clone(),
+            &opts.node_name,
+        ))),
+        None => o,
+    }
 }
 
 /// The syscall history findings are completed with: the tracer's
@@ -267,7 +309,7 @@ struct Scanner {
     status: Arc<Mutex<ObserveStatus>>,
     events: Option<crate::observe_events::FindingEvents>,
     /// The recent events of pods with a stuck volume (with an API server).
-    pod_events: Option<PodEvents>,
+    pod_events: Option<Arc<PodEvents>>,
     /// `(kind, path, pod)` of the last scan's findings (logs and events go
     /// out for new ones; a finding whose pod became known is new).
     reported: BTreeSet<(FindingKind, String, Option<String>)>,
@@ -281,9 +323,13 @@ impl Scanner {
     /// every `period`, until `stop`.
     async fn run(mut self, period: Duration, mut stop: watch::Receiver<bool>) {
         let mounts = Arc::new(Notify::new());
+        if let Some(p) = self.observer.mount_prober() {
+            let wake = Arc::clone(&mounts);
+            p.set_wake(Arc::new(move || wake.notify_one()));
+        }
         let watcher = watch_mount_table(Arc::clone(&mounts), stop.clone());
         let mut desired = self.vm.subscribe();
-        let mut pod_events = self.pod_events.as_ref().map(PodEvents::changed);
+        let mut pod_events = self.pod_events.as_ref().map(|p| p.changed());
         loop {
             self.scan_once().await;
             tokio::select! {

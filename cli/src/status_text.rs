@@ -28,8 +28,8 @@ pub fn status_text(s: &Status) -> String {
             o.operation, o.plugin, o.status, o.count, o.p50_seconds, o.p99_seconds, o.max_seconds
         );
     }
-    crate::doctor::stuck_text(&mut out, &s.stuck_syscalls);
-    crate::doctor::stuck_tools_text(&mut out, &s.stuck_tools);
+    crate::stuck_text::stuck_text(&mut out, &s.stuck_syscalls);
+    crate::stuck_text::stuck_tools_text(&mut out, &s.stuck_tools);
     out
 }
 

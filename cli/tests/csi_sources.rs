@@ -863,9 +863,11 @@ fn capabilities_seen(driver: &Driver, volume: &str) -> Vec<serde_json::Value> {
 /// the new modes for, as a driver built before them does) ReadWriteOnce and
 /// ReadWriteOncePod are both SINGLE_NODE_WRITER; with it, they are
 /// SINGLE_NODE_MULTI_WRITER and SINGLE_NODE_SINGLE_WRITER. A CSIDriver with
-/// `seLinuxMount` gets the pod's SELinux label as `context=` on the
-/// ReadWriteOncePod volume only, and only where the host has SELinux (here
-/// the test checks whichever this host is).
+/// `seLinuxMount` gets the pod's SELinux label as `context=` on both
+/// volumes (the `SELinuxMount` feature gate is on by default), and only
+/// where the host has SELinux (here the test checks whichever this host
+/// is; `selinux_mount_labels_every_access_mode_and_refuses_a_conflicting_pod`
+/// takes SELinux as on).
 #[test]
 fn access_modes_follow_the_capability_and_selinux_mounts_need_selinux() {
     isolated(
@@ -896,7 +898,7 @@ fn access_modes_follow_the_capability_and_selinux_mounts_need_selinux() {
                     })
                 });
                 for (volume, mode, label) in [
-                    ("vol-rwo", rwo_mode, false),
+                    ("vol-rwo", rwo_mode, selinux),
                     ("vol-rwop", rwop_mode, selinux),
                 ] {
                     let seen = capabilities_seen(&driver, volume);
@@ -981,6 +983,124 @@ fn volume_mount_group_reaches_stage_and_publish_of_capable_drivers() {
                     "capable={capable}: {:o}",
                     meta.mode()
                 );
+            }
+        },
+    );
+}
+
+/// `seLinuxMount` with the `SELinuxMount` feature gate (GA and on in
+/// Kubernetes 1.37), on a host taken to have SELinux
+/// (`--selinux-enabled=true`; this kernel accepts and ignores `context=`
+/// on the driver's tmpfs when it has no SELinux): a ReadWriteOnce volume
+/// is staged and published with its pod's label as `context="..."`; a
+/// second pod with another label on it is refused with the kubelet's
+/// error (`desired_state_of_world.go`), shown in status and counted in
+/// `volume_manager_selinux_volume_context_mismatch_errors_total`; once the
+/// first pod is gone, the second gets the volume with its own label. With
+/// `--feature-gates SELinuxMount=false`, only ReadWriteOncePod volumes get
+/// a label, and the second pod is a warning, not an error. Before, only
+/// ReadWriteOncePod volumes had a label and nothing compared two pods'.
+#[test]
+fn selinux_mount_labels_every_access_mode_and_refuses_a_conflicting_pod() {
+    isolated(
+        "selinux_mount_labels_every_access_mode_and_refuses_a_conflicting_pod",
+        || {
+            let label = |l: &str| format!("system_u:object_r:container_file_t:{l}");
+            for gate in [true, false] {
+                let env = Env::new();
+                write_access_mode_manifests(&env);
+                let pod_b = |level: &str| {
+                    format!(
+                    "apiVersion: v1\nkind: Pod\nmetadata: {{name: b, namespace: test, uid: uid-b}}\nspec:\n  securityContext: {{seLinuxOptions: {{level: '{level}'}}}}\n  containers: [{{name: c, image: i, volumeMounts: [{{name: rwo, mountPath: /a}}]}}]\n  volumes: [{{name: rwo, persistentVolumeClaim: {{claimName: claim-rwo}}}}]\n"
+                )
+                };
+                let mut driver = new_driver(&env);
+                driver.spawn();
+                let gates = format!("SELinuxMount={gate}");
+                let agent = env.start_agent(&["--selinux-enabled=true", "--feature-gates", &gates]);
+                wait_or_dump(&env, &agent, &driver, "pod p mounted", || {
+                    ["rwo", "rwop"].iter().all(|v| {
+                        env.volume_state("uid-modes", v)
+                            .is_some_and(|(s, _, _)| s == "mounted")
+                    })
+                });
+                env.write_manifest("b.yaml", &pod_b("s0:c3,c4"));
+                let want = format!(
+                    "conflicting SELinux labels of volume pv-rwo: {:?} and {:?}",
+                    label("s0:c1,c2"),
+                    label("s0:c3,c4")
+                );
+                if gate {
+                    wait_or_dump(&env, &agent, &driver, "pod b refused", || {
+                        env.volume_state("uid-b", "rwo")
+                            .is_some_and(|(_, _, e)| e.as_deref() == Some(want.as_str()))
+                    });
+                    let metrics = env.metrics_text();
+                    let line = "volume_manager_selinux_volume_context_mismatch_errors_total{volume_plugin=\"kubernetes.io/csi/test.csi.volmgr.io\",access_mode=\"RWO\"} 1";
+                    assert!(metrics.lines().any(|l| l == line), "{metrics}");
+                    let text = std::process::Command::new(support::volmgr_bin())
+                        .args(["status", "--root"])
+                        .arg(&env.root)
+                        .output()
+                        .unwrap();
+                    let text = String::from_utf8_lossy(&text.stdout);
+                    assert!(
+                        text.contains("conflicting SELinux labels of volume pv-rwo"),
+                        "{text}"
+                    );
+                    // `volmgr wait` (the kubelet's WaitForAttachAndMount)
+                    // ends with the pod error, not the timeout's text.
+                    let wait = std::process::Command::new(support::volmgr_bin())
+                        .args(["wait", "--pod", "uid-b", "--timeout", "600", "--root"])
+                        .arg(&env.root)
+                        .output()
+                        .unwrap();
+                    let said = String::from_utf8_lossy(&wait.stderr).to_string()
+                        + &String::from_utf8_lossy(&wait.stdout);
+                    assert_eq!(wait.status.code(), Some(1), "{said}");
+                    assert!(said.contains("failed to process volumes=[rwo]"), "{said}");
+                    assert!(said.contains(&want), "{said}");
+                } else {
+                    wait_or_dump(&env, &agent, &driver, "pod b mounted", || {
+                        env.volume_state("uid-b", "rwo")
+                            .is_some_and(|(s, _, _)| s == "mounted")
+                    });
+                    let metrics = env.metrics_text();
+                    assert!(metrics.contains("volume_manager_selinux_volume_context_mismatch_warnings_total{volume_plugin=\"kubernetes.io/csi/test.csi.volmgr.io\",access_mode=\"RWO\"} 1"), "{metrics}");
+                }
+                let flag = |l: &str| format!("context={:?}", label(l));
+                for (volume, labelled) in [("vol-rwo", gate), ("vol-rwop", true)] {
+                    let seen = capabilities_seen(&driver, volume);
+                    assert!(!seen.is_empty());
+                    for c in &seen {
+                        let flags: Vec<&str> = c["mount_flags"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .filter_map(|f| f.as_str())
+                            .collect();
+                        assert_eq!(
+                            flags.contains(&flag("s0:c1,c2").as_str()),
+                            labelled,
+                            "gate={gate}: {c}"
+                        );
+                    }
+                }
+                if gate {
+                    // Pod p goes: pod b gets the volume, with its own label.
+                    env.remove_manifest("pod.yaml");
+                    wait_or_dump(&env, &agent, &driver, "pod b mounted", || {
+                        env.volume_state("uid-b", "rwo")
+                            .is_some_and(|(s, _, _)| s == "mounted")
+                    });
+                    let seen = capabilities_seen(&driver, "vol-rwo");
+                    let publish = seen
+                        .iter()
+                        .rfind(|c| c["method"] == "NodePublishVolume")
+                        .unwrap();
+                    let flags = publish["mount_flags"].to_string();
+                    assert!(flags.contains("s0:c3,c4"), "{publish}");
+                }
             }
         },
     );

@@ -496,6 +496,8 @@ fn observe_mode_reads_only() {
                 READ
             ),
             ("storage.k8s.io", &["csidrivers", "volumeattachments"], READ),
+            // The node's CSINode, for the CSI registration triage.
+            ("storage.k8s.io", &["csinodes"], &["get"]),
             ("events.k8s.io", &["events"], &["create", "patch"]),
             // A stuck pod's recent events, read back for finding (d).
             ("", &["events"], &["get", "list"]),

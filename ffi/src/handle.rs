@@ -13,8 +13,8 @@ use volmgr_core::volume::PodUid;
 use volmgr_core::volumemanager::{Config, CsiSetup, VolumeManager, VolumeManagerBuilder};
 
 use crate::boundary::{guard, json_arg, out_arg, str_arg, try_ffi};
+use crate::callback::{forward_events, EventCallback};
 use crate::error::*;
-use crate::events::{forward_events, EventCallback};
 
 /// An opaque volume manager. Created by `volmgr_new`, destroyed by
 /// `volmgr_free`; every other call may come from any thread at once.
@@ -67,6 +67,12 @@ struct NewConfig {
     make_root_shared: bool,
     #[serde(default)]
     volume_stats_period_ms: Option<u64>,
+    /// Whether the host has SELinux (absent: asked, as the kubelet does).
+    #[serde(default)]
+    selinux_enabled: Option<bool>,
+    /// The kubelet's `SELinuxMount` feature gate (on, as in 1.37).
+    #[serde(default = "default_true")]
+    selinux_mount: bool,
     #[serde(default)]
     csi: Option<CsiConfig>,
 }
@@ -115,6 +121,8 @@ fn build_config(cfg: &NewConfig) -> Config {
     );
     config.wait_for_reported_in_use = cfg.wait_for_reported_in_use;
     config.wait_for_volumes_attached = cfg.wait_for_volumes_attached;
+    config.selinux_enabled = cfg.selinux_enabled;
+    config.selinux_mount = cfg.selinux_mount;
     // The one default that differs from the agent's (see volmgr_new).
     config.make_root_shared = cfg.make_root_shared;
     if let Some(ms) = cfg.volume_stats_period_ms {
@@ -212,7 +220,7 @@ pub(crate) fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,
 ///   "wait_for_sources_ready": true, "wait_for_reported_in_use": false,
 ///   "wait_for_volumes_attached": false, "make_root_shared": false,
-///   "volume_stats_period_ms": 60000,
+///   "volume_stats_period_ms": 60000, "selinux_enabled": null, "selinux_mount": true,
 ///   "csi": {"watch_plugins_registry": true, "drivers": {"NAME": "SOCKET_PATH"},
 ///           "timeout_ms": 120000, "republish_period_ms": 60000}}`
 /// (the values shown are the defaults).
@@ -251,6 +259,15 @@ pub(crate) fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
 ///   host that removes ROOT after `volmgr_free` finds it busy) and the
 ///   host, not a library it links, owns its mount table. A failure is
 ///   reported in status and the manager runs on.
+/// - `selinux_enabled` (null: asked, `selinuxfs` at `/sys/fs/selinux`, as
+///   the kubelet's go-selinux decides): whether the host has SELinux; only
+///   then are volumes of CSIDrivers with `seLinuxMount` mounted with their
+///   pod's label (`context=`) and conflicting labels refused as pod errors
+///   (`VOLMGR_ERR_POD_VOLUME_ERRORS` from the wait), as the kubelet's
+///   desired state of world does.
+/// - `selinux_mount` (true): the kubelet's `SELinuxMount` feature gate (on
+///   by default in Kubernetes 1.37): every PersistentVolume may be mounted
+///   with its label, not only a ReadWriteOncePod one.
 /// - `volume_stats_period_ms` (60000): how often the volumes' usage is
 ///   collected (`kubelet_volume_stats_*` metrics, status `stats`), as the
 ///   agent's `--volume-stats-period` and the kubelet's

@@ -20,6 +20,7 @@
 #![allow(non_camel_case_types)]
 
 mod boundary;
+mod callback;
 pub mod error;
 pub mod events;
 pub mod handle;

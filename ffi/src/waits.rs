@@ -184,6 +184,62 @@ mod tests {
         unsafe { volmgr_free(vm) };
     }
 
+    /// A second pod whose SELinux label differs from the one a volume is
+    /// used with (a CSIDriver with `seLinuxMount`, `"selinux_enabled":
+    /// true`) is the kubelet's pod error: the wait ends at once with
+    /// `conflicting SELinux labels of volume ...`. Before, nothing compared
+    /// the two pods' labels.
+    #[test]
+    fn a_conflicting_selinux_label_ends_the_wait_with_the_kubelets_error() {
+        let root = tempfile::tempdir().unwrap();
+        let config = CString::new(format!(
+            r#"{{"root_dir": "{}", "tracer": "off", "node_name": "node-1",
+                "selinux_enabled": true, "csi": {{}}}}"#,
+            root.path().display()
+        ))
+        .unwrap();
+        let mut vm: *mut volmgr = std::ptr::null_mut();
+        // SAFETY: valid arguments.
+        unsafe {
+            assert_eq!(volmgr_new(config.as_ptr(), &mut vm), VOLMGR_OK);
+            assert_eq!(volmgr_start(vm), VOLMGR_OK);
+        }
+        upsert(
+            vm,
+            serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+            "metadata": {"name": "d.example"}, "spec": {"attachRequired": false, "seLinuxMount": true}}),
+        );
+        upsert(
+            vm,
+            serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-1"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "claimRef": {"namespace": "ns", "name": "claim"},
+                     "csi": {"driver": "d.example", "volumeHandle": "h1"}}}),
+        );
+        upsert(
+            vm,
+            serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "claim", "namespace": "ns"},
+            "spec": {"volumeName": "pv-1", "accessModes": ["ReadWriteOnce"]}}),
+        );
+        for (uid, level) in [("uid-a", "s0:c1,c2"), ("uid-b", "s0:c3,c4")] {
+            let mut p = pod(uid, "claim");
+            p["spec"]["securityContext"] = serde_json::json!({"seLinuxOptions": {"level": level}});
+            upsert(vm, p);
+        }
+        let (st, msg) = wait(vm, "uid-b", 120_000);
+        assert_eq!(st, VOLMGR_ERR_POD_VOLUME_ERRORS, "{msg}");
+        assert_eq!(
+            msg,
+            "unmounted volumes=[data], unattached volumes=[], failed to process volumes=[data]: \
+             conflicting SELinux labels of volume pv-1: \
+             \"system_u:object_r:container_file_t:s0:c1,c2\" and \"system_u:object_r:container_file_t:s0:c3,c4\""
+        );
+        // SAFETY: the handle is live and freed once.
+        unsafe { volmgr_free(vm) };
+    }
+
     /// A volume whose VolumeAttachment failed with `ResourceExhausted` (the
     /// node's attach limit of its driver) rejects the pod when the wait
     /// times out: the kubelet's `VolumeAttachLimitExceededError` text and

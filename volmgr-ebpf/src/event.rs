@@ -61,9 +61,10 @@ pub const LOST_KEYS: u32 = 3;
 /// `owner` (0 = free). User space maps the array (`BPF_F_MMAPABLE`) and
 /// reads it to find calls still in flight. The entry program claims the
 /// slot (compare-and-exchange of `owner` from 0), sets `ts` to 0, writes
-/// the record and writes `ts` last; the exit program sets `ts` to 0 before
-/// it frees the slot. A reader that finds the same non-zero `owner` and
-/// `ts` before and after copying the record has a whole record.
+/// the record and the call's path argument (into `PATHS`, same index),
+/// and writes `ts` last; the exit program sets `ts` to 0 before it frees
+/// the slot. A reader that finds the same non-zero `owner` and `ts` before
+/// and after copying the record and its path has a whole record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InFlight {
@@ -86,6 +87,14 @@ pub struct InFlight {
     /// The caller's real uid in the initial user namespace.
     pub uid: u32,
 }
+
+/// Bytes kept of an in-flight call's path argument, with its NUL: the
+/// entry program copies the argument into the `PATHS` array (the slot's
+/// index in `STARTS`), so that user space never reads another process's
+/// memory for it. Longer paths are cut (still NUL-terminated); a kubelet
+/// volume path (`/var/lib/kubelet/pods/<uid>/volumes/<plugin>/<name>`)
+/// is about 150 bytes.
+pub const IN_FLIGHT_PATH_MAX: usize = 256;
 
 /// Longest filesystem type read, including the NUL.
 pub const FSTYPE_MAX: usize = 64;
@@ -215,6 +224,119 @@ pub fn is_fs_tool(comm: &[u8; 16]) -> bool {
         || starts(b"xfs_repair\0")
 }
 
+/// Kinds of metadata changes counted per walk ([`WalkCount::calls`]):
+/// `chown`, `lchown`, `fchown`, `fchownat`.
+pub const WALK_CHOWN: usize = 0;
+/// `chmod`, `fchmod`, `fchmodat`, `fchmodat2`.
+pub const WALK_CHMOD: usize = 1;
+/// `setxattr`, `lsetxattr`, `fsetxattr` of `security.selinux` (a relabel).
+pub const WALK_RELABEL: usize = 2;
+/// Number of kinds.
+pub const WALK_KINDS: usize = 3;
+/// Bytes of a walk's path read (with the NUL).
+pub const WALK_PATH_MAX: usize = 256;
+/// Walks followed at most per table: `WALKS` (callers with uid 0 of the
+/// initial user namespace) and `WALKS_OTHER` (everyone else), LRU tables
+/// of their own, so that no number of unprivileged walkers evicts the
+/// kubelet's.
+pub const WALKS_MAX: u32 = 1024;
+/// A pause between two calls of one walk key longer than this (ns) starts
+/// a new walk: the entry's counts and `first_ns` start again, so that a
+/// volume re-walked now and then (a ConfigMap's at every sync) is never
+/// summed into one long walk. User space clears a walk after the same
+/// pause without a call.
+pub const WALK_GAP_NS: u64 = 5_000_000_000;
+
+/// Key of a walk: the calling process and its volume directory (FNV-1a
+/// hash of its path argument cut after `/volumes/<plugin>/<name>`, as
+/// the kubelet lays volumes out; 0 for every other path, relative paths
+/// and calls on a descriptor).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WalkKey {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Padding (0).
+    pub _pad: u32,
+    /// The volume directory's hash (0: other paths).
+    pub dir_hash: u64,
+}
+
+/// Ownership, mode and SELinux label changes of one process in one
+/// volume directory ([`WalkKey`]), counted at the calls' entry: what a
+/// kubelet applying a pod's `fsGroup` (or a runtime relabelling a volume)
+/// does to every file of the volume.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WalkCount {
+    /// `bpf_ktime_get_ns()` of the first call.
+    pub first_ns: u64,
+    /// `bpf_ktime_get_ns()` of the last call.
+    pub last_ns: u64,
+    /// Calls per kind (`WALK_*`).
+    pub calls: [u64; WALK_KINDS],
+    /// Inode of the caller's mount namespace.
+    pub mnt_ns: u64,
+    /// Process id (tgid).
+    pub pid: u32,
+    /// The caller's real uid in the initial user namespace.
+    pub uid: u32,
+    /// The command name of the first call's thread.
+    pub comm: [u8; 16],
+    /// The volume directory (NUL-terminated; empty for other paths).
+    pub dir: [u8; WALK_PATH_MAX],
+}
+
+/// FNV-1a's offset basis (64 bits).
+pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a's prime (64 bits).
+pub const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+/// `b"volumes/"` as the last eight bytes read, first byte highest.
+pub const VOLUMES_WINDOW: u64 = u64::from_be_bytes(*b"volumes/");
+
+/// The end of the volume directory in `path` (a NUL-terminated path
+/// argument): the index of the `/` (or NUL) after
+/// `/volumes/<plugin>/<name>`, and the FNV-1a hash of the bytes before
+/// it; `None` when the path has no such part. The same code runs in the
+/// kernel program and in user space (its tests).
+#[inline(always)]
+pub fn volume_dir(path: &[u8; WALK_PATH_MAX]) -> Option<(usize, u64)> {
+    let mut window = 0u64;
+    let mut hash = FNV_OFFSET;
+    // Slashes still to pass after `/volumes/`: 0 = not found yet.
+    let mut left = 0u32;
+    let mut i = 0;
+    while i < WALK_PATH_MAX {
+        let b = path[i];
+        if b == 0 {
+            return (left == 1).then_some((i, hash));
+        }
+        // The same byte loaded again for the window and the hash: what
+        // the tests on `b` teach the BPF verifier does not reach them
+        // (their states stay alike, and the verifier's pruning works).
+        // SAFETY: `i` is within `path`.
+        let v = u64::from(unsafe { core::ptr::read_volatile(path.as_ptr().add(i)) });
+        if left > 0 {
+            if b == b'/' {
+                left -= 1;
+                if left == 0 {
+                    return Some((i, hash));
+                }
+            }
+        } else {
+            let out = window >> 56;
+            window = (window << 8) | v;
+            if window == VOLUMES_WINDOW && out == u64::from(b'/') {
+                left = 2;
+                window = 0;
+            }
+        }
+        hash = (hash ^ v).wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    None
+}
+
 /// Powers of two covered by the in-kernel histograms: 1 µs .. 2^25 µs (33 s).
 pub const HIST_POWERS: usize = 25;
 /// Linear sub-buckets per power of two.
@@ -300,4 +422,48 @@ pub fn hist_bucket_bounds_ns(i: usize) -> (u64, u64) {
         (5 + sub) * (1000u64 << e) / 4
     };
     (lo, hi)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(s: &str) -> [u8; WALK_PATH_MAX] {
+        let mut p = [0u8; WALK_PATH_MAX];
+        p[..s.len()].copy_from_slice(s.as_bytes());
+        p
+    }
+
+    fn fnv(s: &str) -> u64 {
+        s.bytes().fold(FNV_OFFSET, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(FNV_PRIME)
+        })
+    }
+
+    #[test]
+    fn the_volume_directory_of_a_walked_path() {
+        let dir = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/pvc-1";
+        for p in [
+            dir.to_string(),
+            format!("{dir}/mount"),
+            format!("{dir}/mount/a/b/c"),
+        ] {
+            assert_eq!(volume_dir(&path(&p)), Some((dir.len(), fnv(dir))), "{p}");
+        }
+        // Not (yet) a volume directory, or none at all.
+        for p in [
+            "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi",
+            "/var/lib/kubelet/pods/u1/volumes",
+            "/home/x/file",
+            "relative/name",
+            "",
+        ] {
+            assert_eq!(volume_dir(&path(p)), None, "{p}");
+        }
+        // A path that fills the buffer without its end: not placed.
+        let long = format!("/r/pods/u/volumes/p/{}", "n".repeat(300));
+        let mut p = [b'x'; WALK_PATH_MAX];
+        p.copy_from_slice(&long.as_bytes()[..WALK_PATH_MAX]);
+        assert_eq!(volume_dir(&p), None);
+    }
 }

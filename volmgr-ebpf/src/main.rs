@@ -29,7 +29,7 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_user, bpf_probe_read_user_buf,
         bpf_probe_read_user_str_bytes,
-        generated::{bpf_get_current_cgroup_id, bpf_get_current_task},
+        generated::{bpf_get_current_cgroup_id, bpf_get_current_task, bpf_probe_read_user_str},
     },
     macros::{map, tracepoint},
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
@@ -37,7 +37,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 
-use core::intrinsics::{atomic_cxchg, AtomicOrdering};
+use core::intrinsics::{atomic_cxchg, atomic_xadd, AtomicOrdering};
 
 #[allow(dead_code)]
 mod event;
@@ -79,6 +79,14 @@ static OFF_TASK_EXIT_CODE: u64 = 0;
 #[map]
 static STARTS: Array<InFlight> = Array::with_max_entries(ALL_SLOTS, BPF_F_MMAPABLE);
 
+/// The path argument of the call in flight in slot `i` of `STARTS`
+/// (`IN_FLIGHT_PATH_MAX` bytes, NUL-terminated; empty when the call has
+/// none or it could not be read), copied at entry: user space reads it
+/// here instead of in the caller's memory (which observe mode's Landlock
+/// domain may not open). Mappable, as `STARTS`.
+#[map]
+static PATHS: Array<[u8; IN_FLIGHT_PATH_MAX]> = Array::with_max_entries(ALL_SLOTS, BPF_F_MMAPABLE);
+
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
 
@@ -118,6 +126,20 @@ static EXEC_EVENTS: RingBuf = RingBuf::with_byte_size(256 << 10, 0);
 /// Per-CPU latency histograms, key `syscall * 2 + (ret < 0)`.
 #[map]
 static HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(HIST_KEYS, 0);
+
+/// Ownership, mode and label walks of callers that can matter (uid 0 of
+/// the initial user namespace), per process and volume directory.
+#[map]
+static WALKS: LruHashMap<WalkKey, WalkCount> = LruHashMap::with_max_entries(WALKS_MAX, 0);
+
+/// Those of every other caller (they only evict each other).
+#[map]
+static WALKS_OTHER: LruHashMap<WalkKey, WalkCount> = LruHashMap::with_max_entries(WALKS_MAX, 0);
+
+/// Per-CPU space where a new [`WalkCount`] is assembled and a path or
+/// xattr name read (too big for the stack).
+#[map]
+static WALK_SCRATCH: PerCpuArray<WalkCount> = PerCpuArray::with_max_entries(1, 0);
 
 /// Offset of the first syscall argument in a `sys_enter_*` record; `ret` of
 /// a `sys_exit_*` record is at the same offset.
@@ -260,15 +282,17 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
         }
         _ => return 0,
     }
-    let slot = match claim_slot(pid_tgid, pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1)) {
-        Some(slot) => Some(slot),
+    let own = pid_tgid as u32 & (IN_FLIGHT_SLOTS - 1);
+    let slot = match claim_slot(pid_tgid, own) {
+        Some(slot) => Some((own, slot)),
         None if uid == 0 => claim_reserved(pid_tgid),
         None => None,
     };
-    let Some(slot) = slot else {
+    let Some((index, slot)) = slot else {
         count_lost(LOST_SLOT_BUSY);
         return 0;
     };
+    let path = path_argument(syscall, &s.strs);
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: our own array's value, held by this thread (`claim_slot`).
@@ -276,9 +300,44 @@ fn enter(ctx: &TracePointContext, syscall: u32) -> u32 {
     // (see `InFlight` for the reader's side).
     unsafe {
         core::ptr::write_volatile(slot, s);
+        copy_path(index, path);
         core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).ts), now);
     }
     0
+}
+
+/// The user pointer of a call's path argument, 0 when it has none (the
+/// same choice as user space's `in_flight`).
+#[inline(always)]
+fn path_argument(syscall: u32, strs: &[u64; 3]) -> u64 {
+    match syscall {
+        SYS_MOUNT | SYS_UMOUNT | SYS_MOUNT_SETATTR | SYS_STATFS | SYS_MOVE_MOUNT => strs[2],
+        SYS_FSPICK | SYS_OPEN_TREE => strs[1],
+        _ => 0,
+    }
+}
+
+/// Copies the user string at `src` into `PATHS[index]` (at most
+/// `IN_FLIGHT_PATH_MAX` bytes with the NUL; empty when `src` is 0 or
+/// unreadable: the helper zeroes the buffer on a fault).
+#[inline(always)]
+fn copy_path(index: u32, src: u64) {
+    let Some(dst) = PATHS.get_ptr_mut(index) else {
+        return;
+    };
+    // SAFETY: our own array's value, for the slot this thread holds; a
+    // user pointer read through the checking helper, with a constant size.
+    unsafe {
+        if src == 0 {
+            (*dst)[0] = 0;
+        } else {
+            bpf_probe_read_user_str(
+                dst as *mut core::ffi::c_void,
+                IN_FLIGHT_PATH_MAX as u32,
+                src as *const core::ffi::c_void,
+            );
+        }
+    }
 }
 
 /// Reserved slot number `i` of the probes of thread `pid_tgid`.
@@ -287,14 +346,15 @@ fn reserved_index(pid_tgid: u64, i: u32) -> u32 {
     IN_FLIGHT_SLOTS + ((pid_tgid as u32).wrapping_add(i) & (RESERVED_SLOTS - 1))
 }
 
-/// A reserved slot claimed for thread `pid_tgid` (a caller with uid 0
+/// A reserved slot (its index and value) claimed for thread `pid_tgid` (a caller with uid 0
 /// whose own slot is held): the first of its `RESERVED_PROBES` that is
 /// free or its own.
 #[inline(always)]
-fn claim_reserved(pid_tgid: u64) -> Option<*mut InFlight> {
+fn claim_reserved(pid_tgid: u64) -> Option<(u32, *mut InFlight)> {
     for i in 0..RESERVED_PROBES {
-        if let Some(slot) = claim_slot(pid_tgid, reserved_index(pid_tgid, i)) {
-            return Some(slot);
+        let index = reserved_index(pid_tgid, i);
+        if let Some(slot) = claim_slot(pid_tgid, index) {
+            return Some((index, slot));
         }
     }
     None
@@ -599,6 +659,155 @@ fn send_tool_run(e: *mut ExecEvent) {
     if EXEC_EVENTS.output::<ExecEvent>(&*e, 0).is_err() {
         count_lost(LOST_TOOL_RUNS);
     }
+}
+
+/// `name` (a user pointer) is `security.selinux`.
+#[inline(always)]
+fn is_selinux_label(name: u64, buf: &mut [u8; WALK_PATH_MAX]) -> bool {
+    const LABEL: &[u8; 17] = b"security.selinux\0";
+    if name == 0 {
+        return false;
+    }
+    // SAFETY: a user pointer read through the checking helper into the
+    // first bytes of our scratch value.
+    let n = unsafe {
+        bpf_probe_read_user_str(
+            buf.as_mut_ptr() as *mut core::ffi::c_void,
+            LABEL.len() as u32 + 1,
+            name as *const core::ffi::c_void,
+        )
+    };
+    n == LABEL.len() as i64 && LABEL.iter().zip(buf.iter()).all(|(a, b)| a == b)
+}
+
+/// Counts one ownership (`WALK_CHOWN`), mode (`WALK_CHMOD`) or label
+/// (`WALK_RELABEL`) change of the calling process at its entry: argument
+/// `path_arg` is the path (`None`: a descriptor), `name_arg` the xattr
+/// name (only `security.selinux` counts). A call after a pause of
+/// `WALK_GAP_NS` starts the key's counts again.
+#[inline(always)]
+fn walk(
+    ctx: &TracePointContext,
+    kind: usize,
+    path_arg: Option<usize>,
+    name_arg: Option<usize>,
+) -> u32 {
+    let mnt_ns = mount_namespace();
+    let filter = global(&FILTER_MNT_NS);
+    if filter != 0 && filter != mnt_ns {
+        return 0;
+    }
+    let Some(w) = WALK_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU scratch value of our own map, used by one program
+    // at a time on this CPU.
+    let w = unsafe { &mut *w };
+    if let Some(i) = name_arg {
+        if !is_selinux_label(arg(ctx, i), &mut w.dir) {
+            return 0;
+        }
+    }
+    w.dir[0] = 0;
+    if let Some(i) = path_arg {
+        // SAFETY: a user pointer read through the checking helper, with a
+        // constant size, into our scratch value (zeroed on a fault).
+        unsafe {
+            bpf_probe_read_user_str(
+                w.dir.as_mut_ptr() as *mut core::ffi::c_void,
+                WALK_PATH_MAX as u32,
+                arg(ctx, i) as *const core::ffi::c_void,
+            )
+        };
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let pid = (pid_tgid >> 32) as u32;
+    let mut key = WalkKey {
+        pid,
+        _pad: 0,
+        dir_hash: 0,
+    };
+    let (end, hash) = volume_dir(&w.dir).map_or((0, 0), |(e, h)| (e as u64, h));
+    // Through our map's memory: the verifier then knows nothing of `end`
+    // and checks what follows once, not once per exit of the loop.
+    // SAFETY: per-CPU scratch value of our own map.
+    let end = unsafe {
+        core::ptr::write_volatile(core::ptr::addr_of_mut!(w.first_ns), end);
+        core::ptr::read_volatile(core::ptr::addr_of!(w.first_ns))
+    };
+    key.dir_hash = hash;
+    if let Some(b) = w.dir.get_mut(end as usize) {
+        *b = 0;
+    }
+    let uid = bpf_get_current_uid_gid() as u32;
+    let map = if uid == 0 { &WALKS } else { &WALKS_OTHER };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(c) = map.get_ptr_mut(&key) {
+        // SAFETY: value of our own map; the count is added atomically
+        // (threads of one process on several CPUs).
+        unsafe {
+            let last = core::ptr::read_volatile(core::ptr::addr_of!((*c).last_ns));
+            // (A thread on another CPU may have written a later `last`.)
+            if now > last && now - last > WALK_GAP_NS {
+                // A new walk of the same key (see `WALK_GAP_NS`).
+                core::ptr::write_volatile(core::ptr::addr_of_mut!((*c).first_ns), now);
+                (*c).calls = [0; WALK_KINDS];
+            }
+            if let Some(n) = (*c).calls.get_mut(kind) {
+                atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(n, 1);
+            }
+            core::ptr::write_volatile(core::ptr::addr_of_mut!((*c).last_ns), now);
+        }
+        return 0;
+    }
+    new_walk(w, kind, now, mnt_ns, pid, uid);
+    let _ = map.insert(&key, &*w, 0);
+    0
+}
+
+/// Fills the scratch `w` (its `dir` already set) as a new walk's first call.
+#[inline(always)]
+fn new_walk(w: &mut WalkCount, kind: usize, now: u64, mnt_ns: u64, pid: u32, uid: u32) {
+    w.first_ns = now;
+    w.last_ns = now;
+    w.calls = [0; WALK_KINDS];
+    if let Some(n) = w.calls.get_mut(kind) {
+        *n = 1;
+    }
+    w.mnt_ns = mnt_ns;
+    w.pid = pid;
+    w.uid = uid;
+    w.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+}
+
+macro_rules! walks {
+    ($($prog:ident, $kind:expr, $path:expr, $name:expr;)*) => {$(
+        #[tracepoint]
+        pub fn $prog(ctx: TracePointContext) -> u32 {
+            walk(&ctx, $kind, $path, $name)
+        }
+    )*};
+}
+
+walks! {
+    // chown(filename, user, group), lchown(filename, ...), fchown(fd, ...),
+    // fchownat(dfd, filename, user, group, flag)
+    sys_enter_chown, WALK_CHOWN, Some(0), None;
+    sys_enter_lchown, WALK_CHOWN, Some(0), None;
+    sys_enter_fchown, WALK_CHOWN, None, None;
+    sys_enter_fchownat, WALK_CHOWN, Some(1), None;
+    // chmod(filename, mode), fchmod(fd, mode), fchmodat(dfd, filename, mode),
+    // fchmodat2(dfd, filename, mode, flags)
+    sys_enter_chmod, WALK_CHMOD, Some(0), None;
+    sys_enter_fchmod, WALK_CHMOD, None, None;
+    sys_enter_fchmodat, WALK_CHMOD, Some(1), None;
+    sys_enter_fchmodat2, WALK_CHMOD, Some(1), None;
+    // setxattr(pathname, name, value, size, flags), lsetxattr(...),
+    // fsetxattr(fd, name, ...)
+    sys_enter_setxattr, WALK_RELABEL, Some(0), Some(1);
+    sys_enter_lsetxattr, WALK_RELABEL, Some(0), Some(1);
+    sys_enter_fsetxattr, WALK_RELABEL, None, Some(1);
 }
 
 macro_rules! programs {

@@ -8,6 +8,7 @@ pub mod backoff;
 pub mod claim_status;
 pub mod client;
 pub mod csinode;
+pub mod csinode_read;
 pub mod ending_pods;
 pub mod events;
 pub mod node_status;

@@ -19,12 +19,22 @@
 //! [`PodEventsConfig::timeout`]: 110 stuck pods cost the API server about
 //! two small lists a second at most. A failed read leaves the pod's events
 //! as they were; failures are logged once until a read succeeds again.
+//!
+//! Besides the pods asked for, [`PodEvents::follow_pending_pods`] adds the
+//! node's `Pending` pods (a list of `spec.nodeName=NODE,status.phase=Pending`,
+//! metadata only, every [`PENDING_PERIOD`], at most [`PENDING_LIMIT`] pods):
+//! a pod whose volume the kubelet says is not mounted stays `Pending`, and
+//! when the node has that volume mounted, observe mode sees nothing stuck
+//! (finding (l), `kubelet_disagrees`, needs the kubelet's event). One small
+//! list a period per node, served by the API server's node index, instead
+//! of a watch of every kubelet's `FailedMount` in the cluster (events have
+//! no node field to select on) or a read of every pod's events.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -38,6 +48,12 @@ pub const OWN_COMPONENT: &str = "volmgr";
 /// Most events one list returns (`limit`): a pod's events are few (the
 /// API server folds repeats into a count), this bounds a pathological one.
 const LIST_LIMIT: u32 = 250;
+
+/// How often the node's `Pending` pods are listed.
+pub const PENDING_PERIOD: Duration = Duration::from_secs(30);
+
+/// Most `Pending` pods whose events are read (the list's `limit`).
+pub const PENDING_LIMIT: u32 = 128;
 
 /// How pods' events are read.
 #[derive(Debug, Clone, Copy)]
@@ -97,8 +113,12 @@ struct Entry {
 /// What the scan and the reading task share.
 #[derive(Debug, Default)]
 struct Shared {
-    /// The pods asked for last, and what was read of them.
+    /// The pods read (asked for or pending), and what was read of them.
     pods: BTreeMap<PodKey, Entry>,
+    /// The pods asked for last ([`PodEvents::want`]).
+    wanted: BTreeSet<PodKey>,
+    /// The node's `Pending` pods as last listed.
+    pending: BTreeSet<PodKey>,
     /// A read failed and nothing was read since (logged once).
     failing: bool,
 }
@@ -133,14 +153,30 @@ impl PodEvents {
     /// The pods whose events are wanted now: the others are forgotten,
     /// new ones read soon.
     pub fn want(&self, pods: impl IntoIterator<Item = PodKey>) {
-        let wanted: BTreeSet<PodKey> = pods.into_iter().collect();
         let mut s = self.shared.locked();
-        s.pods.retain(|k, _| wanted.contains(k));
-        for k in wanted {
-            s.pods.entry(k).or_default();
-        }
+        s.wanted = pods.into_iter().collect();
+        s.keep_wanted();
         drop(s);
         self.wake.notify_one();
+    }
+
+    /// Also reads the events of node `node`'s `Pending` pods, listed with
+    /// `client` every [`PENDING_PERIOD`] until `stop` (see the module).
+    pub fn follow_pending_pods(
+        self,
+        client: Client,
+        node: &str,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        let lister = PendingLister {
+            client,
+            node: node.to_string(),
+            shared: Arc::clone(&self.shared),
+            wake: Arc::clone(&self.wake),
+            timeout: PodEventsConfig::default().timeout,
+        };
+        tokio::spawn(lister.run(stop));
+        self
     }
 
     /// The events of pod `uid` as last read, newest first (empty before).
@@ -157,6 +193,95 @@ impl PodEvents {
     pub fn changed(&self) -> watch::Receiver<u64> {
         self.changed.clone()
     }
+}
+
+impl Shared {
+    /// Keeps the pods wanted or pending, adds the new ones.
+    fn keep_wanted(&mut self) {
+        let Self {
+            pods,
+            wanted,
+            pending,
+            ..
+        } = self;
+        pods.retain(|k, _| wanted.contains(k) || pending.contains(k));
+        for k in wanted.iter().chain(pending.iter()) {
+            if !pods.contains_key(k) {
+                pods.insert(k.clone(), Entry::default());
+            }
+        }
+    }
+}
+
+impl volmgr::observer::PodEventLog for PodEvents {
+    fn events_of(&self, uid: &str) -> Vec<RecentEvent> {
+        PodEvents::events_of(self, uid)
+    }
+}
+
+/// The task listing the node's `Pending` pods.
+struct PendingLister {
+    client: Client,
+    node: String,
+    shared: Arc<Mutex<Shared>>,
+    wake: Arc<Notify>,
+    timeout: Duration,
+}
+
+impl PendingLister {
+    /// Lists every [`PENDING_PERIOD`] until `stop`; a failed list keeps
+    /// the pods listed before (logged once until a list works).
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut failing = false;
+        loop {
+            let listed = tokio::time::timeout(self.timeout, pending_pods(&self.client, &self.node))
+                .await
+                .unwrap_or(Err(PodEventsError::Timeout(self.timeout)));
+            match listed {
+                Ok(pods) => {
+                    failing = false;
+                    let mut s = self.shared.locked();
+                    if s.pending != pods {
+                        s.pending = pods;
+                        s.keep_wanted();
+                        drop(s);
+                        self.wake.notify_one();
+                    }
+                }
+                Err(e) if !std::mem::replace(&mut failing, true) => {
+                    tracing::warn!(node = %self.node, error = %e,
+                        "listing the node's pending pods failed (logged once)");
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = volmgr::util::shutdown::requested(&mut stop) => return,
+                () = tokio::time::sleep(PENDING_PERIOD) => {}
+            }
+        }
+    }
+}
+
+/// The node's `Pending` pods (metadata only), at most [`PENDING_LIMIT`].
+pub async fn pending_pods(client: &Client, node: &str) -> Result<BTreeSet<PodKey>, PodEventsError> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let params = ListParams::default()
+        .fields(&format!(
+            "spec.nodeName={},status.phase=Pending",
+            escape_value(node)
+        ))
+        .limit(PENDING_LIMIT);
+    let list = api.list_metadata(&params).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            Some(PodKey {
+                namespace: p.metadata.namespace?,
+                uid: p.metadata.uid?,
+            })
+        })
+        .collect())
 }
 
 /// The reading task.
@@ -455,6 +580,44 @@ mod tests {
         // A pod no longer wanted is forgotten.
         events.want([pod("u2")]);
         assert!(events.events_of("u1").is_empty());
+    }
+
+    /// The node's Pending pods: by node and phase, metadata only; wanted
+    /// with the pods asked for, forgotten once neither.
+    #[tokio::test]
+    async fn the_nodes_pending_pods_are_read_too() {
+        let fake = FakeApiServer::in_memory();
+        for (name, node, phase) in [
+            ("a", "n1", "Pending"),
+            ("b", "n1", "Running"),
+            ("c", "n2", "Pending"),
+        ] {
+            fake.apply(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ns", "uid": format!("u-{name}")},
+                "spec": {"nodeName": node, "containers": []}, "status": {"phase": phase}}));
+        }
+        let got = pending_pods(&fake.client(), "n1").await.unwrap();
+        assert_eq!(got.into_iter().collect::<Vec<_>>(), [pod("u-a")]);
+        let req = fake.take_requests().pop().unwrap();
+        assert_eq!(req.path, "/api/v1/pods");
+        assert!(
+            req.query.contains("status.phase%3DPending"),
+            "{}",
+            req.query
+        );
+        let (_tx, changed) = watch::channel(0u64);
+        let events = PodEvents {
+            shared: Arc::new(Mutex::new(Shared::default())),
+            wake: Arc::new(Notify::new()),
+            changed,
+        };
+        events.shared.locked().pending = [pod("u-a")].into();
+        events.want([pod("u1")]);
+        let keys: Vec<_> = events.shared.locked().pods.keys().cloned().collect();
+        assert_eq!(keys, [pod("u-a"), pod("u1")]);
+        events.shared.locked().pending.clear();
+        events.want([]);
+        assert!(events.shared.locked().pods.is_empty());
     }
 
     #[test]

@@ -300,7 +300,7 @@ impl FindingKind {
             Self::MountUnreachable => "the server or FUSE daemon behind the mount does not answer: bring it back (or restart the CSI node plugin), or unmount it lazily (umount -l) and delete the pods using it",
             Self::TeardownBlocked => "something still holds the volume: end the processes named (or leave their cwd), unmount it in the other mount namespaces named, or release the device's holders; the kubelet then unmounts on its own",
             Self::OwnershipWalk => "the kubelet is changing every file's owner or label: wait for the time left, or set fsGroupChangePolicy: OnRootMismatch (and an SELinux mount context) so it is not done at every mount",
-            Self::CsiDriverNotReady => "the driver's node plugin is not registered or does not answer: check its DaemonSet pod on this node (node-driver-registrar and the driver containers) and their logs",
+            Self::CsiDriverNotReady => "the driver's node plugin is not registered or does not answer (the evidence names the first check that fails): check its DaemonSet pod on this node (node-driver-registrar and the driver containers) and their logs",
             Self::KubeletDisagrees => "the kubelet's view and the node differ: restart the kubelet so it reconstructs its state from the node, or fix the side the evidence shows wrong",
         }
     }

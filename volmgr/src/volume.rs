@@ -624,11 +624,15 @@ pub struct CsiDriverInfo {
     /// `spec.requiresRepublish`: NodePublishVolume is called again
     /// periodically on the mounted volume (new tokens, rotated secrets).
     pub requires_republish: bool,
-    /// With `spec.seLinuxMount`: the SELinux file label to mount the
-    /// volume with (`context="..."` in NodeStage's and NodePublish's mount
-    /// flags, on hosts with SELinux): set only for a ReadWriteOncePod
-    /// filesystem volume of a pod with an SELinux level (see
-    /// `populator::selinux`).
+    /// `spec.seLinuxMount: true`: the driver can mount a volume with an
+    /// SELinux context (the kubelet's `SupportsSELinuxContextMount`).
+    pub selinux_mount: bool,
+    /// The SELinux file label to mount the volume with (`context="..."` in
+    /// NodeStage's and NodePublish's mount flags; the kubelet's
+    /// `MounterArgs.SELinuxLabel`): set by the desired state's admission
+    /// (`cache::selinux`), only on hosts with SELinux, for a driver with
+    /// `seLinuxMount`, a PersistentVolume that supports SELinux mounts and
+    /// a pod whose containers give it one label.
     pub selinux_mount_label: Option<String>,
     /// `spec.attachRequired: false` (the kubelet's `skipAttach`): the
     /// driver's volumes are not attachable, so they are not in the node's

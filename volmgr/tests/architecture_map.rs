@@ -3,6 +3,8 @@
 //! binary and the C ABI is named in it. It named files that had moved
 //! (`plugins/csi/stats.rs`, `volumemanager/csi.rs`) and omitted dozens.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -79,13 +81,15 @@ fn every_file_the_map_names_exists() {
     );
 }
 
-/// A test-only file (a `tests.rs` beside its module, the ports of the
-/// kubelet's test tables that docs/KUBELET-SCENARIOS.md maps).
+/// A test-only file (a `tests.rs` beside its module or a `tests/` folder,
+/// the ports of the kubelet's test tables that docs/KUBELET-SCENARIOS.md
+/// maps).
 fn test_only(path: &Path) -> bool {
-    matches!(
-        path.file_name().and_then(|n| n.to_str()),
-        Some("tests.rs" | "kubelet_scenarios.rs")
-    )
+    path.components().any(|c| c.as_os_str() == "tests")
+        || matches!(
+            path.file_name().and_then(|n| n.to_str()),
+            Some("tests.rs" | "kubelet_scenarios.rs")
+        )
 }
 
 #[test]

@@ -8,7 +8,11 @@
 //! - the tracer observes: it never reaches the executor, the reconciler or
 //!   anything that mounts;
 //! - no function outside tests is longer than 80 lines, in the library, the
-//!   command and the C ABI.
+//!   command and the C ABI;
+//! - in every crate (the library, `volmgr-kube`, the command, the C ABI), no
+//!   files import each other in a circle ([`circles`]: `use` and paths in
+//!   code; a folder's `pub use` of its children is its face, and a file
+//!   naming its own folder's items is at home, not an import).
 //!
 //! The parser is deliberately small: it strips comments, string and char
 //! literals, skips `#[cfg(test)]` items, and reads `crate::NAME` paths and
@@ -52,7 +56,7 @@ const POPULATOR_LAYERS: &[&str] = &[
     // The populator: `PodSink`, the desired state's writer.
     "",
     // Pods resolved against objects, written to a `PodSink`.
-    "objects/resolver",
+    "resolver",
     // The manifests directory, a source of pods and objects.
     "manifests",
 ];
@@ -523,6 +527,70 @@ fn layers_only_point_down() {
     assert!(v.is_empty(), "layer violations:\n{}", v.join("\n"));
 }
 
+/// Test code that still builds a whole manager below the manager's layer
+/// (file, the module it reaches): the next to move up, as the reconciler's
+/// tests moved to `volumemanager/tests/`.
+const TEST_LAYER_DEBT: &[(&str, &str)] = &[
+    ("tracer/check.rs", "volumemanager"),
+    ("tracer/check.rs", "operationexecutor"),
+    ("populator/resolver.rs", "volumemanager"),
+    ("populator/manifests/tests.rs", "volumemanager"),
+];
+
+/// Layer violations in test code (test modules and test-only files), but
+/// those of [`TEST_LAYER_DEBT`].
+fn test_layer_violations(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rs_files(src, &mut files);
+    let mut out = Vec::new();
+    for f in &files {
+        let Some(module) = module_of(src, f) else {
+            continue;
+        };
+        let rel = f.strip_prefix(src).unwrap_or(f).display().to_string();
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        let lines: Vec<String> = strip(&text).lines().map(str::to_string).collect();
+        for (line, to) in crate_refs(&lines) {
+            if rank(&to).is_some()
+                && !allowed(&module, &to)
+                && !TEST_LAYER_DEBT.contains(&(rel.as_str(), to.as_str()))
+            {
+                out.push(format!(
+                    "{rel}:{line}: `{module}` (test code too) uses `crate::{to}`, a layer above it: test it from that layer"
+                ));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn test_code_keeps_the_layers_too() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let v = test_layer_violations(&src);
+    assert!(
+        v.is_empty(),
+        "layer violations in test code:\n{}",
+        v.join("\n")
+    );
+}
+
+#[test]
+fn the_test_layer_check_sees_a_planted_use() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("reconciler")).unwrap();
+    std::fs::write(
+        dir.path().join("reconciler/x.rs"),
+        "#[cfg(test)]\nmod tests {\n    use crate::volumemanager::VolumeManager;\n}\n",
+    )
+    .unwrap();
+    let v = test_layer_violations(dir.path());
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].starts_with("reconciler/x.rs:3:"), "{v:?}");
+}
+
 #[test]
 fn populator_folders_keep_their_layers() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -562,6 +630,272 @@ fn no_function_outside_tests_is_longer_than_80_lines() {
     );
 }
 
+/// A file's module path under its crate's `src` (`reconciler/start.rs` →
+/// `["reconciler", "start"]`; `mod.rs`, `lib.rs` and `main.rs` are their
+/// folder).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap_or(file);
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop().unwrap_or_default();
+    if !matches!(last.as_str(), "mod.rs" | "lib.rs" | "main.rs") {
+        parts.push(last.trim_end_matches(".rs").to_string());
+    }
+    parts
+}
+
+/// The paths a `use` tree names, braces expanded (`a::{b, c::d}` → `a::b`,
+/// `a::c::d`); `self` in braces is the prefix itself.
+fn use_paths(tree: &str, out: &mut Vec<String>) {
+    // Renames (`a::b as c`) dropped, then the spaces.
+    let mut words = tree.split_whitespace();
+    let mut flat = String::new();
+    while let Some(w) = words.next() {
+        if w == "as" {
+            let alias = words.next().unwrap_or("");
+            flat.push_str(alias.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_'));
+        } else {
+            flat.push_str(w);
+        }
+    }
+    let tree = flat;
+    let Some(open) = tree.find('{') else {
+        out.push(tree);
+        return;
+    };
+    let prefix = &tree[..open];
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let (mut depth, mut start) = (0, 0);
+    let mut parts = Vec::new();
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    for p in parts.into_iter().filter(|p| !p.is_empty()) {
+        if p == "self" {
+            out.push(prefix.trim_end_matches("::").to_string());
+        } else {
+            use_paths(&format!("{prefix}{p}"), out);
+        }
+    }
+}
+
+/// The module paths code names: every `use` (but `pub use`, a folder's
+/// face) and every `crate::`, `super::` or `self::` path in code.
+fn named_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = code.as_bytes();
+    let mut i = 0;
+    while let Some(at) = code[i..].find("use ") {
+        let at = i + at;
+        i = at + 4;
+        if ident_before(b, at) {
+            continue;
+        }
+        let before = code[..at].trim_end();
+        if before.ends_with("pub") || before.ends_with(')') {
+            continue;
+        }
+        let end = code[at..].find(';').map_or(code.len(), |e| at + e);
+        use_paths(&code[at + 4..end], &mut out);
+    }
+    for root in ["crate::", "super::", "self::"] {
+        let mut j = 0;
+        while let Some(at) = code[j..].find(root) {
+            let at = j + at;
+            j = at + root.len();
+            if ident_before(b, at) || code[..at].ends_with("::") {
+                continue;
+            }
+            let path: String = code[at..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            out.push(path.trim_end_matches(':').to_string());
+        }
+    }
+    out
+}
+
+/// The file a path named in module `from` leads to: the longest prefix of
+/// it that is a module of the crate (`None` for other crates, for `from`
+/// itself and for its ancestors: a file sees its folder's items, as an
+/// `impl` split over a folder's files names its type in `mod.rs`; the
+/// check is between files that are not each other's folder).
+fn target_file(
+    from: &[String],
+    path: &str,
+    modules: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<PathBuf> {
+    let mut segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+    let mut abs: Vec<String> = match segs.first().copied() {
+        Some("crate") => {
+            segs.remove(0);
+            Vec::new()
+        }
+        Some("super") | Some("self") => from.to_vec(),
+        _ => from.to_vec(),
+    };
+    for s in segs {
+        match s {
+            "super" => {
+                abs.pop();
+            }
+            "self" => {}
+            s => abs.push(s.to_string()),
+        }
+    }
+    (1..=abs.len())
+        .rev()
+        .map(|n| &abs[..n])
+        .find(|p| modules.contains_key(*p))
+        .filter(|p| !from.starts_with(p))
+        .and_then(|p| modules.get(p))
+        .cloned()
+}
+
+/// Files of the crate at `src` that import each other in a loop, each
+/// circle as its files (relative to `src`), test code left out.
+fn circles(src: &Path) -> Vec<Vec<String>> {
+    let mut files = Vec::new();
+    rs_files(src, &mut files);
+    let test_only = test_only_files(src, &files);
+    files.retain(|f| !test_only.contains(f));
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_path(src, f), f.clone()))
+        .collect();
+    let mut edges: BTreeMap<PathBuf, Vec<PathBuf>> = BTreeMap::new();
+    for f in &files {
+        let code = non_test_lines(&std::fs::read_to_string(f).unwrap_or_default()).join("\n");
+        let from = module_path(src, f);
+        let mut to: Vec<PathBuf> = named_paths(&code)
+            .iter()
+            .filter_map(|p| target_file(&from, p, &modules))
+            .collect();
+        to.sort();
+        to.dedup();
+        edges.insert(f.clone(), to);
+    }
+    strongly_connected(&edges)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .map(|c| {
+            c.iter()
+                .map(|f| f.strip_prefix(src).unwrap_or(f).display().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// The strongly connected components of `edges` (Tarjan's algorithm).
+fn strongly_connected(edges: &BTreeMap<PathBuf, Vec<PathBuf>>) -> Vec<Vec<PathBuf>> {
+    struct T<'a> {
+        edges: &'a BTreeMap<PathBuf, Vec<PathBuf>>,
+        index: BTreeMap<&'a PathBuf, (usize, usize)>,
+        stack: Vec<&'a PathBuf>,
+        next: usize,
+        out: Vec<Vec<PathBuf>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a PathBuf) {
+        t.index.insert(v, (t.next, t.next));
+        t.next += 1;
+        t.stack.push(v);
+        for w in t.edges.get(v).into_iter().flatten() {
+            match t.index.get(w).copied() {
+                None => {
+                    visit(t, w);
+                    let low = t.index[w].1.min(t.index[v].1);
+                    if let Some(e) = t.index.get_mut(v) {
+                        e.1 = low;
+                    }
+                }
+                Some((wi, _)) if t.stack.contains(&w) => {
+                    let low = wi.min(t.index[v].1);
+                    if let Some(e) = t.index.get_mut(v) {
+                        e.1 = low;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let (vi, vl) = t.index[v];
+        if vi == vl {
+            let mut comp = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                comp.push(w.clone());
+                if w == v {
+                    break;
+                }
+            }
+            t.out.push(comp);
+        }
+    }
+    let mut t = T {
+        edges,
+        index: BTreeMap::new(),
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !t.index.contains_key(v) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn no_files_import_each_other_in_a_circle() {
+    let ws = workspace();
+    let mut all = Vec::new();
+    for dir in ["volmgr/src", "volmgr-kube/src", "cli/src", "ffi/src"] {
+        for c in circles(&ws.join(dir)) {
+            all.push(format!("{dir}: {}", c.join(" <-> ")));
+        }
+    }
+    assert!(all.is_empty(), "files in a circle:\n{}", all.join("\n"));
+}
+
+#[test]
+fn the_circle_check_sees_a_planted_circle() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(src.join("lib.rs"), "mod a;\nmod b;\npub use a::*;\n").unwrap();
+    std::fs::write(src.join("a/mod.rs"), "mod c;\npub use c::C;\n").unwrap();
+    // a/c.rs -> b.rs -> a/c.rs, through a grouped use and a path in code.
+    std::fs::write(
+        src.join("a/c.rs"),
+        "use crate::{b::B, util};\npub struct C;\n#[cfg(test)]\nmod tests {\n    use super::super::super::lib;\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("b.rs"),
+        "pub struct B;\nfn f() { let _ = crate::a::c::C; }\n// crate::a in a comment\n",
+    )
+    .unwrap();
+    let c = circles(src);
+    assert_eq!(c.len(), 1, "{c:?}");
+    let mut files = c[0].clone();
+    files.sort();
+    assert_eq!(files, vec!["a/c.rs".to_string(), "b.rs".to_string()]);
+    // Without the path in b.rs, no circle (the faces do not count).
+    std::fs::write(src.join("b.rs"), "pub struct B;\n").unwrap();
+    assert!(circles(src).is_empty());
+}
+
 #[test]
 fn the_checks_catch_what_they_look_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -598,19 +932,19 @@ fn the_checks_catch_what_they_look_for() {
     )
     .unwrap();
     std::fs::write(
-        src.join("populator/objects/resolver.rs"),
+        src.join("populator/resolver.rs"),
         "use crate::populator::{PodSink, X};\nuse crate::populator::convert::pod::D;\n",
     )
     .unwrap();
     std::fs::write(
         src.join("populator/convert/pod.rs"),
-        "use crate::populator::objects::lookup::L;\nuse crate::populator::objects::resolver::R;\nfn f() { super::super::x(); }\n",
+        "use crate::populator::objects::lookup::L;\nuse crate::populator::resolver::R;\nfn f() { super::super::x(); }\n",
     )
     .unwrap();
     let v = populator_violations(src);
     assert_eq!(v.len(), 3, "{v:#?}");
     assert!(
-        v[0].contains("convert/pod.rs:2") && v[0].contains("objects::resolver"),
+        v[0].contains("convert/pod.rs:2") && v[0].contains("populator::resolver"),
         "{v:#?}"
     );
     assert!(

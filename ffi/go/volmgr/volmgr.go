@@ -172,6 +172,11 @@ type Config struct {
 	// does; a kubelet fork leaves it off (the kubelet's setupDataDirs does
 	// it).
 	MakeRootShared bool `json:"make_root_shared,omitempty"`
+	// SELinuxEnabled says whether the host has SELinux (nil: asked, as
+	// the kubelet does); SELinuxMount is the kubelet's SELinuxMount
+	// feature gate (nil: on, as in Kubernetes 1.37).
+	SELinuxEnabled *bool `json:"selinux_enabled,omitempty"`
+	SELinuxMount   *bool `json:"selinux_mount,omitempty"`
 	// VolumeStatsPeriodMs: how often the volumes' usage is collected
 	// (kubelet_volume_stats_* metrics); 0 is the kubelet's 1 minute.
 	VolumeStatsPeriodMs uint64 `json:"volume_stats_period_ms,omitempty"`

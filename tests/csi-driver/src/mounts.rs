@@ -92,11 +92,51 @@ pub fn split_dev(rdev: u64) -> (u64, u64) {
     (u64::from(libc::major(rdev)), u64::from(libc::minor(rdev)))
 }
 
+/// The SELinux context options, which libmount (`mount(8)`, what real
+/// drivers call) drops on a host without SELinux: the kernel refuses them
+/// there (EINVAL).
+const SELINUX_OPTIONS: [&str; 5] = [
+    "context",
+    "fscontext",
+    "defcontext",
+    "rootcontext",
+    "seclabel",
+];
+
+/// Whether the host has SELinux (selinuxfs mounted), as libselinux's
+/// `is_selinux_enabled` decides it for libmount.
+fn selinux_enabled() -> bool {
+    Path::new("/sys/fs/selinux/enforce").exists()
+}
+
+/// Splits mount options at the commas outside double quotes (the kubelet
+/// quotes `context="system_u:object_r:container_file_t:s0:c1,c2"`).
+fn split_options(s: &str) -> Vec<&str> {
+    let (mut out, mut start, mut quoted) = (Vec::new(), 0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
 /// Mount flags and file-system data from CSI `mount_flags`.
 pub fn parse_mount_flags(flags: &[String]) -> (MsFlags, String) {
     let mut ms = MsFlags::empty();
     let mut data = Vec::new();
-    for f in flags.iter().flat_map(|f| f.split(',')) {
+    let selinux = selinux_enabled();
+    for f in flags.iter().flat_map(|f| split_options(f)) {
+        let name = f.trim().split('=').next().unwrap_or("");
+        if !selinux && SELINUX_OPTIONS.contains(&name) {
+            continue;
+        }
         match f.trim() {
             "" | "defaults" | "rw" => {}
             "ro" => ms |= MsFlags::MS_RDONLY,
@@ -184,5 +224,22 @@ mod tests {
         ]);
         assert_eq!(ms, MsFlags::MS_RDONLY | MsFlags::MS_NOATIME);
         assert_eq!(data, "errors=remount-ro");
+    }
+
+    /// A quoted SELinux context is one option; kept with SELinux, dropped
+    /// without, as libmount does.
+    #[test]
+    fn a_quoted_context_is_one_option() {
+        let context = "context=\"system_u:object_r:container_file_t:s0:c1,c2\"";
+        assert_eq!(
+            split_options(&format!("ro,{context},noatime")),
+            ["ro", context, "noatime"]
+        );
+        let (_, data) = parse_mount_flags(&[context.to_string(), "size=1m".to_string()]);
+        if selinux_enabled() {
+            assert_eq!(data, format!("{context},size=1m"));
+        } else {
+            assert_eq!(data, "size=1m");
+        }
     }
 }

@@ -556,6 +556,42 @@ mod tests {
         assert_eq!(a.volume(&v).unwrap().device_mount_id, None);
     }
 
+    /// The kubelet's `Test_MarkVolumeAsAttached_Positive_ExistingVolume`
+    /// (`cache/actual_state_of_world_test.go`): marking a known volume
+    /// attached again keeps it as it is (one volume, its device and pods).
+    #[test]
+    fn attaching_a_known_volume_again_keeps_it() {
+        let mut a = ActualStateOfWorld::default();
+        let v = UniqueVolumeName::new("x");
+        let spec = Arc::new(VolumeSpec {
+            name: "x".into(),
+            source: VolumeSource::EmptyDir {
+                medium: StorageMedium::Default,
+                size_limit: None,
+            },
+        });
+        a.mark_volume_as_attached(&v, "plug".into());
+        a.mark_device(
+            &v,
+            DeviceMountState::Mounted,
+            spec.clone(),
+            Some("/g".into()),
+        );
+        let pod = PodUid::new("p").unwrap();
+        let m = MountedPod {
+            spec,
+            path: "/a".into(),
+            state: VolumeMountState::Mounted,
+            mount_id: None,
+            selinux_relabel: false,
+        };
+        assert!(a.mark_volume_as_mounted(&v, &pod, m));
+        a.mark_volume_as_attached(&v, "plug".into());
+        assert_eq!(a.volumes().count(), 1);
+        assert_eq!(a.device_mount_state(&v), DeviceMountState::Mounted);
+        assert_eq!(a.all_mounts_of_pod(&pod).len(), 1);
+    }
+
     #[test]
     fn a_mounted_device_keeps_the_volume_until_unmounted() {
         let mut a = ActualStateOfWorld::default();

@@ -20,8 +20,12 @@ pub struct PodToMount {
     pub fs_group: Option<i64>,
     /// `fsGroupChangePolicy`.
     pub fs_group_change_policy: crate::volume::FsGroupChangePolicy,
-    /// SELinux label.
+    /// The SELinux label the volume is mounted with (`context=`; the
+    /// kubelet's `effectiveSELinuxMountFileLabel`), set when the pod is
+    /// added ([`super::selinux`]); what the populator gives is replaced.
     pub selinux_label: Option<Arc<str>>,
+    /// What the pod says about the volume's SELinux label.
+    pub selinux: super::selinux::VolumeSeLinux,
     /// The containers' subPath uses of the volume, bind-mounted after its
     /// set-up for the containers `sub_path_release` names, for the others
     /// when asked (at container start).
@@ -54,6 +58,12 @@ pub struct VolumeToMount {
     /// Listed in the Node's `status.volumesAttached` at the last read (the
     /// attach/detach controller attached it to this node).
     pub attached: bool,
+    /// The kubelet's `originalSELinuxLabel`: the label of the pod that
+    /// added the volume, which any other pod must match.
+    pub original_selinux_label: Option<Arc<str>>,
+    /// The kubelet's `effectiveSELinuxMountFileLabel`: the label it is
+    /// mounted with.
+    pub effective_selinux_label: Option<Arc<str>>,
 }
 
 /// One volume of a desired pod, as status reports it.
@@ -139,35 +149,78 @@ pub struct DesiredStateOfWorld {
     /// Pods a source knows but has not converted yet (an object they read
     /// could not be read): what is mounted for them stays.
     held: FastSet<PodUid>,
+    /// The host's SELinux and the SELinux feature gates.
+    selinux: super::selinux::SeLinuxSettings,
+    /// The kubelet's `volume_manager_selinux_*` metrics.
+    selinux_metrics: Arc<super::selinux::SeLinuxMetrics>,
+    /// Per pod, the volumes refused for their SELinux label (the kubelet's
+    /// populator tries them again on its next pass; here, when a volume
+    /// leaves the desired state), each with the pod's error.
+    selinux_refused: FastMap<PodUid, Vec<(Mount, String)>>,
 }
 
+/// A volume of a pod to add: its name, plugin and the pod's view.
+pub type Mount = (UniqueVolumeName, Arc<str>, PodToMount);
+
 impl DesiredStateOfWorld {
-    /// Adds or replaces a pod. Returns the volumes whose desired state changed.
-    pub fn set_pod(&mut self, update: PodUpdate) -> Vec<UniqueVolumeName> {
-        let mut changed = self.remove_pod_volumes_except(&update.uid, &update.mounts);
-        for (name, plugin, pod) in update.mounts {
-            let v = self
-                .volumes
-                .entry(name.clone())
-                .or_insert_with(|| VolumeToMount {
-                    plugin_name: plugin,
-                    pods: PodMap::default(),
-                    reported_in_use: false,
-                    attached: self.attached.contains(&name),
-                });
-            if v.pods.get(&update.uid) != Some(&pod) {
-                v.pods.insert(update.uid.clone(), pod);
-                changed.push(name);
+    /// Adds or replaces a pod (the kubelet's `AddPodToVolume` for each of
+    /// its volumes). A volume refused for its SELinux label
+    /// ([`super::selinux`]) is an error of the pod's entry, tried again when
+    /// a volume leaves. Returns the volumes whose desired state changed.
+    pub fn set_pod(&mut self, mut update: PodUpdate) -> Vec<UniqueVolumeName> {
+        let mut refused = Vec::new();
+        let mut admitted = Vec::with_capacity(update.mounts.len());
+        for mut m in std::mem::take(&mut update.mounts) {
+            match self.selinux_admit(&update.uid, &mut m) {
+                Ok(()) => admitted.push(m),
+                Err(e) => {
+                    set_entry_error(&mut update.entry, &m.2.outer_volume_spec_name, &e);
+                    refused.push((m, e));
+                }
             }
         }
+        let mut changed = self.remove_pod_volumes_except(&update.uid, &admitted);
+        for m in admitted {
+            changed.extend(self.add_pod_to_volume(&update.uid, m));
+        }
+        self.set_refused(&update.uid, refused);
         self.pods.insert(update.uid, update.entry);
+        self.readmit_refused(&mut changed);
         changed
+    }
+
+    /// Adds `pod`'s use `m` of a volume (admitted); returns the volume if
+    /// its desired state changed.
+    fn add_pod_to_volume(&mut self, uid: &PodUid, m: Mount) -> Option<UniqueVolumeName> {
+        let (name, plugin, pod) = m;
+        let v = self
+            .volumes
+            .entry(name.clone())
+            .or_insert_with(|| VolumeToMount {
+                plugin_name: plugin,
+                pods: PodMap::default(),
+                reported_in_use: false,
+                attached: self.attached.contains(&name),
+                original_selinux_label: None,
+                effective_selinux_label: None,
+            });
+        if v.pods.is_empty() {
+            v.effective_selinux_label = pod.selinux_label.clone();
+            v.original_selinux_label = selinux_original(&self.selinux, &pod);
+        }
+        if v.pods.get(uid) == Some(&pod) {
+            return None;
+        }
+        v.pods.insert(uid.clone(), pod);
+        Some(name)
     }
 
     /// Removes a pod. Returns the volumes it used.
     pub fn delete_pod(&mut self, uid: &PodUid) -> Vec<UniqueVolumeName> {
-        let changed = self.remove_pod_volumes_except(uid, &[]);
+        let mut changed = self.remove_pod_volumes_except(uid, &[]);
         self.pods.remove(uid);
+        self.selinux_refused.remove(uid);
+        self.readmit_refused(&mut changed);
         changed
     }
 
@@ -283,6 +336,117 @@ impl DesiredStateOfWorld {
         self.pods.get(uid)
     }
 
+    /// The SELinux part of the kubelet's `AddPodToVolume` for pod `uid`'s
+    /// use `m` of a volume: its label (set on the pod's view and its spec),
+    /// or the kubelet's error (containers that disagree, or another pod of
+    /// the volume with another label), counted in the metrics.
+    fn selinux_admit(&self, uid: &PodUid, m: &mut Mount) -> Result<(), String> {
+        use super::selinux as sel;
+        let (name, plugin, pod) = m;
+        let supports = sel::plugin_supports_selinux_mount(&pod.spec);
+        let metrics = Some(&*self.selinux_metrics);
+        let label = sel::volume_label(&self.selinux, &pod.selinux, supports, metrics)?;
+        let volume_plugin = sel::plugin_name_with_driver(plugin, &pod.spec);
+        match self.volumes.get(name) {
+            Some(v) if !v.pods.contains_key(uid) => sel::check_volume_conflict(
+                &self.selinux,
+                &pod.selinux,
+                sel::spec_name(&pod.spec),
+                v.original_selinux_label.as_ref(),
+                &label,
+                &volume_plugin,
+                &self.selinux_metrics,
+            )?,
+            Some(_) => {}
+            None if label.original.is_some() => self
+                .selinux_metrics
+                .count_admitted(&volume_plugin, pod.selinux.access_mode()),
+            None => {}
+        }
+        let effective = match self.volumes.get(name) {
+            // The volume's label, as the kubelet mounts it for every pod.
+            Some(v) if !v.pods.is_empty() => v.effective_selinux_label.clone(),
+            _ => label.effective,
+        };
+        sel::set_mount_label(&mut pod.spec, effective.as_ref());
+        pod.selinux_label = effective;
+        Ok(())
+    }
+
+    /// Keeps `refused` as pod `uid`'s volumes refused for their label.
+    fn set_refused(&mut self, uid: &PodUid, refused: Vec<(Mount, String)>) {
+        if refused.is_empty() {
+            self.selinux_refused.remove(uid);
+        } else {
+            self.selinux_refused.insert(uid.clone(), refused);
+        }
+    }
+
+    /// Tries again the refused volumes whose volume has just left the
+    /// desired state (one of `changed` no pod uses any more: the last pod
+    /// that used it with another label is gone); the volumes admitted join
+    /// `changed` and their pods' entries lose the error.
+    fn readmit_refused(&mut self, changed: &mut Vec<UniqueVolumeName>) {
+        let gone: Vec<UniqueVolumeName> = changed
+            .iter()
+            .filter(|v| !self.volumes.contains_key(*v))
+            .cloned()
+            .collect();
+        if gone.is_empty() || self.selinux_refused.is_empty() {
+            return;
+        }
+        let uids: Vec<PodUid> = self
+            .selinux_refused
+            .iter()
+            .filter(|(_, list)| list.iter().any(|(m, _)| gone.contains(&m.0)))
+            .map(|(u, _)| u.clone())
+            .collect();
+        for uid in uids {
+            let Some(list) = self.selinux_refused.remove(&uid) else {
+                continue;
+            };
+            let mut still = Vec::new();
+            for (mut m, e) in list {
+                if !gone.contains(&m.0) || self.volumes.contains_key(&m.0) {
+                    still.push((m, e));
+                    continue;
+                }
+                match self.selinux_admit(&uid, &mut m) {
+                    Ok(()) => {
+                        if let Some(entry) = self.pods.get_mut(&uid) {
+                            set_entry_resolved(entry, &m.2.outer_volume_spec_name, &m.0);
+                        }
+                        changed.extend(self.add_pod_to_volume(&uid, m));
+                    }
+                    Err(e) => still.push((m, e)),
+                }
+            }
+            self.set_refused(&uid, still);
+        }
+    }
+
+    /// Sets the host's SELinux and the SELinux feature gates, for the pods
+    /// added from now on.
+    pub fn set_selinux_settings(&mut self, settings: super::selinux::SeLinuxSettings) {
+        self.selinux = settings;
+    }
+
+    /// The kubelet's `volume_manager_selinux_*` metrics.
+    pub fn selinux_metrics(&self) -> &Arc<super::selinux::SeLinuxMetrics> {
+        &self.selinux_metrics
+    }
+
+    /// The volumes of pod `uid` refused for their SELinux label: their
+    /// names in the pod and the errors.
+    pub fn selinux_refused(&self, uid: &PodUid) -> Vec<(String, String)> {
+        self.selinux_refused
+            .get(uid)
+            .into_iter()
+            .flatten()
+            .map(|(m, e)| (m.2.outer_volume_spec_name.clone(), e.clone()))
+            .collect()
+    }
+
     /// Number of (volume, pod) pairs, per plugin.
     pub fn count_by_plugin(&self) -> HashMap<Arc<str>, usize> {
         let mut out = HashMap::new();
@@ -290,6 +454,34 @@ impl DesiredStateOfWorld {
             *out.entry(Arc::clone(&v.plugin_name)).or_default() += v.pods.len();
         }
         out
+    }
+}
+
+/// The kubelet's `originalSELinuxLabel` of a volume added by `pod`.
+fn selinux_original(
+    settings: &super::selinux::SeLinuxSettings,
+    pod: &PodToMount,
+) -> Option<Arc<str>> {
+    use super::selinux as sel;
+    let supports = sel::plugin_supports_selinux_mount(&pod.spec);
+    sel::volume_label(settings, &pod.selinux, supports, None)
+        .ok()
+        .and_then(|l| l.original)
+}
+
+/// Makes volume `outer` of `entry` a pod error (`AddErrorToPod`).
+fn set_entry_error(entry: &mut PodEntry, outer: &str, error: &str) {
+    for v in entry.volumes.iter_mut().filter(|v| v.outer_name == outer) {
+        v.volume = Err(error.to_string());
+        v.unresolved = Some(Unresolved::PodError);
+    }
+}
+
+/// Makes volume `outer` of `entry` resolve to `name` again.
+fn set_entry_resolved(entry: &mut PodEntry, outer: &str, name: &UniqueVolumeName) {
+    for v in entry.volumes.iter_mut().filter(|v| v.outer_name == outer) {
+        v.volume = Ok(name.clone());
+        v.unresolved = None;
     }
 }
 
@@ -333,6 +525,7 @@ mod tests {
                     fs_group: None,
                     fs_group_change_policy: Default::default(),
                     selinux_label: None,
+                    selinux: Default::default(),
                     sub_paths: vec![],
                     sub_path_release: SubPathRelease::All,
                 },

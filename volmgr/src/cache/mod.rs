@@ -9,4 +9,5 @@ pub mod desired_state_of_world;
 pub mod operations;
 pub mod out_of_band;
 pub mod pod_map;
+pub mod selinux;
 pub mod world;

@@ -144,7 +144,7 @@ impl OutOfBandLog {
     }
 
     /// The outcome of removing a foreign mount.
-    pub fn foreign_mount_handled(&self, seq: u64, result: Result<(), String>) {
+    pub fn foreign_mount_handled(&self, seq: u64, result: Result<(), &dyn std::fmt::Display>) {
         let mut inner = self.lock();
         if let Some(e) = inner.recent.iter_mut().find(|e| e.seq == seq) {
             match result {

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use super::btf::{Btf, ExecOffsets, MntNsOffsets};
 use super::decode::{decode_exec, exec_from_wire, extra_args, Decoder, ExtraArgs};
 use super::slots::SlotTable;
-use super::wire::{self, ExecEvent, Hist};
+use super::wire::{self, ExecEvent, Hist, WalkCount, WalkKey};
 use super::{EbpfError, MountSyscall, SyscallEvent, ToolExec, TraceFilter};
 
 /// The object built by `build.rs` (empty when built without it).
@@ -25,6 +25,12 @@ unsafe impl aya::Pod for Hist {}
 // no padding the kernel leaves unset: the program writes every field),
 // valid for any bytes.
 unsafe impl aya::Pod for ExecEvent {}
+// SAFETY: `WalkKey` and `WalkCount` are `repr(C)` plain data (integers
+// and byte arrays; the program writes every field, `_pad` too), valid for
+// any bytes.
+unsafe impl aya::Pod for WalkKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for WalkCount {}
 
 /// The tracepoints, as `syscalls:sys_{enter,exit}_<name>`.
 const TRACEPOINTS: [&str; 10] = [
@@ -42,6 +48,23 @@ const TRACEPOINTS: [&str; 10] = [
 
 /// The `sched:*` tracepoints of the file system tool programs (same names).
 const SCHED_TRACEPOINTS: [&str; 2] = ["sched_process_exec", "sched_process_exit"];
+
+/// The ownership, mode and label programs (`volmgr-ebpf`'s `walks!`), on
+/// `syscalls:<name>`; attached where the kernel has the tracepoint
+/// (`fchmodat2` is Linux 6.6).
+const WALK_TRACEPOINTS: [&str; 11] = [
+    "sys_enter_chown",
+    "sys_enter_lchown",
+    "sys_enter_fchown",
+    "sys_enter_fchownat",
+    "sys_enter_chmod",
+    "sys_enter_fchmod",
+    "sys_enter_fchmodat",
+    "sys_enter_fchmodat2",
+    "sys_enter_setxattr",
+    "sys_enter_lsetxattr",
+    "sys_enter_fsetxattr",
+];
 
 /// Whether this binary carries the eBPF object.
 pub fn object_built() -> bool {
@@ -98,8 +121,10 @@ pub struct InFlightCall {
     pub start_ns: u64,
     /// Inode of the caller's mount namespace.
     pub mnt_ns: u64,
-    /// User-space address of the call's path argument in the caller (0 = none).
-    pub path_ptr: u64,
+    /// The call's path argument as the kernel program copied it at entry
+    /// (its first [`wire::IN_FLIGHT_PATH_MAX`]` - 1` bytes; empty when the
+    /// call has none or it could not be read), lossily UTF-8.
+    pub path: String,
     /// The caller's real uid in the initial user namespace.
     pub uid: u32,
 }
@@ -110,6 +135,54 @@ fn in_flight_name(id: u32) -> &'static str {
         Some(s) => s.name(),
         None if id == wire::SYS_STATFS => "statfs",
         None => "unknown",
+    }
+}
+
+/// One process's ownership, mode or SELinux label changes in one volume
+/// directory, as the kernel program counts them (`WALKS`, `WALKS_OTHER`):
+/// a burst of calls without a pause of [`wire::WALK_GAP_NS`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Walk {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// The caller's real uid in the initial user namespace.
+    pub uid: u32,
+    /// Inode of the caller's mount namespace.
+    pub mnt_ns: u64,
+    /// The command name of its first call's thread (lossily UTF-8).
+    pub comm: String,
+    /// The volume directory (`…/volumes/<plugin>/<name>`) as the calls
+    /// named it; empty for calls on descriptors and other paths.
+    pub dir: std::path::PathBuf,
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) of the first call.
+    pub first_ns: u64,
+    /// That of the last call.
+    pub last_ns: u64,
+    /// `chown` family calls.
+    pub chowns: u64,
+    /// `chmod` family calls.
+    pub chmods: u64,
+    /// `security.selinux` label changes.
+    pub relabels: u64,
+}
+
+impl Walk {
+    fn from_wire(c: &WalkCount) -> Walk {
+        use std::os::unix::ffi::OsStrExt;
+        let cut = |b: &[u8]| b.iter().position(|&x| x == 0).unwrap_or(b.len());
+        let dir = std::ffi::OsStr::from_bytes(&c.dir[..cut(&c.dir)]);
+        Walk {
+            pid: c.pid,
+            uid: c.uid,
+            mnt_ns: c.mnt_ns,
+            comm: String::from_utf8_lossy(&c.comm[..cut(&c.comm)]).into_owned(),
+            dir: dir.into(),
+            first_ns: c.first_ns,
+            last_ns: c.last_ns,
+            chowns: c.calls[wire::WALK_CHOWN],
+            chmods: c.calls[wire::WALK_CHMOD],
+            relabels: c.calls[wire::WALK_RELABEL],
+        }
     }
 }
 
@@ -134,6 +207,9 @@ pub struct EbpfTracer {
     execs: BpfHashMap<MapData, u32, ExecEvent>,
     /// Those of every other caller (`EXECS_OTHER`).
     execs_other: BpfHashMap<MapData, u32, ExecEvent>,
+    /// Ownership walks of callers with uid 0 (`WALKS`), then of the others
+    /// (`WALKS_OTHER`).
+    walks: [BpfHashMap<MapData, WalkKey, WalkCount>; 2],
     filter: TraceFilter,
 }
 
@@ -171,13 +247,20 @@ impl EbpfTracer {
             .map_err(|e| EbpfError::Map("LOST", e))?;
         let hist = PerCpuArray::try_from(take_map(&mut ebpf, "HIST")?)
             .map_err(|e| EbpfError::Map("HIST", e))?;
-        let starts = SlotTable::new(take_map(&mut ebpf, "STARTS")?)?;
+        let starts = SlotTable::new(
+            take_map(&mut ebpf, "STARTS")?,
+            take_map(&mut ebpf, "PATHS")?,
+        )?;
         let exec_ring = RingBuf::try_from(take_map(&mut ebpf, "EXEC_EVENTS")?)
             .map_err(|e| EbpfError::Map("EXEC_EVENTS", e))?;
         let execs = BpfHashMap::try_from(take_map(&mut ebpf, "EXECS")?)
             .map_err(|e| EbpfError::Map("EXECS", e))?;
         let execs_other = BpfHashMap::try_from(take_map(&mut ebpf, "EXECS_OTHER")?)
             .map_err(|e| EbpfError::Map("EXECS_OTHER", e))?;
+        let walks = [
+            walk_map(&mut ebpf, "WALKS")?,
+            walk_map(&mut ebpf, "WALKS_OTHER")?,
+        ];
         Ok(EbpfTracer {
             _ebpf: ebpf,
             ring: Some(ring),
@@ -190,6 +273,7 @@ impl EbpfTracer {
             starts,
             execs,
             execs_other,
+            walks,
             filter,
         })
     }
@@ -306,32 +390,23 @@ impl EbpfTracer {
     }
 
     /// The traced calls in flight now (entered, not returned), from the
-    /// programs' in-flight slots (mapped into this process: no syscall):
-    /// the path argument is the caller's user-space address (read it from
-    /// `/proc/<pid>/mem` while the call blocks). A slot that changes while
-    /// it is read is skipped (its call just began or ended).
+    /// programs' in-flight slots (mapped into this process: no syscall),
+    /// with the path argument the entry program copied (no read of the
+    /// caller's memory). A slot that changes while it is read is skipped
+    /// (its call just began or ended).
     pub fn in_flight(&self) -> Vec<InFlightCall> {
         self.starts
             .held()
             .into_iter()
-            .map(|s| {
+            .map(|(s, path)| {
                 let key = s.owner;
-                let path_ptr = match s.syscall {
-                    wire::SYS_MOUNT
-                    | wire::SYS_UMOUNT
-                    | wire::SYS_MOUNT_SETATTR
-                    | wire::SYS_STATFS
-                    | wire::SYS_MOVE_MOUNT => s.strs[2],
-                    wire::SYS_FSPICK | wire::SYS_OPEN_TREE => s.strs[1],
-                    _ => 0,
-                };
                 InFlightCall {
                     pid: (key >> 32) as u32,
                     tid: key as u32,
                     call: in_flight_name(s.syscall),
                     start_ns: s.ts,
                     mnt_ns: s.mnt_ns,
-                    path_ptr,
+                    path: String::from_utf8_lossy(&path).into_owned(),
                     uid: s.uid,
                 }
             })
@@ -353,14 +428,39 @@ impl EbpfTracer {
             .collect()
     }
 
+    /// The ownership walks counted now: those of callers with uid 0 (the
+    /// first table, `true`), then the others' (`false`); at most
+    /// [`wire::WALKS_MAX`] each (two syscalls per walk).
+    pub fn walks(&self) -> Vec<(bool, Walk)> {
+        let [root, other] = &self.walks;
+        [(true, root), (false, other)]
+            .into_iter()
+            .flat_map(|(r, m)| m.iter().filter_map(Result::ok).map(move |(_, c)| (r, c)))
+            .map(|(r, c)| (r, Walk::from_wire(&c)))
+            .collect()
+    }
+
     /// Runs of this tracer's syscall programs and the time they took,
     /// summed over them (the kernel counts only while run-time statistics
     /// are on, see [`enable_run_time_stats`]). The file system tool
-    /// programs (on every process exit of the machine) are left out.
+    /// programs (on every process exit of the machine) and the ownership
+    /// walk ones are left out.
     pub fn program_run_stats(&self) -> ProgramRunStats {
+        self.run_stats(|name| {
+            !SCHED_TRACEPOINTS.contains(&name) && !WALK_TRACEPOINTS.contains(&name)
+        })
+    }
+
+    /// As [`Self::program_run_stats`], of the ownership walk programs only
+    /// (`chown`, `chmod`, `setxattr` families).
+    pub fn walk_program_run_stats(&self) -> ProgramRunStats {
+        self.run_stats(|name| WALK_TRACEPOINTS.contains(&name))
+    }
+
+    fn run_stats(&self, counted: impl Fn(&str) -> bool) -> ProgramRunStats {
         let mut st = ProgramRunStats::default();
         for (name, prog) in self._ebpf.programs() {
-            if SCHED_TRACEPOINTS.contains(&name) {
+            if !counted(name) {
                 continue;
             }
             if let Ok(info) = prog.info() {
@@ -402,6 +502,13 @@ impl EbpfTracer {
         }
         out
     }
+}
+
+fn walk_map(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<BpfHashMap<MapData, WalkKey, WalkCount>, EbpfError> {
+    BpfHashMap::try_from(take_map(ebpf, name)?).map_err(|e| EbpfError::Map(name, e))
 }
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, EbpfError> {
@@ -474,6 +581,12 @@ fn load_in_thread(
     }
     for name in SCHED_TRACEPOINTS {
         attach(&mut ebpf, "sched", name)?;
+    }
+    // A kernel without one of them (fchmodat2) only counts fewer walks.
+    for name in WALK_TRACEPOINTS {
+        if let Err(e) = attach(&mut ebpf, "syscalls", name) {
+            tracing::info!(program = name, error = %e, "ownership walk program not attached");
+        }
     }
     Ok(ebpf)
 }

@@ -25,7 +25,7 @@ pub use histograms::{
 };
 pub use loader::{
     enable_run_time_stats, object_built, still_running, EbpfTracer, InFlightCall, KernelHistogram,
-    ProgramRunStats,
+    ProgramRunStats, Walk,
 };
 
 /// A syscall that changes a mount table.

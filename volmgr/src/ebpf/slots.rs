@@ -1,6 +1,7 @@
-//! The kernel programs' in-flight slot table (`STARTS`), mapped read-only
-//! into this process: listing the calls in flight reads memory, with no
-//! syscall per slot.
+//! The kernel programs' in-flight slot table (`STARTS`) and the path
+//! arguments copied beside it (`PATHS`), mapped read-only into this
+//! process: listing the calls in flight reads memory, with no syscall per
+//! slot, and never the callers' memory.
 
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::{addr_of, read_volatile, NonNull};
@@ -8,17 +9,55 @@ use std::sync::atomic::{fence, Ordering};
 
 use aya::maps::{Map, MapData};
 
-use super::wire::{InFlight, ALL_SLOTS};
+use super::wire::{InFlight, ALL_SLOTS, IN_FLIGHT_PATH_MAX};
 use super::EbpfError;
 
-/// `STARTS` (a `BPF_F_MMAPABLE` array of [`InFlight`]), mapped shared and
-/// read-only; unmapped on drop.
+/// A path argument as the kernel program copied it (NUL-terminated).
+type PathBytes = [u8; IN_FLIGHT_PATH_MAX];
+
+/// `STARTS` (a `BPF_F_MMAPABLE` array of [`InFlight`]) and `PATHS` (one
+/// path argument per slot), mapped shared and read-only; unmapped on drop.
 pub(super) struct SlotTable {
     ptr: NonNull<InFlight>,
     /// Bytes mapped: every slot.
     len: usize,
-    /// The map (its descriptor), kept as long as the mapping.
-    _map: MapData,
+    paths: NonNull<PathBytes>,
+    /// Bytes of `paths` mapped.
+    paths_len: usize,
+    /// The maps (their descriptors), kept as long as the mappings.
+    _maps: [MapData; 2],
+}
+
+/// Maps `len` bytes of the mappable array `map` (named `name`) shared and
+/// read-only.
+fn map_array(map: Map, name: &str, len: usize) -> Result<(NonNull<u8>, MapData), EbpfError> {
+    let Map::Array(map) = map else {
+        return Err(EbpfError::Io(std::io::Error::other(format!(
+            "eBPF map {name} is not an array"
+        ))));
+    };
+    // SAFETY: a new shared read-only mapping of the array's values (the
+    // kernel checks that the map is mappable and `len` fits in it);
+    // nothing in this process writes through it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            map.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(EbpfError::Io(std::io::Error::other(format!(
+            "mapping eBPF map {name}: {}",
+            std::io::Error::last_os_error()
+        ))));
+    }
+    let ptr = NonNull::new(p.cast::<u8>())
+        .ok_or_else(|| EbpfError::Io(std::io::Error::other("mmap returned null")))?;
+    Ok((ptr, map))
 }
 
 // SAFETY: the mapping is read only (volatile reads of plain integers), from
@@ -28,47 +67,34 @@ unsafe impl Send for SlotTable {}
 unsafe impl Sync for SlotTable {}
 
 impl SlotTable {
-    /// Maps `map`, which must be the object's `STARTS` array.
-    pub(super) fn new(map: Map) -> Result<SlotTable, EbpfError> {
-        let Map::Array(map) = map else {
-            return Err(EbpfError::Io(std::io::Error::other(
-                "eBPF map STARTS is not an array",
-            )));
-        };
+    /// Maps `starts` and `paths`, the object's `STARTS` and `PATHS` arrays.
+    pub(super) fn new(starts: Map, paths: Map) -> Result<SlotTable, EbpfError> {
         let len = ALL_SLOTS as usize * std::mem::size_of::<InFlight>();
-        // SAFETY: a new shared read-only mapping of the array's values (the
-        // kernel checks that the map is mappable and `len` fits in it);
-        // nothing in this process writes through it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                map.fd().as_fd().as_raw_fd(),
-                0,
-            )
+        let paths_len = ALL_SLOTS as usize * IN_FLIGHT_PATH_MAX;
+        let (ptr, starts) = map_array(starts, "STARTS", len)?;
+        let (p, paths) = match map_array(paths, "PATHS", paths_len) {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: the mapping just made, with its length.
+                unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+                return Err(e);
+            }
         };
-        if p == libc::MAP_FAILED {
-            return Err(EbpfError::Io(std::io::Error::other(format!(
-                "mapping eBPF map STARTS: {}",
-                std::io::Error::last_os_error()
-            ))));
-        }
-        let ptr = NonNull::new(p.cast::<InFlight>())
-            .ok_or_else(|| EbpfError::Io(std::io::Error::other("mmap returned null")))?;
         Ok(SlotTable {
-            ptr,
+            ptr: ptr.cast(),
             len,
-            _map: map,
+            paths: p.cast(),
+            paths_len,
+            _maps: [starts, paths],
         })
     }
 
-    /// The records of every held slot. A slot that changes while it is
-    /// read (its call began or ended meanwhile) is left out: the same
-    /// non-zero `owner` and `ts` must be seen before and after the copy
-    /// (see [`InFlight`] for the writers' order).
-    pub(super) fn held(&self) -> Vec<InFlight> {
+    /// The records of every held slot, with their path arguments (up to
+    /// the NUL). A slot that changes while it is read (its call began or
+    /// ended meanwhile) is left out: the same non-zero `owner` and `ts`
+    /// must be seen before and after the copy (see [`InFlight`] for the
+    /// writers' order).
+    pub(super) fn held(&self) -> Vec<(InFlight, Vec<u8>)> {
         let mut out = Vec::new();
         for i in 0..ALL_SLOTS as usize {
             // SAFETY: `i` < ALL_SLOTS, so the slot lies within the
@@ -83,15 +109,18 @@ impl SlotTable {
                 let ts = read_volatile(addr_of!((*p).ts));
                 fence(Ordering::Acquire);
                 let rec = read_volatile(p);
+                let path = read_volatile(self.paths.as_ptr().add(i));
                 fence(Ordering::Acquire);
                 let same = read_volatile(addr_of!((*p).owner)) == owner
                     && read_volatile(addr_of!((*p).ts)) == ts;
                 if ts == 0 || !same || rec.owner != owner || rec.ts != ts {
                     continue;
                 }
-                rec
+                (rec, path)
             };
-            out.push(rec);
+            let (rec, path) = rec;
+            let end = path.iter().position(|&b| b == 0).unwrap_or(path.len());
+            out.push((rec, path[..end].to_vec()));
         }
         out
     }
@@ -100,6 +129,9 @@ impl SlotTable {
 impl Drop for SlotTable {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, with its length; unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+            libc::munmap(self.paths.as_ptr().cast(), self.paths_len);
+        }
     }
 }

@@ -19,8 +19,7 @@
 //! the kubelet counts its `cleanupMounts` of volumes whose reconstruction
 //! failed, and volmgr has no such clean-up (a volume it cannot reconstruct
 //! is left as found and reported in status). `volume_manager_selinux_*` are
-//! not either: volmgr has no SELinux admission of the kubelet's
-//! (`SELinuxMount` conflicts between pods).
+//! the desired state's (`cache::selinux`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -12,8 +12,16 @@
 //! the kubelet recorded that are not in the mount table, (f) a target
 //! mounted more than once, (g) loop devices whose backing file is deleted.
 
+mod blocked_tasks;
+mod csi_driver_not_ready;
+pub mod holder_helper;
+pub mod holders;
+mod kubelet_disagrees;
 mod kubelet_layout;
 mod loops;
+pub mod mount_unreachable;
+pub mod ownership_walk;
+mod teardown_blocked;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -30,7 +38,10 @@ use crate::sys::root_dir::{RelPath, RootDir};
 use crate::volume::PodUid;
 use crate::volumemanager::VolumeManager;
 
+pub use csi_driver_not_ready::{CsiNodeLookup, Step as CsiTriageStep};
+pub use kubelet_disagrees::{NoPodEvents, PodEventLog};
 pub use loops::{loop_devices, LoopDevice};
+pub use mount_unreachable::{MountProber, ProbeSettings};
 
 /// The recent syscalls on a path: the hook through which the eBPF tracer
 /// adds what it saw to a finding (a stuck volume's last calls).
@@ -125,6 +136,14 @@ pub struct Observer {
     /// The last scan's findings over [`MAX_FINDINGS_PER_KIND`], by kind:
     /// counted, not kept.
     not_listed: BTreeMap<FindingKind, usize>,
+    /// (l) the kubelet's events against the mount table.
+    kubelet: kubelet_disagrees::Detector,
+    /// (h)'s probes of the network and FUSE mounts, when set.
+    mount_probes: Option<Arc<MountProber>>,
+    /// The CSI registration triage of stuck CSI volumes' drivers.
+    csi: csi_driver_not_ready::CsiTriage,
+    /// The ownership walks' rates (`ownership_walk`).
+    walks: ownership_walk::Detector,
 }
 
 /// Findings kept (with their evidence), put in status, logged and sent as
@@ -143,6 +162,10 @@ impl Observer {
             left_behind: HashMap::new(),
             volumes: Vec::new(),
             not_listed: BTreeMap::new(),
+            kubelet: kubelet_disagrees::Detector::default(),
+            mount_probes: None,
+            csi: Default::default(),
+            walks: Default::default(),
         }
     }
 
@@ -169,10 +192,15 @@ impl Observer {
             deleted_pods(snap, dsw, &mut left, &mut self.not_listed);
             unused_devices(snap, dsw, &mut left);
             self.after_teardown_time(left, now, &mut out);
+            teardown_blocked::reclassify(&mut out, &snap.table, self.history.as_ref());
         }
         self.needed_volumes(snap, dsw, now, &mut out);
         stacked_mounts(snap, dsw, &mut out);
         deleted_loop_backing(snap, &mut out);
+        self.kubelet.evaluate(snap, dsw, &mut out);
+        mount_unreachable::evaluate(self.mount_probes.as_deref(), snap, dsw, &mut out);
+        self.walks.evaluate(snap, dsw, now, &mut out);
+        self.csi.add_findings(snap, dsw, now, &mut out);
         for f in &mut out {
             if f.recent_syscalls.is_empty() {
                 f.recent_syscalls = self.history.recent_for_path(Path::new(&f.path));

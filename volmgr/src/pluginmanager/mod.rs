@@ -8,4 +8,5 @@ pub mod csi_call_metrics;
 pub mod csi_client;
 pub mod csi_proto;
 pub mod plugin_watcher;
+pub mod registration;
 pub mod registry;

@@ -185,7 +185,7 @@ fn bind_sub_path(
         },
         MakeError::Open(reason) => prepare(reason),
     })?;
-    let source_path = check_beneath(base, &source).map_err(prepare)?;
+    let source_path = check_beneath(base, &source).map_err(|e| prepare(e.to_string()))?;
     let source = Target::new(source, source_path);
     let rel = sub_path_rel(pod, volume, sub)?;
     let (parent_rel, name) = rel
@@ -200,7 +200,7 @@ fn bind_sub_path(
     make_entry(&parent, name, is_dir(&st))?;
     let target = root.open_path(&rel)?;
     mounter.bind_mount(&source, &target)?;
-    verify_bind(mounter, &parent, name, &st).map_err(prepare)?;
+    verify_bind(mounter, &parent, name, &st).map_err(|e| prepare(e.to_string()))?;
     Ok(root.abs(&rel))
 }
 
@@ -315,23 +315,45 @@ fn make_dir(parent: BorrowedFd<'_>, name: &OsStr, mode: Mode) -> Result<OwnedFd,
     )
 }
 
+/// Why an opened subPath is not bound (the reason of
+/// [`SubPathError::Prepare`]).
+#[derive(Debug, thiserror::Error)]
+enum BindRefused {
+    /// What the kernel has for a descriptor could not be read.
+    #[error("reading the opened path: {0}")]
+    ReadLink(std::io::Error),
+    /// The opened path left the volume.
+    #[error("{} is not below the volume's root {}", path.display(), base.display())]
+    NotBeneath {
+        /// The opened path.
+        path: PathBuf,
+        /// The volume's root.
+        base: PathBuf,
+    },
+    /// The mount made could not be looked at.
+    #[error("fstatat of the mount: {0}")]
+    Stat(Errno),
+    /// The mount shows another file than the one opened.
+    #[error("the mount shows another file than the one opened (undone: {undone})")]
+    OtherFile {
+        /// `yes`, or why unmounting it again failed.
+        undone: String,
+    },
+}
+
 /// The path the kernel has for `fd`, which must be `base`'s or below it
 /// (what `/proc/self/fd/N` names is what the bind mount will show).
-fn check_beneath(base: &Target, fd: &OwnedFd) -> Result<PathBuf, String> {
+fn check_beneath(base: &Target, fd: &OwnedFd) -> Result<PathBuf, BindRefused> {
     let read = |f: BorrowedFd<'_>| {
         use std::os::fd::AsRawFd;
         std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-            .map_err(|e| format!("reading the opened path: {e}"))
+            .map_err(BindRefused::ReadLink)
     };
-    let (base_path, path) = (read(base.as_fd())?, read(fd.as_fd())?);
-    if path.starts_with(&base_path) && !path.as_os_str().as_bytes().ends_with(b" (deleted)") {
+    let (base, path) = (read(base.as_fd())?, read(fd.as_fd())?);
+    if path.starts_with(&base) && !path.as_os_str().as_bytes().ends_with(b" (deleted)") {
         Ok(path)
     } else {
-        Err(format!(
-            "{} is not below the volume's root {}",
-            path.display(),
-            base_path.display()
-        ))
+        Err(BindRefused::NotBeneath { path, base })
     }
 }
 
@@ -367,17 +389,16 @@ fn verify_bind(
     parent: &Target,
     name: &OsStr,
     opened: &FileStat,
-) -> Result<(), String> {
+) -> Result<(), BindRefused> {
     let now = nix::sys::stat::fstatat(parent, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-        .map_err(|e| format!("fstatat of the mount: {e}"))?;
+        .map_err(BindRefused::Stat)?;
     if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino) {
         return Ok(());
     }
     let undo = mounter.unmount(parent, name).err();
-    Err(format!(
-        "the mount shows another file than the one opened (undone: {})",
-        undo.map_or("yes".into(), |e| e.to_string())
-    ))
+    Err(BindRefused::OtherFile {
+        undone: undo.map_or("yes".into(), |e| e.to_string()),
+    })
 }
 
 /// Whether `pod`'s volume `volume` may have subPath entries to clean:

@@ -110,7 +110,6 @@ impl Populator {
             terminated: pod.terminated,
         };
         let mut mounts = Vec::with_capacity(pod.volumes.len());
-        let selinux: Option<Arc<str>> = pod.selinux_label.as_deref().map(Into::into);
         for v in pod.volumes {
             let operation = match &v.source {
                 Err(VolumeSpecError::AttachFailed(_)) => VolumeOperation::Attach,
@@ -158,7 +157,8 @@ impl Populator {
                     spec,
                     fs_group: pod.fs_group,
                     fs_group_change_policy: pod.fs_group_change_policy,
-                    selinux_label: selinux.clone(),
+                    selinux_label: None,
+                    selinux: v.selinux,
                     sub_paths: v.sub_paths,
                     sub_path_release: pod.sub_path_release.clone(),
                 };
@@ -294,8 +294,13 @@ impl PodSink for Populator {
         let mut update = self.resolve(pod);
         let mut dsw = self.world.dsw_mut();
         keep_unresolved(&dsw, &mut update, terminated);
+        let uid = update.uid.clone();
         let changed = dsw.set_pod(update);
+        let refused = dsw.selinux_refused(&uid);
         drop(dsw);
+        for (volume, e) in refused {
+            self.report_unresolved(&uid, &volume, &e, VolumeOperation::SetUp);
+        }
         if changed.is_empty() {
             self.world.bump();
         } else {

@@ -12,11 +12,12 @@ pub mod convert;
 mod desired_state_of_world_populator;
 pub mod manifests;
 pub mod objects;
+pub mod resolver;
 mod shared_sink;
 
 pub use convert::sub_paths::{sub_path_release, sub_path_status, SubPathTiming};
 pub use desired_state_of_world_populator::{Populator, SourceProblems};
-pub use objects::resolver::PodResolver;
+pub use resolver::PodResolver;
 pub use shared_sink::share_sink;
 
 use crate::cache::world::WakeHold;

@@ -26,6 +26,10 @@ pub type StatsSource = Arc<dyn Fn() -> (TracerStats, Vec<SyscallLatency>) + Send
 /// A producer of Prometheus text (the eBPF tracer's latency histograms).
 pub type MetricsSource = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// A reader of the eBPF tracer's ownership walk counters
+/// ([`crate::ebpf::EbpfTracer::walks`]).
+pub type WalkSource = Arc<dyn Fn() -> Vec<(bool, crate::ebpf::Walk)> + Send + Sync>;
+
 /// Everything a tracer works with (built by the volume manager).
 #[derive(Clone)]
 pub struct TracerContext {
@@ -61,6 +65,7 @@ struct StatusInner {
     reason: String,
     stats: Option<StatsSource>,
     metrics: Option<MetricsSource>,
+    walks: Option<WalkSource>,
 }
 
 /// Which tracer is active and why, and what it adds to status and metrics.
@@ -82,6 +87,7 @@ impl Default for TracerStatus {
                 reason: "no tracer configured".into(),
                 stats: None,
                 metrics: None,
+                walks: None,
             }),
             observing: std::sync::atomic::AtomicBool::new(false),
             timelines: Arc::new(TimelineStore::default()),
@@ -144,6 +150,18 @@ impl TracerStatus {
     /// Sets what the active tracer adds to the Prometheus metrics.
     pub fn set_metrics_source(&self, f: MetricsSource) {
         self.inner.locked().metrics = Some(f);
+    }
+
+    /// Sets the reader of the ownership walk counters (the eBPF tracer).
+    pub fn set_walk_source(&self, f: WalkSource) {
+        self.inner.locked().walks = Some(f);
+    }
+
+    /// The ownership walks counted now (`true`: a caller with uid 0), or
+    /// `None` without the eBPF tracer.
+    pub fn walks(&self) -> Option<Vec<(bool, crate::ebpf::Walk)>> {
+        let source = self.inner.locked().walks.clone();
+        source.map(|f| f())
     }
 
     /// The active tracer's Prometheus text (empty without a source).

@@ -479,6 +479,8 @@ fn attach_ebpf(
         Arc::clone(&tracer),
         Arc::clone(ctx.status.stuck()),
     ));
+    let walks = Arc::clone(&tracer);
+    ctx.status.set_walk_source(Arc::new(move || walks.walks()));
     ctx.status
         .set_stats_source(ebpf_stats(stats, tracer, counters, check_counters));
     Ok(ActiveTracer {

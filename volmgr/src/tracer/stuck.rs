@@ -5,12 +5,15 @@
 //!
 //! The eBPF programs keep every call between entry and exit in a per-thread
 //! map; [`run`] reads that map a few times per threshold, and for each call
-//! older than the threshold reads, from `/proc`, the caller's thread name,
-//! the path argument (from the caller's memory, `/proc/<pid>/mem`: the call
-//! is blocked, so its argument is still there), the file system type of
-//! the mount under that path (the caller's `mountinfo`, which never waits
-//! for a file system) and the task's kernel stack
-//! (`/proc/<pid>/task/<tid>/stack`). Each stuck call is logged once; the
+//! older than the threshold takes the path argument the entry program
+//! copied (its first 255 bytes: the agent never reads another process's
+//! memory, which observe mode's Landlock domain refuses anyway), and reads
+//! from `/proc` the caller's thread name, the file system type of the
+//! mount under that path (the caller's `mountinfo`, which never waits for
+//! a file system) and the task's kernel stack
+//! (`/proc/<pid>/task/<tid>/stack`: only outside observe mode's
+//! confinement, which neither keeps `CAP_SYS_ADMIN` nor may inspect
+//! processes outside its Landlock domain). Each stuck call is logged once; the
 //! list is in status and doctor, and the age of the oldest call in flight is
 //! a gauge.
 //!
@@ -37,7 +40,6 @@
 //! ([`MountCache`]), not once per tool.
 
 use std::collections::HashSet;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,9 +62,6 @@ pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(10);
 /// the stage time out at least once. `mkfs` and `fsck` of large volumes
 /// legitimately take long: raise it for those.
 pub const DEFAULT_STUCK_TOOL_AFTER: Duration = Duration::from_secs(120);
-
-/// Longest path argument read.
-const PATH_MAX: usize = 4096;
 
 /// Stuck calls described, listed in status and logged at most; the rest
 /// are counted (`volmgr_mount_syscalls_stuck` counts them all).
@@ -534,7 +533,7 @@ fn describe(c: &InFlightCall, now_ns: u64, root: &Path, placed: bool) -> StuckSy
     let comm = std::fs::read_to_string(task.join("comm"))
         .map(|s| s.trim_end().to_string())
         .unwrap_or_default();
-    let path = read_user_string(c.pid, c.path_ptr).unwrap_or_default();
+    let path = c.path.clone();
     let fstype = if path.starts_with('/') {
         fstype_under(c.pid, Path::new(&path))
     } else {
@@ -555,32 +554,6 @@ fn describe(c: &InFlightCall, now_ns: u64, root: &Path, placed: bool) -> StuckSy
         volume: a.map(|a| a.key.volume),
         kernel_stack,
     }
-}
-
-/// The NUL-terminated string at `ptr` in process `pid`'s memory.
-fn read_user_string(pid: u32, ptr: u64) -> Option<String> {
-    if ptr == 0 {
-        return None;
-    }
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let mut out = Vec::new();
-    let mut at = ptr;
-    while out.len() < PATH_MAX {
-        // Page by page: the string may end right before an unmapped page.
-        let chunk = (4096 - (at % 4096)) as usize;
-        let mut buf = vec![0u8; chunk.min(PATH_MAX - out.len())];
-        let n = mem.read_at(&mut buf, at).ok()?;
-        if n == 0 {
-            break;
-        }
-        if let Some(end) = buf[..n].iter().position(|&b| b == 0) {
-            out.extend_from_slice(&buf[..end]);
-            return Some(String::from_utf8_lossy(&out).into_owned());
-        }
-        out.extend_from_slice(&buf[..n]);
-        at += n as u64;
-    }
-    Some(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// The file system type of the mount `path` is on, in process `pid`'s
@@ -637,8 +610,8 @@ mod tests {
     fn calls_past_the_threshold_are_stuck_and_the_oldest_is_measured() {
         let view = StuckView::default();
         view.set_threshold(Duration::from_secs(10));
-        // This thread, with a path in its own memory.
-        let path = std::ffi::CString::new("/r/pods/u1/volumes/kubernetes.io~nfs/data").unwrap();
+        // This thread (its /proc entries are read).
+        let path = "/r/pods/u1/volumes/kubernetes.io~nfs/data";
         let me = std::process::id();
         let tid = nix::unistd::gettid().as_raw() as u32;
         let call = |start_ns: u64, tid: u32| InFlightCall {
@@ -647,7 +620,7 @@ mod tests {
             call: "statfs",
             start_ns,
             mnt_ns: 1,
-            path_ptr: path.as_ptr() as u64,
+            path: path.to_string(),
             uid: 0,
         };
         let now = 100_000_000_000;
@@ -696,7 +669,7 @@ mod tests {
     fn the_stuck_list_is_bounded_and_prefers_calls_that_can_matter() {
         let view = StuckView::default();
         view.set_threshold(Duration::from_secs(10));
-        let path = std::ffi::CString::new("/r/pods/u1/volumes/kubernetes.io~nfs/data").unwrap();
+        let path = "/r/pods/u1/volumes/kubernetes.io~nfs/data";
         let me = std::process::id();
         let now = 100_000_000_000;
         let call = |start_ns: u64, tid: u32, uid: u32, mnt_ns: u64| InFlightCall {
@@ -705,7 +678,7 @@ mod tests {
             call: "statfs",
             start_ns,
             mnt_ns,
-            path_ptr: path.as_ptr() as u64,
+            path: path.to_string(),
             uid,
         };
         let mut calls: Vec<InFlightCall> = (0..16_384u32)

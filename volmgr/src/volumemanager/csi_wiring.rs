@@ -39,7 +39,8 @@ pub fn install(
         .with_tokens(
             Arc::clone(&vm.payload.tokens),
             vm.config.csi_republish_period,
-        ),
+        )
+        .with_selinux(vm.config.selinux_settings().enabled),
     );
     vm.register_plugin(Arc::clone(&plugin) as Arc<dyn crate::plugins::VolumePlugin>)?;
     // Volume stats: NodeGetVolumeStats, each call within the CSI timeout

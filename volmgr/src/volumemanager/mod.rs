@@ -5,6 +5,7 @@
 
 mod builder;
 pub mod csi_wiring;
+mod pod_timeline;
 mod status;
 mod sub_paths;
 mod volume_stats_collector;
@@ -13,6 +14,7 @@ pub mod wait;
 pub use builder::{
     BuildError, Built, CsiSetup, VolumeManagerBuilder, Watchers, DEFAULT_CSI_TIMEOUT,
 };
+pub use pod_timeline::NoSuchPod;
 pub use sub_paths::PrepareSubPathsError;
 
 use std::collections::HashSet;
@@ -88,9 +90,29 @@ pub struct Config {
     /// `requiresRepublish` are published again (the kubelet's pod sync
     /// period, 1 minute by default).
     pub csi_republish_period: Duration,
+    /// Whether the host has SELinux: `None` finds out
+    /// ([`crate::sys::selinux::enabled`], as go-selinux's `GetEnabled`).
+    /// Only then are volumes mounted with their SELinux label and checked
+    /// for conflicting labels ([`crate::cache::selinux`]).
+    pub selinux_enabled: Option<bool>,
+    /// The kubelet's `SELinuxMount` feature gate (GA, on by default in
+    /// 1.37): every PersistentVolume of a driver with `seLinuxMount` is
+    /// mounted with its pods' SELinux label, not only ReadWriteOncePod ones.
+    pub selinux_mount: bool,
 }
 
 impl Config {
+    /// The SELinux settings of the desired state: the host's SELinux
+    /// (found out unless set) and the `SELinuxMount` feature gate.
+    pub fn selinux_settings(&self) -> crate::cache::selinux::SeLinuxSettings {
+        crate::cache::selinux::SeLinuxSettings {
+            enabled: self
+                .selinux_enabled
+                .unwrap_or_else(crate::sys::selinux::enabled),
+            selinux_mount: self.selinux_mount,
+        }
+    }
+
     /// Defaults for `root_dir`.
     pub fn new(root_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -104,6 +126,8 @@ impl Config {
             make_root_shared: true,
             volume_stats_period: Duration::from_secs(60),
             csi_republish_period: crate::plugins::csi::DEFAULT_REPUBLISH_PERIOD,
+            selinux_enabled: None,
+            selinux_mount: true,
         }
     }
 }
@@ -337,6 +361,16 @@ fn share_root(
     }
 }
 
+/// The manager's two worlds, the desired state with `config`'s SELinux
+/// settings.
+fn new_world(config: &Config) -> Arc<World> {
+    let world = World::default();
+    world
+        .dsw_mut()
+        .set_selinux_settings(config.selinux_settings());
+    Arc::new(world)
+}
+
 impl VolumeManager {
     /// Builds a manager on `config.root_dir` using `mounter`, with the
     /// built-in plugins (emptyDir, hostPath, image, local) registered, and
@@ -351,7 +385,7 @@ impl VolumeManager {
         let root = RootDir::open(&config.root_dir)?;
         let (root, root_propagation) = share_root(&config, root, mounter.as_ref())?;
         let root = Arc::new(root);
-        let world = Arc::new(World::default());
+        let world = new_world(&config);
         let metrics = Arc::new(Metrics::default());
         let pool = Arc::new(BlockingPool::new(config.max_blocking_ops));
         let payload = payload_shared(&root, &mounter, &pool, &world);

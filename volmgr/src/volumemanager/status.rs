@@ -416,6 +416,8 @@ impl VolumeManager {
         let mut extra: String = self.extra_metrics.locked().iter().map(|f| f()).collect();
         extra.push_str(&self.device_metrics());
         extra.push_str(&self.metrics.kubelet.prometheus_text());
+        let selinux = std::sync::Arc::clone(self.world.dsw().selinux_metrics());
+        extra.push_str(&selinux.prometheus_text());
         self.metrics.render(&counts, &extra)
     }
 

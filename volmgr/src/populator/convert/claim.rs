@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, SecretReference,
 };
 
-use super::{fetch_secret, Usage, VolumeSpecError};
+use super::{fetch_secret, invalid, Usage, VolumeSpecError};
 use crate::populator::objects::ObjectStore;
 use crate::quantity;
 use crate::volume::{
@@ -68,7 +68,7 @@ pub(super) fn persistent_volume_claim(
                 "PersistentVolume {pv_name}: a hostPath volume has no block mode"
             )));
         }
-        return super::pod::host_path_source(hp);
+        return super::host_path::host_path_source(hp);
     }
     if let Some(nfs) = &spec.nfs {
         return nfs_source(&pv_name, spec, nfs, src.read_only.unwrap_or(false), usage);
@@ -178,10 +178,6 @@ fn supplemental_gid(pv: &PersistentVolume) -> Option<i64> {
 /// The annotation of a PersistentVolume naming a group that pods using it
 /// get as a supplemental group (the kubelet's `VolumeGidAnnotationKey`).
 pub const VOLUME_GID_ANNOTATION: &str = "pv.beta.kubernetes.io/gid";
-
-fn invalid(msg: impl Into<String>) -> VolumeSpecError {
-    VolumeSpecError::Invalid(msg.into())
-}
 
 /// The claim, if it exists, belongs to `owner` (when given), and is neither
 /// being deleted nor lost.

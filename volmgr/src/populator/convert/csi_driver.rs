@@ -32,8 +32,7 @@ use k8s_openapi::api::storage::v1::CSIDriver;
 use super::{pod_service_account, service_account_uid, VolumeSpecError};
 use crate::populator::objects::ObjectStore;
 use crate::volume::{
-    CsiAccessMode, CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeMode,
-    CsiVolumeSource,
+    CsiDriverInfo, CsiFsGroupPolicy, CsiTokenPod, CsiTokenRequest, CsiVolumeSource,
 };
 
 /// A token request's lifetime when the CSIDriver gives none (the API
@@ -50,8 +49,6 @@ pub(super) struct PodFacts<'a> {
     pub namespace: &'a str,
     /// Its name.
     pub name: &'a str,
-    /// The name of the pod's volume being resolved.
-    pub volume: &'a str,
 }
 
 /// Applies the driver's CSIDriver object (if `objects` knows one) to `src`.
@@ -105,12 +102,8 @@ pub(super) fn apply(
             pod_uid: pod.uid.to_string(),
         });
     }
-    if spec.se_linux_mount == Some(true)
-        && src.access_mode == CsiAccessMode::SingleNodeSingleWriter
-        && src.volume_mode == CsiVolumeMode::Filesystem
-    {
-        info.selinux_mount_label = super::selinux::mount_label(pod.pod, pod.volume)?;
-    }
+    // The label itself is the desired state's (`cache::selinux`).
+    info.selinux_mount = spec.se_linux_mount == Some(true);
     info.skip_attach = spec.attach_required == Some(false);
     if !src.ephemeral && !info.skip_attach {
         info.publish_context = attachment_metadata(src, pod, objects)?;
@@ -285,7 +278,6 @@ mod tests {
             uid: "u1",
             namespace: "ns",
             name: "p",
-            volume: "data",
         };
         apply(src, &facts, Some(objects))
     }

@@ -27,8 +27,30 @@ pub(crate) struct Migrated {
     pub(crate) access_modes: Option<Vec<String>>,
 }
 
-/// Why an in-tree source cannot be translated (csi-translation-lib's error).
-pub(crate) type TranslateError = String;
+/// Why an in-tree source cannot be translated (csi-translation-lib's
+/// errors, with its texts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TranslateError {
+    /// An AWS volume ID neither `vol-…` nor `aws://[zone]/vol-…`.
+    #[error(
+        "failed to translate Kubernetes ID to EBS Volume ID Invalid format for AWS volume ({0})"
+    )]
+    AwsVolumeId(String),
+    /// A GCE zone not `{locale}-{region}-{zone}`.
+    #[error("failed to get region from zones: zone in unexpected format, expected: {{locale}}-{{region}}-{{zone}}, got: {0}")]
+    GceZone(String),
+    /// Zones of several regions, or none.
+    #[error(
+        "failed to get region from zones: multiple or no regions gotten from zones, got: {0:?}"
+    )]
+    GceRegions(std::collections::BTreeSet<String>),
+    /// An Azure Disk that is not managed.
+    #[error("kind({0}) is not supported in csi migration")]
+    AzureDiskKind(String),
+    /// An Azure File PersistentVolume without a secret namespace.
+    #[error("could not find a secret namespace in PersistentVolumeSource or ClaimRef")]
+    AzureFileSecretNamespace,
+}
 
 /// The in-tree plugins the kubelet migrates: (plugin, CSI driver).
 pub(crate) const MIGRATED_PLUGINS: [(&str, &str); 7] = [
@@ -199,8 +221,7 @@ fn ebs_csi(
     partition: Option<i32>,
     read_only: Option<bool>,
 ) -> Result<CSIPersistentVolumeSource, TranslateError> {
-    let handle = ebs_volume_id(volume_id)
-        .map_err(|e| format!("failed to translate Kubernetes ID to EBS Volume ID {e}"))?;
+    let handle = ebs_volume_id(volume_id)?;
     let mut c = csi("ebs.csi.aws.com", handle);
     c.read_only = ro(read_only);
     c.fs_type = fs_type.clone();
@@ -220,7 +241,7 @@ pub(crate) fn ebs_volume_id(id: &str) -> Result<String, TranslateError> {
     if vol.starts_with("vol-") && !vol.contains('/') {
         Ok(vol.to_string())
     } else {
-        Err(format!("Invalid format for AWS volume ({id})"))
+        Err(TranslateError::AwsVolumeId(id.to_string()))
     }
 }
 
@@ -262,8 +283,7 @@ fn gce_pv_handle(pv: &PersistentVolume, pd_name: &str) -> Result<String, Transla
             "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/{pd_name}"
         )),
         _ => {
-            let region =
-                gce_region(&zones).map_err(|e| format!("failed to get region from zones: {e}"))?;
+            let region = gce_region(&zones)?;
             Ok(format!(
                 "projects/UNSPECIFIED/regions/{region}/disks/{pd_name}"
             ))
@@ -276,17 +296,13 @@ fn gce_region(zones: &[&str]) -> Result<String, TranslateError> {
     for zone in zones {
         let parts: Vec<&str> = zone.split('-').collect();
         if parts.len() != 3 {
-            return Err(format!(
-                "zone in unexpected format, expected: {{locale}}-{{region}}-{{zone}}, got: {zone}"
-            ));
+            return Err(TranslateError::GceZone(zone.to_string()));
         }
         regions.insert(parts[..2].join("-"));
     }
     match regions.len() {
         1 => Ok(regions.into_iter().next().unwrap_or_default()),
-        _ => Err(format!(
-            "multiple or no regions gotten from zones, got: {regions:?}"
-        )),
+        _ => Err(TranslateError::GceRegions(regions)),
     }
 }
 
@@ -310,7 +326,7 @@ fn azure_disk_csi(
 ) -> Result<CSIPersistentVolumeSource, TranslateError> {
     if let Some(kind) = &s.kind {
         if !kind.eq_ignore_ascii_case("Managed") {
-            return Err(format!("kind({kind}) is not supported in csi migration"));
+            return Err(TranslateError::AzureDiskKind(kind.clone()));
         }
     }
     let mut c = csi("disk.csi.azure.com", s.disk_uri.clone());
@@ -373,9 +389,7 @@ fn azure_file_pv_csi(
         None => claim_ns().unwrap_or_default(),
     };
     if namespace.is_empty() {
-        return Err(
-            "could not find a secret namespace in PersistentVolumeSource or ClaimRef".into(),
-        );
+        return Err(TranslateError::AzureFileSecretNamespace);
     }
     let pv_name = pv.metadata.name.as_deref().unwrap_or("");
     let handle = format!(

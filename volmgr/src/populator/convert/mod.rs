@@ -6,6 +6,7 @@
 pub(crate) mod allocatable;
 pub(crate) mod claim;
 pub mod csi_driver;
+pub(crate) mod host_path;
 pub(crate) mod local_pv;
 pub(crate) mod migration;
 pub mod payload;

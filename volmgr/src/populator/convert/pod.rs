@@ -10,7 +10,6 @@
 //! when the source re-resolves the pod after the object appears.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Volume};
@@ -20,8 +19,8 @@ use super::{fetch_secret, invalid, PayloadResolution, Usage};
 pub use crate::populator::objects::ObjectStore;
 use crate::quantity;
 use crate::volume::{
-    check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, HostPathType, PodUid,
-    StorageMedium, SubPath, SubPathRelease, VolumeSource,
+    check_volume_name, CsiAccessMode, CsiVolumeMode, CsiVolumeSource, PodUid, StorageMedium,
+    SubPath, SubPathRelease, VolumeSource,
 };
 
 /// A pod rejected as a whole (it never gets any volume).
@@ -49,6 +48,8 @@ pub struct PodVolume {
     /// The containers' `volumeMounts` of it with a `subPath` (or an
     /// expanded `subPathExpr`), in container and index order.
     pub sub_paths: Vec<SubPath>,
+    /// What the pod says about its SELinux label (see `cache::selinux`).
+    pub selinux: crate::cache::selinux::VolumeSeLinux,
 }
 
 /// The part of a pod the volume manager cares about.
@@ -181,7 +182,7 @@ fn pod_volumes(pod: &Pod, ctx: &ResolveContext<'_>) -> Vec<PodVolume> {
         .filter_map(|v| {
             let usage = used.usage(&v.name)?;
             let (source, sub_paths) = match sub_paths.remove(&v.name) {
-                Some(Err(e)) => (Err(invalid(e)), Vec::new()),
+                Some(Err(e)) => (Err(invalid(e.to_string())), Vec::new()),
                 // The runtime mounts an image volume, subPaths included.
                 Some(Ok(_)) if v.image.is_some() => (parse_source(v, usage, ctx), Vec::new()),
                 Some(Ok(list)) => (parse_source(v, usage, ctx), list),
@@ -189,6 +190,7 @@ fn pod_volumes(pod: &Pod, ctx: &ResolveContext<'_>) -> Vec<PodVolume> {
             };
             Some(PodVolume {
                 name: v.name.clone(),
+                selinux: super::selinux::volume_selinux(pod, v, ctx.namespace, ctx.objects),
                 source,
                 sub_paths,
             })
@@ -265,7 +267,6 @@ fn parse_source(
             uid: ctx.uid.as_str(),
             namespace: ctx.namespace,
             name: ctx.name,
-            volume: &v.name,
         };
         super::csi_driver::apply(csi, &facts, ctx.objects)?;
     }
@@ -329,7 +330,7 @@ fn parse_plain_source(
         return empty_dir_source(ed).map(|s| size_memory_medium(s, ctx));
     }
     if let Some(hp) = &v.host_path {
-        return host_path_source(hp);
+        return super::host_path::host_path_source(hp);
     }
     if let Some(image) = &v.image {
         return image_source(image, usage);
@@ -382,36 +383,6 @@ fn size_memory_medium(source: VolumeSource, ctx: &ResolveContext<'_>) -> VolumeS
         },
         other => other,
     }
-}
-
-/// `hostPath`: an absolute, clean path and a known type (an inline volume,
-/// or a hostPath PersistentVolume's `spec.hostPath`).
-pub(super) fn host_path_source(
-    hp: &k8s_openapi::api::core::v1::HostPathVolumeSource,
-) -> Result<VolumeSource, VolumeSpecError> {
-    let path = PathBuf::from(&hp.path);
-    if !path.is_absolute() {
-        return Err(invalid(format!(
-            "hostPath path {:?} must be absolute",
-            hp.path
-        )));
-    }
-    if hp.path.contains('\0') {
-        return Err(invalid("hostPath path must not contain NUL"));
-    }
-    if path
-        .components()
-        .any(|c| c == std::path::Component::ParentDir)
-    {
-        return Err(invalid(format!(
-            "hostPath path {:?} must not contain '..'",
-            hp.path
-        )));
-    }
-    let t = hp.type_.as_deref().unwrap_or("");
-    let kind =
-        HostPathType::parse(t).ok_or_else(|| invalid(format!("unknown hostPath type {t:?}")))?;
-    Ok(VolumeSource::HostPath { path, kind })
 }
 
 /// `image` (KEP-4639): the container runtime mounts it; only a filesystem
@@ -513,7 +484,7 @@ pub fn needs_objects(pod: &Pod) -> bool {
 /// pod's namespace as the node stage secret.
 fn migrated_inline(
     v: &Volume,
-    migrated: Result<super::migration::Migrated, String>,
+    migrated: Result<super::migration::Migrated, super::migration::TranslateError>,
     usage: Usage,
     ctx: &ResolveContext<'_>,
 ) -> Result<CsiVolumeSource, VolumeSpecError> {

@@ -1,82 +1,96 @@
-//! The SELinux label a volume is mounted with (`-o context=`), as the
-//! kubelet's `GetMountSELinuxLabel` (`pkg/volume/util/selinux.go`) and its
-//! label translator compute it.
+//! What a pod says about the SELinux label of each volume it uses (the
+//! inputs of the kubelet's `getSELinuxLabel`, see `cache::selinux`): the
+//! kubelet's `GetPodVolumeNames` (`pkg/volume/util/util.go`) collecting the
+//! effective `seLinuxOptions` of each container that mounts the volume, and
+//! its label translator (`pkg/volume/util/selinux.go`) turning them into
+//! file labels.
 //!
-//! - Each container that mounts the volume runs with its own
-//!   `securityContext.seLinuxOptions`, or else the pod's (the whole struct:
-//!   a container's options replace the pod's).
-//! - Its *file* label is go-selinux's `InitLabels` mount label: the
-//!   default container file context `system_u:object_r:container_file_t`
-//!   with the options' `user` (if set) and `level`. Role and type are the
-//!   process's, not the file's, so they are not used.
-//! - Every container that mounts the volume must end with the same label,
-//!   or the volume is refused ("conflicting SELinux labels").
-//! - No level, no label: the runtime would pick a random level that cannot
-//!   be known here, and then relabels the files itself.
-//! - `seLinuxChangePolicy: Recursive` asks for that relabelling instead of
-//!   a mount option.
-//!
-//! Whether the label is used at all is the CSIDriver's (`seLinuxMount`),
-//! the access mode's (ReadWriteOncePod) and the host's (SELinux enabled):
-//! see `csi_driver` and the CSI plugin.
+//! - Each container (init, regular and ephemeral) that mounts the volume
+//!   runs with its own `securityContext.seLinuxOptions`, or else the pod's
+//!   (`DetermineEffectiveSecurityContext`: the whole struct, a container's
+//!   options replace the pod's). A container with neither adds nothing.
+//! - Its *file* label is go-selinux's `InitLabels` mount label: the default
+//!   container file context `system_u:object_r:container_file_t` with the
+//!   options' `user` (if set) and `level`. Role and type are the process's,
+//!   not the file's, so they are not used.
+//! - Options without a level: go-selinux gives each a random level, which
+//!   the container runtime does not share (it picks its own). Two such
+//!   containers, or one next to a container with a level, conflict, as
+//!   with the kubelet; a single one gives no label here (the kubelet would
+//!   mount with a random level no container can use).
+//! - The PersistentVolume's access modes, for the access-mode rule and the
+//!   metrics (`None`: an inline volume).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Pod, SELinuxOptions};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, SELinuxOptions};
 
-use super::VolumeSpecError;
+use crate::cache::selinux::VolumeSeLinux;
+use crate::populator::objects::ObjectStore;
 
 /// The default container file context's user (go-selinux, `lxc_contexts`).
 const DEFAULT_USER: &str = "system_u";
 /// The default container file context's role and type.
 const FILE_ROLE_TYPE: &str = "object_r:container_file_t";
 
-/// The label to mount pod volume `volume` with, if it gets one.
-pub(super) fn mount_label(pod: &Pod, volume: &str) -> Result<Option<String>, VolumeSpecError> {
+/// What pod `pod` says about the label of its volume `volume`; `objects`
+/// give the PersistentVolume of a claim.
+pub(super) fn volume_selinux(
+    pod: &Pod,
+    volume: &k8s_openapi::api::core::v1::Volume,
+    namespace: &str,
+    objects: Option<&ObjectStore>,
+) -> VolumeSeLinux {
+    let mut out = VolumeSeLinux::default();
     let Some(spec) = pod.spec.as_ref() else {
-        return Ok(None);
+        return out;
     };
     let pod_sc = spec.security_context.as_ref();
-    if pod_sc.and_then(|s| s.se_linux_change_policy.as_deref()) == Some("Recursive") {
-        return Ok(None);
-    }
+    out.recursive = pod_sc.and_then(|s| s.se_linux_change_policy.as_deref()) == Some("Recursive");
     let pod_options = pod_sc.and_then(|s| s.se_linux_options.as_ref());
+    let name = volume.name.as_str();
+    let mounts = |m: &Option<Vec<k8s_openapi::api::core::v1::VolumeMount>>| {
+        m.iter().flatten().any(|m| m.name == name)
+    };
     let containers = spec
         .init_containers
         .iter()
         .flatten()
         .chain(spec.containers.iter())
-        .filter(|c| mounts(c, volume));
-    let labels: BTreeSet<Option<String>> = containers
-        .map(|c| {
-            let own = c
-                .security_context
-                .as_ref()
-                .and_then(|s| s.se_linux_options.as_ref());
-            file_label(own.or(pod_options))
-        })
-        .collect();
-    if labels.len() > 1 {
-        let shown: Vec<&str> = labels
-            .iter()
-            .map(|l| l.as_deref().unwrap_or("<none>"))
-            .collect();
-        return Err(VolumeSpecError::Invalid(format!(
-            "conflicting SELinux labels of volume {volume:?} among the containers that mount it: {}",
-            shown.join(", ")
-        )));
+        .filter(|c| mounts(&c.volume_mounts))
+        .map(|c| own(c.security_context.as_ref()));
+    let ephemeral = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .filter(|c| mounts(&c.volume_mounts))
+        .map(|c| own(c.security_context.as_ref()));
+    let mut labels = BTreeSet::new();
+    for options in containers
+        .chain(ephemeral)
+        .filter_map(|o| o.or(pod_options))
+    {
+        match file_label(options) {
+            Some(l) => {
+                labels.insert(Arc::<str>::from(l));
+            }
+            None => out.random_levels += 1,
+        }
     }
-    Ok(labels.into_iter().next().flatten())
+    out.file_labels = labels;
+    out.pv_access_modes = objects.and_then(|o| pv_access_modes(pod, volume, namespace, o));
+    out
 }
 
-/// Whether container `c` mounts pod volume `volume`.
-fn mounts(c: &Container, volume: &str) -> bool {
-    c.volume_mounts.iter().flatten().any(|m| m.name == volume)
+/// A container's own `seLinuxOptions`.
+fn own(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> Option<&SELinuxOptions> {
+    sc.and_then(|s| s.se_linux_options.as_ref())
 }
 
-/// The file label of a container running with `options`.
-fn file_label(options: Option<&SELinuxOptions>) -> Option<String> {
-    let o = options?;
+/// The file label of a container running with `options`; `None` when they
+/// have no level.
+fn file_label(o: &SELinuxOptions) -> Option<String> {
     let level = o.level.as_deref().filter(|l| !l.is_empty())?;
     let user = o
         .user
@@ -84,6 +98,42 @@ fn file_label(options: Option<&SELinuxOptions>) -> Option<String> {
         .filter(|u| !u.is_empty())
         .unwrap_or(DEFAULT_USER);
     Some(format!("{user}:{FILE_ROLE_TYPE}:{level}"))
+}
+
+/// The access modes of the PersistentVolume bound to the claim of
+/// `volume` (a `persistentVolumeClaim`, or a generic ephemeral volume's
+/// `<pod>-<volume>` claim), when `objects` know both.
+fn pv_access_modes(
+    pod: &Pod,
+    volume: &k8s_openapi::api::core::v1::Volume,
+    namespace: &str,
+    objects: &ObjectStore,
+) -> Option<Vec<String>> {
+    let claim = match (&volume.persistent_volume_claim, &volume.ephemeral) {
+        (Some(c), _) => c.claim_name.clone(),
+        (None, Some(_)) => format!(
+            "{}-{}",
+            pod.metadata.name.as_deref().unwrap_or(""),
+            volume.name
+        ),
+        (None, None) => return None,
+    };
+    let pvc = objects.get::<PersistentVolumeClaim>(namespace, &claim)?;
+    let bound = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty());
+    let pv = match bound {
+        Some(name) => objects.get::<PersistentVolume>("", name)?,
+        None => objects.persistent_volume_for_claim(namespace, &claim)?,
+    };
+    Some(
+        pv.spec
+            .as_ref()
+            .and_then(|s| s.access_modes.clone())
+            .unwrap_or_default(),
+    )
 }
 
 #[cfg(test)]
@@ -103,22 +153,44 @@ mod tests {
         c
     }
 
-    #[test]
-    fn the_pods_level_gives_the_container_file_label() {
-        let p = pod(
-            json!({"securityContext": {"seLinuxOptions": {"level": "s0:c1,c2", "type": "spc_t", "role": "r"}},
-                           "containers": [c("a", "data", None)]}),
-        );
-        assert_eq!(
-            mount_label(&p, "data").unwrap().as_deref(),
-            Some("system_u:object_r:container_file_t:s0:c1,c2")
-        );
-        // A volume no container mounts, and a pod without options.
-        assert_eq!(mount_label(&p, "other").unwrap(), None);
-        let p = pod(json!({"containers": [c("a", "data", None)]}));
-        assert_eq!(mount_label(&p, "data").unwrap(), None);
+    fn facts(p: &Pod, volume: &str) -> VolumeSeLinux {
+        let v = k8s_openapi::api::core::v1::Volume {
+            name: volume.into(),
+            ..Default::default()
+        };
+        volume_selinux(p, &v, "default", None)
     }
 
+    fn labels(f: &VolumeSeLinux) -> Vec<&str> {
+        f.file_labels.iter().map(|l| &**l).collect()
+    }
+
+    /// `Test_AddPodToVolume_SELinuxSinglePod`'s translations (its fake
+    /// translator fills the same defaults as go-selinux for these): the
+    /// complete options and the level-only ones give
+    /// `system_u:object_r:container_file_t:s0:c1,c2`; no options, no label.
+    #[test]
+    fn the_pods_level_gives_the_container_file_label() {
+        for options in [
+            json!({"user": "system_u", "role": "object_r", "type": "container_t", "level": "s0:c1,c2"}),
+            json!({"level": "s0:c1,c2"}),
+            json!({"level": "s0:c1,c2", "type": "spc_t", "role": "r"}),
+        ] {
+            let p = pod(json!({"securityContext": {"seLinuxOptions": options},
+                               "containers": [c("a", "data", None)]}));
+            assert_eq!(
+                labels(&facts(&p, "data")),
+                ["system_u:object_r:container_file_t:s0:c1,c2"]
+            );
+            // A volume no container mounts.
+            assert_eq!(facts(&p, "other"), VolumeSeLinux::default());
+        }
+        let p = pod(json!({"containers": [c("a", "data", None)]}));
+        assert_eq!(facts(&p, "data"), VolumeSeLinux::default());
+    }
+
+    /// `DetermineEffectiveSecurityContext`: a container's options replace
+    /// the pod's whole; init and ephemeral containers count.
     #[test]
     fn a_containers_options_replace_the_pods() {
         let p = pod(
@@ -127,32 +199,44 @@ mod tests {
                            "initContainers": [c("i", "data", Some(json!({"user": "u", "level": "s0:c3,c4"})))]}),
         );
         assert_eq!(
-            mount_label(&p, "data").unwrap().as_deref(),
-            Some("u:object_r:container_file_t:s0:c3,c4")
+            labels(&facts(&p, "data")),
+            ["u:object_r:container_file_t:s0:c3,c4"]
         );
-        // No level in the container's own options: no label, even though
-        // the pod has one (the struct is replaced, not merged).
+        // No level in the container's own options: a random one, not the
+        // pod's (the struct is replaced, not merged).
         let p = pod(
             json!({"securityContext": {"seLinuxOptions": {"level": "s0:c1,c2"}},
                            "containers": [c("a", "data", Some(json!({"type": "container_t"})))]}),
         );
-        assert_eq!(mount_label(&p, "data").unwrap(), None);
+        let f = facts(&p, "data");
+        assert!(f.file_labels.is_empty());
+        assert_eq!(f.random_levels, 1);
+        let p = pod(json!({"containers": [c("a", "data", None)],
+                           "ephemeralContainers": [c("e", "data", Some(json!({"level": "s0:c9"})))]}));
+        assert_eq!(
+            labels(&facts(&p, "data")),
+            ["system_u:object_r:container_file_t:s0:c9"]
+        );
     }
 
+    /// Containers that disagree give both labels (the kubelet's
+    /// `MultipleSELinuxLabelsError`, decided in `cache::selinux`); a
+    /// container without options adds none; the Recursive policy is kept.
     #[test]
-    fn conflicting_labels_are_refused_and_recursive_opts_out() {
-        let p = pod(
-            json!({"securityContext": {"seLinuxOptions": {"level": "s0:c1,c2"}},
-                           "containers": [c("a", "data", None), c("b", "data", Some(json!({"level": "s0:c9"})))]}),
-        );
-        let e = mount_label(&p, "data").unwrap_err();
-        assert!(e.to_string().contains("conflicting SELinux labels"), "{e}");
-        assert!(e.to_string().contains("s0:c9"), "{e}");
+    fn containers_that_disagree_give_every_label() {
         let p = pod(
             json!({"securityContext": {"seLinuxOptions": {"level": "s0:c1,c2"},
                                                "seLinuxChangePolicy": "Recursive"},
-                           "containers": [c("a", "data", None)]}),
+                           "containers": [c("a", "data", None), c("b", "data", Some(json!({"level": "s0:c9"})))]}),
         );
-        assert_eq!(mount_label(&p, "data").unwrap(), None);
+        let f = facts(&p, "data");
+        assert_eq!(
+            labels(&f),
+            [
+                "system_u:object_r:container_file_t:s0:c1,c2",
+                "system_u:object_r:container_file_t:s0:c9"
+            ]
+        );
+        assert!(f.recursive);
     }
 }

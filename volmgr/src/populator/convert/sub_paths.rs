@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{
     PodStatus, VolumeMount,
 };
 
-use crate::plugins::subpath::check_sub_path;
+use crate::plugins::subpath::{check_sub_path, SubPathError};
 use crate::util::expansion::{expand, mapping_for};
 use crate::volume::{check_volume_name, PodUid, SubPath, SubPathRelease};
 
@@ -126,7 +126,7 @@ pub fn sub_path_status(pod: &Pod) -> Option<PodStatus> {
 }
 
 /// Per volume name: its uses with a subPath, or why one cannot be used.
-pub(super) type SubPathUses = HashMap<String, Result<Vec<SubPath>, String>>;
+pub(super) type SubPathUses = HashMap<String, Result<Vec<SubPath>, SubPathError>>;
 
 /// The subPath uses of every volume of `pod` (whose UID is `uid`).
 pub(super) fn sub_paths_of(pod: &Pod, uid: &PodUid) -> SubPathUses {
@@ -177,12 +177,11 @@ fn sub_path(
     index: usize,
     m: &VolumeMount,
     env: &HashMap<String, String>,
-) -> Result<SubPath, String> {
-    let fail = |why: String| {
-        format!(
-            "failed to prepare subPath for volumeMount {:?} of container {container:?}: {why}",
-            m.name
-        )
+) -> Result<SubPath, SubPathError> {
+    let fail = |reason: String| SubPathError::Prepare {
+        volume: m.name.clone(),
+        container: container.to_string(),
+        reason,
     };
     check_volume_name(container)
         .map_err(|_| fail(format!("invalid container name {container:?}")))?;
@@ -195,9 +194,10 @@ fn sub_path(
             ))
         }
         (false, true) => plain.to_string(),
-        _ => expand_sub_path_expr(expr, env).map_err(fail)?,
+        _ => expand_sub_path_expr(expr, env)
+            .map_err(|missing| fail(format!("missing value for {}", missing.join(", "))))?,
     };
-    check_sub_path(&path).map_err(|e| e.to_string())?;
+    check_sub_path(&path)?;
     Ok(SubPath {
         container: container.to_string(),
         index,
@@ -205,8 +205,9 @@ fn sub_path(
     })
 }
 
-/// `ExpandContainerVolumeMounts`: every `$(NAME)` needs a non-empty value.
-fn expand_sub_path_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, String> {
+/// `ExpandContainerVolumeMounts`: every `$(NAME)` needs a non-empty value;
+/// else the names without one.
+fn expand_sub_path_expr(expr: &str, env: &HashMap<String, String>) -> Result<String, Vec<String>> {
     let mut missing = std::collections::BTreeSet::new();
     let out = expand(expr, |name| match env.get(name) {
         Some(v) if !v.is_empty() => v.clone(),
@@ -218,8 +219,7 @@ fn expand_sub_path_expr(expr: &str, env: &HashMap<String, String>) -> Result<Str
     if missing.is_empty() {
         Ok(out)
     } else {
-        let names: Vec<_> = missing.into_iter().collect();
-        Err(format!("missing value for {}", names.join(", ")))
+        Err(missing.into_iter().collect())
     }
 }
 
@@ -355,7 +355,7 @@ mod tests {
         // Unset, from a Secret (unknown here), or empty: missing.
         for var in ["UNSET", "SECRET", "EMPTY"] {
             let uses = sub_paths_of(&pod(mounts(&format!("a/$({var})"))), &uid);
-            let err = uses["data"].clone().unwrap_err();
+            let err = uses["data"].as_ref().unwrap_err().to_string();
             assert!(err.contains(&format!("missing value for {var}")), "{err}");
             assert!(
                 err.contains("volumeMount \"data\" of container \"c\""),
@@ -471,8 +471,9 @@ mod tests {
                 m[k] = v.clone();
             }
             let err = sub_paths_of(&pod(json!([m])), &uid)["data"]
-                .clone()
-                .unwrap_err();
+                .as_ref()
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{mount}: {err}");
         }
     }

@@ -42,8 +42,8 @@ use tokio::sync::watch;
 
 use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::convert::VolumeSpecError;
-use crate::populator::objects::resolver::{PodResolver, Resolvable};
 use crate::populator::objects::{KubeObject, ObjectRef};
+use crate::populator::resolver::{PodResolver, Resolvable};
 use crate::populator::PodSink;
 use crate::sys::inotify::{self, WatchError};
 use crate::util::fast_map::FastMap;

@@ -10,6 +10,20 @@ use super::{block_yaml, yaml_depth};
 use crate::populator::convert::pod::{DesiredPod, PodRejected};
 use crate::populator::objects::{self, KubeObject, ObjectKind};
 
+/// Why a document of a manifest file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    /// Not JSON.
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Not YAML.
+    #[error("invalid YAML: {0}")]
+    Yaml(#[from] serde_norway::Error),
+    /// Nested deeper than [`yaml_depth::MAX_DEPTH`]: not parsed at all.
+    #[error("invalid YAML: {0}; this document and those after it are not read")]
+    TooDeep(yaml_depth::TooDeep),
+}
+
 /// What one file yielded.
 #[derive(Debug, Default)]
 pub struct ParsedFile {
@@ -67,13 +81,13 @@ pub fn parse_manifest(text: &str, json: bool) -> ParsedFile {
 }
 
 /// The documents of a JSON stream, up to the first that does not parse.
-fn json_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
+fn json_documents(text: &str) -> Vec<Result<serde_json::Value, DocumentError>> {
     let mut docs = Vec::new();
     for d in serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>() {
         match d {
             Ok(v) => docs.push(Ok(v)),
             Err(e) => {
-                docs.push(Err(format!("invalid JSON: {e}")));
+                docs.push(Err(e.into()));
                 break;
             }
         }
@@ -85,7 +99,7 @@ fn json_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
 /// nests deeper than [`yaml_depth::MAX_DEPTH`] (not parsed at all). A file
 /// of one document in the common subset of YAML is read by
 /// [`block_yaml`] alone, the rest by serde_norway.
-fn yaml_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
+fn yaml_documents(text: &str) -> Vec<Result<serde_json::Value, DocumentError>> {
     if let Some(v) = block_yaml::parse(text) {
         return vec![Ok(v)];
     }
@@ -99,15 +113,13 @@ fn yaml_documents(text: &str) -> Vec<Result<serde_json::Value, String>> {
             Ok(serde_json::Value::Null) => {}
             Ok(v) => docs.push(Ok(v)),
             Err(e) => {
-                docs.push(Err(format!("invalid YAML: {e}")));
+                docs.push(Err(e.into()));
                 return docs;
             }
         }
     }
     if let Some(e) = too_deep {
-        docs.push(Err(format!(
-            "invalid YAML: {e}; this document and those after it are not read"
-        )));
+        docs.push(Err(DocumentError::TooDeep(e)));
     }
     docs
 }

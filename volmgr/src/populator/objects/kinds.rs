@@ -104,6 +104,13 @@ macro_rules! followed_kinds {
                 }
             }
 
+            /// The kind's collection in the API's paths (`persistentvolumes`).
+            pub fn url_path_segment(self) -> &'static str {
+                match self {
+                    $( Self::$variant => <$ty as Resource>::URL_PATH_SEGMENT, )*
+                }
+            }
+
             /// Whether objects of the kind live outside namespaces.
             pub fn cluster_scoped(self) -> bool {
                 match self {

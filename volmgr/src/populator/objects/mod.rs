@@ -4,11 +4,11 @@
 //! line each), the one decoder ([`decode`]), the [`ObjectStore`] pod
 //! resolution reads by kind (recording what it read), the bookkeeping of
 //! which pod read which object ([`Dependents`]) so a change re-resolves
-//! exactly the pods that depend on it, and the [`resolver`] doing that.
+//! exactly the pods that depend on it (the populator's
+//! [`resolver`](crate::populator::resolver) does that).
 
 mod dependents;
 pub mod kinds;
-pub mod resolver;
 mod store;
 
 pub use dependents::Dependents;

@@ -1,5 +1,10 @@
 use super::*;
 
+// Tests of the reconciler through the whole manager (the reconciler's own
+// layer does not see the manager).
+mod reconciler;
+mod reconciler_scenarios;
+
 use crate::cache::actual_state_of_world::MountedPod;
 use crate::sys::fake::{Call, FakeMounter};
 
@@ -415,6 +420,7 @@ fn desired(uid: &str, vols: Vec<(&str, crate::volume::VolumeSource)>) -> Desired
                 name: n.into(),
                 source: Ok(s),
                 sub_paths: vec![],
+                selinux: Default::default(),
             })
             .collect(),
         terminated: false,

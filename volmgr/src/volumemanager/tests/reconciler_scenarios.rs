@@ -199,6 +199,7 @@ fn desired(uid: &str) -> DesiredPod {
             name: "shared".into(),
             source: Ok(nfs()),
             sub_paths: vec![],
+            selinux: Default::default(),
         }],
         terminated: false,
         sub_path_release: crate::volume::SubPathRelease::All,

@@ -1,0 +1,264 @@
+//! A yardstick that noise cannot move: the file and mount system calls the
+//! agent makes per volume, for a storm of N `emptyDir{medium: Memory}` pods
+//! mounted and then torn down, counted by `strace -c` attached to the
+//! running agent. Wall-clock ratios on a shared 2-CPU machine move by 10-25
+//! % between rounds; these counts do not. The committed figures live in
+//! BENCHMARKS.md ("Yardsticks: system calls per volume"); this test fails
+//! when a figure grows by more than 10 % over the committed one, so a cost
+//! added per volume is seen in review, not months later.
+//!
+//! Counted: the calls that work on files and mounts (`openat`, `mkdirat`,
+//! `mount`, `umount2`, `statx`, `getdents64`, `unlinkat`, `close`, ...).
+//! Not counted: the runtime's coordination (`futex`, `epoll_*`, eventfd
+//! `read`/`write`, timers, memory mapping), which depends on scheduling.
+//! The raw loop of BENCHMARKS.md ("Core") makes 5 such calls per volume to
+//! mount (4 `mkdir`, 1 `mount`) and 5 to tear down (1 `umount2`, 4
+//! `rmdir`).
+//!
+//! Needs root (a private mount namespace, tmpfs mounts) and `strace`
+//! (scripts/bootstrap.sh installs it).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::zombie_processes
+)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{isolated, Env};
+
+/// Pods in the storm.
+const N: usize = 500;
+/// How much a figure may grow over the committed one.
+const TOLERANCE: f64 = 1.10;
+
+/// Whether `name` is a call that works on files or mounts.
+fn counted(name: &str) -> bool {
+    const EXACT: &[&str] = &[
+        "close",
+        "close_range",
+        "rmdir",
+        "getdents64",
+        "lseek",
+        "fsync",
+        "ftruncate",
+        "fallocate",
+        "fsopen",
+        "fsmount",
+        "fsconfig",
+        "fspick",
+        "move_mount",
+        "open_tree",
+        "mount_setattr",
+        "statfs",
+        "fstatfs",
+        "inotify_add_watch",
+        "inotify_rm_watch",
+        "utimensat",
+        "access",
+        "faccessat",
+        "faccessat2",
+    ];
+    const PREFIXES: &[&str] = &[
+        "open",
+        "mkdir",
+        "mount",
+        "umount",
+        "stat",
+        "newfstatat",
+        "fstat",
+        "lstat",
+        "unlink",
+        "rename",
+        "chmod",
+        "fchmod",
+        "chown",
+        "fchown",
+        "lchown",
+        "readlink",
+        "symlink",
+        "link",
+        "setxattr",
+        "lsetxattr",
+        "fsetxattr",
+        "getxattr",
+        "lgetxattr",
+        "fgetxattr",
+    ];
+    EXACT.contains(&name) || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// `strace -c` attached to every thread of `pid`, until [`stop`].
+fn attach(pid: u32, out: &Path) -> Child {
+    let child = Command::new("strace")
+        .args(["-f", "-qq", "-c", "-U", "name,calls", "-o"])
+        .arg(out)
+        .arg("-p")
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("strace (scripts/bootstrap.sh installs it)");
+    // Attached once every thread of the agent has a tracer.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        let all = tasks.flatten().all(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            status
+                .lines()
+                .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0"))
+        });
+        if all {
+            return child;
+        }
+        assert!(Instant::now() < deadline, "strace did not attach");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Detaches `strace` and reads its counts by call.
+fn stop(mut strace: Child, out: &Path) -> BTreeMap<String, u64> {
+    let pid = nix::unistd::Pid::from_raw(strace.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    strace.wait().unwrap();
+    let text = std::fs::read_to_string(out).unwrap();
+    let mut calls = BTreeMap::new();
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        if let (Some(name), Some(n), None) = (w.next(), w.next(), w.next()) {
+            if let Ok(n) = n.parse::<u64>() {
+                if name != "total" {
+                    calls.insert(name.to_string(), n);
+                }
+            }
+        }
+    }
+    assert!(!calls.is_empty(), "no counts in strace's output:\n{text}");
+    calls
+}
+
+/// Counted calls per volume, and the top ones (for the message).
+fn per_volume(calls: &BTreeMap<String, u64>) -> (f64, String) {
+    let mut top: Vec<(&String, &u64)> = calls.iter().filter(|(c, _)| counted(c)).collect();
+    let total: u64 = top.iter().map(|(_, n)| **n).sum();
+    top.sort_by(|a, b| b.1.cmp(a.1));
+    let shown: Vec<String> = top
+        .iter()
+        .take(12)
+        .map(|(c, n)| format!("{c} {:.2}", **n as f64 / N as f64))
+        .collect();
+    (total as f64 / N as f64, shown.join(", "))
+}
+
+/// The committed figure of yardstick `key` in BENCHMARKS.md: the second
+/// cell of the table row whose first cell is `` `key` ``.
+fn committed(key: &str) -> f64 {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let cell = format!("| `{key}` |");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&cell))
+        .unwrap_or_else(|| panic!("BENCHMARKS.md has no row {cell}"));
+    line[cell.len()..]
+        .split('|')
+        .next()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("BENCHMARKS.md row {cell}: no figure"))
+}
+
+fn manifest(i: usize) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p{i}","namespace":"bench","uid":"uid-{i:05}"}},"spec":{{"containers":[{{"name":"c","image":"i","volumeMounts":[{{"name":"cache","mountPath":"/cache"}}]}}],"volumes":[{{"name":"cache","emptyDir":{{"medium":"Memory","sizeLimit":"16Mi"}}}}]}}}}"#
+    )
+}
+
+/// The number of volumes mounted under ROOT.
+fn mounted(env: &Env) -> usize {
+    let root = env.root.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.starts_with(&root) && p != root)
+        })
+        .count()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn file_and_mount_syscalls_per_volume_stay_within_the_committed_figures() {
+    isolated(
+        "file_and_mount_syscalls_per_volume_stay_within_the_committed_figures",
+        || {
+            if Command::new("strace").arg("-V").output().is_err() {
+                eprintln!("SKIP: no strace (scripts/bootstrap.sh installs it)");
+                return;
+            }
+            let env = Env::new();
+            // Nothing periodic during the windows: no resync, rescan or stats.
+            let agent = env.start_agent_env(
+                &[
+                    "--tracer",
+                    "off",
+                    "--resync-period",
+                    "1h",
+                    "--rescan-period",
+                    "1h",
+                    "--volume-stats-period",
+                    "1h",
+                ],
+                &[("RUST_LOG", "warn")],
+            );
+            env.wait_synced();
+            let out = env.dir.path().join("strace-mount.txt");
+            let strace = attach(agent.child.id(), &out);
+            for i in 0..N {
+                env.write_manifest(&format!("p{i}.json"), &manifest(i));
+            }
+            wait_until("every volume mounted", || mounted(&env) == N);
+            let (mount, mount_top) = per_volume(&stop(strace, &out));
+
+            let out = env.dir.path().join("strace-teardown.txt");
+            let strace = attach(agent.child.id(), &out);
+            for i in 0..N {
+                env.remove_manifest(&format!("p{i}.json"));
+            }
+            let pods = env.root.join("pods");
+            wait_until("every pod directory removed", || {
+                mounted(&env) == 0 && std::fs::read_dir(&pods).map_or(true, |d| d.count() == 0)
+            });
+            let (teardown, teardown_top) = per_volume(&stop(strace, &out));
+            drop(agent);
+
+            eprintln!("file and mount syscalls per volume, N = {N}: mount {mount:.2} ({mount_top}); teardown {teardown:.2} ({teardown_top}); raw loop 5 and 5");
+            for (key, got, top) in [
+                ("syscalls_per_volume_mount", mount, &mount_top),
+                ("syscalls_per_volume_teardown", teardown, &teardown_top),
+            ] {
+                let want = committed(key);
+                assert!(
+                got <= want * TOLERANCE,
+                "{key}: {got:.2} file and mount syscalls per volume, over the committed {want} by more than 10 % ({top}): cut it, or commit the new figure in BENCHMARKS.md with why"
+            );
+            }
+        },
+    );
+}

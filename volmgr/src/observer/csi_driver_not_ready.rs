@@ -1,0 +1,672 @@
+//! (k) [`FindingKind::CsiDriverNotReady`]: the CSI registration triage of
+//! the kubelet's "driver name X not found in the list of registered CSI
+//! drivers". For the driver of each CSI volume a pod waits for (a
+//! [`FindingKind::VolumeStuck`] finding: needed for `--stuck-after` and
+//! nothing set up; a driver starting up is normal), four read-only checks,
+//! in the order the kubelet depends on them:
+//!
+//! 1. a registration socket of the driver in `ROOT/plugins_registry` (where
+//!    the kubelet's plugin watcher looks, subdirectories one level deep;
+//!    names starting with `.` and what is not a socket are skipped, as the
+//!    watcher does);
+//! 2. its `GetInfo` answers (the plugin registration API, the watcher's own
+//!    client: [`registration::get_info`]) with the driver's name, and
+//!    passes the kubelet's validation (type, version, endpoint);
+//!    `NotifyRegistrationStatus` is never called;
+//! 3. the endpoint it names answers CSI `Identity.Probe` (ready) and
+//!    `GetPluginInfo` with the same name;
+//! 4. the node's CSINode lists the driver (a GET of the node's own CSINode,
+//!    when the agent has an API server; else "not checked").
+//!
+//! The first failing step is the finding's summary; the evidence lists
+//! every step with its result. Every call is bounded by [`CALL_TIMEOUT`]
+//! and runs in one worker thread (one pass at a time for all drivers, so at
+//! most one triage of a driver in flight), never in the scan: a scan uses
+//! the results of the last pass (kept [`REFRESH`]) and starts a new pass
+//! when they are older. A pass's result shows at the next scan. The
+//! stuck volume's finding gets the triage's summary as a line of evidence
+//! (a healthy driver rules registration out), and a failing triage adds a
+//! [`FindingKind::CsiDriverNotReady`] finding on the same pod (its event
+//! goes to the pod).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{finding, Observer, Snapshot};
+use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use crate::pluginmanager::csi_proto::csi;
+use crate::pluginmanager::registration;
+use crate::pluginmanager::registry::DriverRegistry;
+use crate::status::{Finding, FindingKind};
+use crate::sys::root_dir::{RelPath, RootDir};
+use crate::util::sync::MutexExt;
+use crate::volume::{PodUid, VolumeSource};
+
+/// The deadline of each call of the triage (connecting, `GetInfo`,
+/// `Probe`, `GetPluginInfo`, the CSINode GET).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a driver's triage is used before it is done again.
+pub const REFRESH: Duration = Duration::from_secs(10);
+/// Registration sockets asked per pass (the rest are counted).
+const MAX_SOCKETS: usize = 64;
+/// Drivers triaged per pass.
+const MAX_DRIVERS: usize = 32;
+/// Other registration sockets named in a failing step 1's evidence.
+const SOCKETS_SHOWN: usize = 8;
+/// The kubelet's registration directory under ROOT.
+pub const PLUGINS_REGISTRY: &str = "plugins_registry";
+
+/// The node's CSINode, read for step 4.
+pub trait CsiNodeLookup: Send + Sync {
+    /// The node's name.
+    fn node(&self) -> &str;
+    /// The driver names the node's CSINode lists (`Ok(None)`: there is no
+    /// CSINode object), or why it could not be read; within `timeout`.
+    /// Called from the triage's worker thread, never from a runtime's.
+    fn drivers(&self, timeout: Duration) -> Result<Option<Vec<String>>, String>;
+}
+
+/// The step of the triage that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// 1: no registration socket of the driver.
+    Registration,
+    /// 2: its registration socket does not answer `GetInfo` right.
+    GetInfo,
+    /// 3: its endpoint does not answer `Probe`/`GetPluginInfo` right.
+    Probe,
+    /// 4: the node's CSINode does not list it.
+    CsiNode,
+}
+
+/// One driver's triage.
+#[derive(Debug, Clone)]
+pub struct Triage {
+    /// The first step that failed, `None` when none did.
+    pub failed: Option<Step>,
+    /// One line: the first failure, or that the driver is registered.
+    pub summary: String,
+    /// The path the failure concerns (the registration directory, the
+    /// registration socket or the endpoint).
+    pub path: PathBuf,
+    /// Each step with its result.
+    pub evidence: Vec<String>,
+}
+
+#[derive(Default)]
+struct Shared {
+    results: HashMap<String, (Instant, Triage)>,
+    in_flight: bool,
+}
+
+/// The triage's state kept by the [`Observer`]: the last results and
+/// whether a pass is running.
+#[derive(Default)]
+pub(super) struct CsiTriage {
+    shared: Arc<Mutex<Shared>>,
+    lookup: Option<Arc<dyn CsiNodeLookup>>,
+}
+
+impl Observer {
+    /// Reads the node's CSINode through `lookup` for the CSI triage's
+    /// step 4 (without one, CSINode is not checked).
+    pub fn with_csinode(mut self, lookup: Arc<dyn CsiNodeLookup>) -> Self {
+        self.csi.lookup = Some(lookup);
+        self
+    }
+}
+
+impl CsiTriage {
+    /// Completes the stuck CSI volumes' findings in `out` with their
+    /// driver's triage, adds a finding per stuck volume whose driver fails
+    /// it, and starts a pass when a result is missing or old.
+    pub(super) fn add_findings(
+        &mut self,
+        snap: &Snapshot,
+        dsw: &DesiredStateOfWorld,
+        now: Instant,
+        out: &mut Vec<Finding>,
+    ) {
+        let stuck: Vec<(usize, String)> = out
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.kind == FindingKind::VolumeStuck)
+            .filter_map(|(i, f)| Some((i, driver_of(dsw, f)?)))
+            .collect();
+        let needed: BTreeSet<String> = stuck
+            .iter()
+            .map(|(_, d)| d.clone())
+            .take(MAX_DRIVERS)
+            .collect();
+        let mut shared = self.shared.locked();
+        shared.results.retain(|d, _| needed.contains(d));
+        let stale = needed.iter().any(|d| {
+            shared
+                .results
+                .get(d)
+                .is_none_or(|(at, _)| now.saturating_duration_since(*at) >= REFRESH)
+        });
+        if stale && !shared.in_flight {
+            shared.in_flight = self.start_pass(snap, needed.into_iter().collect());
+        }
+        let mut added = Vec::new();
+        for (i, driver) in stuck {
+            let Some((_, t)) = shared.results.get(&driver) else {
+                continue;
+            };
+            let f = &mut out[i];
+            f.evidence
+                .push(format!("CSI driver {driver:?}: {}", t.summary));
+            if t.failed.is_some() {
+                added.push(driver_finding(f, &driver, t));
+            }
+        }
+        out.extend(added);
+    }
+
+    /// Starts a pass over `drivers` in a thread of its own; whether it
+    /// started.
+    fn start_pass(&self, snap: &Snapshot, drivers: Vec<String>) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let lookup = self.lookup.clone();
+        let dir = Arc::clone(&snap.dir);
+        let spawned = std::thread::Builder::new()
+            .name("csi-triage".into())
+            .spawn(move || {
+                let results = triage_all(&dir, &drivers, lookup.as_deref());
+                let mut s = shared.locked();
+                let at = Instant::now();
+                for (d, t) in drivers.into_iter().zip(results) {
+                    s.results.insert(d, (at, t));
+                }
+                s.in_flight = false;
+            });
+        if let Err(e) = &spawned {
+            tracing::warn!(error = %e, "observe: the CSI triage could not start");
+        }
+        spawned.is_ok()
+    }
+}
+
+/// The CSI driver of a stuck volume's finding (its pod's volume, resolved
+/// to a CSI source: inline, PersistentVolume or migrated in-tree).
+fn driver_of(dsw: &DesiredStateOfWorld, f: &Finding) -> Option<String> {
+    let uid = PodUid::new(f.pod_uid.as_deref()?).ok()?;
+    let pod = dsw.pod(&uid)?;
+    let v = pod
+        .volumes
+        .iter()
+        .find(|v| Some(&v.outer_name) == f.volume.as_ref())?;
+    let name = v.volume.as_ref().ok()?;
+    let spec = &dsw.volume(name)?.pods.get(&uid)?.spec;
+    match &spec.source {
+        VolumeSource::Csi(c) => Some(c.driver.clone()),
+        _ => None,
+    }
+}
+
+/// The [`FindingKind::CsiDriverNotReady`] finding of `stuck`'s pod.
+fn driver_finding(stuck: &Finding, driver: &str, t: &Triage) -> Finding {
+    let mut f = finding(
+        FindingKind::CsiDriverNotReady,
+        t.path.display().to_string(),
+        t.summary.clone(),
+    );
+    f.pod_uid = stuck.pod_uid.clone();
+    f.pod = stuck.pod.clone();
+    f.volume = stuck.volume.clone();
+    f.since = stuck.since.clone();
+    f.evidence = vec![format!(
+        "needed by volume {:?} of pod {}, nothing set up",
+        stuck.volume.as_deref().unwrap_or("?"),
+        stuck.pod.as_deref().unwrap_or("?")
+    )];
+    f.evidence.extend(t.evidence.iter().cloned());
+    f.evidence.push(match t.failed {
+        Some(Step::Probe) => format!(
+            "what the kubelet sees: driver {driver}'s calls fail or time out (or, not registered, driver name {driver} not found in the list of registered CSI drivers)"
+        ),
+        _ => format!(
+            "what the kubelet sees: driver name {driver} not found in the list of registered CSI drivers"
+        ),
+    });
+    f
+}
+
+/// What a registration socket answered.
+struct Registered {
+    socket: PathBuf,
+    answer: Result<(String, PathBuf, Vec<String>), String>,
+}
+
+/// What a driver's endpoint answered (step 3).
+type Probed = Result<String, String>;
+
+/// The node's name and what the read of its CSINode gave (step 4).
+type NodeDrivers = (String, Result<Option<Vec<String>>, String>);
+
+/// One pass: the registration sockets' `GetInfo`, the endpoints' `Probe`,
+/// the CSINode, then each driver's triage in the order of `drivers`.
+fn triage_all(
+    dir: &RootDir,
+    drivers: &[String],
+    lookup: Option<&dyn CsiNodeLookup>,
+) -> Vec<Triage> {
+    let registry = dir.path().join(PLUGINS_REGISTRY);
+    let (sockets, not_asked) = registration_sockets(dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let (registered, probed) = match rt {
+        Ok(rt) => rt.block_on(ask_all(sockets, drivers)),
+        Err(e) => {
+            let why = format!("no runtime for the calls: {e}");
+            let t = Triage {
+                failed: None,
+                summary: format!("not triaged: {why}"),
+                path: registry,
+                evidence: vec![why],
+            };
+            return drivers.iter().map(|_| t.clone()).collect();
+        }
+    };
+    let csinode = lookup.map(|l| (l.node().to_string(), l.drivers(CALL_TIMEOUT)));
+    drivers
+        .iter()
+        .map(|d| {
+            let mut t = judge(d, &registry, &registered, not_asked, probed.get(d));
+            csinode_step(&mut t, d, csinode.as_ref());
+            t
+        })
+        .collect()
+}
+
+/// The sockets under `ROOT/plugins_registry` (and its subdirectories,
+/// one level deep), listed through ROOT's door, sorted; at most
+/// [`MAX_SOCKETS`], with how many more there are.
+fn registration_sockets(dir: &RootDir) -> (Vec<PathBuf>, usize) {
+    let mut found = Vec::new();
+    let Ok(top) = RelPath::new([PLUGINS_REGISTRY]) else {
+        return (found, 0);
+    };
+    let mut dirs = vec![(top, 0)];
+    while let Some((rel, depth)) = dirs.pop() {
+        let Ok(mut names) = dir.read_dir(&rel) else {
+            continue;
+        };
+        names.sort();
+        for name in names {
+            if name.as_encoded_bytes().first() == Some(&b'.') {
+                continue;
+            }
+            let Ok(sub) = rel.join(&name) else {
+                continue;
+            };
+            let abs = dir.abs(&sub);
+            match std::fs::symlink_metadata(&abs).map(|m| m.file_type()) {
+                Ok(t) if t.is_dir() && depth == 0 => dirs.push((sub, 1)),
+                Ok(t) if std::os::unix::fs::FileTypeExt::is_socket(&t) => found.push(abs),
+                _ => {}
+            }
+        }
+    }
+    found.sort();
+    let more = found.len().saturating_sub(MAX_SOCKETS);
+    found.truncate(MAX_SOCKETS);
+    (found, more)
+}
+
+/// Every socket's `GetInfo` (validated as the kubelet does), then the
+/// `Probe` and `GetPluginInfo` of each of `drivers` that one names, all at
+/// once, each call within [`CALL_TIMEOUT`].
+async fn ask_all(
+    sockets: Vec<PathBuf>,
+    drivers: &[String],
+) -> (Vec<Registered>, BTreeMap<String, Probed>) {
+    let mut calls = tokio::task::JoinSet::new();
+    for (i, socket) in sockets.into_iter().enumerate() {
+        calls.spawn(async move {
+            let answer = ask_registration(&socket).await;
+            (i, Registered { socket, answer })
+        });
+    }
+    let mut registered: Vec<(usize, Registered)> = Vec::new();
+    while let Some(r) = calls.join_next().await {
+        if let Ok(r) = r {
+            registered.push(r);
+        }
+    }
+    registered.sort_by_key(|(i, _)| *i);
+    let registered: Vec<Registered> = registered.into_iter().map(|(_, r)| r).collect();
+    let mut probes = tokio::task::JoinSet::new();
+    for d in drivers {
+        let endpoint = registered.iter().find_map(|r| match &r.answer {
+            Ok((name, endpoint, _)) if name == d => Some(endpoint.clone()),
+            _ => None,
+        });
+        if let Some(endpoint) = endpoint {
+            let d = d.clone();
+            probes.spawn(async move {
+                let r = probe(&d, &endpoint).await;
+                (d, r)
+            });
+        }
+    }
+    let mut probed = BTreeMap::new();
+    while let Some(r) = probes.join_next().await {
+        if let Ok((d, r)) = r {
+            probed.insert(d, r);
+        }
+    }
+    (registered, probed)
+}
+
+/// A registration socket's `GetInfo`, checked by the kubelet's
+/// validation: `(name, endpoint, versions)`, or the error.
+async fn ask_registration(socket: &Path) -> Result<(String, PathBuf, Vec<String>), String> {
+    let (info, _client) = registration::get_info(socket, CALL_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    // An empty registry: only this answer is judged, not other
+    // registrations of the driver.
+    registration::validate(&info, socket, &DriverRegistry::new()).map_err(|e| {
+        format!(
+            "its answer (name {:?}, type {:?}) fails the kubelet's validation: {e}",
+            info.name, info.r#type
+        )
+    })
+}
+
+/// Step 3 at `endpoint`: `Probe` ready, then `GetPluginInfo` naming
+/// `driver`; what it answered, or the error.
+async fn probe(driver: &str, endpoint: &Path) -> Probed {
+    let channel = registration::connect(endpoint, CALL_TIMEOUT)
+        .await
+        .map_err(|e| format!("{}: {e}", endpoint.display()))?;
+    let mut client = csi::identity_client::IdentityClient::new(channel);
+    let mut req = tonic::Request::new(csi::ProbeRequest {});
+    req.set_timeout(CALL_TIMEOUT);
+    let ready = match tokio::time::timeout(CALL_TIMEOUT, client.probe(req)).await {
+        Ok(Ok(r)) => r.into_inner().ready.unwrap_or(true),
+        Ok(Err(s)) => return Err(rpc_error("Probe", &s)),
+        Err(_) => return Err(format!("Probe: no answer within {CALL_TIMEOUT:?}")),
+    };
+    if !ready {
+        return Err("Probe answers ready=false".into());
+    }
+    let mut req = tonic::Request::new(csi::GetPluginInfoRequest {});
+    req.set_timeout(CALL_TIMEOUT);
+    let info = match tokio::time::timeout(CALL_TIMEOUT, client.get_plugin_info(req)).await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(s)) => return Err(format!("Probe ready, {}", rpc_error("GetPluginInfo", &s))),
+        Err(_) => {
+            return Err(format!(
+                "Probe ready, GetPluginInfo: no answer within {CALL_TIMEOUT:?}"
+            ))
+        }
+    };
+    if info.name != driver {
+        return Err(format!(
+            "Probe ready, GetPluginInfo names {:?}, not {driver:?}",
+            info.name
+        ));
+    }
+    Ok(format!(
+        "Probe ready, GetPluginInfo {:?} version {:?}",
+        info.name, info.vendor_version
+    ))
+}
+
+/// A failed call as evidence: its deadline (the client's own, from the
+/// request's `grpc-timeout`) as "no answer".
+fn rpc_error(call: &str, s: &tonic::Status) -> String {
+    match s.code() {
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
+            format!(
+                "{call}: no answer within {CALL_TIMEOUT:?} ({:?}: {})",
+                s.code(),
+                s.message()
+            )
+        }
+        code => format!("{call} failed: {code:?}: {}", s.message()),
+    }
+}
+
+/// Steps 1 to 3 of `driver` from what the sockets and its endpoint
+/// answered.
+fn judge(
+    driver: &str,
+    registry: &Path,
+    registered: &[Registered],
+    not_asked: usize,
+    probed: Option<&Probed>,
+) -> Triage {
+    let named = |r: &&Registered| matches!(&r.answer, Ok((n, _, _)) if n == driver);
+    // node-driver-registrar's name for it: `<driver>-reg.sock`.
+    let by_file = |r: &&Registered| {
+        r.socket
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(driver))
+    };
+    let Some(reg) = registered
+        .iter()
+        .find(named)
+        .or_else(|| registered.iter().find(by_file))
+    else {
+        return no_socket(driver, registry, registered, not_asked);
+    };
+    let mut ev = vec![format!(
+        "1 registration socket: ok: {}",
+        reg.socket.display()
+    )];
+    let endpoint = match &reg.answer {
+        Ok((name, endpoint, versions)) if name == driver => {
+            ev.push(format!(
+                "2 GetInfo: ok: name {name:?}, endpoint {}, versions {versions:?}",
+                endpoint.display()
+            ));
+            endpoint.clone()
+        }
+        Ok((name, _, _)) => {
+            let why = format!("answers GetInfo as driver {name:?}");
+            return failed(Step::GetInfo, &reg.socket, ev, driver, why);
+        }
+        Err(e) => return failed(Step::GetInfo, &reg.socket, ev, driver, e.clone()),
+    };
+    match probed {
+        Some(Ok(answer)) => {
+            ev.push(format!("3 endpoint {}: ok: {answer}", endpoint.display()));
+            Triage {
+                failed: None,
+                summary: format!(
+                    "registered ({}), its endpoint {} answers Probe",
+                    reg.socket.display(),
+                    endpoint.display()
+                ),
+                path: endpoint,
+                evidence: ev,
+            }
+        }
+        Some(Err(e)) => failed(Step::Probe, &endpoint, ev, driver, e.clone()),
+        None => failed(Step::Probe, &endpoint, ev, driver, "not asked".into()),
+    }
+}
+
+/// Step 1 failed: no socket is the driver's; the others named.
+fn no_socket(driver: &str, registry: &Path, registered: &[Registered], more: usize) -> Triage {
+    let mut ev = vec![format!(
+        "1 registration socket: FAILED: none of the {} sockets in {} is driver {driver:?}'s",
+        registered.len() + more,
+        registry.display()
+    )];
+    for r in registered.iter().take(SOCKETS_SHOWN) {
+        ev.push(match &r.answer {
+            Ok((name, endpoint, _)) => format!(
+                "  {}: driver {name:?} at {}",
+                r.socket.display(),
+                endpoint.display()
+            ),
+            Err(e) => format!("  {}: {e}", r.socket.display()),
+        });
+    }
+    let hidden = registered.len().saturating_sub(SOCKETS_SHOWN) + more;
+    if hidden > 0 {
+        ev.push(format!("  ... and {hidden} more sockets"));
+    }
+    ev.push("2 GetInfo: not asked".into());
+    ev.push("3 Probe: not asked".into());
+    Triage {
+        failed: Some(Step::Registration),
+        summary: format!(
+            "CSI driver {driver:?} is not registered: no registration socket of it in {}",
+            registry.display()
+        ),
+        path: registry.to_path_buf(),
+        evidence: ev,
+    }
+}
+
+/// A triage that failed at `step` (2 or 3) on `path` because of `why`.
+fn failed(step: Step, path: &Path, mut ev: Vec<String>, driver: &str, why: String) -> Triage {
+    let summary = match step {
+        Step::GetInfo => {
+            ev.push(format!("2 GetInfo: FAILED: {why}"));
+            ev.push("3 Probe: not asked".into());
+            format!(
+                "CSI driver {driver:?}: its registration socket {} does not answer GetInfo: {why}",
+                path.display()
+            )
+        }
+        _ => {
+            ev.push(format!("3 endpoint {}: FAILED: {why}", path.display()));
+            format!(
+                "CSI driver {driver:?}: its endpoint {} does not answer Probe: {why}",
+                path.display()
+            )
+        }
+    };
+    Triage {
+        failed: Some(step),
+        summary,
+        path: path.to_path_buf(),
+        evidence: ev,
+    }
+}
+
+/// Step 4, after steps 1 to 3 passed: whether the node's CSINode lists
+/// `driver` (`csinode`: the node and what its read gave; `None`: no API
+/// server).
+fn csinode_step(t: &mut Triage, driver: &str, csinode: Option<&NodeDrivers>) {
+    if t.failed.is_some() {
+        t.evidence.push("4 CSINode: not checked".into());
+        return;
+    }
+    let Some((node, read)) = csinode else {
+        t.evidence
+            .push("4 CSINode: not checked (no API server)".into());
+        return;
+    };
+    let why = match read {
+        Ok(Some(drivers)) if drivers.iter().any(|d| d == driver) => {
+            t.evidence
+                .push(format!("4 CSINode {node}: ok: lists {driver:?}"));
+            return;
+        }
+        Ok(Some(drivers)) => format!("lists {drivers:?}, not {driver:?}"),
+        Ok(None) => "there is no CSINode object (the kubelet creates it when it starts)".into(),
+        Err(e) => {
+            t.evidence
+                .push(format!("4 CSINode {node}: not checked: {e}"));
+            return;
+        }
+    };
+    t.evidence.push(format!("4 CSINode {node}: FAILED: {why}"));
+    t.failed = Some(Step::CsiNode);
+    t.summary =
+        format!("CSI driver {driver:?} answers, but CSINode {node} does not list it: {why}");
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const D: &str = "d.csi.example";
+
+    fn reg(socket: &str, answer: Result<(&str, &str), &str>) -> Registered {
+        Registered {
+            socket: PathBuf::from(socket),
+            answer: answer
+                .map(|(n, e)| (n.to_string(), PathBuf::from(e), vec!["1.0.0".into()]))
+                .map_err(str::to_string),
+        }
+    }
+
+    fn triage(
+        regs: &[Registered],
+        probed: Option<Probed>,
+        csinode: Option<Result<Option<Vec<String>>, String>>,
+    ) -> Triage {
+        let mut t = judge(
+            D,
+            Path::new("/r/plugins_registry"),
+            regs,
+            0,
+            probed.as_ref(),
+        );
+        let csinode = csinode.map(|c| ("n1".to_string(), c));
+        csinode_step(&mut t, D, csinode.as_ref());
+        t
+    }
+
+    #[test]
+    fn the_first_failing_step_is_the_summary() {
+        let other = reg("/r/plugins_registry/o-reg.sock", Ok(("o", "/o.sock")));
+        let t = triage(&[other], None, None);
+        assert_eq!(t.failed, Some(Step::Registration), "{t:?}");
+        assert!(t
+            .evidence
+            .iter()
+            .any(|l| l.contains("driver \"o\" at /o.sock")));
+        let dead = reg(
+            &format!("/r/plugins_registry/{D}-reg.sock"),
+            Err("no answer"),
+        );
+        let t = triage(&[dead], None, None);
+        assert_eq!(t.failed, Some(Step::GetInfo), "{t:?}");
+        let wrong = reg(
+            &format!("/r/plugins_registry/{D}-reg.sock"),
+            Ok(("x", "/x")),
+        );
+        let t = triage(&[wrong], None, None);
+        assert_eq!(t.failed, Some(Step::GetInfo), "{t:?}");
+        assert!(t.summary.contains("as driver \"x\""), "{t:?}");
+        let ok = || vec![reg("/r/plugins_registry/any.sock", Ok((D, "/d.sock")))];
+        let t = triage(&ok(), Some(Err("Probe answers ready=false".into())), None);
+        assert_eq!(t.failed, Some(Step::Probe), "{t:?}");
+        assert_eq!(t.path, Path::new("/d.sock"));
+        assert_eq!(t.evidence.last().unwrap(), "4 CSINode: not checked");
+        let t = triage(&ok(), Some(Ok("ready".into())), Some(Ok(Some(vec![]))));
+        assert_eq!(t.failed, Some(Step::CsiNode), "{t:?}");
+        let t = triage(&ok(), Some(Ok("ready".into())), Some(Ok(None)));
+        assert_eq!(t.failed, Some(Step::CsiNode), "{t:?}");
+        // A CSINode that cannot be read is not the driver's fault.
+        let t = triage(&ok(), Some(Ok("ready".into())), Some(Err("403".into())));
+        assert_eq!(t.failed, None, "{t:?}");
+        let t = triage(
+            &ok(),
+            Some(Ok("ready".into())),
+            Some(Ok(Some(vec![D.into()]))),
+        );
+        assert_eq!(t.failed, None, "{t:?}");
+        assert_eq!(t.evidence.len(), 4, "{t:?}");
+        let t = triage(&ok(), Some(Ok("ready".into())), None);
+        assert!(
+            t.evidence[3].contains("not checked (no API server)"),
+            "{t:?}"
+        );
+    }
+}
