@@ -71,16 +71,94 @@ pub struct VolumeToMount {
 pub struct PodVolumeEntry {
     /// The volume's name in the pod.
     pub outer_name: String,
-    /// The plugin handling it, when one was found.
-    pub plugin_name: Option<Arc<str>>,
-    /// Its unique name, or why it cannot be mounted.
-    pub volume: Result<UniqueVolumeName, String>,
-    /// Why the volume, resolved before, no longer resolves: it keeps its
-    /// previous desired state (the kubelet's `AddErrorToPod`).
-    pub resolve_error: Option<String>,
-    /// How the error of a volume that does not resolve (`volume` or
-    /// `resolve_error`) ends `WaitForAttachAndMount`; `None` when it resolves.
-    pub unresolved: Option<Unresolved>,
+    /// What became of it.
+    pub resolution: VolumeResolution,
+}
+
+/// What became of one volume of a pod: desired, kept as it was after it
+/// stopped resolving, or failed. One place for the three states the
+/// kubelet keeps in `podsToMount` and `AddErrorToPod`.
+#[derive(Debug, Clone)]
+pub enum VolumeResolution {
+    /// Desired under `name`, set up by `plugin`.
+    Desired {
+        /// Its unique name.
+        name: UniqueVolumeName,
+        /// The plugin handling it.
+        plugin: Arc<str>,
+    },
+    /// Resolved before and no longer: kept desired as it was (the kubelet's
+    /// `AddErrorToPod` on a pod processed again), with why.
+    Kept {
+        /// Its unique name, as before.
+        name: UniqueVolumeName,
+        /// The plugin handling it.
+        plugin: Arc<str>,
+        /// Why it no longer resolves.
+        error: String,
+        /// How that error ends `WaitForAttachAndMount`.
+        why: Unresolved,
+    },
+    /// Not desired: why, and how that ends `WaitForAttachAndMount`.
+    Failed {
+        /// The plugin, when one was found (a volume refused for its
+        /// SELinux label).
+        plugin: Option<Arc<str>>,
+        /// Why it cannot be mounted.
+        error: String,
+        /// How the error ends the wait.
+        why: Unresolved,
+    },
+}
+
+impl VolumeResolution {
+    /// Its unique name, when it is desired (or kept).
+    pub fn name(&self) -> Option<&UniqueVolumeName> {
+        match self {
+            Self::Desired { name, .. } | Self::Kept { name, .. } => Some(name),
+            Self::Failed { .. } => None,
+        }
+    }
+
+    /// Its plugin, when one was found.
+    pub fn plugin(&self) -> Option<&Arc<str>> {
+        match self {
+            Self::Desired { plugin, .. } | Self::Kept { plugin, .. } => Some(plugin),
+            Self::Failed { plugin, .. } => plugin.as_ref(),
+        }
+    }
+
+    /// Why it does not resolve (kept or failed).
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Self::Desired { .. } => None,
+            Self::Kept { error, .. } | Self::Failed { error, .. } => Some(error),
+        }
+    }
+
+    /// Its unique name, or why it has none (a failed volume).
+    pub fn as_result(&self) -> Result<&UniqueVolumeName, &str> {
+        match self {
+            Self::Desired { name, .. } | Self::Kept { name, .. } => Ok(name),
+            Self::Failed { error, .. } => Err(error),
+        }
+    }
+
+    /// Why a volume kept as it was no longer resolves.
+    pub fn kept_error(&self) -> Option<&str> {
+        match self {
+            Self::Kept { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// How its error ends `WaitForAttachAndMount`; `None` when it resolves.
+    pub fn unresolved(&self) -> Option<Unresolved> {
+        match self {
+            Self::Desired { .. } => None,
+            Self::Kept { why, .. } | Self::Failed { why, .. } => Some(*why),
+        }
+    }
 }
 
 /// What a volume that does not resolve means to `WaitForAttachAndMount`.
@@ -233,7 +311,7 @@ impl DesiredStateOfWorld {
             return Vec::new();
         };
         let mut removed = Vec::new();
-        for name in old.volumes.iter().filter_map(|v| v.volume.as_ref().ok()) {
+        for name in old.volumes.iter().filter_map(|v| v.resolution.name()) {
             if keep.iter().any(|(k, _, _)| k == name) {
                 continue;
             }
@@ -472,16 +550,23 @@ fn selinux_original(
 /// Makes volume `outer` of `entry` a pod error (`AddErrorToPod`).
 fn set_entry_error(entry: &mut PodEntry, outer: &str, error: &str) {
     for v in entry.volumes.iter_mut().filter(|v| v.outer_name == outer) {
-        v.volume = Err(error.to_string());
-        v.unresolved = Some(Unresolved::PodError);
+        v.resolution = VolumeResolution::Failed {
+            plugin: v.resolution.plugin().cloned(),
+            error: error.to_string(),
+            why: Unresolved::PodError,
+        };
     }
 }
 
 /// Makes volume `outer` of `entry` resolve to `name` again.
 fn set_entry_resolved(entry: &mut PodEntry, outer: &str, name: &UniqueVolumeName) {
     for v in entry.volumes.iter_mut().filter(|v| v.outer_name == outer) {
-        v.volume = Ok(name.clone());
-        v.unresolved = None;
+        if let Some(plugin) = v.resolution.plugin().cloned() {
+            v.resolution = VolumeResolution::Desired {
+                name: name.clone(),
+                plugin,
+            };
+        }
     }
 }
 
@@ -505,10 +590,10 @@ mod tests {
             let name = UniqueVolumeName::per_pod("p", &uid, v);
             entry.volumes.push(PodVolumeEntry {
                 outer_name: v.to_string(),
-                plugin_name: Some(plugin.clone()),
-                volume: Ok(name.clone()),
-                resolve_error: None,
-                unresolved: None,
+                resolution: VolumeResolution::Desired {
+                    name: name.clone(),
+                    plugin: plugin.clone(),
+                },
             });
             mounts.push((
                 name,

@@ -401,7 +401,7 @@ impl SeLinuxMetrics {
 mod tests {
     use super::*;
     use crate::cache::desired_state_of_world::{
-        DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry,
+        DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry, VolumeResolution,
     };
     use crate::volume::{CsiDriverInfo, CsiVolumeSource, PodUid, SubPathRelease, UniqueVolumeName};
 
@@ -454,10 +454,10 @@ mod tests {
             name: uid.as_str().into(),
             volumes: vec![PodVolumeEntry {
                 outer_name: "volume-name".into(),
-                plugin_name: Some(Arc::clone(&plugin)),
-                volume: Ok(name.clone()),
-                resolve_error: None,
-                unresolved: None,
+                resolution: VolumeResolution::Desired {
+                    name: name.clone(),
+                    plugin: Arc::clone(&plugin),
+                },
             }],
             supplemental_groups: vec![],
             terminated: false,
@@ -507,7 +507,11 @@ mod tests {
     /// The pod's error on its volume, if it has one.
     fn pod_error(d: &DesiredStateOfWorld, uid: &str) -> Option<String> {
         let p = d.pod(&PodUid::new(uid).unwrap()).unwrap();
-        p.volumes[0].volume.as_ref().err().cloned()
+        p.volumes[0]
+            .resolution
+            .as_result()
+            .err()
+            .map(str::to_string)
     }
 
     /// `Test_AddPodToVolume_SELinuxSinglePod`

@@ -199,7 +199,7 @@ fn driver_of(dsw: &DesiredStateOfWorld, f: &Finding) -> Option<String> {
         .volumes
         .iter()
         .find(|v| Some(&v.outer_name) == f.volume.as_ref())?;
-    let name = v.volume.as_ref().ok()?;
+    let name = v.resolution.name()?;
     let spec = &dsw.volume(name)?.pods.get(&uid)?.spec;
     match &spec.source {
         VolumeSource::Csi(c) => Some(c.driver.clone()),

@@ -245,16 +245,15 @@ fn kubelet_said<'a>(
 /// when that is a mount point.
 fn mounted_at(snap: &Snapshot, uid: &PodUid, v: &PodVolumeEntry) -> Option<PathBuf> {
     if let Some(m) = v
-        .volume
-        .as_ref()
-        .ok()
+        .resolution
+        .name()
         .and_then(|name| snap.asw.pod_mount(name, uid))
     {
         if snap.table.is_mount_point(&m.path) {
             return Some(m.path.clone());
         }
     }
-    let plugin = v.plugin_name.as_deref()?.replace('/', "~");
+    let plugin = v.resolution.plugin()?.replace('/', "~");
     if v.outer_name.is_empty() || v.outer_name.contains('/') || v.outer_name.starts_with('.') {
         return None;
     }

@@ -10,7 +10,13 @@
 //! volumes still mounted for deleted pods, (c) device mounts no pod uses,
 //! (d) volumes needed longer than `stuck_after` and not mounted, (e) mounts
 //! the kubelet recorded that are not in the mount table, (f) a target
-//! mounted more than once, (g) loop devices whose backing file is deleted.
+//! mounted more than once, (g) loop devices whose backing file is deleted;
+//! and the volume doctor's, a file each: (h) network or FUSE mounts that no
+//! longer answer ([`mount_unreachable`]), (i) a deleted pod's volume
+//! something holds (`teardown_blocked`), (j) ownership and relabel walks
+//! ([`ownership_walk`]), (k) a CSI driver a stuck volume needs that is not
+//! registered or does not answer (`csi_driver_not_ready`), (l) the
+//! kubelet's events against the node's mounts (`kubelet_disagrees`).
 
 mod blocked_tasks;
 mod csi_driver_not_ready;
@@ -308,7 +314,7 @@ fn mounted_path(
     uid: &PodUid,
     v: &crate::cache::desired_state_of_world::PodVolumeEntry,
 ) -> Option<String> {
-    let name = v.volume.as_ref().ok()?;
+    let name = v.resolution.name()?;
     let m = snap.asw.pod_mount(name, uid)?;
     let there = m.state == VolumeMountState::Mounted
         || snap.table.is_mount_point(&m.path)
@@ -339,12 +345,10 @@ fn needed_state(
     v: &crate::cache::desired_state_of_world::PodVolumeEntry,
 ) -> Option<(FindingKind, Vec<String>, String)> {
     let pod_dir = snap.root.join("pods").join(uid.as_str());
-    let name = match &v.volume {
-        Ok(name) => name,
-        Err(why) => {
-            let ev = vec![format!("the volume cannot be resolved: {why}")];
-            return Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()));
-        }
+    let Some(name) = v.resolution.name() else {
+        let why = v.resolution.error().unwrap_or_default();
+        let ev = vec![format!("the volume cannot be resolved: {why}")];
+        return Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()));
     };
     let spec = dsw
         .volume(name)
@@ -370,7 +374,7 @@ fn needed_state(
         Some(m) => {
             let mut ev = vec![format!(
                 "volume {name} ({})",
-                v.plugin_name.as_deref().unwrap_or("?")
+                v.resolution.plugin().map_or("?", |p| &**p)
             )];
             ev.push(format!(
                 "{} is recorded ({} beside it) but the mount table shows nothing there",
@@ -387,7 +391,7 @@ fn needed_state(
         None => {
             let mut ev = vec![format!(
                 "volume {name} ({}): nothing set up in the pod's directory",
-                v.plugin_name.as_deref().unwrap_or("?")
+                v.resolution.plugin().map_or("?", |p| &**p)
             )];
             ev.extend(listing_at(snap, &pod_dir.join("volumes")));
             Some((FindingKind::VolumeStuck, ev, pod_dir.display().to_string()))
@@ -408,7 +412,7 @@ fn tmpfs_missing(
 ) -> (FindingKind, Vec<String>, String) {
     let mut ev = vec![format!(
         "volume {name} ({}): {} is not a tmpfs mount",
-        v.plugin_name.as_deref().unwrap_or("?"),
+        v.resolution.plugin().map_or("?", |p| &**p),
         path.display()
     )];
     let kind = match kubelet_layout::ready_mark(&snap.dir, uid, &v.outer_name) {

@@ -147,7 +147,7 @@ fn pod_volume(snap: &Snapshot, dsw: &DesiredStateOfWorld, dir: &Path) -> Option<
         return None;
     }
     let by_mount = |v: &&crate::cache::desired_state_of_world::PodVolumeEntry| {
-        let n = v.volume.as_ref().ok();
+        let n = v.resolution.name();
         n.and_then(|n| snap.asw.pod_mount(n, &uid))
             .is_some_and(|m| m.path.starts_with(dir))
     };
@@ -274,10 +274,11 @@ mod tests {
         let mut d = DesiredStateOfWorld::default();
         let volume = PodVolumeEntry {
             outer_name: "data".into(),
-            plugin_name: None,
-            volume: Err("not resolved in this test".into()),
-            resolve_error: None,
-            unresolved: None,
+            resolution: crate::cache::desired_state_of_world::VolumeResolution::Failed {
+                plugin: None,
+                error: "not resolved in this test".into(),
+                why: crate::cache::desired_state_of_world::Unresolved::PodError,
+            },
         };
         d.set_pod(PodUpdate {
             uid: PodUid::new("uid-1").unwrap(),

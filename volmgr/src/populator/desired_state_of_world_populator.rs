@@ -11,6 +11,7 @@ use super::convert::VolumeSpecError;
 use super::PodSink;
 use crate::cache::desired_state_of_world::{
     DesiredStateOfWorld, PodEntry, PodToMount, PodUpdate, PodVolumeEntry, Unresolved,
+    VolumeResolution,
 };
 use crate::cache::world::{VolumeEvent, VolumeEventKind, VolumeOperation, WakeHold, World};
 use crate::operationexecutor::OperationExecutor;
@@ -131,10 +132,11 @@ impl Populator {
                     self.report_unresolved(&pod.uid, &v.name, &e, operation);
                     entry.volumes.push(PodVolumeEntry {
                         outer_name: v.name,
-                        plugin_name: None,
-                        volume: Err(e),
-                        resolve_error: None,
-                        unresolved: Some(kind),
+                        resolution: VolumeResolution::Failed {
+                            plugin: None,
+                            error: e,
+                            why: kind,
+                        },
                     });
                     continue;
                 }
@@ -146,10 +148,10 @@ impl Populator {
             let name = plugin.unique_volume_name(&pod.uid, &spec);
             entry.volumes.push(PodVolumeEntry {
                 outer_name: v.name.clone(),
-                plugin_name: Some(Arc::clone(&plugin_name)),
-                volume: Ok(name.clone()),
-                resolve_error: None,
-                unresolved: None,
+                resolution: VolumeResolution::Desired {
+                    name: name.clone(),
+                    plugin: Arc::clone(&plugin_name),
+                },
             });
             if !pod.terminated {
                 let to_mount = PodToMount {
@@ -252,14 +254,15 @@ fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate, terminated
         return;
     };
     for v in &mut update.entry.volumes {
-        let Err(e) = &v.volume else {
+        let VolumeResolution::Failed { error: e, why, .. } = &v.resolution else {
             continue;
         };
+        let (e, why) = (e.clone(), *why);
         let Some((name, plugin)) = old
             .volumes
             .iter()
             .find(|p| p.outer_name == v.outer_name)
-            .and_then(|p| Some((p.volume.as_ref().ok()?, p.plugin_name.as_ref()?)))
+            .and_then(|p| Some((p.resolution.name()?, p.resolution.plugin()?)))
         else {
             continue;
         };
@@ -278,12 +281,11 @@ fn keep_unresolved(dsw: &DesiredStateOfWorld, update: &mut PodUpdate, terminated
             }
         }
         tracing::warn!(pod = %update.uid, volume = %v.outer_name, error = %e, "volume kept as it was: it no longer resolves");
-        *v = PodVolumeEntry {
-            outer_name: std::mem::take(&mut v.outer_name),
-            plugin_name: Some(plugin),
-            volume: Ok(name.clone()),
-            resolve_error: Some(e.clone()),
-            unresolved: v.unresolved,
+        v.resolution = VolumeResolution::Kept {
+            name: name.clone(),
+            plugin,
+            error: e,
+            why,
         };
     }
 }

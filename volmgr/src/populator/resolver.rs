@@ -469,10 +469,14 @@ mod tests {
     ) -> (Result<VolumeSource, String>, Option<String>) {
         let dsw = vm.world().dsw();
         let entry = dsw.pod(uid).expect("pod is desired");
-        let source = entry.volumes[0].volume.clone().map(|name| {
-            let dv = dsw.volume(&name).expect("volume is desired");
-            dv.pods.get(uid).expect("pod in volume").spec.source.clone()
-        });
+        let source = entry.volumes[0]
+            .resolution
+            .as_result()
+            .map_err(str::to_string)
+            .map(|name| {
+                let dv = dsw.volume(name).expect("volume is desired");
+                dv.pods.get(uid).expect("pod in volume").spec.source.clone()
+            });
         drop(dsw);
         let st = vm.status();
         let pod = st.pods.into_iter().find(|p| p.uid == uid.as_str());
@@ -537,10 +541,14 @@ mod tests {
         r.upsert_pod(Arc::new(done)).unwrap();
         let dsw = vm.world().dsw();
         let v = &dsw.pod(&uid).expect("pod is desired").volumes[0];
-        let name = v.volume.clone().expect("its volume still named");
+        let name = v
+            .resolution
+            .name()
+            .cloned()
+            .expect("its volume still named");
         assert!(v
-            .resolve_error
-            .as_deref()
+            .resolution
+            .kept_error()
             .is_some_and(|e| e.contains("not found")));
         assert!(!dsw.pod_exists_in_volume(&name, &uid), "not kept mounted");
     }

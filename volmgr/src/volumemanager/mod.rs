@@ -891,7 +891,8 @@ impl VolumeManager {
             .iter()
             .find(|v| v.outer_name == volume)
             .ok_or_else(not_found)?;
-        let (Ok(name), Some(plugin)) = (&entry.volume, &entry.plugin_name) else {
+        let (Some(name), Some(plugin)) = (entry.resolution.name(), entry.resolution.plugin())
+        else {
             return Err(ResizeError::NotSupported(volume.to_string()));
         };
         let plugin = self

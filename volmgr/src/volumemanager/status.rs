@@ -124,8 +124,8 @@ impl VolumeManager {
                 .map(|v| {
                     let mut st = self.volume_status(uid, v, &dsw, &asw);
                     // Kept as it was: why it no longer resolves comes first.
-                    st.error = v.resolve_error.clone().or(st.error);
-                    st.unresolved = v.unresolved.map(|u| u.name().to_string());
+                    st.error = v.resolution.kept_error().map(str::to_string).or(st.error);
+                    st.unresolved = v.resolution.unresolved().map(|u| u.name().to_string());
                     st
                 })
                 .collect();
@@ -138,7 +138,7 @@ impl VolumeManager {
                     Some(format!(
                         "volume {}: {}",
                         v.outer_name,
-                        v.resolve_error.as_ref()?
+                        v.resolution.kept_error()?
                     ))
                 })
                 .collect();
@@ -255,8 +255,12 @@ impl VolumeManager {
         dsw: &DesiredStateOfWorld,
         asw: &ActualStateOfWorld,
     ) -> VolumeStatus {
-        let plugin = v.plugin_name.as_deref().unwrap_or("").to_string();
-        let name = match &v.volume {
+        let plugin = v.resolution.plugin().map_or("", |p| &**p).to_string();
+        let name = match v
+            .resolution
+            .name()
+            .ok_or_else(|| v.resolution.error().unwrap_or_default())
+        {
             Err(e) => {
                 return VolumeStatus {
                     name: v.outer_name.clone(),
@@ -264,7 +268,7 @@ impl VolumeManager {
                     state: "error".into(),
                     path: None,
                     attempts: 0,
-                    error: Some(e.clone()),
+                    error: Some(e.to_string()),
                     out_of_band_changes: 0,
                     last_out_of_band: None,
                     stats: None,
@@ -382,7 +386,7 @@ impl VolumeManager {
             .volumes
             .iter()
             .filter_map(|v| {
-                let name = v.volume.as_ref().ok()?;
+                let name = v.resolution.name()?;
                 let subs = self.sub_path_statuses(&dsw, &asw, name, uid);
                 (!subs.is_empty()).then(|| (v.outer_name.clone(), subs))
             })
@@ -431,8 +435,9 @@ impl VolumeManager {
                     .volumes
                     .iter()
                     .find(|e| e.outer_name == v.volume)?
-                    .plugin_name
-                    .clone()
+                    .resolution
+                    .plugin()
+                    .cloned()
             });
             if let Some(p) = plugin {
                 *out.entry(p).or_default() += 1;

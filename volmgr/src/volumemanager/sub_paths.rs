@@ -98,7 +98,9 @@ impl VolumeManager {
         let asw = self.world.asw();
         let mut work = Vec::new();
         for v in &pod.volumes {
-            let Ok(name) = &v.volume else { continue };
+            let Some(name) = v.resolution.name() else {
+                continue;
+            };
             let Some(p) = dsw.volume(name).and_then(|dv| dv.pods.get(uid)) else {
                 continue;
             };

@@ -102,17 +102,16 @@ impl VolumeManager {
             return out;
         };
         for v in &pod.volumes {
-            let error = v.volume.as_ref().err().or(v.resolve_error.as_ref());
-            match (v.unresolved, error) {
-                (Some(Unresolved::PodError), Some(e)) => out.pod_errors.push(e.clone()),
-                (Some(Unresolved::AttachLimit), Some(e)) => out.limit_errors.push(e.clone()),
+            match (v.resolution.unresolved(), v.resolution.error()) {
+                (Some(Unresolved::PodError), Some(e)) => out.pod_errors.push(e.to_string()),
+                (Some(Unresolved::AttachLimit), Some(e)) => out.limit_errors.push(e.to_string()),
                 _ => {}
             }
-            let name = match &v.volume {
-                Ok(name) => name,
-                Err(_) => {
+            let name = match v.resolution.name() {
+                Some(name) => name,
+                None => {
                     out.lists.unmounted.push(v.outer_name.clone());
-                    if v.unresolved == Some(Unresolved::AttachLimit) {
+                    if v.resolution.unresolved() == Some(Unresolved::AttachLimit) {
                         // Desired to the kubelet, not attached.
                         out.lists.unattached.push(v.outer_name.clone());
                     } else {
@@ -290,7 +289,7 @@ impl VolumeManager {
             return Some(format!("volume {name}: device still mounted"));
         }
         for (uid, pod) in dsw.pods() {
-            if let Some(v) = pod.volumes.iter().find(|v| v.volume.is_err()) {
+            if let Some(v) = pod.volumes.iter().find(|v| v.resolution.name().is_none()) {
                 return Some(format!(
                     "pod {uid} volume {}: cannot be mounted",
                     v.outer_name
@@ -334,9 +333,13 @@ impl VolumeManager {
         let missing: Vec<String> = pod
             .volumes
             .iter()
-            .filter_map(|v| match &v.volume {
-                Err(e) => Some(format!("{} (error: {e})", v.outer_name)),
-                Ok(name) => match asw.pod_mount(name, uid) {
+            .filter_map(|v| match v.resolution.name() {
+                None => Some(format!(
+                    "{} (error: {})",
+                    v.outer_name,
+                    v.resolution.error().unwrap_or_default()
+                )),
+                Some(name) => match asw.pod_mount(name, uid) {
                     Some(m) if m.state == VolumeMountState::Mounted => None,
                     _ => {
                         let err = self

@@ -226,7 +226,11 @@ fn volume_of(vm: &VolumeManager, uid: &str) -> Result<crate::volume::CsiVolumeSo
     let dsw = vm.world().dsw();
     let uid = PodUid::new(uid).unwrap();
     let entry = dsw.pod(&uid).expect("pod is desired");
-    let name = entry.volumes[0].volume.clone()?;
+    let name = entry.volumes[0]
+        .resolution
+        .as_result()
+        .map_err(str::to_string)?
+        .clone();
     let v = dsw.volume(&name).expect("volume is desired");
     let p = v.pods.get(&uid).expect("pod in volume");
     match &p.spec.source {
