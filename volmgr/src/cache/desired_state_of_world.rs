@@ -252,6 +252,7 @@ impl DesiredStateOfWorld {
             match self.selinux_admit(&update.uid, &mut m) {
                 Ok(()) => admitted.push(m),
                 Err(e) => {
+                    let e = e.to_string();
                     set_entry_error(&mut update.entry, &m.2.outer_volume_spec_name, &e);
                     refused.push((m, e));
                 }
@@ -418,7 +419,11 @@ impl DesiredStateOfWorld {
     /// use `m` of a volume: its label (set on the pod's view and its spec),
     /// or the kubelet's error (containers that disagree, or another pod of
     /// the volume with another label), counted in the metrics.
-    fn selinux_admit(&self, uid: &PodUid, m: &mut Mount) -> Result<(), String> {
+    fn selinux_admit(
+        &self,
+        uid: &PodUid,
+        m: &mut Mount,
+    ) -> Result<(), super::selinux::SeLinuxConflict> {
         use super::selinux as sel;
         let (name, plugin, pod) = m;
         let supports = sel::plugin_supports_selinux_mount(&pod.spec);
@@ -496,7 +501,7 @@ impl DesiredStateOfWorld {
                         }
                         changed.extend(self.add_pod_to_volume(&uid, m));
                     }
-                    Err(e) => still.push((m, e)),
+                    Err(e) => still.push((m, e.to_string())),
                 }
             }
             self.set_refused(&uid, still);

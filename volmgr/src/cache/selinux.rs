@@ -215,6 +215,25 @@ pub fn set_mount_label(spec: &mut Arc<VolumeSpec>, label: Option<&Arc<str>>) {
     }
 }
 
+/// Why a pod may not use a volume with the label it asks for (the
+/// kubelet's texts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SeLinuxConflict {
+    /// The pod's containers need different labels on the volume.
+    #[error("multiple SELinux labels found: {}", .0.join(","))]
+    MultipleLabels(Vec<String>),
+    /// Another pod uses the volume with another label.
+    #[error("conflicting SELinux labels of volume {volume}: {existing:?} and {new:?}")]
+    ConflictingLabels {
+        /// The volume (`spec_name`).
+        volume: String,
+        /// The label it is used with.
+        existing: String,
+        /// The label this pod asks for.
+        new: String,
+    },
+}
+
 /// The kubelet's `getSELinuxLabel` (with `GetMountSELinuxLabel` and the
 /// access-mode rule of `AddPodToVolume`) for one pod's use of a volume:
 /// its labels, or the kubelet's error when the pod's containers need
@@ -225,7 +244,7 @@ pub fn volume_label(
     facts: &VolumeSeLinux,
     plugin_supports: bool,
     metrics: Option<&SeLinuxMetrics>,
-) -> Result<VolumeLabel, String> {
+) -> Result<VolumeLabel, SeLinuxConflict> {
     if !settings.enabled {
         return Ok(VolumeLabel::default());
     }
@@ -233,7 +252,7 @@ pub fn volume_label(
     if facts.file_labels.len() + facts.random_levels > 1 {
         let mut shown: Vec<String> = facts.file_labels.iter().map(|l| l.to_string()).collect();
         shown.extend((0..facts.random_levels).map(|_| RANDOM_LEVEL_LABEL.to_string()));
-        let err = format!("multiple SELinux labels found: {}", shown.join(","));
+        let err = SeLinuxConflict::MultipleLabels(shown);
         let access = facts.access_mode();
         if let Some(m) = metrics {
             m.count(PodContextMismatch, supported, "", access);
@@ -274,16 +293,16 @@ pub fn check_volume_conflict(
     label: &VolumeLabel,
     volume_plugin: &str,
     metrics: &SeLinuxMetrics,
-) -> Result<(), String> {
+) -> Result<(), SeLinuxConflict> {
     if !label.plugin_supports || existing == label.original.as_ref() {
         return Ok(());
     }
     let show = |l: Option<&Arc<str>>| l.map_or("", |l| &**l).to_string();
-    let err = format!(
-        "conflicting SELinux labels of volume {name}: {:?} and {:?}",
-        show(existing),
-        show(label.original.as_ref())
-    );
+    let err = SeLinuxConflict::ConflictingLabels {
+        volume: name.to_string(),
+        existing: show(existing),
+        new: show(label.original.as_ref()),
+    };
     let supported = facts.supports_selinux_mount(settings);
     metrics.count(
         VolumeContextMismatch,

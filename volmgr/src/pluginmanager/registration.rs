@@ -215,26 +215,34 @@ async fn node_get_info(name: &str, endpoint: &Path, timeout: Duration) -> Result
         Ok(Err(s)) => return Err(failed(format!("{}: {}", s.code(), s.message()))),
         Err(_) => return Err(failed(format!("no answer within {timeout:?}"))),
     };
-    node_info_of(r).map_err(failed)
+    node_info_of(r).map_err(|e| failed(e.to_string()))
+}
+
+/// Why a `NodeGetInfo` answer is unusable.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum NodeInfoRefused {
+    /// No node ID.
+    #[error("the driver returned an empty node ID")]
+    EmptyNodeId,
+    /// A node ID over the CSI spec's 256 bytes.
+    #[error("the driver returned a node ID of {0} bytes (at most 256)")]
+    NodeIdTooLong(usize),
+    /// A negative volume limit.
+    #[error("the driver returned a negative max_volumes_per_node ({0})")]
+    NegativeLimit(i64),
 }
 
 /// The node info in a `NodeGetInfo` answer, or why it is unusable.
-fn node_info_of(r: csi::NodeGetInfoResponse) -> std::result::Result<NodeInfo, String> {
+fn node_info_of(r: csi::NodeGetInfoResponse) -> std::result::Result<NodeInfo, NodeInfoRefused> {
     if r.node_id.is_empty() {
-        return Err("the driver returned an empty node ID".into());
+        return Err(NodeInfoRefused::EmptyNodeId);
     }
     // The CSI spec's bound; the ID ends up in a Node annotation.
     if r.node_id.len() > 256 {
-        return Err(format!(
-            "the driver returned a node ID of {} bytes (at most 256)",
-            r.node_id.len()
-        ));
+        return Err(NodeInfoRefused::NodeIdTooLong(r.node_id.len()));
     }
     if r.max_volumes_per_node < 0 {
-        return Err(format!(
-            "the driver returned a negative max_volumes_per_node ({})",
-            r.max_volumes_per_node
-        ));
+        return Err(NodeInfoRefused::NegativeLimit(r.max_volumes_per_node));
     }
     Ok(NodeInfo {
         node_id: r.node_id,
@@ -442,14 +450,15 @@ mod tests {
             .unwrap()
             .accessible_topology
             .is_empty());
-        assert!(node_info_of(answer("", 0, &[]))
-            .unwrap_err()
-            .contains("empty node ID"));
-        assert!(node_info_of(answer(&"n".repeat(257), 0, &[]))
-            .unwrap_err()
-            .contains("257 bytes"));
-        assert!(node_info_of(answer("n1", -1, &[]))
-            .unwrap_err()
-            .contains("negative"));
+        assert_eq!(
+            node_info_of(answer("", 0, &[])).unwrap_err(),
+            NodeInfoRefused::EmptyNodeId
+        );
+        let long = node_info_of(answer(&"n".repeat(257), 0, &[])).unwrap_err();
+        assert!(long.to_string().contains("257 bytes"), "{long}");
+        assert_eq!(
+            node_info_of(answer("n1", -1, &[])).unwrap_err(),
+            NodeInfoRefused::NegativeLimit(-1)
+        );
     }
 }
