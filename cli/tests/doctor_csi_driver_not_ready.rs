@@ -22,40 +22,15 @@ mod csi_driver;
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use csi_driver::{wait_for, Driver};
 use serde_json::{json, Value};
-use support::{isolated, volmgr_bin, Env};
+use support::{doctor, doctor_findings, isolated, Env};
 use volmgr_kube::testing::FakeApiServer;
 
 const DRIVER: &str = "loop.csi.volmgr.dev";
 const KIND: &str = "csi_driver_not_ready";
-
-/// `volmgr doctor [--json]` against `state`: (exit code, stdout).
-fn doctor(state: &Path, json: bool) -> (i32, String) {
-    let mut cmd = Command::new(volmgr_bin());
-    cmd.arg("doctor");
-    if json {
-        cmd.arg("--json");
-    }
-    let out = cmd.arg("--state-dir").arg(state).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
-
-/// The findings of `kind` in `doctor --json`.
-fn findings(state: &Path, kind: &str) -> Vec<Value> {
-    let (_, out) = doctor(state, true);
-    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    v["findings"]
-        .as_array()
-        .map(|fs| fs.iter().filter(|f| f["kind"] == kind).cloned().collect())
-        .unwrap_or_default()
-}
 
 /// Waits (generously) until `cond` holds, showing `what`, the last report
 /// and the agent's log if it never does.
@@ -113,12 +88,12 @@ fn wait_finding(state: &Path, log: &dyn Fn() -> String, words: &str) -> Value {
         state,
         log,
         || {
-            findings(state, KIND)
+            doctor_findings(state, KIND)
                 .iter()
                 .any(|f| f["summary"].as_str().unwrap().contains(words))
         },
     );
-    let fs = findings(state, KIND);
+    let fs = doctor_findings(state, KIND);
     assert_eq!(fs.len(), 1, "{fs:#?}");
     let f = fs.into_iter().next().unwrap();
     assert_eq!(f["pod"], "test/waits", "{f:#}");
@@ -135,8 +110,8 @@ fn wait_finding(state: &Path, log: &dyn Fn() -> String, words: &str) -> Value {
 /// volume's finding says the driver is registered (a fresh triage).
 fn wait_healthy(state: &Path, log: &dyn Fn() -> String) {
     wait_until("the driver triaged healthy", state, log, || {
-        let stuck = findings(state, "volume_stuck");
-        findings(state, KIND).is_empty()
+        let stuck = doctor_findings(state, "volume_stuck");
+        doctor_findings(state, KIND).is_empty()
             && stuck.len() == 1
             && stuck[0]["evidence"]
                 .to_string()

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{free_port, isolated, pod_yaml, volmgr_bin, Agent, Env};
+use support::{doctor, doctor_findings, free_port, isolated, pod_yaml, Agent, Env};
 
 /// Why the test cannot run here, if it cannot.
 fn unavailable() -> Option<&'static str> {
@@ -189,33 +189,9 @@ fn answer(req: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// `volmgr doctor` against `state`: (exit code, stdout), `--json` or text.
-fn doctor(state: &Path, json: bool) -> (i32, String) {
-    let mut cmd = Command::new(volmgr_bin());
-    cmd.arg("doctor");
-    if json {
-        cmd.arg("--json");
-    }
-    let out = cmd.arg("--state-dir").arg(state).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-    )
-}
-
 /// The `mount_unreachable` findings of doctor's report.
 fn unreachable(state: &Path) -> Vec<serde_json::Value> {
-    let (_, out) = doctor(state, true);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
-    v["findings"]
-        .as_array()
-        .map(|fs| {
-            fs.iter()
-                .filter(|f| f["kind"] == "mount_unreachable")
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+    doctor_findings(state, "mount_unreachable")
 }
 
 /// `GET /healthz` on the agent's metrics address: its body.

@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::mount::{mount, MsFlags};
-use support::{isolated, pod_yaml, volmgr_bin, Env};
+use support::{doctor, doctor_findings, isolated, pod_yaml, volmgr_bin, Env};
 
 /// Set for the re-executed test binary that walks: the volume directory.
 const WALKER_ENV: &str = "VOLMGR_TEST_OWNERSHIP_WALKER";
@@ -40,33 +40,9 @@ fn ebpf_unavailable() -> Option<String> {
     }
 }
 
-/// `volmgr doctor [--json]` against `state`: (exit code, stdout).
-fn doctor(state: &Path, json: bool) -> (i32, String) {
-    let mut cmd = Command::new(volmgr_bin());
-    cmd.arg("doctor");
-    if json {
-        cmd.arg("--json");
-    }
-    let out = cmd.arg("--state-dir").arg(state).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
-
 /// The `ownership_walk` findings in `doctor --json`.
 fn walks(state: &Path) -> Vec<serde_json::Value> {
-    let (_, out) = doctor(state, true);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
-    v["findings"]
-        .as_array()
-        .map(|fs| {
-            fs.iter()
-                .filter(|f| f["kind"] == "ownership_walk")
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+    doctor_findings(state, "ownership_walk")
 }
 
 /// `volmgr status --json` of the observing agent.

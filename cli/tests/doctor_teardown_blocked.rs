@@ -18,21 +18,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use support::{isolated, volmgr_bin, Env};
-
-/// `volmgr doctor [--json]` against `state`: (exit code, stdout).
-fn doctor(state: &Path, json: bool) -> (i32, String) {
-    let mut cmd = Command::new(volmgr_bin());
-    cmd.arg("doctor");
-    if json {
-        cmd.arg("--json");
-    }
-    let out = cmd.arg("--state-dir").arg(state).output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
+use support::{doctor, isolated, volmgr_bin, Env};
 
 /// The findings at `path` in `doctor --json`.
 fn findings_at(state: &Path, path: &Path) -> Vec<serde_json::Value> {

@@ -307,6 +307,8 @@ fn node_identity_mounts_every_volume_kind_with_no_forbidden_request() {
             });
             assert_eq!(tokens(&server), before, "no TokenRequest for an update");
 
+            // While the pod is bound to the node, nothing is refused.
+            assert_eq!(server.forbidden(&user), vec![]);
             // Deleted: every volume torn down, the claim's device unstaged.
             server.kubectl_ok(
                 &["delete", "pod", "app", "--grace-period=0", "--force"],
@@ -315,7 +317,26 @@ fn node_identity_mounts_every_volume_kind_with_no_forbidden_request() {
             wait(&agent, &server, 120, "app's volumes torn down", || {
                 !env.status().pods.iter().any(|p| p.uid == uid)
             });
-            assert_eq!(server.forbidden(&user), vec![]);
+            // The one refusal the deletion may race: a scheduled re-read
+            // (`get`, as the kubelet re-reads a pod's claim at each sync) of
+            // the deleted pod's own claims, volumes and service account, sent after
+            // the API server removed the pod and before the agent heard of
+            // it (seen once in CI under load). Nothing else: no list or
+            // watch, no other object.
+            let racing = |a: &volmgr_kube::testing::real::Audited| {
+                a.verb == "get"
+                    && matches!(
+                        (a.resource.as_str(), a.name.as_str()),
+                        ("persistentvolumeclaims", "data" | "logs")
+                            | ("persistentvolumes", "pv-data" | "pv-logs")
+                            | ("serviceaccounts", "default")
+                    )
+            };
+            let refused = server.forbidden(&user);
+            assert!(
+                refused.iter().all(racing),
+                "refused after the deletion: {refused:#?}"
+            );
         },
     );
 }

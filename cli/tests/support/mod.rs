@@ -415,3 +415,29 @@ pub fn tree(dir: &Path) -> std::collections::BTreeMap<PathBuf, String> {
     }
     out
 }
+
+/// `volmgr doctor [--json]` against the agent whose status socket is in
+/// `state`: (exit code, stdout).
+pub fn doctor(state: &Path, json: bool) -> (i32, String) {
+    let mut cmd = Command::new(volmgr_bin());
+    cmd.arg("doctor");
+    if json {
+        cmd.arg("--json");
+    }
+    let out = cmd.arg("--state-dir").arg(state).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The findings of `kind` in `volmgr doctor --json` against `state` (none
+/// while no agent answers).
+pub fn doctor_findings(state: &Path, kind: &str) -> Vec<serde_json::Value> {
+    let (_, out) = doctor(state, true);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or(serde_json::Value::Null);
+    v["findings"]
+        .as_array()
+        .map(|fs| fs.iter().filter(|f| f["kind"] == kind).cloned().collect())
+        .unwrap_or_default()
+}
