@@ -58,9 +58,34 @@ pub fn kube_binaries() -> Option<PathBuf> {
     None
 }
 
-/// A free TCP port on 127.0.0.1 (free when asked; the servers bind it
-/// right after).
+/// A free TCP port on 127.0.0.1 for a server started right after (etcd,
+/// kube-apiserver, the kubelet), taken below the kernel's ephemeral range:
+/// a port there is never handed to a `bind(:0)` of another test (the
+/// agent's metrics, fake servers) nor to an outgoing connection between
+/// this check and the server's own bind. Seen in CI: a kube-apiserver's
+/// port taken meanwhile by a plain-HTTP listener ("server gave HTTP
+/// response to HTTPS client"). Tried from a start spread by the process id
+/// (tests run as parallel processes), each checked by a bind.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(LOW).max(1);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span.min(4_096) {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (start + n) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
