@@ -23,4 +23,7 @@ CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$out.tmp/" \
   ./cmd/etcd ./cmd/fake-cri >&2
 rm -rf "$out"
 mv "$out.tmp" "$out"
+# shellcheck source=scripts/cache-prune.sh
+. ../../scripts/cache-prune.sh
+prune_cache "$(dirname "$out")/kube" 2
 echo "$out"

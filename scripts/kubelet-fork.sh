@@ -94,4 +94,7 @@ CGO_ENABLED=1 CGO_LDFLAGS="-L$(dirname "$lib") -l:libvolmgr.a $libs" \
   -o "$out.tmp/kubelet" k8s.io/kubernetes/cmd/kubelet >&2
 rm -rf "$out"
 mv "$out.tmp" "$out"
+# shellcheck source=scripts/cache-prune.sh
+. "$repo/scripts/cache-prune.sh"
+prune_cache "$(dirname "$out")/kubelet-fork" 3
 echo "$out"
