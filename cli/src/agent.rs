@@ -162,6 +162,7 @@ pub(crate) async fn bind_metrics(opts: &AgentOptions) -> Result<Option<TcpListen
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
+    let signals = StopSignals::install()?;
     check_sources(&opts)?;
     crate::limits::raise_nofile();
     create_root(&opts.root)?;
@@ -205,7 +206,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     tracing::info!(root = %root.display(), manifests = ?opts.manifests, api = kube.is_some(), "agent started");
     let (api_task, metrics_task) = serve_clients(listener, metrics, &vm, &stop_rx);
     let source_task = spawn_sources(&opts, kube, &vm, &stop_rx, PayloadResolution::Full);
-    let result = wait_for_stop(source_task).await;
+    let result = wait_for_stop(signals, source_task).await;
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
     watchers.join().await;
@@ -217,18 +218,36 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     result
 }
 
-/// Waits for SIGTERM, SIGINT, or the end of the pod sources (with their
-/// error, if any).
+/// SIGTERM and SIGINT, caught from the start of a run: one that comes
+/// while the agent starts (its socket already bound, the tracer loading)
+/// still stops it cleanly, rather than killing it by the default action
+/// (seen under load: exit by signal, the socket left behind).
+pub(crate) struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers; signals that come from now on are kept until
+    /// [`wait_for_stop`].
+    pub(crate) fn install() -> Result<Self, AgentError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).map_err(io("installing the SIGTERM handler"))?,
+            int: signal(SignalKind::interrupt()).map_err(io("installing the SIGINT handler"))?,
+        })
+    }
+}
+
+/// Waits for SIGTERM, SIGINT (caught since `signals` were installed), or
+/// the end of the pod sources (with their error, if any).
 pub(crate) async fn wait_for_stop(
+    mut signals: StopSignals,
     mut source_task: tokio::task::JoinHandle<Result<(), AgentError>>,
 ) -> Result<(), AgentError> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(io("installing the SIGTERM handler"))?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .map_err(io("installing the SIGINT handler"))?;
     tokio::select! {
-        _ = term.recv() => { tracing::info!("SIGTERM: stopping, mounts stay in place"); Ok(()) }
-        _ = int.recv() => { tracing::info!("SIGINT: stopping, mounts stay in place"); Ok(()) }
+        _ = signals.term.recv() => { tracing::info!("SIGTERM: stopping, mounts stay in place"); Ok(()) }
+        _ = signals.int.recv() => { tracing::info!("SIGINT: stopping, mounts stay in place"); Ok(()) }
         r = &mut source_task => match r {
             Ok(Err(e)) => Err(e),
             _ => Ok(()),

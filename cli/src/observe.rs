@@ -104,6 +104,7 @@ fn build_manager(opts: &AgentOptions) -> Result<Built, AgentError> {
 
 /// Runs the observing agent until SIGTERM or SIGINT.
 pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentError> {
+    let signals = crate::agent::StopSignals::install()?;
     crate::agent::check_sources(&opts)?;
     let built = build_manager(&opts)?;
     let vm = Arc::clone(&built.vm);
@@ -161,7 +162,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let source_task =
         crate::agent::spawn_sources(&opts, kube, &vm, &stop_rx, PayloadResolution::NamesOnly);
     tracing::info!(root = %opts.root.display(), state_dir = %state.display(), "observing (read-only)");
-    let result = crate::agent::wait_for_stop(source_task).await;
+    let result = crate::agent::wait_for_stop(signals, source_task).await;
     let _ = stop_tx.send(true);
     let _ = scan_task.await;
     watchers.join().await;

@@ -28,6 +28,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use volmgr::sys::capabilities;
+
 /// What [`confine`] achieved, for status.
 #[derive(Debug, Clone, Default)]
 pub struct Confinement {
@@ -101,10 +103,7 @@ fn kept(last_cap: u32) -> Vec<(u32, &'static str)> {
 
 /// The kernel's last capability (`/proc/sys/kernel/cap_last_cap`).
 fn last_cap() -> u32 {
-    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .unwrap_or(CAP_BPF)
+    capabilities::last_cap(CAP_BPF)
 }
 
 /// Confines this process: writes only under `state_dir` and signals only
@@ -228,76 +227,12 @@ fn restrict(ruleset: libc::c_int) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `struct __user_cap_header_struct`.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-/// `struct __user_cap_data_struct`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// `_LINUX_CAPABILITY_VERSION_3`.
-const CAP_VERSION_3: u32 = 0x2008_0522;
-
 /// Drops every capability up to `last` but those of `keep` from all sets
-/// of this thread.
+/// of this thread ([`capabilities`]).
 fn drop_capabilities(last: u32, keep: &[(u32, &str)]) -> std::io::Result<()> {
-    for cap in 0..=last {
-        if !keep.iter().any(|(k, _)| *k == cap) {
-            // SAFETY: prctl with integer arguments only. Fails without
-            // CAP_SETPCAP (then the bounding set stays; the sets below
-            // are still reduced).
-            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-        }
-    }
-    // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
-    let mut hdr = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: a valid header and room for the two data words.
-    if unsafe {
-        libc::syscall(
-            libc::SYS_capget,
-            &mut hdr as *mut CapHeader,
-            data.as_mut_ptr(),
-        )
-    } != 0
-    {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut mask = [0u32; 2];
-    for (cap, _) in keep {
-        mask[(*cap / 32) as usize] |= 1 << (cap % 32);
-    }
-    for (d, k) in data.iter_mut().zip(mask) {
-        d.permitted &= k;
-        d.effective = d.permitted;
-        d.inheritable = 0;
-    }
-    // SAFETY: a valid header and the two data words.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    let ids: Vec<u32> = keep.iter().map(|(c, _)| *c).collect();
+    capabilities::drop_bounding_except(last, &ids);
+    capabilities::keep_only(&ids)
 }
 
 #[cfg(test)]

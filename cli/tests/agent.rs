@@ -535,6 +535,39 @@ fn second_agent_on_same_root_is_refused() {
     });
 }
 
+/// A SIGTERM the moment the status socket appears (the agent still
+/// starting: metrics bound, the manager starting) stops the agent cleanly,
+/// exit 0 and the socket removed. Before, the handlers were installed only
+/// once the agent had started: a SIGTERM in between killed it by the
+/// default action (seen under load in `observe_hardening.rs`).
+#[test]
+fn sigterm_while_starting_stops_cleanly() {
+    isolated("sigterm_while_starting_stops_cleanly", || {
+        let env = Env::new();
+        for i in 0..20 {
+            env.write_manifest(
+                &format!("p{i}.yaml"),
+                &pod_yaml(&format!("p{i}"), &format!("uid-p{i}"), &[("m", MEM)]),
+            );
+        }
+        let sock = env.root.join("volmgr.sock");
+        for round in 0..3 {
+            let mut agent = env.start_agent(&[]);
+            while std::fs::symlink_metadata(&sock).is_err() {
+                assert!(agent.is_alive(), "round {round}: {}", agent.log());
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let log = agent.log.clone();
+            assert!(
+                agent.term(),
+                "round {round}: not a clean stop: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            assert!(!sock.exists(), "round {round}: the socket is left behind");
+        }
+    });
+}
+
 /// The adversarial run's attack on a running pod: a host directory
 /// bind-mounted over `ROOT/pods/<uid>/volumes/kubernetes.io~empty-dir` of a
 /// disk-backed emptyDir, then the pod deleted. The tear-down fails naming

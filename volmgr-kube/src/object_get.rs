@@ -4,8 +4,9 @@
 //! ServiceAccounts of the node's pods. The object is read again on a
 //! schedule, as the kubelet reads a pod's claim again at each pod sync:
 //! soon after a change or while it is missing (a claim about to be bound,
-//! an attachment about to be made), about once a minute once it is stable.
-//! A refused or failed read backs off ([`super::backoff::retries`]); its cause shows in
+//! an attachment about to be made), about once a minute once it is stable,
+//! each wait jittered. Once its pod is terminating, nothing of it is read
+//! again (`PodResolver::stop_reading`). A refused or failed read backs off ([`super::backoff::retries`]); its cause shows in
 //! status and the log once ([`ApiProblems`]).
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use kube::Api;
 use tokio::sync::mpsc;
 
 use volmgr::populator::objects::{Kind, KubeObject, ObjectKind, ObjectRef};
+use volmgr::util::backoff::random_fraction;
 
 use super::object_update::{cause, ObjectUpdate};
 use super::problems::ApiProblems;
@@ -109,7 +111,7 @@ pub async fn poll<K: Kind>(
                     period = (period * 2).min(max);
                 }
                 last = Some(found);
-                period
+                jittered(period)
             }
             Err(e) if r.kind == ObjectKind::ServiceAccount && refused(&e) => {
                 // Only a token request's UID depends on it: without the
@@ -137,6 +139,14 @@ pub async fn poll<K: Kind>(
         };
         tokio::time::sleep(delay).await;
     }
+}
+
+/// `period` stretched by up to half of itself at random, as the kubelet
+/// jitters its pod workers' resyncs (`workerResyncIntervalJitterFactor`):
+/// the objects of pods that came together (a restart, a deployment's
+/// roll-out) are not read again all in the same instant.
+fn jittered(period: Duration) -> Duration {
+    period + period.mul_f64(0.5 * random_fraction())
 }
 
 /// Whether the server refused the request for the credentials' rights.

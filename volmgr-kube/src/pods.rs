@@ -352,6 +352,12 @@ impl ApiPodSource {
             .and_then(|e| e.take(&uid))
             .map(|(key, _)| self.sink.set_source_problems(&key, vec![], vec![]))
             .is_some();
+        if !ended
+            && pod.metadata.deletion_timestamp.is_some()
+            && self.stop_reading_terminating(&uid)
+        {
+            return;
+        }
         let mut converted = for_conversion(pod);
         if ended {
             // What conversion reads as ended.
@@ -393,6 +399,24 @@ impl ApiPodSource {
                 rejected,
             },
         );
+    }
+
+    /// A known pod whose deletion began and whose containers may still run:
+    /// nothing of it is read again and its desired volumes stay as they are
+    /// ([`PodResolver::stop_reading`]) until it ends or goes. Whether its
+    /// update is to be skipped (not when it is new or was rejected: it is
+    /// then converted as any other).
+    fn stop_reading_terminating(&mut self, uid: &str) -> bool {
+        let (Some(known), Ok(pod_uid)) = (self.pods.get(uid), PodUid::new(uid)) else {
+            return false;
+        };
+        if known.rejected {
+            return false;
+        }
+        if self.resolver.stop_reading(&pod_uid) {
+            tracing::info!(pod = %known.key, %uid, "pod terminating: its objects are not read again");
+        }
+        true
     }
 
     /// A pod gone: its volumes are torn down now, or once its runtime is

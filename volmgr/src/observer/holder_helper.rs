@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::holders::{self, Limits, Scan, Target};
+use crate::sys::capabilities;
 use crate::util::sync::MutexExt;
 
 /// Why no holder scan answered.
@@ -284,15 +285,8 @@ fn serve(sock: UnixStream) {
 /// The helper's own confinement: user nobody (when root) with
 /// [`HELPER_CAPS`] only, `no_new_privs`.
 fn drop_privileges() -> std::io::Result<()> {
-    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .unwrap_or(40);
-    for cap in (0..=last).filter(|c| !HELPER_CAPS.contains(c)) {
-        // SAFETY: prctl with integer arguments only (fails harmlessly
-        // without CAP_SETPCAP).
-        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-    }
+    let last = capabilities::last_cap(40);
+    capabilities::drop_bounding_except(last, &HELPER_CAPS);
     if nix::unistd::geteuid().is_root() {
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) } != 0 {
@@ -305,7 +299,7 @@ fn drop_privileges() -> std::io::Result<()> {
         nix::unistd::setgroups(&[])?;
         nix::unistd::setresgid(gid, gid, gid)?;
         nix::unistd::setresuid(uid, uid, uid)?;
-        set_capabilities(&HELPER_CAPS)?;
+        capabilities::keep_only(&HELPER_CAPS)?;
     }
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
@@ -337,52 +331,3 @@ const HELPER_REFUSED: [u32; 16] = [
     libc::SYS_linkat as u32,
     libc::SYS_fchmodat as u32,
 ];
-
-/// `struct __user_cap_header_struct`.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-/// `struct __user_cap_data_struct`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// Sets the permitted and effective sets to `caps` (all below 32), the
-/// inheritable and ambient ones empty.
-fn set_capabilities(caps: &[u32]) -> std::io::Result<()> {
-    let mask = caps.iter().fold(0u32, |m, c| m | (1 << c));
-    let mut hdr = CapHeader {
-        version: 0x2008_0522,
-        pid: 0,
-    };
-    let data = [
-        CapData {
-            effective: mask,
-            permitted: mask,
-            inheritable: 0,
-        },
-        CapData::default(),
-    ];
-    // SAFETY: a valid header and the two data words.
-    if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: prctl with integer arguments only.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-            0,
-            0,
-            0,
-        )
-    };
-    Ok(())
-}

@@ -297,6 +297,25 @@ impl PodResolver {
         self.sink.delete_pod(uid)
     }
 
+    /// Stops reading the objects of pod `uid`, whose deletion began
+    /// (`deletionTimestamp`): what it has in the desired state stays as it
+    /// is until the pod goes, as the kubelet sets up nothing more for a
+    /// terminating pod (its desired-state populator skips pods whose
+    /// containers should be terminating, and `syncTerminatingPod` does not
+    /// wait for volumes). Its claims, volumes and service account are then
+    /// not read again (once the pod is gone the Node authorizer refuses
+    /// them). A pod still held for objects it waits for is not frozen
+    /// half-read: whether its objects come or the pod goes, it is settled.
+    /// Whether the pod stopped reading (it read something and was not held).
+    pub fn stop_reading(&mut self, uid: &PodUid) -> bool {
+        if self.held.contains_key(uid) || !self.resolvable.contains_key(uid) {
+            return false;
+        }
+        self.resolvable.remove(uid);
+        self.dependents.remove(uid);
+        true
+    }
+
     /// Lets what is mounted for pod `uid`, deleted by
     /// [`Self::delete_pod_keeping_mounts`], be torn down (unless the pod
     /// came back and waits for its objects).
@@ -443,6 +462,41 @@ mod tests {
             .unwrap();
         r.confirm_object(&cm, Some(obj));
         assert_eq!(sink.0.lock().unwrap().last().map(|p| p.1), Some(false));
+    }
+
+    /// A terminating pod (`deletionTimestamp`) stops reading: its objects
+    /// are no longer followed and a change of them converts nothing again,
+    /// while the pod stays desired as it was (before, its claims kept being
+    /// read until the pod was gone, and the Node authorizer then refused
+    /// the reads that raced the deletion).
+    #[test]
+    fn a_terminating_pod_stops_reading_and_stays_desired() {
+        let sink = Arc::new(Recording::default());
+        let mut r = PodResolver::with_confirmation(Arc::clone(&sink) as Arc<dyn PodSink>);
+        let cm = ObjectRef::new(ObjectKind::ConfigMap, "ns", "cm");
+        r.confirm_object(&cm, Some(config_map("1")));
+        let uid = r
+            .upsert_pod(config_map_pod(
+                "00000000-0000-0000-0000-0000000000cc",
+                "cm",
+                "a",
+            ))
+            .unwrap();
+        assert_eq!(sink.0.lock().unwrap().len(), 1, "handed over once");
+        assert!(r.referenced_objects().contains(&cm));
+
+        assert!(r.stop_reading(&uid), "it read an object");
+        assert!(
+            !r.referenced_objects().contains(&cm),
+            "its object is no longer followed"
+        );
+        r.confirm_object(&cm, Some(config_map("2")));
+        assert_eq!(
+            sink.0.lock().unwrap().len(),
+            1,
+            "not converted again for a change of its object"
+        );
+        assert!(!r.stop_reading(&uid), "already stopped");
     }
 
     /// ConfigMap ns/cm with `k` = `value`.

@@ -5,6 +5,7 @@
 //! [`linux::LinuxMounter`] is tested in a private mount namespace.
 
 pub mod beneath;
+pub mod capabilities;
 pub mod dir_walk;
 pub mod dirents;
 pub mod inotify;
