@@ -262,6 +262,11 @@ fn observe(env: &Env) -> (Agent, PathBuf, String) {
         &pod_yaml("web", "uid-web", &[("d", "emptyDir: {}")]),
     );
     std::fs::create_dir_all(env.empty_dir("uid-web", "d")).unwrap();
+    start_observing(env)
+}
+
+/// The observing agent started on `env` as it is (see [`observe`]).
+fn start_observing(env: &Env) -> (Agent, PathBuf, String) {
     let state = env.dir.path().join("state");
     let addr = free_port();
     let agent = env.start_agent(&[
@@ -366,6 +371,45 @@ fn a_fuse_mount_that_stops_answering_is_reported_then_cleared() {
             fs.is_empty()
         });
         assert_eq!(doctor(&state, false).0, 0);
+        assert!(agent.term(), "the agent exits cleanly");
+    });
+}
+
+/// Node life: the observing agent killed (`kill -9`) while its probe of a
+/// hung FUSE mount is parked in the kernel, then started again on the same
+/// state directory: the dead agent's lock and socket do not stop the new
+/// one, which reports the mount again (the parked probe died with its
+/// process; nothing of it was kept), and `/healthz` answers throughout.
+#[test]
+fn kill9_while_a_probe_hangs_then_restart_reports_it_again() {
+    let name = "kill9_while_a_probe_hangs_then_restart_reports_it_again";
+    if let Some(why) = unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        let (agent, state, addr) = observe(&env);
+        let vol = env.empty_dir("uid-web", "d");
+        let daemon = Daemon::mount(&vol, PAUSE);
+        wait_findings(&state, &addr, &agent, "the hung mount reported", |fs| {
+            at(fs, &vol).is_some_and(|f| evidence(f).contains("did not return within"))
+        });
+        agent.kill9();
+
+        // Not `observe`: its set-up would stat the hung mount.
+        let (agent, state, addr) = start_observing(&env);
+        let fs = wait_findings(&state, &addr, &agent, "reported after the restart", |fs| {
+            at(fs, &vol).is_some_and(|f| evidence(f).contains("did not return within"))
+        });
+        assert_eq!(at(&fs, &vol).unwrap()["pod_uid"], "uid-web");
+        // Answering again: cleared, and the agent still stops cleanly.
+        daemon.set(ANSWER);
+        wait_findings(&state, &addr, &agent, "cleared once it answers", |fs| {
+            at(fs, &vol).is_none()
+        });
+        daemon.kill();
+        nix::mount::umount2(&vol, nix::mount::MntFlags::MNT_DETACH).unwrap();
         assert!(agent.term(), "the agent exits cleanly");
     });
 }
