@@ -262,14 +262,15 @@ fn observe(env: &Env) -> (Agent, PathBuf, String) {
         &pod_yaml("web", "uid-web", &[("d", "emptyDir: {}")]),
     );
     std::fs::create_dir_all(env.empty_dir("uid-web", "d")).unwrap();
-    start_observing(env)
+    start_observing(env, &[])
 }
 
-/// The observing agent started on `env` as it is (see [`observe`]).
-fn start_observing(env: &Env) -> (Agent, PathBuf, String) {
+/// The observing agent started on `env` as it is (see [`observe`]), with
+/// `extra` arguments.
+fn start_observing(env: &Env, extra: &[&str]) -> (Agent, PathBuf, String) {
     let state = env.dir.path().join("state");
     let addr = free_port();
-    let agent = env.start_agent(&[
+    let mut args = vec![
         "--observe",
         "--state-dir",
         state.to_str().unwrap(),
@@ -277,7 +278,9 @@ fn start_observing(env: &Env) -> (Agent, PathBuf, String) {
         "mountinfo",
         "--metrics-addr",
         &addr,
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let agent = env.start_agent(&args);
     // Up: its status socket and its metrics address answer.
     let deadline = Instant::now() + Duration::from_secs(60);
     while doctor(&state, true).0 == 2 || std::net::TcpStream::connect(&addr).is_err() {
@@ -375,6 +378,91 @@ fn a_fuse_mount_that_stops_answering_is_reported_then_cleared() {
     });
 }
 
+/// kubernetes/kubernetes#71584 ("Pod using subpath with NFS stuck in
+/// terminating"): a deleted pod's network volume whose server stopped
+/// answering, with a subPath of it bound under `volume-subpaths/`. Both
+/// mounts are reported `mount_unreachable` (the volume and its subPath,
+/// one device), and both as left mounted for a pod no longer on the node,
+/// while `/healthz` answers: the operator sees why the pod's tear-down
+/// hangs (the kubelet's subPath clean-up stats the dead mount) and where.
+#[test]
+fn a_deleted_pods_subpath_of_a_dead_network_volume_is_reported() {
+    let name = "a_deleted_pods_subpath_of_a_dead_network_volume_is_reported";
+    if let Some(why) = unavailable() {
+        eprintln!("SKIP {name}: {why}");
+        return;
+    }
+    isolated(name, || {
+        let env = Env::new();
+        env.write_manifest(
+            "p.yaml",
+            &pod_yaml("web", "uid-web", &[("d", "emptyDir: {}")]),
+        );
+        // Left mounted for a pod gone: reported after 2 s.
+        let (agent, state, addr) = start_observing(&env, &["--stuck-after", "2s"]);
+        // Pod `uid-gone` is not on the node (no manifest): its volume `v`
+        // (in-tree NFS's directory) and the subPath of container `c`.
+        let pod = env.root.join("pods/uid-gone");
+        let vol = pod.join("volumes/kubernetes.io~nfs/v");
+        let sub = pod.join("volume-subpaths/v/c/0");
+        std::fs::create_dir_all(&vol).unwrap();
+        std::fs::create_dir_all(&sub).unwrap();
+        let daemon = Daemon::mount(&vol, ANSWER);
+        nix::mount::mount(
+            Some(&vol),
+            &sub,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        // The server stops answering.
+        daemon.set(PAUSE);
+        let fs = wait_findings(&state, &addr, &agent, "both paths reported", |fs| {
+            [&vol, &sub]
+                .iter()
+                .all(|p| at(fs, p).is_some_and(|f| evidence(f).contains("did not return within")))
+        });
+        for p in [&vol, &sub] {
+            let f = at(&fs, p).unwrap();
+            assert_eq!(f["pod_uid"], "uid-gone", "{f:#}");
+        }
+        let (code, text) = doctor(&state, false);
+        assert_eq!(code, 1, "{text}");
+        for p in [&vol, &sub] {
+            assert!(
+                text.contains(&format!("path: {}", p.display())),
+                "{}: {text}",
+                p.display()
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let left = doctor_findings(&state, "mounted_for_deleted_pod");
+            if [&vol, &sub].iter().all(|p| at(&left, p).is_some()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not reported as left mounted: {left:#?}\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        // The server back, the kubelet's tear-down done: nothing left.
+        daemon.set(ANSWER);
+        for p in [&sub, &vol] {
+            nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        }
+        daemon.kill();
+        std::fs::remove_dir_all(&pod).unwrap();
+        wait_findings(&state, &addr, &agent, "cleared once torn down", |fs| {
+            fs.is_empty()
+        });
+        assert!(agent.term(), "the agent exits cleanly");
+    });
+}
+
 /// Node life: the observing agent killed (`kill -9`) while its probe of a
 /// hung FUSE mount is parked in the kernel, then started again on the same
 /// state directory: the dead agent's lock and socket do not stop the new
@@ -398,7 +486,7 @@ fn kill9_while_a_probe_hangs_then_restart_reports_it_again() {
         agent.kill9();
 
         // Not `observe`: its set-up would stat the hung mount.
-        let (agent, state, addr) = start_observing(&env);
+        let (agent, state, addr) = start_observing(&env, &[]);
         let fs = wait_findings(&state, &addr, &agent, "reported after the restart", |fs| {
             at(fs, &vol).is_some_and(|f| evidence(f).contains("did not return within"))
         });
