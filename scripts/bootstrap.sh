@@ -45,6 +45,11 @@ have_sbin blkid || need_pkgs+=(util-linux)
 command -v valgrind >/dev/null 2>&1 || need_pkgs+=(valgrind)
 # strace: the system-call yardstick (cli/tests/syscall_yardstick.rs).
 command -v strace >/dev/null 2>&1 || need_pkgs+=(strace)
+# bpftool and bpftrace: the BPF yardstick (BENCHMARKS.md, "Yardsticks: BPF
+# instructions per traced call": the tracer's programs as the kernel runs
+# them, against bpftrace one-liners).
+have_sbin bpftool || need_pkgs+=(bpftool)
+command -v bpftrace >/dev/null 2>&1 || need_pkgs+=(bpftrace)
 # podman builds the container image (scripts/image.sh); readelf (binutils)
 # checks the binary is static, strip makes the image's copy small.
 command -v podman >/dev/null 2>&1 || need_pkgs+=(podman)

@@ -13,7 +13,9 @@
 //! It records events on pods for findings (rate-limited), and reads back
 //! the recent events of pods with a stuck volume (finding (d) shows them;
 //! [`volmgr_kube::pod_events`]) and of the node's `Pending` pods (finding
-//! (l), `kubelet_disagrees`, compares them with the mount table).
+//! (l), `kubelet_disagrees`, compares them with the mount table and, for
+//! a volume the kubelet says is unattached, with its VolumeAttachment and
+//! the Node's `status.volumesAttached`: [`volmgr_kube::attachments`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -154,7 +156,9 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     };
     if let Some(pe) = &scanner.pod_events {
         scanner.observer.set_pod_events(Arc::clone(pe) as _);
+        scanner.observer.set_kubelet_node(&opts.node_name);
     }
+    with_attachments(&mut scanner.observer, &kube, &opts, &stop_rx);
     let scan_task = tokio::spawn(scanner.run(obs.scan_period, stop_rx.clone()));
     // The same pod sources as manager mode, feeding the (never started)
     // manager's desired state; payload volumes by name only, so the agent
@@ -185,6 +189,22 @@ fn with_mount_probes(observer: Observer, vm: &Arc<VolumeManager>) -> Observer {
             tracing::warn!(error = %e, "mount probes not started: mount_unreachable is not reported");
             observer
         }
+    }
+}
+
+/// The attach side of `kubelet_disagrees` reads the VolumeAttachments the
+/// scan asks for and the Node, in the background, when there is an API
+/// server.
+fn with_attachments(
+    o: &mut Observer,
+    kube: &Option<kube::Client>,
+    opts: &AgentOptions,
+    stop: &watch::Receiver<bool>,
+) {
+    if let Some(c) = kube {
+        let a =
+            volmgr_kube::attachments::Attachments::start(c.clone(), &opts.node_name, stop.clone());
+        o.set_attachments(Arc::new(a));
     }
 }
 

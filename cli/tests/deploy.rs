@@ -498,6 +498,9 @@ fn observe_mode_reads_only() {
             ("storage.k8s.io", &["csidrivers", "volumeattachments"], READ),
             // The node's CSINode, for the CSI registration triage.
             ("storage.k8s.io", &["csinodes"], &["get"]),
+            // The node's Node, for kubelet_disagrees' attach side (its
+            // status.volumesAttached).
+            ("", &["nodes"], &["get"]),
             ("events.k8s.io", &["events"], &["create", "patch"]),
             // A stuck pod's recent events, read back for finding (d).
             ("", &["events"], &["get", "list"]),
@@ -505,14 +508,13 @@ fn observe_mode_reads_only() {
     );
     // Payload volumes are observed by name only: no right to read what
     // they hold (a read-only observer that could read every Secret would
-    // not be installed), nor the Node.
+    // not be installed).
     for g in &granted {
         let resource = g.split_once(':').unwrap().0.rsplit('/').next().unwrap();
         assert!(
             ![
                 "configmaps",
                 "secrets",
-                "nodes",
                 "clustertrustbundles",
                 "serviceaccounts"
             ]

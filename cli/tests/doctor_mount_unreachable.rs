@@ -239,9 +239,13 @@ fn at<'a>(fs: &'a [serde_json::Value], path: &Path) -> Option<&'a serde_json::Va
     fs.iter().find(|f| f["path"] == path.to_str().unwrap())
 }
 
-/// The evidence of a finding, one line.
+/// The evidence of a finding, its lines joined.
 fn evidence(f: &serde_json::Value) -> String {
-    f["evidence"].to_string()
+    let lines = f["evidence"].as_array().into_iter().flatten();
+    lines
+        .filter_map(|l| l.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A `stat` of `path` that blocks while the daemon does not answer.
@@ -310,14 +314,14 @@ fn a_fuse_mount_that_stops_answering_is_reported_then_cleared() {
         let daemon = Daemon::mount(&vol, PAUSE);
         let mut stat = blocked_stat(&vol);
         let fs = wait_findings(&state, &addr, &agent, "the hung mount reported", |fs| {
-            at(fs, &vol).is_some_and(|f| evidence(f).contains(&format!("stat[{}/", stat.id())))
+            at(fs, &vol).is_some_and(|f| evidence(f).contains(&format!("\"stat\"[{}/", stat.id())))
         });
         let f = at(&fs, &vol).unwrap();
         assert_eq!(f["pod"], "test/web", "{f:#}");
         assert_eq!(f["pod_uid"], "uid-web", "{f:#}");
         let ev = evidence(f);
         assert!(ev.contains("type fuse.testfs"), "{f:#}");
-        assert!(ev.contains("source: fuse testfs connection"), "{f:#}");
+        assert!(ev.contains("source: fuse \"testfs\" connection"), "{f:#}");
         assert!(ev.contains("did not return within"), "{f:#}");
         assert!(
             f["summary"].as_str().unwrap().contains("does not answer"),

@@ -227,7 +227,7 @@ fn a_slow_ownership_walk_is_reported_with_its_progress_then_cleared() {
 /// not a test: `cargo test -p volmgr-cli --test doctor_ownership_walk --
 /// --ignored --nocapture walk_program_cost`.
 #[test]
-#[ignore]
+#[ignore = "a measurement (BPF run time of the walk programs), not a check: run with --ignored"]
 fn walk_program_cost() {
     if let Some(why) = ebpf_unavailable() {
         eprintln!("SKIP walk_program_cost: {why}");

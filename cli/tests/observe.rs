@@ -187,10 +187,11 @@ fn record_pod_events(api: &FakeApiServer) -> serde_json::Value {
     json!([
         {"type": "Warning", "reason": "FailedMount",
          "message": "MountVolume.SetUp failed for volume \"scratch\" : not yet", "count": 4,
-         "last_time": "2026-01-02T03:04:05Z", "source": "kubelet"},
+         "last_time": "2026-01-02T03:04:05Z", "source": "kubelet", "host": "node-1"},
         {"type": "Normal", "reason": "Scheduled",
          "message": "Successfully assigned test/stuck to node-1", "count": 1,
-         "last_time": "2026-01-02T03:00:00Z", "source": "default-scheduler"},
+         "last_time": "2026-01-02T03:00:00Z", "source": "default-scheduler",
+         "host": "default-scheduler-x"},
     ])
 }
 

@@ -494,3 +494,74 @@ fn a_refused_read_backs_off_and_holds_nothing_hostage() {
         assert_eq!(server.forbidden(&format!("system:node:{NODE}")), vec![]);
     });
 }
+
+/// The node's CSINode, as the admin reads it.
+fn csinode(server: &RealApiServer) -> serde_json::Value {
+    let out = server.kubectl_ok(&["get", "csinode", NODE, "-o", "json"], None);
+    serde_json::from_str(&out).unwrap()
+}
+
+/// CSI migration's CSINode annotation, written as the kubelet's
+/// `setMigrationAnnotation` writes it, under the Node authorizer and
+/// `NodeRestriction`: once a driver registers, the node's CSINode (made
+/// beforehand by someone else, with an annotation of its own) lists every
+/// in-tree plugin migrated on the node, sorted, its other annotation kept;
+/// when the driver goes its entry goes and the annotation stays (the
+/// kubelet's uninstall leaves it). Nothing is refused. Before, the
+/// annotation was never written, and the attach/detach controller took the
+/// node as not migrated.
+#[test]
+fn csinode_gets_the_migrated_plugins_annotation_with_no_forbidden_request() {
+    isolated(
+        "csinode_gets_the_migrated_plugins_annotation_with_no_forbidden_request",
+        || {
+            let Some(server) = RealApiServer::start() else {
+                return;
+            };
+            let env = Env::new();
+            cluster(&server, &env);
+            server.apply(&format!(
+                "apiVersion: storage.k8s.io/v1\nkind: CSINode\nmetadata: {{name: {NODE}, annotations: {{other: kept}}}}\nspec: {{drivers: []}}\n"
+            ));
+            let mut driver = driver(&env);
+            let agent = agent_as(&env, &server, NODE);
+            let key = "storage.alpha.kubernetes.io/migrated-plugins";
+            wait(
+                &agent,
+                &server,
+                60,
+                "the driver and the annotation on the CSINode",
+                || {
+                    let c = csinode(&server);
+                    c["spec"]["drivers"][0]["name"] == DRIVER
+                        && c["metadata"]["annotations"][key].is_string()
+                },
+            );
+            let c = csinode(&server);
+            assert_eq!(
+                c["metadata"]["annotations"][key],
+                "kubernetes.io/aws-ebs,kubernetes.io/azure-disk,kubernetes.io/azure-file,\
+                 kubernetes.io/cinder,kubernetes.io/gce-pd,kubernetes.io/portworx-volume,\
+                 kubernetes.io/vsphere-volume",
+                "{c:#}"
+            );
+            assert_eq!(c["metadata"]["annotations"]["other"], "kept", "{c:#}");
+            // The driver goes (SIGTERM: it removes its sockets).
+            driver.stop();
+            wait(&agent, &server, 60, "the driver's entry gone", || {
+                csinode(&server)["spec"]["drivers"]
+                    .as_array()
+                    .is_none_or(|d| d.is_empty())
+            });
+            let c = csinode(&server);
+            assert!(c["metadata"]["annotations"][key].is_string(), "{c:#}");
+            let user = format!("system:node:{NODE}");
+            let counts = by_verb_and_resource(&server.audit(), &user);
+            assert_eq!(server.forbidden(&user), vec![], "{counts:#?}");
+            assert!(
+                counts.get("200 update csinodes").is_some_and(|n| *n >= 2),
+                "{counts:#?}"
+            );
+        },
+    );
+}

@@ -32,7 +32,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{isolated, Env};
+use support::{isolated, Env, YARDSTICK};
 
 /// Pods in the storm.
 const N: usize = 500;
@@ -248,7 +248,7 @@ fn file_and_mount_syscalls_per_volume_stay_within_the_committed_figures() {
             let (teardown, teardown_top) = per_volume(&stop(strace, &out));
             drop(agent);
 
-            eprintln!("file and mount syscalls per volume, N = {N}: mount {mount:.2} ({mount_top}); teardown {teardown:.2} ({teardown_top}); raw loop 5 and 5");
+            eprintln!("{YARDSTICK}file and mount syscalls per volume, N = {N}: mount {mount:.2} ({mount_top}); teardown {teardown:.2} ({teardown_top}); raw loop 5 and 5");
             for (key, got, top) in [
                 ("syscalls_per_volume_mount", mount, &mount_top),
                 ("syscalls_per_volume_teardown", teardown, &teardown_top),

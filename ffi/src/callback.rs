@@ -24,10 +24,13 @@ unsafe impl Send for EventCallback {}
 
 /// Hands volume events and claim resizes to the event callback, if set.
 pub(crate) fn forward_events(vm: &Arc<VolumeManager>, events: &Arc<Mutex<Option<EventCallback>>>) {
-    let call = |sink: &Mutex<Option<EventCallback>>, json: String| {
+    // The JSON is built only when a callback is set: building it for every
+    // event was a fifth of the C ABI's instructions per volume (BENCHMARKS,
+    // "Yardsticks: user-space instructions").
+    let call = |sink: &Mutex<Option<EventCallback>>, json: &dyn Fn() -> String| {
         let cb = *sink.locked();
         if let Some(cb) = cb {
-            if let Ok(c) = std::ffi::CString::new(json) {
+            if let Ok(c) = std::ffi::CString::new(json()) {
                 // SAFETY: the callback's contract (volmgr_set_event_callback).
                 unsafe { (cb.f)(cb.userdata, c.as_ptr()) };
             }
@@ -37,12 +40,12 @@ pub(crate) fn forward_events(vm: &Arc<VolumeManager>, events: &Arc<Mutex<Option<
     vm.add_event_listener(Arc::new(move |ev: &VolumeEvent| {
         // The ABI's kinds stay those it documents.
         if ev.kind != VolumeEventKind::Expanded {
-            call(&sink, event_json(ev));
+            call(&sink, &|| event_json(ev));
         }
     }));
     let sink = Arc::clone(events);
     vm.add_claim_resize_listener(Arc::new(move |r: &ClaimResize| {
-        call(&sink, claim_resized_json(r));
+        call(&sink, &|| claim_resized_json(r));
     }));
 }
 

@@ -66,15 +66,32 @@ fn volumes_json(
     uncertain: bool,
 ) -> Result<std::ffi::CString, volmgr_status> {
     // Before the actual state's lock: the desired state's is taken first.
-    let subs = volmgr_core::volume::PodUid::new(uid)
-        .map(|u| vm.sub_paths_of_pod(&u))
+    let pod = volmgr_core::volume::PodUid::new(uid);
+    let subs = pod
+        .as_ref()
+        .map(|u| vm.sub_paths_of_pod(u))
+        .unwrap_or_default();
+    // A volume the pod names twice (two volumes of one claim): a row per name.
+    let names = pod
+        .as_ref()
+        .map(|u| vm.outer_names_of_pod(u))
         .unwrap_or_default();
     vm.with_actual_state(|asw| {
         let mut rows: Vec<VolumeJson<'_>> = asw
             .mounts_of_pod(uid)
             .filter(|(_, _, m)| uncertain || m.state == VolumeMountState::Mounted)
-            .map(|(name, plugin, m)| VolumeJson {
-                outer_volume_spec_name: m.outer_volume_spec_name(),
+            .flat_map(|(name, plugin, m)| {
+                let own = std::iter::once(m.outer_volume_spec_name());
+                let more = names
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .map(String::as_str)
+                    .filter(|n| *n != m.outer_volume_spec_name());
+                own.chain(more).map(move |outer| (outer, name, plugin, m))
+            })
+            .map(|(outer, name, plugin, m)| VolumeJson {
+                outer_volume_spec_name: outer,
                 volume_name: name.as_str(),
                 plugin,
                 path: m.path.to_string_lossy(),
@@ -85,9 +102,7 @@ fn volumes_json(
                 read_only: m.spec.read_only(),
                 selinux_relabel: m.selinux_relabel,
                 block_device_path: m.spec.is_block().then(|| m.path.to_string_lossy()),
-                sub_paths: subs
-                    .get(m.outer_volume_spec_name())
-                    .map_or(&[], Vec::as_slice),
+                sub_paths: subs.get(outer).map_or(&[], Vec::as_slice),
             })
             .collect();
         rows.sort_unstable_by(|a, b| a.outer_volume_spec_name.cmp(b.outer_volume_spec_name));

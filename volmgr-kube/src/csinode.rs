@@ -30,6 +30,55 @@ use volmgr::util::backoff::Backoff;
 /// The Node annotation with every driver's node ID (a JSON map).
 pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
+/// The CSINode annotation listing the in-tree plugins migrated to CSI on
+/// this node (`v1.MigratedPluginsAnnotationKey`): the attach/detach
+/// controller (and the scheduler's volume binding) use CSI for a migrated
+/// plugin's volumes on the node only if it is listed.
+pub const MIGRATED_PLUGINS_ANNOTATION: &str = "storage.alpha.kubernetes.io/migrated-plugins";
+
+/// The annotation's value as the kubelet computes it (`setMigrationAnnotation`
+/// over its `migratedPlugins`): every in-tree plugin whose migration is on,
+/// sorted, comma-separated. In Kubernetes 1.37 all seven migrations are
+/// unconditional (Portworx's too), and volmgr migrates those seven, so the
+/// value does not depend on which CSI drivers are registered.
+pub fn migrated_plugins() -> String {
+    let mut names: Vec<&str> = volmgr::populator::convert::migration::MIGRATED_PLUGINS
+        .iter()
+        .map(|(plugin, _)| *plugin)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names.join(",")
+}
+
+/// The kubelet's `setMigrationAnnotation`: `meta`'s annotation set to
+/// `value` (removed if empty) unless it already names the same set of
+/// plugins (in any order); other annotations kept. Whether it changed.
+pub fn set_migration_annotation(meta: &mut ObjectMeta, value: &str) -> bool {
+    let set = |s: &str| -> std::collections::BTreeSet<String> {
+        match s.is_empty() {
+            true => Default::default(),
+            false => s.split(',').map(String::from).collect(),
+        }
+    };
+    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+    let old = annotations
+        .get(MIGRATED_PLUGINS_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or("");
+    if set(old) == set(value) {
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+        return false;
+    }
+    match value.is_empty() {
+        true => annotations.remove(MIGRATED_PLUGINS_ANNOTATION),
+        false => annotations.insert(MIGRATED_PLUGINS_ANNOTATION.to_string(), value.to_string()),
+    };
+    true
+}
+
 /// How often an update that lost a race (409 Conflict) is tried again at once.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -310,12 +359,16 @@ async fn update_csinode(
                 api.create(&PostParams::default(), &obj).await.map(|_| ())
             }
             Some(mut obj) => {
+                // As the kubelet's `installDriverToCSINode` (its uninstall
+                // leaves the annotation alone).
+                let annotated = entry.is_some()
+                    && set_migration_annotation(&mut obj.metadata, &migrated_plugins());
                 let drivers = &mut obj.spec.drivers;
                 let old = drivers.clone();
                 drivers.retain(|d| d.name != driver);
                 drivers.extend(entry.iter().cloned());
                 drivers.sort_by(|a, b| a.name.cmp(&b.name));
-                if *drivers == old {
+                if *drivers == old && !annotated {
                     return Ok(());
                 }
                 api.replace(node, &PostParams::default(), &obj)
@@ -343,12 +396,15 @@ fn new_csinode(node: &str, uid: Option<String>, drivers: Vec<CSINodeDriver>) -> 
         uid,
         ..OwnerReference::default()
     });
+    let mut metadata = ObjectMeta {
+        name: Some(node.to_string()),
+        owner_references: owner.map(|o| vec![o]),
+        ..ObjectMeta::default()
+    };
+    // The kubelet's `CreateCSINode` annotates the new object.
+    set_migration_annotation(&mut metadata, &migrated_plugins());
     CSINode {
-        metadata: ObjectMeta {
-            name: Some(node.to_string()),
-            owner_references: owner.map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
+        metadata,
         spec: CSINodeSpec { drivers },
         ..CSINode::default()
     }
@@ -466,6 +522,80 @@ mod tests {
         assert_eq!(api.get_at(CSINODE).unwrap()["spec"]["drivers"], json!([]));
         let n = api.get_at(NODE).unwrap();
         assert_eq!(n["metadata"]["labels"]["topology.x.io/zone"], "z1");
+    }
+
+    /// The annotation's value as the kubelet's `setMigrationAnnotation`
+    /// computes it over its `migratedPlugins` (all seven, in 1.37):
+    /// sorted, comma-separated; the same set in another order is left as
+    /// it is; other annotations are kept; an empty value removes it.
+    #[test]
+    fn migrated_plugins_as_the_kubelet_computes_them() {
+        let all = "kubernetes.io/aws-ebs,kubernetes.io/azure-disk,kubernetes.io/azure-file,\
+                   kubernetes.io/cinder,kubernetes.io/gce-pd,kubernetes.io/portworx-volume,\
+                   kubernetes.io/vsphere-volume";
+        assert_eq!(migrated_plugins(), all);
+        let mut meta = ObjectMeta::default();
+        assert!(set_migration_annotation(&mut meta, all));
+        assert!(!set_migration_annotation(&mut meta, all));
+        let ann = |m: &ObjectMeta| m.annotations.clone().unwrap_or_default();
+        assert_eq!(ann(&meta)[MIGRATED_PLUGINS_ANNOTATION], all);
+        let reversed: Vec<&str> = all.split(',').rev().collect();
+        let mut other = ObjectMeta {
+            annotations: Some(BTreeMap::from([
+                ("x".to_string(), "y".to_string()),
+                (MIGRATED_PLUGINS_ANNOTATION.to_string(), reversed.join(",")),
+            ])),
+            ..ObjectMeta::default()
+        };
+        assert!(!set_migration_annotation(&mut other, all), "same set");
+        assert!(set_migration_annotation(&mut other, "kubernetes.io/gce-pd"));
+        assert_eq!(ann(&other)["x"], "y");
+        assert!(set_migration_annotation(&mut other, ""));
+        assert_eq!(
+            ann(&other),
+            BTreeMap::from([("x".to_string(), "y".to_string())])
+        );
+        let mut none = ObjectMeta::default();
+        assert!(!set_migration_annotation(&mut none, ""));
+        assert_eq!(none.annotations, None);
+    }
+
+    /// The CSINode carries the migrated-plugins annotation from its
+    /// creation; one made without it (another writer's, with its own
+    /// annotation) gets it on the next install, its other annotation kept;
+    /// an uninstall leaves it, as the kubelet's does. Before, no annotation
+    /// was written: the attach/detach controller took the node as not
+    /// migrated.
+    #[tokio::test]
+    async fn csinode_carries_the_migrated_plugins_annotation() {
+        let api = fake();
+        let client = api.client();
+        install(&client, "n1", "x.csi", &info("a", 0, &[]))
+            .await
+            .unwrap();
+        let c = api.get_at(CSINODE).unwrap();
+        assert_eq!(
+            c["metadata"]["annotations"][MIGRATED_PLUGINS_ANNOTATION],
+            migrated_plugins()
+        );
+        let mut c = c;
+        c["metadata"]["annotations"] = json!({"other": "kept"});
+        api.put_at(CSINODE, c);
+        install(&client, "n1", "x.csi", &info("a", 0, &[]))
+            .await
+            .unwrap();
+        let c = api.get_at(CSINODE).unwrap();
+        assert_eq!(
+            c["metadata"]["annotations"],
+            json!({"other": "kept", MIGRATED_PLUGINS_ANNOTATION: migrated_plugins()})
+        );
+        uninstall(&client, "n1", "x.csi").await.unwrap();
+        let c = api.get_at(CSINODE).unwrap();
+        assert_eq!(c["spec"]["drivers"], json!([]));
+        assert_eq!(
+            c["metadata"]["annotations"][MIGRATED_PLUGINS_ANNOTATION],
+            migrated_plugins()
+        );
     }
 
     /// The last node ID removed takes the annotation away; a conflicting

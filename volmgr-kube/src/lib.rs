@@ -4,6 +4,7 @@
 //! pods' recent events read back), the Node's `status.volumesInUse`, claims'
 //! status after node expansion, and service account tokens by TokenRequest.
 
+pub mod attachments;
 pub mod backoff;
 pub mod claim_status;
 pub mod client;

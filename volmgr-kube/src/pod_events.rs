@@ -408,6 +408,12 @@ pub fn newest(events: Vec<Event>, max: usize) -> Vec<RecentEvent> {
 /// One event as a finding shows it, with when it was last seen; `None`
 /// for volmgr's own.
 fn recent_event(e: Event) -> Option<(Option<Timestamp>, RecentEvent)> {
+    let host = e
+        .reporting_instance
+        .clone()
+        .filter(|h| !h.is_empty())
+        .or_else(|| e.source.as_ref().and_then(|s| s.host.clone()))
+        .unwrap_or_default();
     let source = e
         .reporting_component
         .filter(|c| !c.is_empty())
@@ -440,6 +446,7 @@ fn recent_event(e: Event) -> Option<(Option<Timestamp>, RecentEvent)> {
             count: u32::try_from(count).unwrap_or(1),
             last_time: last.map(|t| t.to_string()).unwrap_or_default(),
             source,
+            host,
         },
     ))
 }

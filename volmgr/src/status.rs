@@ -177,6 +177,10 @@ pub struct RecentEvent {
     /// Who reported it (`kubelet`, `attachdetach-controller`, ...).
     #[serde(default)]
     pub source: String,
+    /// The node it came from (`reportingInstance`, else `source.host`;
+    /// empty when the event names none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
 }
 
 /// A syscall seen on a path (the tracer's record).

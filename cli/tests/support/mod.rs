@@ -84,7 +84,15 @@ pub fn isolated_with(name: &str, older_kernel: bool, body: impl FnOnce()) {
     if !stdout.contains("1 passed") {
         panic!("isolated test {name} did not run:\n{stdout}\n{stderr}");
     }
+    // A yardstick's figures, seen with `--nocapture`.
+    for line in stderr.lines().filter(|l| l.starts_with(YARDSTICK)) {
+        eprintln!("{line}");
+    }
 }
+
+/// The start of a line an isolated test prints for the run's output too
+/// (a yardstick's figures).
+pub const YARDSTICK: &str = "yardstick: ";
 
 /// The path of the built `volmgr` binary.
 pub fn volmgr_bin() -> PathBuf {

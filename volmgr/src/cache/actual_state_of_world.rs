@@ -95,6 +95,14 @@ pub struct AttachedVolume {
     /// kubelet's in-use expansion error and infeasible expansion): not
     /// tried again while the volume is known; another size is.
     pub expansion_infeasible: Option<u64>,
+    /// The kubelet's `seLinuxMountContext`: the SELinux label (`context=`)
+    /// the volume is mounted with, compared with each pod's
+    /// ([`ActualStateOfWorld::selinux_mount_mismatch`]). `None`: not known
+    /// (nothing is compared); `Some("")`: mounted without one. Set by the
+    /// device's mount when it has a label (the kubelet's
+    /// `MarkDeviceAsMounted`), else by the first pod's mount (its
+    /// `AddPodToVolume`); gone with the volume.
+    pub selinux_mount_context: Option<Arc<str>>,
     /// The pods it is mounted for.
     pub pods: PodMap<MountedPod>,
     /// The pods whose mount of it carries foreign mounts to remove.
@@ -118,6 +126,19 @@ impl AttachedVolume {
         }
     }
 }
+
+/// The kubelet's `seLinuxMountMismatchError`: a pod needs a volume with
+/// another SELinux label than the one it is mounted with (for another pod
+/// that is gone, or going).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("waiting for unmount of volume {:?}, because it is already mounted to a different pod with a different SELinux label", .volume_name.as_str())]
+pub struct SeLinuxMountMismatch {
+    /// The volume.
+    pub volume_name: UniqueVolumeName,
+}
+
+/// The context of a volume mounted without an SELinux label.
+static NO_LABEL: std::sync::OnceLock<Arc<str>> = std::sync::OnceLock::new();
 
 /// A row of [`ActualStateOfWorld::mounted_volumes_for_pod`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +179,7 @@ impl ActualStateOfWorld {
                 device_spec: None,
                 size_bytes: None,
                 expansion_infeasible: None,
+                selinux_mount_context: None,
                 pods: PodMap::default(),
                 foreign_mounts: PodMap::default(),
                 sub_paths: PodMap::default(),
@@ -355,11 +377,53 @@ impl ActualStateOfWorld {
     ) {
         if let Some(v) = self.volumes.get_mut(volume) {
             v.set_device_state(state);
+            // The kubelet's `SetDeviceMountState`: a label replaces the
+            // one known; a device without one changes nothing.
+            if let Some(l) = super::selinux::mount_label(&spec).filter(|l| !l.is_empty()) {
+                v.selinux_mount_context = Some(Arc::from(l));
+            }
             v.device_spec = Some(spec);
             if path.is_some() {
                 v.device_mount_path = path;
             }
         }
+    }
+
+    /// Records that a pod's mount of `volume` was made with the SELinux
+    /// label `label` (`None`: without one), if the volume's is not known
+    /// yet (the kubelet's `AddPodToVolume`: the first mount sets the
+    /// volume's `seLinuxMountContext`).
+    pub fn add_pod_selinux_mount_context(
+        &mut self,
+        volume: &UniqueVolumeName,
+        label: Option<&str>,
+    ) {
+        if let Some(v) = self.volumes.get_mut(volume) {
+            if v.selinux_mount_context.is_none() {
+                v.selinux_mount_context = Some(match label {
+                    Some(l) if !l.is_empty() => Arc::from(l),
+                    // One shared "no label" for every volume, not an
+                    // allocation each.
+                    _ => Arc::clone(NO_LABEL.get_or_init(|| Arc::from(""))),
+                });
+            }
+        }
+    }
+
+    /// The kubelet's SELinux check of `PodExistsInVolume`: the error when
+    /// `volume` is mounted with a known SELinux label other than `label`,
+    /// the one a pod needs (`None`: none). Such a pod is not set up: the
+    /// volume's device is unmounted once no pod uses it and mounted again
+    /// with the new label.
+    pub fn selinux_mount_mismatch(
+        &self,
+        volume: &UniqueVolumeName,
+        label: Option<&str>,
+    ) -> Option<SeLinuxMountMismatch> {
+        let have = self.volumes.get(volume)?.selinux_mount_context.as_deref()?;
+        (have != label.unwrap_or("")).then(|| SeLinuxMountMismatch {
+            volume_name: volume.clone(),
+        })
     }
 
     /// Records the unique id of the mount at a volume's device mount path
@@ -590,6 +654,39 @@ mod tests {
         assert_eq!(a.volumes().count(), 1);
         assert_eq!(a.device_mount_state(&v), DeviceMountState::Mounted);
         assert_eq!(a.all_mounts_of_pod(&pod).len(), 1);
+    }
+
+    /// The kubelet's `seLinuxMountContext` rules: the first pod's mount
+    /// sets it (no label: `""`), a device mounted with a label replaces it,
+    /// later pods do not; a pod that needs another label gets the
+    /// kubelet's `seLinuxMountMismatchError`; unknown compares with nothing.
+    #[test]
+    fn the_selinux_mount_context_follows_the_kubelets_rules() {
+        let mut a = ActualStateOfWorld::default();
+        let v = UniqueVolumeName::new("kubernetes.io/csi/d^h");
+        a.mark_volume_as_attached(&v, "plug".into());
+        assert_eq!(a.selinux_mount_mismatch(&v, Some("x")), None, "unknown");
+        a.add_pod_selinux_mount_context(&v, None);
+        a.add_pod_selinux_mount_context(&v, Some("x"));
+        assert_eq!(a.selinux_mount_mismatch(&v, None), None);
+        let e = a.selinux_mount_mismatch(&v, Some("x")).unwrap();
+        assert_eq!(
+            e.to_string(),
+            "waiting for unmount of volume \"kubernetes.io/csi/d^h\", because it is already mounted to a different pod with a different SELinux label"
+        );
+        let mut src = crate::volume::CsiVolumeSource::new("d", "h");
+        Arc::make_mut(&mut src.driver_info).selinux_mount_label = Some("x".into());
+        let spec = Arc::new(VolumeSpec {
+            name: "pv".into(),
+            source: VolumeSource::Csi(Box::new(src)),
+        });
+        a.mark_device(&v, DeviceMountState::Mounted, spec, None);
+        assert_eq!(a.selinux_mount_mismatch(&v, Some("x")), None);
+        assert!(a.selinux_mount_mismatch(&v, None).is_some());
+        a.mark_device_as_unmounted(&v);
+        assert!(a.mark_volume_as_detached(&v));
+        a.mark_volume_as_attached(&v, "plug".into());
+        assert_eq!(a.selinux_mount_mismatch(&v, None), None, "gone with it");
     }
 
     #[test]

@@ -12,8 +12,10 @@ use crate::volume::{PodUid, SubPath, SubPathRelease, UniqueVolumeName, VolumeSpe
 /// A pod that needs a volume, with what the mount needs to know.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodToMount {
-    /// The volume's name in the pod spec.
-    pub outer_volume_spec_name: String,
+    /// The volume's names in the pod spec (the kubelet's
+    /// `outerVolumeSpecNames`): one, or more when several volumes of the
+    /// pod name the same claim (one volume, set up once, for each name).
+    pub outer_volume_spec_names: Vec<String>,
     /// The pod's spec of the volume.
     pub spec: Arc<VolumeSpec>,
     /// `fsGroup`.
@@ -32,6 +34,16 @@ pub struct PodToMount {
     pub sub_paths: Vec<SubPath>,
     /// Whose subPaths the reconciler prepares on its own.
     pub sub_path_release: SubPathRelease,
+}
+
+impl PodToMount {
+    /// The first of its names in the pod spec (the one its spec is named
+    /// after, and its subPath directories).
+    pub fn outer_volume_spec_name(&self) -> &str {
+        self.outer_volume_spec_names
+            .first()
+            .map_or("", String::as_str)
+    }
 }
 
 /// Why an attachable volume waits, when the manager sets such volumes up
@@ -248,12 +260,14 @@ impl DesiredStateOfWorld {
     pub fn set_pod(&mut self, mut update: PodUpdate) -> Vec<UniqueVolumeName> {
         let mut refused = Vec::new();
         let mut admitted = Vec::with_capacity(update.mounts.len());
-        for mut m in std::mem::take(&mut update.mounts) {
+        for mut m in merge_outer_names(std::mem::take(&mut update.mounts)) {
             match self.selinux_admit(&update.uid, &mut m) {
                 Ok(()) => admitted.push(m),
                 Err(e) => {
                     let e = e.to_string();
-                    set_entry_error(&mut update.entry, &m.2.outer_volume_spec_name, &e);
+                    for outer in &m.2.outer_volume_spec_names {
+                        set_entry_error(&mut update.entry, outer, &e);
+                    }
                     refused.push((m, e));
                 }
             }
@@ -395,6 +409,21 @@ impl DesiredStateOfWorld {
         self.volumes.contains_key(volume)
     }
 
+    /// The kubelet's `VolumeExists(volumeName, seLinuxMountContext)`: whether
+    /// any pod needs `volume` mounted with the SELinux label `context` (the
+    /// actual state's, `None` when not known: no label). A volume mounted
+    /// with another label is as good as not needed: its device is unmounted
+    /// once no pod uses it, to be mounted again with the new one.
+    pub fn volume_exists_with_selinux_context(
+        &self,
+        volume: &UniqueVolumeName,
+        context: Option<&str>,
+    ) -> bool {
+        self.volumes.get(volume).is_some_and(|v| {
+            v.effective_selinux_label.as_deref().unwrap_or("") == context.unwrap_or("")
+        })
+    }
+
     /// One volume.
     pub fn volume(&self, volume: &UniqueVolumeName) -> Option<&VolumeToMount> {
         self.volumes.get(volume)
@@ -497,7 +526,9 @@ impl DesiredStateOfWorld {
                 match self.selinux_admit(&uid, &mut m) {
                     Ok(()) => {
                         if let Some(entry) = self.pods.get_mut(&uid) {
-                            set_entry_resolved(entry, &m.2.outer_volume_spec_name, &m.0);
+                            for outer in &m.2.outer_volume_spec_names {
+                                set_entry_resolved(entry, outer, &m.0);
+                            }
                         }
                         changed.extend(self.add_pod_to_volume(&uid, m));
                     }
@@ -526,7 +557,11 @@ impl DesiredStateOfWorld {
             .get(uid)
             .into_iter()
             .flatten()
-            .map(|(m, e)| (m.2.outer_volume_spec_name.clone(), e.clone()))
+            .flat_map(|(m, e)| {
+                m.2.outer_volume_spec_names
+                    .iter()
+                    .map(move |outer| (outer.clone(), e.clone()))
+            })
             .collect()
     }
 
@@ -538,6 +573,37 @@ impl DesiredStateOfWorld {
         }
         out
     }
+}
+
+/// The kubelet's `AddPodToVolume` of a volume the pod already has under
+/// another name (two volumes of the pod naming the same claim): one use of
+/// the volume with every name (`outerVolumeSpecNames`), and the subPaths
+/// and SELinux facts of the containers that mount any of them.
+fn merge_outer_names(mounts: Vec<Mount>) -> Vec<Mount> {
+    let mut out: Vec<Mount> = Vec::with_capacity(mounts.len());
+    let mut at: FastMap<UniqueVolumeName, usize> = FastMap::default();
+    for m in mounts {
+        let Some(&i) = at.get(&m.0) else {
+            at.insert(m.0.clone(), out.len());
+            out.push(m);
+            continue;
+        };
+        let (p, q) = (m.2, &mut out[i].2);
+        for outer in p.outer_volume_spec_names {
+            if !q.outer_volume_spec_names.contains(&outer) {
+                q.outer_volume_spec_names.push(outer);
+            }
+        }
+        for s in p.sub_paths {
+            if !q.sub_paths.contains(&s) {
+                q.sub_paths.push(s);
+            }
+        }
+        q.selinux.file_labels.extend(p.selinux.file_labels);
+        q.selinux.random_levels += p.selinux.random_levels;
+        q.selinux.recursive |= p.selinux.recursive;
+    }
+    out
 }
 
 /// The kubelet's `originalSELinuxLabel` of a volume added by `pod`.
@@ -604,7 +670,7 @@ mod tests {
                 name,
                 plugin.clone(),
                 PodToMount {
-                    outer_volume_spec_name: v.to_string(),
+                    outer_volume_spec_names: vec![v.to_string()],
                     spec: Arc::new(VolumeSpec {
                         name: v.to_string(),
                         source: VolumeSource::EmptyDir {
@@ -622,6 +688,55 @@ mod tests {
             ));
         }
         PodUpdate { uid, entry, mounts }
+    }
+
+    /// The kubelet's `Test_AddPodToVolume_Positive_MultiOuterNames`: two
+    /// volumes of one pod naming the same claim are one desired volume
+    /// with both outer names (and the subPaths of both); the pod's entry
+    /// maps both names to it. Processed again with one of them, the other
+    /// name goes. Before, the last name replaced the first.
+    #[test]
+    fn two_names_of_one_volume_are_one_volume_with_both_names() {
+        let mut d = DesiredStateOfWorld::default();
+        let pv = UniqueVolumeName::new("kubernetes.io/csi/d^h");
+        let one_volume = |names: &[&str]| {
+            let mut u = update("a", names);
+            for (i, m) in u.mounts.iter_mut().enumerate() {
+                m.0 = pv.clone();
+                m.2.sub_paths = vec![SubPath {
+                    container: format!("c{i}"),
+                    index: 0,
+                    path: "sub".into(),
+                }];
+            }
+            for v in &mut u.entry.volumes {
+                v.resolution = VolumeResolution::Desired {
+                    name: pv.clone(),
+                    plugin: "p".into(),
+                };
+            }
+            u
+        };
+        assert_eq!(d.set_pod(one_volume(&["vol1", "vol2"])), vec![pv.clone()]);
+        assert_eq!(d.volumes().count(), 1);
+        let a = PodUid::new("a").unwrap();
+        let p = d.volume(&pv).unwrap().pods.get(&a).unwrap().clone();
+        assert_eq!(p.outer_volume_spec_names, ["vol1", "vol2"]);
+        assert_eq!(p.outer_volume_spec_name(), "vol1");
+        assert_eq!(p.spec.name, "vol1");
+        let containers: Vec<&str> = p.sub_paths.iter().map(|s| &*s.container).collect();
+        assert_eq!(containers, ["c0", "c1"]);
+        let names: Vec<_> = d
+            .pod(&a)
+            .unwrap()
+            .volumes
+            .iter()
+            .map(|v| (v.outer_name.as_str(), v.resolution.name()))
+            .collect();
+        assert_eq!(names, [("vol1", Some(&pv)), ("vol2", Some(&pv))]);
+        d.set_pod(one_volume(&["vol2"]));
+        let p = d.volume(&pv).unwrap().pods.get(&a).unwrap();
+        assert_eq!(p.outer_volume_spec_names, ["vol2"]);
     }
 
     #[test]

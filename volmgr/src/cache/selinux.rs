@@ -201,6 +201,15 @@ pub fn spec_name(spec: &VolumeSpec) -> &str {
     }
 }
 
+/// The SELinux label `spec` is mounted with (`context=`): the CSI part's
+/// [`set_mount_label`]; `None` for any other plugin.
+pub fn mount_label(spec: &VolumeSpec) -> Option<&str> {
+    match &spec.source {
+        VolumeSource::Csi(c) => c.driver_info.selinux_mount_label.as_deref(),
+        _ => None,
+    }
+}
+
 /// Sets the label a CSI volume is staged and published with (the
 /// kubelet's `MounterArgs.SELinuxLabel`): `label`, or none.
 pub fn set_mount_label(spec: &mut Arc<VolumeSpec>, label: Option<&Arc<str>>) {
@@ -482,7 +491,7 @@ mod tests {
             terminated: false,
         };
         let pod = PodToMount {
-            outer_volume_spec_name: "volume-name".into(),
+            outer_volume_spec_names: vec!["volume-name".into()],
             spec: Arc::new(VolumeSpec {
                 name: "volume-name".into(),
                 source: VolumeSource::Csi(Box::new(src)),

@@ -121,7 +121,10 @@ fn blocked(proc: &Path, pid: u32, tid: u32) -> Option<BlockedTask> {
         .join(pid.to_string())
         .join("task")
         .join(tid.to_string());
-    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    // Bytes, not text: any process may name itself with bytes that are not
+    // UTF-8 (`prctl(PR_SET_NAME)`); shown lossy, quoted where printed.
+    let stat = std::fs::read(dir.join("stat")).ok()?;
+    let stat = String::from_utf8_lossy(&stat);
     // `tid (comm) S ...`: the command may hold spaces and parentheses.
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
@@ -218,5 +221,23 @@ mod tests {
         assert!(!t.waits_in("nfs"));
         assert_eq!(family("fuse.sshfs"), Some("fuse"));
         assert_eq!(family("ext4"), None);
+    }
+
+    /// A task whose name is not UTF-8 (`prctl(PR_SET_NAME)` takes any
+    /// bytes) is still found, its name lossy: its `stat` was read as text
+    /// before, which failed, and the task was left out.
+    #[test]
+    fn a_task_named_with_bytes_that_are_not_utf8_is_found() {
+        let t = tempfile::tempdir().unwrap();
+        let task = t.path().join("42/task/43");
+        std::fs::create_dir_all(&task).unwrap();
+        std::fs::write(task.join("stat"), b"43 (a\xff) b) D 1 1 1\n").unwrap();
+        std::fs::write(task.join("wchan"), "rpc_wait_bit_killable\n").unwrap();
+        let s = scan(t.path(), 1);
+        assert_eq!(s.tasks.len(), 1, "{s:?}");
+        let found = &s.tasks[0];
+        assert_eq!((found.pid, found.tid, found.state), (42, 43, 'D'));
+        assert_eq!(found.comm, "a\u{fffd}) b");
+        assert!(found.waits_in("nfs"));
     }
 }

@@ -135,9 +135,13 @@ impl CsiTriage {
             .filter(|(_, f)| f.kind == FindingKind::VolumeStuck)
             .filter_map(|(i, f)| Some((i, driver_of(dsw, f)?)))
             .collect();
+        // Told apart first, then capped: 32 stuck volumes of one driver
+        // leave room for the others.
         let needed: BTreeSet<String> = stuck
             .iter()
             .map(|(_, d)| d.clone())
+            .collect::<BTreeSet<String>>()
+            .into_iter()
             .take(MAX_DRIVERS)
             .collect();
         let mut shared = self.shared.locked();
@@ -241,8 +245,104 @@ struct Registered {
     answer: Result<(String, PathBuf, Vec<String>), String>,
 }
 
-/// What a driver's endpoint answered (step 3).
-type Probed = Result<String, String>;
+/// What a driver's endpoint answered (step 3); shown as the step's
+/// evidence by its [`std::fmt::Display`].
+#[derive(Debug, Clone, PartialEq)]
+enum Probed {
+    /// `Probe` answered ready and `GetPluginInfo` named the driver.
+    Ready {
+        /// The name `GetPluginInfo` gave.
+        name: String,
+        /// The version `GetPluginInfo` gave.
+        vendor_version: String,
+    },
+    /// The endpoint could not be connected to.
+    Unreachable {
+        /// The endpoint.
+        endpoint: PathBuf,
+        /// Why.
+        error: String,
+    },
+    /// `Probe` answered ready=false.
+    NotReady,
+    /// `Probe` failed or gave no answer.
+    ProbeFailed(CallFailure),
+    /// `Probe` answered ready; `GetPluginInfo` failed or gave no answer.
+    InfoFailed(CallFailure),
+    /// `Probe` answered ready; `GetPluginInfo` named another driver.
+    OtherDriver {
+        /// The name `GetPluginInfo` gave.
+        named: String,
+        /// The driver asked for.
+        driver: String,
+    },
+}
+
+impl Probed {
+    /// Whether step 3 passed.
+    fn ok(&self) -> bool {
+        matches!(self, Probed::Ready { .. })
+    }
+}
+
+impl std::fmt::Display for Probed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Probed::Ready {
+                name,
+                vendor_version,
+            } => write!(
+                f,
+                "Probe ready, GetPluginInfo {name:?} version {vendor_version:?}"
+            ),
+            Probed::Unreachable { endpoint, error } => {
+                write!(f, "{}: {error}", endpoint.display())
+            }
+            Probed::NotReady => f.write_str("Probe answers ready=false"),
+            Probed::ProbeFailed(why) => why.fmt_call(f, "Probe"),
+            Probed::InfoFailed(why) => {
+                f.write_str("Probe ready, ")?;
+                why.fmt_call(f, "GetPluginInfo")
+            }
+            Probed::OtherDriver { named, driver } => write!(
+                f,
+                "Probe ready, GetPluginInfo names {named:?}, not {driver:?}"
+            ),
+        }
+    }
+}
+
+/// How a call of step 3 failed.
+#[derive(Debug, Clone, PartialEq)]
+enum CallFailure {
+    /// No answer within [`CALL_TIMEOUT`] (our own deadline).
+    Timeout,
+    /// The call's status: its code and message. A deadline (the client's
+    /// own, from the request's `grpc-timeout`) or a cancel is "no answer".
+    Status(tonic::Code, String),
+}
+
+impl CallFailure {
+    /// A failed call's status.
+    fn status(s: &tonic::Status) -> Self {
+        CallFailure::Status(s.code(), s.message().to_string())
+    }
+
+    /// The failure of `call` as evidence.
+    fn fmt_call(&self, f: &mut std::fmt::Formatter<'_>, call: &str) -> std::fmt::Result {
+        match self {
+            CallFailure::Timeout => write!(f, "{call}: no answer within {CALL_TIMEOUT:?}"),
+            CallFailure::Status(
+                code @ (tonic::Code::Cancelled | tonic::Code::DeadlineExceeded),
+                message,
+            ) => write!(
+                f,
+                "{call}: no answer within {CALL_TIMEOUT:?} ({code:?}: {message})"
+            ),
+            CallFailure::Status(code, message) => write!(f, "{call} failed: {code:?}: {message}"),
+        }
+    }
+}
 
 /// The node's name and what the read of its CSINode gave (step 4).
 type NodeDrivers = (String, Result<Option<Vec<String>>, String>);
@@ -382,55 +482,43 @@ async fn ask_registration(socket: &Path) -> Result<(String, PathBuf, Vec<String>
 /// Step 3 at `endpoint`: `Probe` ready, then `GetPluginInfo` naming
 /// `driver`; what it answered, or the error.
 async fn probe(driver: &str, endpoint: &Path) -> Probed {
-    let channel = registration::connect(endpoint, CALL_TIMEOUT)
-        .await
-        .map_err(|e| format!("{}: {e}", endpoint.display()))?;
-    let mut client = csi::identity_client::IdentityClient::new(channel);
+    let channel = match registration::connect(endpoint, CALL_TIMEOUT).await {
+        Ok(c) => c,
+        Err(e) => {
+            return Probed::Unreachable {
+                endpoint: endpoint.to_path_buf(),
+                error: e.to_string(),
+            }
+        }
+    };
+    let mut client = csi::identity_client::IdentityClient::new(channel)
+        .max_decoding_message_size(crate::pluginmanager::registration::MAX_REGISTRATION_ANSWER);
     let mut req = tonic::Request::new(csi::ProbeRequest {});
     req.set_timeout(CALL_TIMEOUT);
     let ready = match tokio::time::timeout(CALL_TIMEOUT, client.probe(req)).await {
         Ok(Ok(r)) => r.into_inner().ready.unwrap_or(true),
-        Ok(Err(s)) => return Err(rpc_error("Probe", &s)),
-        Err(_) => return Err(format!("Probe: no answer within {CALL_TIMEOUT:?}")),
+        Ok(Err(s)) => return Probed::ProbeFailed(CallFailure::status(&s)),
+        Err(_) => return Probed::ProbeFailed(CallFailure::Timeout),
     };
     if !ready {
-        return Err("Probe answers ready=false".into());
+        return Probed::NotReady;
     }
     let mut req = tonic::Request::new(csi::GetPluginInfoRequest {});
     req.set_timeout(CALL_TIMEOUT);
     let info = match tokio::time::timeout(CALL_TIMEOUT, client.get_plugin_info(req)).await {
         Ok(Ok(r)) => r.into_inner(),
-        Ok(Err(s)) => return Err(format!("Probe ready, {}", rpc_error("GetPluginInfo", &s))),
-        Err(_) => {
-            return Err(format!(
-                "Probe ready, GetPluginInfo: no answer within {CALL_TIMEOUT:?}"
-            ))
-        }
+        Ok(Err(s)) => return Probed::InfoFailed(CallFailure::status(&s)),
+        Err(_) => return Probed::InfoFailed(CallFailure::Timeout),
     };
     if info.name != driver {
-        return Err(format!(
-            "Probe ready, GetPluginInfo names {:?}, not {driver:?}",
-            info.name
-        ));
+        return Probed::OtherDriver {
+            named: info.name,
+            driver: driver.to_string(),
+        };
     }
-    Ok(format!(
-        "Probe ready, GetPluginInfo {:?} version {:?}",
-        info.name, info.vendor_version
-    ))
-}
-
-/// A failed call as evidence: its deadline (the client's own, from the
-/// request's `grpc-timeout`) as "no answer".
-fn rpc_error(call: &str, s: &tonic::Status) -> String {
-    match s.code() {
-        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
-            format!(
-                "{call}: no answer within {CALL_TIMEOUT:?} ({:?}: {})",
-                s.code(),
-                s.message()
-            )
-        }
-        code => format!("{call} failed: {code:?}: {}", s.message()),
+    Probed::Ready {
+        name: info.name,
+        vendor_version: info.vendor_version,
     }
 }
 
@@ -444,12 +532,14 @@ fn judge(
     probed: Option<&Probed>,
 ) -> Triage {
     let named = |r: &&Registered| matches!(&r.answer, Ok((n, _, _)) if n == driver);
-    // node-driver-registrar's name for it: `<driver>-reg.sock`.
+    // node-driver-registrar's name for it: `<driver>-reg.sock`, exactly
+    // (driver `foo` is not `foo.bar`'s).
+    let file = format!("{driver}-reg.sock");
     let by_file = |r: &&Registered| {
         r.socket
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(driver))
+            .is_some_and(|n| n == file)
     };
     let Some(reg) = registered
         .iter()
@@ -477,7 +567,7 @@ fn judge(
         Err(e) => return failed(Step::GetInfo, &reg.socket, ev, driver, e.clone()),
     };
     match probed {
-        Some(Ok(answer)) => {
+        Some(answer) if answer.ok() => {
             ev.push(format!("3 endpoint {}: ok: {answer}", endpoint.display()));
             Triage {
                 failed: None,
@@ -490,7 +580,7 @@ fn judge(
                 evidence: ev,
             }
         }
-        Some(Err(e)) => failed(Step::Probe, &endpoint, ev, driver, e.clone()),
+        Some(e) => failed(Step::Probe, &endpoint, ev, driver, e.to_string()),
         None => failed(Step::Probe, &endpoint, ev, driver, "not asked".into()),
     }
 }
@@ -605,6 +695,13 @@ mod tests {
         }
     }
 
+    fn ready() -> Probed {
+        Probed::Ready {
+            name: D.into(),
+            vendor_version: "1.0.0".into(),
+        }
+    }
+
     fn triage(
         regs: &[Registered],
         probed: Option<Probed>,
@@ -620,6 +717,63 @@ mod tests {
         let csinode = csinode.map(|c| ("n1".to_string(), c));
         csinode_step(&mut t, D, csinode.as_ref());
         t
+    }
+
+    /// Step 3's evidence reads as it did when it was a `String`.
+    #[test]
+    fn step_three_reads_as_before() {
+        let t = format!("{CALL_TIMEOUT:?}");
+        let deadline = CallFailure::Status(tonic::Code::DeadlineExceeded, "late".into());
+        let refused = CallFailure::Status(tonic::Code::Unavailable, "refused".into());
+        for (p, want) in [
+            (
+                ready(),
+                format!("Probe ready, GetPluginInfo \"{D}\" version \"1.0.0\""),
+            ),
+            (
+                Probed::Unreachable {
+                    endpoint: "/d.sock".into(),
+                    error: "gone".into(),
+                },
+                "/d.sock: gone".into(),
+            ),
+            (Probed::NotReady, "Probe answers ready=false".into()),
+            (
+                Probed::ProbeFailed(CallFailure::Timeout),
+                format!("Probe: no answer within {t}"),
+            ),
+            (
+                Probed::ProbeFailed(deadline.clone()),
+                format!("Probe: no answer within {t} (DeadlineExceeded: late)"),
+            ),
+            (
+                Probed::ProbeFailed(refused.clone()),
+                "Probe failed: Unavailable: refused".into(),
+            ),
+            (
+                Probed::InfoFailed(CallFailure::Timeout),
+                format!("Probe ready, GetPluginInfo: no answer within {t}"),
+            ),
+            (
+                Probed::InfoFailed(deadline),
+                format!(
+                    "Probe ready, GetPluginInfo: no answer within {t} (DeadlineExceeded: late)"
+                ),
+            ),
+            (
+                Probed::InfoFailed(refused),
+                "Probe ready, GetPluginInfo failed: Unavailable: refused".into(),
+            ),
+            (
+                Probed::OtherDriver {
+                    named: "x".into(),
+                    driver: D.into(),
+                },
+                format!("Probe ready, GetPluginInfo names \"x\", not \"{D}\""),
+            ),
+        ] {
+            assert_eq!(p.to_string(), want);
+        }
     }
 
     #[test]
@@ -644,26 +798,30 @@ mod tests {
         let t = triage(&[wrong], None, None);
         assert_eq!(t.failed, Some(Step::GetInfo), "{t:?}");
         assert!(t.summary.contains("as driver \"x\""), "{t:?}");
+        // Another driver whose name only starts with this one's is not
+        // taken for its socket (before, `starts_with` took it).
+        let longer = reg(
+            &format!("/r/plugins_registry/{D}.other-reg.sock"),
+            Ok(("y", "/y")),
+        );
+        let t = triage(&[longer], None, None);
+        assert_eq!(t.failed, Some(Step::Registration), "{t:?}");
         let ok = || vec![reg("/r/plugins_registry/any.sock", Ok((D, "/d.sock")))];
-        let t = triage(&ok(), Some(Err("Probe answers ready=false".into())), None);
+        let t = triage(&ok(), Some(Probed::NotReady), None);
         assert_eq!(t.failed, Some(Step::Probe), "{t:?}");
         assert_eq!(t.path, Path::new("/d.sock"));
         assert_eq!(t.evidence.last().unwrap(), "4 CSINode: not checked");
-        let t = triage(&ok(), Some(Ok("ready".into())), Some(Ok(Some(vec![]))));
+        let t = triage(&ok(), Some(ready()), Some(Ok(Some(vec![]))));
         assert_eq!(t.failed, Some(Step::CsiNode), "{t:?}");
-        let t = triage(&ok(), Some(Ok("ready".into())), Some(Ok(None)));
+        let t = triage(&ok(), Some(ready()), Some(Ok(None)));
         assert_eq!(t.failed, Some(Step::CsiNode), "{t:?}");
         // A CSINode that cannot be read is not the driver's fault.
-        let t = triage(&ok(), Some(Ok("ready".into())), Some(Err("403".into())));
+        let t = triage(&ok(), Some(ready()), Some(Err("403".into())));
         assert_eq!(t.failed, None, "{t:?}");
-        let t = triage(
-            &ok(),
-            Some(Ok("ready".into())),
-            Some(Ok(Some(vec![D.into()]))),
-        );
+        let t = triage(&ok(), Some(ready()), Some(Ok(Some(vec![D.into()]))));
         assert_eq!(t.failed, None, "{t:?}");
         assert_eq!(t.evidence.len(), 4, "{t:?}");
-        let t = triage(&ok(), Some(Ok("ready".into())), None);
+        let t = triage(&ok(), Some(ready()), None);
         assert!(
             t.evidence[3].contains("not checked (no API server)"),
             "{t:?}"

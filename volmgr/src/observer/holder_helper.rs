@@ -8,21 +8,40 @@
 //! `EACCES` for every process but the agent's own children. So observe
 //! mode forks a helper ([`start`]) before it confines itself. The helper
 //! keeps only what reading other processes' links needs: it becomes user
-//! nobody (65534) with `CAP_SYS_PTRACE` (ptrace read access to any
-//! process's `/proc` links) and `CAP_DAC_READ_SEARCH` (the `fd` directory
-//! of another user's process) and nothing else, bounding set included,
-//! under `no_new_privs` and a seccomp filter that refuses what that
-//! capability would allow beyond reading (`ptrace`, other processes' memory
-//! and descriptors, signals, mounts, names in the file system:
-//! [`HELPER_REFUSED`]), and dies with the agent (`PR_SET_PDEATHSIG`). It
-//! answers one scan request at a time over a socket pair (a JSON line each
-//! way).
+//! nobody (65534) when root, keeps `CAP_SYS_PTRACE` (ptrace read access to
+//! any process's `/proc` links) and `CAP_DAC_READ_SEARCH` (the `fd`
+//! directory of another user's process) and no other capability (root or
+//! not: a non-root agent's file or ambient capabilities are dropped too;
+//! the bounding set as far as `CAP_SETPCAP` allows), runs under
+//! `no_new_privs` and a seccomp filter refusing calls a reader never needs
+//! ([`helper_refused`]: `ptrace`, `process_vm_readv`/`writev`,
+//! `pidfd_getfd`, signals, mounts, changing names in the file system), and
+//! dies with the agent (`PR_SET_PDEATHSIG`). The filter does not look at
+//! paths: with `CAP_SYS_PTRACE` an `openat` of `/proc/<pid>/mem` or
+//! `environ` of any process would still succeed. What bounds that is the
+//! helper's code only: it reads links, lists `fd` directories and reads
+//! `stat`, `comm`, `cmdline`, `maps`, `mountinfo` and sysfs names, and a
+//! request carries only mount points to compare and limits, never a path
+//! to open. It answers one scan request at a time over a socket pair (a
+//! JSON line each way).
 //!
-//! A scan that does not answer within its limit and a grace second (a
-//! process's `maps` blocks while it holds its memory lock, stuck on a dead
-//! NFS server) is left running: the caller gets [`HolderScanError`] and
-//! no second scan starts before the first answers. Without a helper (tests,
-//! or [`start`] not called) the scan runs in a thread of this process.
+//! Each scan runs in a worker the helper forks for it (the helper is one
+//! thread and outside Landlock: it can fork when the agent no longer can),
+//! which arms `alarm` for its limit and a second and dies of `SIGALRM` if
+//! a `/proc` file blocks it (a process's `maps` or `cmdline` wait for its
+//! memory lock, which a thread faulting on a dead NFS or FUSE mount holds;
+//! the scan skips processes in `D` state, but one may enter it after the
+//! check). The helper does not wait for a worker past that limit: it
+//! answers with [`Scan::helper_stuck`] set and forks a new worker for the
+//! next scan, at most [`MAX_STUCK`] stuck workers not yet gone (a worker
+//! in an unkillable sleep stays until its wait ends). The agent does not
+//! kill or replace the helper itself: once confined it has no `CAP_KILL`
+//! (the helper runs as another user) and a helper forked then would be in
+//! its Landlock domain, denied the links it reads. When the helper itself
+//! does not answer within a scan's wait twice in a row the caller gets
+//! [`HolderScanError::Stuck`]. Without a helper (tests, or [`start`] not
+//! called) the scan runs in a thread of this process, and no second one
+//! starts before the first returns.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -43,6 +62,10 @@ pub enum HolderScanError {
     /// The previous scan has not answered yet.
     #[error("the previous holder scan has not returned (a process's /proc files block)")]
     StillRunning,
+    /// The helper has not answered within a scan's wait this many times in
+    /// a row: the scan's evidence says so (it cannot be replaced).
+    #[error("helper stuck: the holder scan helper has not answered {0} scans in a row")]
+    Stuck(u32),
     /// This scan did not answer in time (it goes on; its answer is dropped).
     #[error("the holder scan did not answer within {0:?}")]
     TimedOut(Duration),
@@ -71,6 +94,8 @@ struct Helper {
     pending: bool,
     /// Why the helper is not used any more.
     gone: Option<String>,
+    /// Scans in a row the helper did not answer within their wait.
+    missed: u32,
 }
 
 static HELPER: OnceLock<Mutex<Helper>> = OnceLock::new();
@@ -87,6 +112,14 @@ const GRACE: Duration = Duration::from_secs(1);
 const NOBODY: u32 = 65534;
 /// `CAP_DAC_READ_SEARCH`, `CAP_SYS_PTRACE`.
 const HELPER_CAPS: [u32; 2] = [2, 19];
+/// Stuck workers (not gone yet) past which the helper forks no more and
+/// answers at once that it is stuck.
+pub const MAX_STUCK: usize = 4;
+/// How long the helper waits for a worker beyond the scan's own limit:
+/// less than the agent waits for the helper ([`GRACE`]).
+const WORKER_GRACE: Duration = Duration::from_millis(500);
+/// Missed scans in a row after which the helper is said to be stuck.
+const MISSED_STUCK: u32 = 2;
 
 /// Starts the helper process. Call before any thread is started (it
 /// forks), and before the caller confines itself.
@@ -110,6 +143,7 @@ pub fn start() -> Result<(), HolderScanError> {
                 partial: Vec::new(),
                 pending: false,
                 gone: None,
+                missed: 0,
             };
             let _ = HELPER.set(Mutex::new(helper));
             Ok(())
@@ -163,7 +197,10 @@ impl Helper {
         if self.pending {
             match self.answer(Duration::from_millis(1)) {
                 Ok(_late) => self.pending = false,
-                Err(HolderScanError::TimedOut(_)) => return Err(HolderScanError::StillRunning),
+                Err(HolderScanError::TimedOut(_)) => {
+                    self.missed += 1;
+                    return Err(self.still_running());
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -181,8 +218,24 @@ impl Helper {
         let r = self.answer(wait);
         if matches!(r, Err(HolderScanError::TimedOut(_))) {
             self.pending = true;
+            self.missed += 1;
+            if self.missed >= MISSED_STUCK {
+                return Err(HolderScanError::Stuck(self.missed));
+            }
+            return r;
         }
+        self.missed = 0;
         r
+    }
+
+    /// [`HolderScanError::Stuck`] once [`MISSED_STUCK`] scans in a row were
+    /// missed, else [`HolderScanError::StillRunning`].
+    fn still_running(&self) -> HolderScanError {
+        if self.missed >= MISSED_STUCK {
+            HolderScanError::Stuck(self.missed)
+        } else {
+            HolderScanError::StillRunning
+        }
     }
 
     /// Reads one answer, waiting at most `wait`.
@@ -254,6 +307,7 @@ fn serve(sock: UnixStream) {
         return;
     };
     let mut reader = BufReader::new(sock);
+    let mut workers = Workers::default();
     loop {
         let mut line = Vec::new();
         match (&mut reader)
@@ -266,12 +320,7 @@ fn serve(sock: UnixStream) {
         let Ok(req) = serde_json::from_slice::<Request>(&line) else {
             return;
         };
-        let scan = holders::scan(
-            Path::new("/proc"),
-            Path::new("/sys"),
-            &req.targets,
-            &req.limits,
-        );
+        let scan = workers.scan(&req);
         let Ok(mut answer) = serde_json::to_vec(&scan) else {
             return;
         };
@@ -282,8 +331,114 @@ fn serve(sock: UnixStream) {
     }
 }
 
-/// The helper's own confinement: user nobody (when root) with
-/// [`HELPER_CAPS`] only, `no_new_privs`.
+/// The workers of the helper stuck in a scan, not gone yet.
+struct Workers {
+    stuck: Vec<nix::unistd::Pid>,
+    /// What a worker runs: [`run_scan`] (tests: one that blocks).
+    run: fn(&Request) -> Scan,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers {
+            stuck: Vec::new(),
+            run: run_scan,
+        }
+    }
+}
+
+/// The holder scan of `req` on this host's `/proc` and `/sys`.
+fn run_scan(req: &Request) -> Scan {
+    holders::scan(
+        Path::new("/proc"),
+        Path::new("/sys"),
+        &req.targets,
+        &req.limits,
+    )
+}
+
+impl Workers {
+    /// `req`'s scan in a worker forked for it, waited for at most its limit
+    /// and [`WORKER_GRACE`]; a scan with [`Scan::helper_stuck`] set when
+    /// the worker does not answer by then (or cannot be started).
+    fn scan(&mut self, req: &Request) -> Scan {
+        self.reap();
+        if self.stuck.len() >= MAX_STUCK {
+            return stuck_scan(format!(
+                "{} earlier scans have not returned (a process's /proc files block); none started",
+                self.stuck.len()
+            ));
+        }
+        let Ok((mut ours, theirs)) = UnixStream::pair() else {
+            return stuck_scan("no socket for a worker".into());
+        };
+        // SAFETY: the helper has one thread: the child may allocate.
+        let pid = match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                drop(ours);
+                worker_main(theirs, req, self.run)
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => child,
+            Err(e) => return stuck_scan(format!("no worker: {e}")),
+        };
+        drop(theirs);
+        let wait = Duration::from_millis(req.limits.time_ms) + WORKER_GRACE;
+        let _ = ours.set_read_timeout(Some(wait));
+        let mut answer = Vec::new();
+        let read = (&mut ours).take(MAX_ANSWER as u64).read_to_end(&mut answer);
+        let scan = match read {
+            Ok(_) => serde_json::from_slice::<Scan>(&answer).ok(),
+            Err(_) => None,
+        };
+        self.stuck.push(pid);
+        self.reap();
+        scan.unwrap_or_else(|| {
+            stuck_scan(format!(
+                "the scan did not return within {wait:?} (a process's /proc files block); its worker ends at SIGALRM unless its wait is unkillable"
+            ))
+        })
+    }
+
+    /// Forgets the workers that are gone.
+    fn reap(&mut self) {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        self.stuck.retain(|pid| {
+            matches!(
+                waitpid(*pid, Some(WaitPidFlag::WNOHANG)),
+                Ok(WaitStatus::StillAlive)
+            )
+        });
+    }
+}
+
+/// A scan that examined nothing, the helper stuck for `why`.
+fn stuck_scan(why: String) -> Scan {
+    Scan {
+        helper_stuck: Some(why),
+        ..Scan::default()
+    }
+}
+
+/// A worker: one scan, its answer written to `sock`, ended by `SIGALRM`
+/// one second past the scan's limit if a `/proc` file blocks it.
+fn worker_main(mut sock: UnixStream, req: &Request, run: fn(&Request) -> Scan) -> ! {
+    // SAFETY: prctl and alarm with integer arguments only.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let secs = req.limits.time_ms.div_ceil(1000).saturating_add(1);
+        libc::alarm(u32::try_from(secs).unwrap_or(u32::MAX));
+    }
+    let scan = run(req);
+    if let Ok(answer) = serde_json::to_vec(&scan) {
+        let _ = sock.write_all(&answer);
+    }
+    // SAFETY: ending this process without running the helper's
+    // destructors.
+    unsafe { libc::_exit(0) }
+}
+
+/// The helper's own confinement: user nobody (when root), [`HELPER_CAPS`]
+/// only (root or not), `no_new_privs`, [`helper_refused`] refused.
 fn drop_privileges() -> std::io::Result<()> {
     let last = capabilities::last_cap(40);
     capabilities::drop_bounding_except(last, &HELPER_CAPS);
@@ -299,35 +454,156 @@ fn drop_privileges() -> std::io::Result<()> {
         nix::unistd::setgroups(&[])?;
         nix::unistd::setresgid(gid, gid, gid)?;
         nix::unistd::setresuid(uid, uid, uid)?;
-        capabilities::keep_only(&HELPER_CAPS)?;
     }
+    // Root or not: a non-root agent may hold file or ambient capabilities.
+    capabilities::keep_only(&HELPER_CAPS)?;
     // SAFETY: prctl with integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     // What `CAP_SYS_PTRACE` would allow beyond reading links, and what a
     // reader never needs: refused by seccomp (`ENOSYS`) for good.
-    crate::sys::seccomp::fail_with_enosys(&HELPER_REFUSED).map_err(std::io::Error::from)
+    crate::sys::seccomp::fail_with_enosys(&helper_refused()).map_err(std::io::Error::from)
 }
 
-/// System calls the helper can never make: tracing, reading or writing
-/// another process's memory, taking its descriptors, signalling, and
-/// changing mounts or names in the file system.
-const HELPER_REFUSED: [u32; 16] = [
-    libc::SYS_ptrace as u32,
-    libc::SYS_process_vm_readv as u32,
-    libc::SYS_process_vm_writev as u32,
-    libc::SYS_pidfd_getfd as u32,
-    libc::SYS_pidfd_send_signal as u32,
-    libc::SYS_kill as u32,
-    libc::SYS_tkill as u32,
-    libc::SYS_tgkill as u32,
-    libc::SYS_mount as u32,
-    libc::SYS_umount2 as u32,
-    libc::SYS_unlinkat as u32,
-    libc::SYS_renameat2 as u32,
-    libc::SYS_mkdirat as u32,
-    libc::SYS_symlinkat as u32,
-    libc::SYS_linkat as u32,
-    libc::SYS_fchmodat as u32,
-];
+/// System calls the helper (and its workers) can never make: tracing,
+/// reading or writing another process's memory through `process_vm_*`,
+/// taking its descriptors, signalling, changing mounts, and changing names
+/// or modes in the file system (the older x86_64 calls included). Not
+/// refused: `openat` (paths are not looked at), `alarm`, `fork`.
+fn helper_refused() -> Vec<u32> {
+    let mut nrs = vec![
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_pidfd_send_signal,
+        libc::SYS_kill,
+        libc::SYS_tkill,
+        libc::SYS_tgkill,
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_unlinkat,
+        libc::SYS_renameat2,
+        libc::SYS_mkdirat,
+        libc::SYS_symlinkat,
+        libc::SYS_linkat,
+        libc::SYS_fchmodat,
+        libc::SYS_fchmod,
+        libc::SYS_fchown,
+        libc::SYS_fchownat,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    nrs.extend([
+        libc::SYS_unlink,
+        libc::SYS_rename,
+        libc::SYS_renameat,
+        libc::SYS_mkdir,
+        libc::SYS_rmdir,
+        libc::SYS_symlink,
+        libc::SYS_link,
+        libc::SYS_chmod,
+        libc::SYS_chown,
+        libc::SYS_lchown,
+    ]);
+    nrs.into_iter().map(|n| n as u32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::sys::test_child::{run_in_child, Child};
+
+    /// A capability set of this thread (`CapPrm`, `CapEff`) from
+    /// `/proc/thread-self/status`.
+    fn caps(which: &str) -> u64 {
+        std::fs::read_to_string("/proc/thread-self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(which))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap()
+    }
+
+    /// A non-root process with capabilities (here root's, kept across
+    /// `setresuid`) keeps only the helper's two: before, `keep_only` ran
+    /// for root only and a non-root agent's capabilities all went to the
+    /// helper. The older x86_64 calls are refused too (`unlink` was let
+    /// through before: `ENOENT` for a missing file).
+    #[test]
+    fn the_helper_keeps_two_capabilities_even_when_not_root() {
+        run_in_child(
+            crate::test_name!("the_helper_keeps_two_capabilities_even_when_not_root"),
+            Child::PrivateMounts,
+            || {
+                // SAFETY: prctl with integer arguments only.
+                assert_eq!(unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) }, 0);
+                let u = nix::unistd::Uid::from_raw(1000);
+                nix::unistd::setresuid(u, u, u).unwrap();
+                assert!(caps("CapPrm:").count_ones() > 2, "{:#x}", caps("CapPrm:"));
+                drop_privileges().unwrap();
+                let kept = (1u64 << 2) | (1 << 19);
+                assert_eq!(caps("CapPrm:"), kept, "{:#x}", caps("CapPrm:"));
+                assert_eq!(caps("CapEff:"), kept);
+                #[cfg(target_arch = "x86_64")]
+                {
+                    // Refused before the path is looked at: not ENOENT.
+                    let c = c"/nonexistent/volmgr-helper-test";
+                    // SAFETY: a valid NUL-terminated path.
+                    let rc = unsafe { libc::syscall(libc::SYS_unlink, c.as_ptr()) };
+                    let e = nix::errno::Errno::last();
+                    assert_eq!((rc, e), (-1, nix::errno::Errno::ENOSYS));
+                }
+            },
+        );
+    }
+
+    /// Blocks like a read of a process's `maps` behind a hung mount.
+    fn blocks(_: &Request) -> Scan {
+        std::thread::sleep(Duration::from_secs(3600));
+        Scan::default()
+    }
+
+    /// A scan that does not return: the helper answers that it is stuck
+    /// (before, it waited with the scan for good and every later scan of
+    /// the agent was refused as still running), its worker dies of
+    /// `SIGALRM`, and the next scan runs in a new worker.
+    #[test]
+    fn a_blocked_scan_is_answered_as_stuck_and_the_next_one_runs() {
+        run_in_child(
+            crate::test_name!("a_blocked_scan_is_answered_as_stuck_and_the_next_one_runs"),
+            Child::PrivateMounts,
+            || {
+                let req = Request {
+                    targets: Vec::new(),
+                    limits: Limits {
+                        time_ms: 0,
+                        ..holders::LIMITS
+                    },
+                };
+                let mut w = Workers {
+                    stuck: Vec::new(),
+                    run: blocks,
+                };
+                let s = w.scan(&req);
+                let why = s.helper_stuck.clone().unwrap();
+                assert!(why.contains("did not return"), "{why}");
+                assert!(!s.complete() && s.summary().contains("helper stuck"));
+                assert_eq!(w.stuck.len(), 1);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !w.stuck.is_empty() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(50));
+                    w.reap();
+                }
+                assert!(w.stuck.is_empty(), "the worker outlived its alarm");
+                w.run = |_| Scan {
+                    processes: 7,
+                    ..Scan::default()
+                };
+                let s = w.scan(&req);
+                assert_eq!((s.processes, s.helper_stuck), (7, None));
+            },
+        );
+    }
+}

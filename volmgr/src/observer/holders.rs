@@ -7,10 +7,17 @@
 //! [`Limits::processes`] processes, [`Limits::fds_per_process`] descriptors
 //! of one and [`Limits::fds`] in all, [`Limits::namespaces`] mount
 //! namespaces, [`Limits::maps_bytes`] of a process's `maps`, for at most
-//! [`Limits::time_ms`]; what is past a bound is counted in [`Scan`], not
-//! looked at. Links are only read (`readlink`), never opened: a process's
-//! files are not touched. The scan takes its proc and sys roots as paths,
-//! so that it can be shown a made-up tree.
+//! [`Limits::time_ms`] (checked between processes and inside the loops over
+//! one's descriptors and mappings); what is past a bound is counted in
+//! [`Scan`], not looked at. Links are only read (`readlink`), never opened:
+//! a process's files are not touched. `maps` and `cmdline` take the
+//! process's memory lock, which a thread faulting on a dead NFS or FUSE
+//! mount holds (or waits behind) for good: they are not read of a process
+//! with a thread in uninterruptible sleep (`D`, from `stat`, at most
+//! [`TASKS_CHECKED`] threads looked at), which is then named by its
+//! `comm` only. Names and paths from `/proc` are quoted in the text. The
+//! scan takes its proc and sys roots as paths, so that it can be shown a
+//! made-up tree.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
@@ -72,6 +79,8 @@ pub const HOLDERS_LISTED: usize = 16;
 const USES_LISTED: usize = 4;
 /// Bytes of a command line shown.
 const CMDLINE_BYTES: usize = 256;
+/// Threads of one process whose state is read, at most.
+pub const TASKS_CHECKED: usize = 1024;
 
 /// What one scan found, and what it did not look at.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,14 +95,29 @@ pub struct Scan {
     pub unreadable: usize,
     /// Descriptors read.
     pub fds: usize,
-    /// Descriptors not read (over a bound).
+    /// Descriptors not read (over a bound, or out of time); at least this
+    /// many when [`Scan::fds_uncounted`].
     pub fds_skipped: usize,
+    /// A process's descriptors past a bound were not counted to their end.
+    #[serde(default)]
+    pub fds_uncounted: bool,
+    /// Processes whose `maps` was not read: a thread in `D` state.
+    #[serde(default)]
+    pub maps_unread: usize,
+    /// For each target, how many holders were found (the listed ones of
+    /// [`Scan::holders`] and those past [`HOLDERS_LISTED`]).
+    #[serde(default)]
+    pub holder_counts: Vec<usize>,
     /// Other mount namespaces whose mount table was read.
     pub namespaces: usize,
     /// Other mount namespaces not read (over the bound, or out of time).
     pub namespaces_skipped: usize,
     /// The scan stopped at [`Limits::time_ms`].
     pub timed_out: bool,
+    /// The scan did not return (a `/proc` file blocked it): why, said by
+    /// the holder scan helper, which answers in its place.
+    #[serde(default)]
+    pub helper_stuck: Option<String>,
 }
 
 impl Scan {
@@ -102,8 +126,10 @@ impl Scan {
         self.processes_skipped == 0
             && self.unreadable == 0
             && self.fds_skipped == 0
+            && self.maps_unread == 0
             && self.namespaces_skipped == 0
             && !self.timed_out
+            && self.helper_stuck.is_none()
     }
 
     /// One line: what was examined and what was not.
@@ -112,17 +138,22 @@ impl Scan {
             "holder scan: {} processes, {} descriptors, {} other mount namespaces examined",
             self.processes, self.fds, self.namespaces
         );
+        let at_least = if self.fds_uncounted { "≥" } else { "" };
         let skipped = [
-            (self.processes_skipped, "processes"),
-            (self.unreadable, "processes unreadable"),
-            (self.fds_skipped, "descriptors"),
-            (self.namespaces_skipped, "mount namespaces"),
+            (self.processes_skipped, "", "processes"),
+            (self.unreadable, "", "processes unreadable"),
+            (self.fds_skipped, at_least, "descriptors"),
+            (self.maps_unread, "", "processes' mappings (in D state)"),
+            (self.namespaces_skipped, "", "mount namespaces"),
         ];
-        for (n, what) in skipped.into_iter().filter(|(n, _)| *n > 0) {
-            s.push_str(&format!("; not examined: {n} {what}"));
+        for (n, least, what) in skipped.into_iter().filter(|(n, _, _)| *n > 0) {
+            s.push_str(&format!("; not examined: {least}{n} {what}"));
         }
         if self.timed_out {
             s.push_str("; stopped at the time limit");
+        }
+        if let Some(why) = &self.helper_stuck {
+            s.push_str(&format!("; helper stuck: {why}"));
         }
         s
     }
@@ -184,6 +215,7 @@ pub fn scan(proc_root: &Path, sys_root: &Path, targets: &[Target], limits: &Limi
         w.scan.holders[i].extend(device_holders(sys_root, t));
     }
     w.scan.namespaces_skipped += w.skipped_namespaces.len();
+    w.scan.holder_counts = w.scan.holders.iter().map(Vec::len).collect();
     for h in &mut w.scan.holders {
         if h.len() > HOLDERS_LISTED {
             let more = h.len() - HOLDERS_LISTED;
@@ -254,11 +286,18 @@ impl Walk<'_> {
             }
         }
         self.fds(&dir, &mut uses);
-        self.maps(&dir, &mut uses);
+        // `maps` and `cmdline` wait for the memory lock a thread stuck in a
+        // page fault of a hung mount holds: not read of such a process.
+        let blocked = in_d_state(&dir);
+        if blocked {
+            self.scan.maps_unread += 1;
+        } else {
+            self.maps(&dir, &mut uses);
+        }
         if uses.is_empty() {
             return;
         }
-        let who = process_name(&dir, pid);
+        let who = process_name(&dir, pid, blocked);
         for (i, mut u) in uses {
             if u.len() > USES_LISTED {
                 let more = u.len() - USES_LISTED;
@@ -278,7 +317,7 @@ impl Walk<'_> {
     /// Notes `what` (`cwd`, `fd 3`) at `path` if it is under a target.
     fn record(&self, path: &str, what: &str, uses: &mut BTreeMap<usize, Vec<String>>) {
         if let Some(i) = self.target_of(path) {
-            uses.entry(i).or_default().push(format!("{what} {path}"));
+            uses.entry(i).or_default().push(format!("{what} {path:?}"));
         }
     }
 
@@ -287,13 +326,20 @@ impl Walk<'_> {
         let Ok(rd) = std::fs::read_dir(dir.join("fd")) else {
             return;
         };
-        let mut read = 0;
-        for e in rd.filter_map(Result::ok) {
-            if read >= self.limits.fds_per_process || self.scan.fds >= self.limits.fds {
+        for (read, e) in rd.filter_map(Result::ok).enumerate() {
+            if Instant::now() >= self.deadline {
+                self.scan.timed_out = true;
                 self.scan.fds_skipped += 1;
-                continue;
+                self.scan.fds_uncounted = true;
+                return;
             }
-            read += 1;
+            if read >= self.limits.fds_per_process || self.scan.fds >= self.limits.fds {
+                // The rest is not listed to its end (a million descriptors
+                // would be): at least one more.
+                self.scan.fds_skipped += 1;
+                self.scan.fds_uncounted = true;
+                return;
+            }
             self.scan.fds += 1;
             let name = e.file_name().to_string_lossy().into_owned();
             if let Some(p) = link(&e.path()) {
@@ -304,16 +350,20 @@ impl Walk<'_> {
 
     /// The files the process maps (`maps`, at most
     /// [`Limits::maps_bytes`]), once per target.
-    fn maps(&self, dir: &Path, uses: &mut BTreeMap<usize, Vec<String>>) {
+    fn maps(&mut self, dir: &Path, uses: &mut BTreeMap<usize, Vec<String>>) {
         let text = read_bounded(&dir.join("maps"), self.limits.maps_bytes);
         let mut seen = HashSet::new();
         for line in text.lines() {
+            if Instant::now() >= self.deadline {
+                self.scan.timed_out = true;
+                return;
+            }
             let Some(path) = maps_path(line) else {
                 continue;
             };
             if let Some(i) = self.target_of(path) {
                 if seen.insert(i) {
-                    uses.entry(i).or_default().push(format!("maps {path}"));
+                    uses.entry(i).or_default().push(format!("maps {path:?}"));
                 }
             }
         }
@@ -336,12 +386,11 @@ impl Walk<'_> {
             for m in text.lines().filter_map(|l| parse_line(l).ok()) {
                 for (i, t) in self.targets.iter().enumerate() {
                     if is_copy(t, &m) {
-                        let who = who.get_or_insert_with(|| process_name(&dir, pid));
+                        let who =
+                            who.get_or_insert_with(|| process_name(&dir, pid, in_d_state(&dir)));
                         self.scan.holders[i].push(format!(
-                            "mount namespace {ns} (of {who}) still has it: id {} on {} type {}",
-                            m.mount_id,
-                            m.mount_point.display(),
-                            m.fstype
+                            "mount namespace {ns} (of {who}) still has it: id {} on {:?} type {:?}",
+                            m.mount_id, m.mount_point, m.fstype
                         ));
                     }
                 }
@@ -380,10 +429,41 @@ fn read_bounded(path: &Path, max: usize) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
-/// `pid 1234 (comm, "command line")`, the command line bounded, its NULs
-/// as spaces.
-fn process_name(dir: &Path, pid: u32) -> String {
-    let comm = read_bounded(&dir.join("comm"), 64);
+/// Whether a thread of the process at `dir` is in uninterruptible sleep
+/// (`D` in its `stat`; at most [`TASKS_CHECKED`] threads read, the
+/// process's own `stat` when it has no readable `task` directory).
+fn in_d_state(dir: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir.join("task")) else {
+        return stat_state(&dir.join("stat")) == Some('D');
+    };
+    rd.filter_map(Result::ok)
+        .take(TASKS_CHECKED)
+        .any(|e| stat_state(&e.path().join("stat")) == Some('D'))
+}
+
+/// The state letter of a `stat` file (`pid (comm) S ...`; the command may
+/// hold spaces, parentheses and bytes that are not UTF-8).
+fn stat_state(path: &Path) -> Option<char> {
+    let raw = read_bounded(path, 4096);
+    let close = raw.rfind(')')?;
+    raw.get(close + 1..)?.trim_start().chars().next()
+}
+
+/// The process's `comm`, from `comm` (no memory lock taken), lossy.
+fn comm(dir: &Path) -> String {
+    read_bounded(&dir.join("comm"), 64)
+        .trim_end_matches('\n')
+        .to_string()
+}
+
+/// `pid 1234 ("comm", "command line")`, both quoted, the command line
+/// bounded, its NULs as spaces; `pid 1234 ("comm", maps not read: in D
+/// state)` for a process `blocked` (its command line is not read either).
+fn process_name(dir: &Path, pid: u32, blocked: bool) -> String {
+    let comm = comm(dir);
+    if blocked {
+        return format!("pid {pid} ({comm:?}, maps not read: in D state)");
+    }
     let raw = read_bounded(&dir.join("cmdline"), CMDLINE_BYTES + 1);
     let mut cmdline: String = raw.trim_end_matches('\0').replace('\0', " ");
     if cmdline.len() > CMDLINE_BYTES {
@@ -394,7 +474,7 @@ fn process_name(dir: &Path, pid: u32) -> String {
         cmdline.truncate(end);
         cmdline.push_str("...");
     }
-    format!("pid {pid} ({}, {cmdline:?})", comm.trim_end_matches('\n'))
+    format!("pid {pid} ({comm:?}, {cmdline:?})")
 }
 
 /// The holders of `t`'s block device (`SYS/dev/block/MAJ:MIN/holders`),
@@ -419,12 +499,13 @@ fn device_holders(sys_root: &Path, t: &Target) -> Vec<String> {
             let dm = read_bounded(&sys_root.join(format!("block/{n}/dm/name")), 128);
             let dm = match dm.trim() {
                 "" => String::new(),
-                name => format!(" (dm {name})"),
+                name => format!(" (dm {name:?})"),
             };
             format!(
-                "device {}:{} is held by {n}{dm} ({})",
+                "device {}:{} is held by {}{dm} ({})",
                 t.major,
                 t.minor,
+                n.escape_debug(),
                 dir.display()
             )
         })
@@ -504,19 +585,29 @@ mod tests {
         let sys = t.path().join("sys");
         let s = scan(&proc, &sys, &[target(vol)], &limits);
         let h = s.holders[0].join("\n");
-        assert!(h.contains("pid 11 (proc11, \"proc11 --flag\"): cwd"), "{h}");
-        assert!(h.contains("pid 12 (proc12"), "{h}");
+        assert!(
+            h.contains("pid 11 (\"proc11\", \"proc11 --flag\"): cwd \""),
+            "{h}"
+        );
+        assert!(h.contains("pid 12 (\"proc12\""), "{h}");
         assert!(h.contains("fd "), "{h}");
         assert!(
             h.contains(&format!(
-                "pid 13 (proc13, \"proc13 --flag\"): maps {vol}/lib.so"
+                "pid 13 (\"proc13\", \"proc13 --flag\"): maps \"{vol}/lib.so\""
             )),
             "{h}"
         );
         assert!(h.contains("mount namespace mnt:[2] (of pid 14"), "{h}");
         assert!(!h.contains("pid 10 "), "{h}");
         assert_eq!(s.holders[0].len(), 4, "{h}");
-        assert_eq!((s.fds, s.fds_skipped), (3, 2));
+        assert_eq!(s.holder_counts, [4]);
+        // Stopped at the bound, the rest not listed to its end.
+        assert_eq!((s.fds, s.fds_skipped, s.fds_uncounted), (3, 1, true));
+        assert!(
+            s.summary().contains("not examined: ≥1 descriptors"),
+            "{}",
+            s.summary()
+        );
         assert_eq!(s.processes, 15);
         assert_eq!(s.namespaces, 1);
         assert!(!s.complete());
@@ -561,7 +652,7 @@ mod tests {
         let h = device_holders(sys, &t);
         assert_eq!(h.len(), 1);
         assert!(
-            h[0].starts_with("device 8:16 is held by dm-0 (dm mpatha)"),
+            h[0].starts_with("device 8:16 is held by dm-0 (dm \"mpatha\")"),
             "{h:?}"
         );
     }
@@ -577,5 +668,42 @@ mod tests {
         assert!(is_copy(&t, &m));
         assert_eq!(maps_path("7f-7f r--p 0 00:37 12    /a b/c"), Some("/a b/c"));
         assert_eq!(maps_path("7f-7f r--p 0 00:00 0    [heap]"), None);
+    }
+
+    /// A process with a thread in `D` state: its `maps` and `cmdline` are
+    /// not read (both wait for the memory lock a thread faulting on a hung
+    /// mount holds: the scan, and the helper running it, hung for good
+    /// before), it is named by its `comm` only, quoted (a name like
+    /// `x[1] (thread 2) state D` forged fields of the line before), and the
+    /// scan says a process's mappings were not looked at.
+    #[test]
+    fn a_process_in_d_state_is_named_by_comm_and_its_maps_not_read() {
+        let t = tempfile::tempdir().unwrap();
+        let proc = t.path().join("proc");
+        let vol = "/k/pods/u/volumes/kubernetes.io~nfs/v";
+        process(&proc, 10, "mnt:[1]", "/", &[]);
+        symlink("10", proc.join("self")).unwrap();
+        let dir = process(&proc, 15, "mnt:[1]", vol, &[]);
+        let name = "x[1] (thread 2) state D";
+        std::fs::write(dir.join("comm"), format!("{name}\n")).unwrap();
+        std::fs::write(dir.join("maps"), format!("7f-7f r--p 0 00:37 12 {vol}/a\n")).unwrap();
+        std::fs::create_dir_all(dir.join("task/15")).unwrap();
+        std::fs::create_dir_all(dir.join("task/16")).unwrap();
+        std::fs::write(dir.join("task/15/stat"), format!("15 ({name}) S 1 1\n")).unwrap();
+        std::fs::write(dir.join("task/16/stat"), b"16 (\xff\xfe) ) D 1 1\n").unwrap();
+        let s = scan(&proc, t.path(), &[target(vol)], &LIMITS);
+        let h = s.holders[0].join("\n");
+        assert_eq!(
+            h,
+            format!("held by pid 15 (\"{name}\", maps not read: in D state): cwd \"{vol}\""),
+            "{s:?}"
+        );
+        assert_eq!(s.maps_unread, 1);
+        assert!(!s.complete());
+        assert!(
+            s.summary().contains("1 processes' mappings (in D state)"),
+            "{}",
+            s.summary()
+        );
     }
 }

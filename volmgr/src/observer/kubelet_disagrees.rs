@@ -24,6 +24,15 @@
 //! The events come from a [`PodEventLog`] (observe mode's read-back of
 //! pods' events: the pods with a stuck volume and the node's `Pending`
 //! pods), never from the API server during a scan.
+//!
+//! The attach side ([`attach`]): the kubelet says `unattached
+//! volumes=[x]` of a CSI volume the node does not have mounted while x's
+//! VolumeAttachment says attached (the Node's `status.volumesAttached`,
+//! which the kubelet waits for, does not list it, or the kubelet has not
+//! read it), or has an `attachError` (said as the cause it is).
+
+pub mod attach;
+pub mod attach_forbidden;
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read as _;
@@ -110,10 +119,22 @@ fn list_after(message: &str, key: &str) -> Vec<String> {
 /// accepted) as a [`SystemTime`].
 pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || b[10] != b'T'
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    // Digits only: `parse` alone would take `+1`.
+    let num = |r: std::ops::Range<usize>| {
+        let d = s.get(r)?;
+        d.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| d.parse::<i64>().ok())?
+    };
     let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
     let mut rest = &s[19..];
@@ -124,7 +145,13 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
         nanos = format!("{f:0<9}").parse().ok()?;
         rest = &frac[digits..];
     }
-    if !matches!(rest, "Z" | "z" | "+00:00") || mo == 0 || mo > 12 || d == 0 || d > 31 {
+    if !matches!(rest, "Z" | "z" | "+00:00")
+        || !(1..=12).contains(&mo)
+        || !(1..=31).contains(&d)
+        || h > 23
+        || mi > 59
+        || sec > 60
+    {
         return None;
     }
     // Howard Hinnant's days_from_civil.
@@ -142,6 +169,9 @@ pub fn parse_rfc3339(s: &str) -> Option<SystemTime> {
 /// mounted, and where the pods' events come from.
 pub(super) struct Detector {
     events: Arc<dyn PodEventLog>,
+    /// The node whose kubelet's events count (any, when not set).
+    node: Option<String>,
+    attachments: Arc<dyn attach::AttachmentLog>,
     mounted_since: HashMap<PathBuf, SystemTime>,
 }
 
@@ -149,6 +179,8 @@ impl Default for Detector {
     fn default() -> Self {
         Self {
             events: Arc::new(NoPodEvents),
+            node: None,
+            attachments: Arc::new(attach::NoAttachments),
             mounted_since: HashMap::new(),
         }
     }
@@ -159,6 +191,19 @@ impl super::Observer {
     /// [`FindingKind::KubeletDisagrees`]); without it, nothing is found.
     pub fn set_pod_events(&mut self, events: Arc<dyn PodEventLog>) {
         self.kubelet.events = events;
+    }
+
+    /// Only the events of node `node`'s kubelet count for
+    /// [`FindingKind::KubeletDisagrees`] ([`from_kubelet`]).
+    pub fn set_kubelet_node(&mut self, node: &str) {
+        self.kubelet.node = Some(node.to_string());
+    }
+
+    /// Where the VolumeAttachments and the Node's `status.volumesAttached`
+    /// come from (the attach side of [`FindingKind::KubeletDisagrees`]);
+    /// without it, the attach side finds nothing.
+    pub fn set_attachments(&mut self, log: Arc<dyn attach::AttachmentLog>) {
+        self.kubelet.attachments = log;
     }
 }
 
@@ -172,7 +217,9 @@ struct Said<'a> {
 impl Detector {
     /// The findings: each desired pod's volume mounted at its path that a
     /// recent kubelet event (see the module) says is unmounted or
-    /// unattached.
+    /// unattached; each one not mounted that it says is unattached while
+    /// its VolumeAttachment says attached or failed ([`attach`]), whose
+    /// VolumeAttachments are asked for.
     pub(super) fn evaluate(
         &mut self,
         snap: &Snapshot,
@@ -181,21 +228,35 @@ impl Detector {
     ) {
         let now = SystemTime::now();
         let mut seen = HashSet::new();
+        let mut wanted = Vec::new();
         for (uid, pod) in dsw.pods().filter(|(_, p)| !p.terminated) {
             let mut events: Option<Vec<RecentEvent>> = None;
             for v in &pod.volumes {
+                let events = events.get_or_insert_with(|| {
+                    let mut all = self.events.events_of(uid.as_str());
+                    all.retain(|e| from_kubelet(e, self.node.as_deref()));
+                    all
+                });
                 let Some(path) = mounted_at(snap, uid, v) else {
+                    let vol = attach::Volume {
+                        uid,
+                        pod: format!("{}/{}", pod.namespace, pod.name),
+                        v,
+                    };
+                    let log = self.attachments.as_ref();
+                    attach::evaluate(log, snap, dsw, &vol, events, &mut wanted, out);
+                    let node = self.node.as_deref();
+                    let scan = attach_forbidden::Scan {
+                        log,
+                        node,
+                        snap,
+                        dsw,
+                    };
+                    attach_forbidden::evaluate(&scan, &vol, events, &mut wanted, out);
                     continue;
                 };
-                let since = match self.mounted_since.get(&path) {
-                    Some(t) => *t,
-                    None => {
-                        self.mounted_since.insert(path.clone(), now);
-                        now
-                    }
-                };
+                let since = *self.mounted_since.entry(path.clone()).or_insert(now);
                 seen.insert(path.clone());
-                let events = events.get_or_insert_with(|| self.events.events_of(uid.as_str()));
                 let Some(said) = kubelet_said(events, &v.outer_name, since, now) else {
                     continue;
                 };
@@ -206,7 +267,18 @@ impl Detector {
             }
         }
         self.mounted_since.retain(|p, _| seen.contains(p));
+        wanted.sort();
+        wanted.dedup();
+        self.attachments.want(wanted);
     }
+}
+
+/// Whether event `e` is the kubelet's (reported by `kubelet`, exactly) on
+/// node `node` (when known): another component's event, or another node's
+/// kubelet's, does not count. A core/v1 event's source is what its writer
+/// says: the event counted is shown as evidence, with its source and host.
+pub fn from_kubelet(e: &RecentEvent, node: Option<&str>) -> bool {
+    e.source == "kubelet" && node.is_none_or(|n| e.host == n)
 }
 
 /// The newest kubelet event naming `volume` as unmounted or unattached,
@@ -219,7 +291,6 @@ fn kubelet_said<'a>(
 ) -> Option<Said<'a>> {
     events
         .iter()
-        .filter(|e| e.source.contains("kubelet"))
         .filter_map(|e| {
             let at = parse_rfc3339(&e.last_time)?;
             let after_mount = at.duration_since(since).is_ok_and(|d| d >= AFTER_MOUNT);
@@ -288,15 +359,7 @@ fn disagreement(
     );
     f.volume = Some(volume.to_string());
     f.since = Some(rfc3339(since));
-    f.evidence.push(format!(
-        "the kubelet: {} {} x{} last {} ({}): {}",
-        e.type_,
-        e.reason,
-        e.count,
-        e.last_time,
-        e.source,
-        bounded(&e.message, MAX_MESSAGE)
-    ));
+    f.evidence.push(kubelet_line(e));
     let lines = lines_at(&snap.table, path);
     f.evidence
         .extend(lines.into_iter().map(|l| format!("the node: {l}")));
@@ -310,6 +373,21 @@ fn disagreement(
     }
     f.events.push(e.clone());
     f
+}
+
+/// The kubelet's event as evidence.
+fn kubelet_line(e: &RecentEvent) -> String {
+    format!(
+        "the kubelet: {} {} x{} last {} ({}{}{}): {}",
+        e.type_,
+        e.reason,
+        e.count,
+        e.last_time,
+        e.source,
+        if e.host.is_empty() { "" } else { " on " },
+        crate::util::escape::printable(&e.host),
+        bounded(&e.message, MAX_MESSAGE)
+    )
 }
 
 /// `vol_data.json` beside a CSI volume's mount point, its first
@@ -376,6 +454,30 @@ mod tests {
         assert_eq!(rfc3339(t), "2024-02-29T00:00:00.250Z");
         assert!(parse_rfc3339("2026-11-28T23:39:31+02:00").is_none());
         assert!(parse_rfc3339("yesterday").is_none());
+        for bad in [
+            "2026-11-28T23-39-31Z",
+            "2026-11-28T+1:39:31Z",
+            "2026-11-28T24:00:00Z",
+            "2026-11-28T23:60:00Z",
+            "2026-11-28T23:39:61Z",
+        ] {
+            assert!(parse_rfc3339(bad).is_none(), "{bad}");
+        }
+    }
+
+    /// Only the kubelet's own events count, of this node's kubelet when
+    /// the node is known: another component's (`kubelet-helper`), or
+    /// another node's kubelet's, do not (before, any source containing
+    /// "kubelet" counted).
+    #[test]
+    fn only_this_nodes_kubelet_counts() {
+        let mut e = event("x", SystemTime::UNIX_EPOCH, "kubelet");
+        assert!(from_kubelet(&e, None));
+        e.host = "n1".into();
+        assert!(from_kubelet(&e, Some("n1")));
+        assert!(!from_kubelet(&e, Some("n2")));
+        e.source = "kubelet-helper".into();
+        assert!(!from_kubelet(&e, None));
     }
 
     fn event(message: &str, last: SystemTime, source: &str) -> RecentEvent {
@@ -386,11 +488,12 @@ mod tests {
             count: 3,
             last_time: rfc3339(last),
             source: source.into(),
+            host: String::new(),
         }
     }
 
-    /// Only the kubelet's events last seen after the mount (by
-    /// [`AFTER_MOUNT`]) and within [`RECENT`] count.
+    /// Only events last seen after the mount (by [`AFTER_MOUNT`]) and
+    /// within [`RECENT`] count.
     #[test]
     fn only_recent_events_after_the_mount_count() {
         let mount = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
@@ -406,8 +509,8 @@ mod tests {
         assert!(kubelet_said(&after, "other", mount, now).is_none());
         let later = now + RECENT + Duration::from_secs(30);
         assert!(kubelet_said(&after, "conf", mount, later).is_none());
-        let not_kubelet = [event(msg, mount + Duration::from_secs(20), "someone")];
-        assert!(kubelet_said(&not_kubelet, "conf", mount, now).is_none());
+        // Another component's events are left out before
+        // (`only_this_nodes_kubelet_counts`).
     }
 
     #[test]

@@ -45,6 +45,9 @@ use crate::volume::PodUid;
 use crate::volumemanager::VolumeManager;
 
 pub use csi_driver_not_ready::{CsiNodeLookup, Step as CsiTriageStep};
+pub use kubelet_disagrees::attach::{
+    AttachmentLog, AttachmentSeen, NoAttachments, NodeAttached, MAX_ERROR as ATTACH_MAX_ERROR,
+};
 pub use kubelet_disagrees::{NoPodEvents, PodEventLog};
 pub use loops::{loop_devices, LoopDevice};
 pub use mount_unreachable::{MountProber, ProbeSettings};
@@ -204,7 +207,8 @@ impl Observer {
         stacked_mounts(snap, dsw, &mut out);
         deleted_loop_backing(snap, &mut out);
         self.kubelet.evaluate(snap, dsw, &mut out);
-        mount_unreachable::evaluate(self.mount_probes.as_deref(), snap, dsw, &mut out);
+        let probes = self.mount_probes.as_deref();
+        mount_unreachable::evaluate(probes, snap, dsw, &mut out, &mut self.not_listed);
         self.walks.evaluate(snap, dsw, now, &mut out);
         self.csi.add_findings(snap, dsw, now, &mut out);
         for f in &mut out {

@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::blocked_tasks::{self, BlockedTask};
-use super::{finding, mount_line, Observer, Snapshot};
+use super::{finding, mount_line, Observer, Snapshot, MAX_FINDINGS_PER_KIND};
 use crate::cache::desired_state_of_world::DesiredStateOfWorld;
 use crate::cache::out_of_band::rfc3339;
 use crate::status::{Finding, FindingKind, StuckSyscall};
@@ -151,6 +151,25 @@ struct DevState {
     failing_since: Option<SystemTime>,
     /// No thread was left for its last due probe.
     not_probed: bool,
+    /// Still among the scan's targets. A device the scan no longer gives
+    /// is kept, unwatched, while its probe is in flight (forgotten when
+    /// the probe returns): were it forgotten at once, its return to the
+    /// table would start a second probe beside the hung one.
+    watched: bool,
+}
+
+impl DevState {
+    /// A device not probed yet, at `path`.
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            in_flight: None,
+            last: None,
+            failing_since: None,
+            not_probed: false,
+            watched: true,
+        }
+    }
 }
 
 /// The prober's state, under [`Shared::state`].
@@ -215,22 +234,22 @@ impl MountProber {
     }
 
     /// Probes the devices of `targets` (at their path) from now on, and
-    /// forgets the others; returns their verdicts.
+    /// forgets the others (those with a probe in flight once it returns:
+    /// one probe per device, even when it leaves and comes back); returns
+    /// the verdicts of `targets`.
     fn watch(&self, targets: BTreeMap<Dev, PathBuf>) -> BTreeMap<Dev, Verdict> {
         let mut st = self.shared.state.locked();
-        st.devs.retain(|d, _| targets.contains_key(d));
+        st.devs.retain(|dev, d| {
+            d.watched = targets.contains_key(dev);
+            d.watched || d.in_flight.is_some()
+        });
         let mut added = false;
         for (dev, path) in targets {
             let d = st.devs.entry(dev).or_insert_with(|| {
                 added = true;
-                DevState {
-                    path: path.clone(),
-                    in_flight: None,
-                    last: None,
-                    failing_since: None,
-                    not_probed: false,
-                }
+                DevState::new(path.clone())
             });
+            d.watched = true;
             d.path = path;
         }
         if added {
@@ -240,6 +259,7 @@ impl MountProber {
         let timeout = self.shared.settings.timeout;
         st.devs
             .iter()
+            .filter(|(_, d)| d.watched)
             .map(|(dev, d)| (*dev, verdict(d, now, timeout)))
             .collect()
     }
@@ -302,6 +322,7 @@ fn drive(shared: &Arc<Shared>) {
         let classes: BTreeMap<Dev, (u8, i32)> = st
             .devs
             .iter()
+            .filter(|(_, d)| d.watched)
             .map(|(dev, d)| (*dev, verdict(d, now, shared.settings.timeout).class()))
             .collect();
         if classes != st.classes {
@@ -322,14 +343,14 @@ fn drive(shared: &Arc<Shared>) {
     }
 }
 
-/// Starts a probe of each device whose last probe is older than the
-/// period and that has none in flight, while threads are left.
+/// Starts a probe of each watched device whose last probe is older than
+/// the period and that has none in flight, while threads are left.
 fn start_due(shared: &Arc<Shared>, st: &mut State, now: Instant) {
     let period = shared.settings.period;
     let due: Vec<(Dev, PathBuf)> = st
         .devs
         .iter()
-        .filter(|(_, d)| d.in_flight.is_none())
+        .filter(|(_, d)| d.watched && d.in_flight.is_none())
         .filter(|(_, d)| {
             d.last
                 .is_none_or(|(at, _)| now.saturating_duration_since(at) >= period)
@@ -366,20 +387,30 @@ fn spawn_probe(shared: &Arc<Shared>, dev: Dev, path: PathBuf) -> std::io::Result
         .stack_size(PROBE_STACK)
         .spawn(move || {
             let result = probe(&path);
-            let mut st = s.state.locked();
-            st.outstanding = st.outstanding.saturating_sub(1);
-            if let Some(d) = st.devs.get_mut(&dev) {
-                d.in_flight = None;
-                d.failing_since = match (result, d.last.as_ref().map(|l| l.1)) {
-                    (Ok(()), _) => None,
-                    (Err(e), Some(Err(prev))) if e == prev => d.failing_since,
-                    (Err(_), _) => Some(SystemTime::now()),
-                };
-                d.last = Some((Instant::now(), result));
-            }
+            probe_returned(&mut s.state.locked(), dev, result);
             s.cv.notify_all();
         })
         .map(|_| ())
+}
+
+/// Records the `result` of `dev`'s probe, just returned; forgets `dev`
+/// when the scans no longer watch it.
+fn probe_returned(st: &mut State, dev: Dev, result: Result<(), i32>) {
+    st.outstanding = st.outstanding.saturating_sub(1);
+    let Some(d) = st.devs.get_mut(&dev) else {
+        return;
+    };
+    if !d.watched {
+        st.devs.remove(&dev);
+        return;
+    }
+    d.in_flight = None;
+    d.failing_since = match (result, d.last.as_ref().map(|l| l.1)) {
+        (Ok(()), _) => None,
+        (Err(e), Some(Err(prev))) if e == prev => d.failing_since,
+        (Err(_), _) => Some(SystemTime::now()),
+    };
+    d.last = Some((Instant::now(), result));
 }
 
 /// One probe: `statx` of `path` with `AT_STATX_FORCE_SYNC` (asks the
@@ -470,49 +501,69 @@ fn targets(snap: &Snapshot) -> (Vec<&MountInfo>, BTreeMap<Dev, PathBuf>) {
 /// (h): the network and FUSE mounts under ROOT that do not answer, each
 /// with its source, how it fails, the tasks blocked on it and the pods
 /// using it; one more finding for the mounts not probed (threads out).
+/// Past [`MAX_FINDINGS_PER_KIND`] (in the order of the paths, the finding
+/// of the mounts not probed first) mounts are only counted in
+/// `not_listed`, without their evidence; the evidence of a device is
+/// built once for all its mounts (a volume's subPath bind mounts).
 pub(super) fn evaluate(
     prober: Option<&MountProber>,
     snap: &Snapshot,
     dsw: &DesiredStateOfWorld,
     out: &mut Vec<Finding>,
+    not_listed: &mut BTreeMap<FindingKind, usize>,
 ) {
     let Some(prober) = prober else {
         return;
     };
     let (mounts, at) = targets(snap);
     let verdicts = prober.watch(at);
-    let bad = |m: &&MountInfo| {
-        matches!(
-            verdicts.get(&(m.major, m.minor)),
-            Some(Verdict::Hung { .. } | Verdict::Failed { .. })
-        )
-    };
-    let unreachable: Vec<&MountInfo> = mounts.iter().copied().filter(bad).collect();
-    let tasks = match unreachable.is_empty() {
+    let mut by_dev: BTreeMap<Dev, Vec<&MountInfo>> = BTreeMap::new();
+    let mut not_probed: Vec<&MountInfo> = Vec::new();
+    for m in mounts.iter().copied() {
+        match verdicts.get(&(m.major, m.minor)) {
+            Some(Verdict::Hung { .. } | Verdict::Failed { .. }) => {
+                by_dev.entry((m.major, m.minor)).or_default().push(m);
+            }
+            Some(Verdict::NotProbed) => not_probed.push(m),
+            _ => {}
+        }
+    }
+    let tasks = match by_dev.is_empty() {
         true => blocked_tasks::Scan::default(),
         false => blocked_tasks::scan(Path::new("/proc"), std::process::id()),
     };
-    let stuck = match (&prober.stuck, unreachable.is_empty()) {
+    let stuck = match (&prober.stuck, by_dev.is_empty()) {
         (Some(s), false) => s.stuck(),
         _ => Vec::new(),
     };
     let ctx = Ctx {
         snap,
         dsw,
-        unreachable: &unreachable,
+        by_dev: &by_dev,
         tasks: &tasks,
         stuck: &stuck,
     };
-    for m in &unreachable {
-        if let Some(v) = verdicts.get(&(m.major, m.minor)) {
-            out.push(ctx.finding(m, v, prober.shared.settings.timeout));
+    let room = MAX_FINDINGS_PER_KIND - usize::from(!not_probed.is_empty());
+    let mut listed: Vec<(String, &MountInfo)> = by_dev
+        .values()
+        .flatten()
+        .map(|m| (m.mount_point.display().to_string(), *m))
+        .collect();
+    // As `Observer::evaluate` sorts them (stable: the table's order).
+    listed.sort_by_key(|(path, m)| (path.clone(), m.mount_id));
+    if listed.len() > room {
+        *not_listed.entry(FindingKind::MountUnreachable).or_default() += listed.len() - room;
+        listed.truncate(room);
+    }
+    let timeout = prober.shared.settings.timeout;
+    let mut evidence: HashMap<Dev, DevEvidence> = HashMap::new();
+    for (path, m) in listed {
+        let dev = (m.major, m.minor);
+        if let Some(v) = verdicts.get(&dev) {
+            let ev = evidence.entry(dev).or_insert_with(|| ctx.dev_evidence(m));
+            out.push(ctx.finding(path, m, v, timeout, ev));
         }
     }
-    let not_probed: Vec<&MountInfo> = mounts
-        .iter()
-        .copied()
-        .filter(|m| verdicts.get(&(m.major, m.minor)) == Some(&Verdict::NotProbed))
-        .collect();
     if !not_probed.is_empty() {
         out.push(not_probed_finding(snap, &not_probed, prober.outstanding()));
     }
@@ -522,14 +573,52 @@ pub(super) fn evaluate(
 struct Ctx<'a> {
     snap: &'a Snapshot,
     dsw: &'a DesiredStateOfWorld,
-    unreachable: &'a [&'a MountInfo],
+    /// The mounts that do not answer, by device (in the table's order).
+    by_dev: &'a BTreeMap<Dev, Vec<&'a MountInfo>>,
     tasks: &'a blocked_tasks::Scan,
     stuck: &'a [StuckSyscall],
 }
 
+/// The evidence of a device, the same for each of its mounts.
+struct DevEvidence {
+    /// The tasks blocked on it.
+    blocked: Vec<String>,
+    /// Its first [`USERS_LISTED`]` + 1` mounts, by mount ID, each as a
+    /// line "also mounted at".
+    users: Vec<(u32, String)>,
+    /// How many mounts it has under ROOT.
+    mounts: usize,
+}
+
 impl Ctx<'_> {
-    /// The finding of mount `m`, whose device's verdict is `v`.
-    fn finding(&self, m: &MountInfo, v: &Verdict, timeout: Duration) -> Finding {
+    /// The evidence of `m`'s device.
+    fn dev_evidence(&self, m: &MountInfo) -> DevEvidence {
+        let on_dev: &[&MountInfo] = self
+            .by_dev
+            .get(&(m.major, m.minor))
+            .map_or(&[], Vec::as_slice);
+        let users = on_dev
+            .iter()
+            .take(USERS_LISTED + 1)
+            .map(|o| (o.mount_id, self.user_line(o)))
+            .collect();
+        DevEvidence {
+            blocked: self.blocked_lines(m, on_dev),
+            users,
+            mounts: on_dev.len(),
+        }
+    }
+
+    /// The finding of mount `m` (at `path`), whose device's verdict is
+    /// `v` and evidence `dev`.
+    fn finding(
+        &self,
+        path: String,
+        m: &MountInfo,
+        v: &Verdict,
+        timeout: Duration,
+        dev: &DevEvidence,
+    ) -> Finding {
         let (summary, probe, since) = match v {
             Verdict::Hung { since, for_ } => (
                 format!(
@@ -557,75 +646,51 @@ impl Ctx<'_> {
             }
             _ => (String::new(), String::new(), SystemTime::now()),
         };
-        let path = m.mount_point.display().to_string();
         let mut f = finding(FindingKind::MountUnreachable, path, summary);
         f.since = Some(rfc3339(since));
         f.evidence.push(mount_line(m));
         f.evidence.push(source_line(m));
         f.evidence.push(probe);
-        self.blocked_lines(m, &mut f.evidence);
-        let uid = pod_of(&self.snap.root, &m.mount_point);
-        if let Some(uid) = &uid {
+        f.evidence.extend(dev.blocked.iter().cloned());
+        if let Some(uid) = pod_of(&self.snap.root, &m.mount_point) {
             f.pod_uid = Some(uid.as_str().to_string());
             f.pod = self
                 .dsw
-                .pod(uid)
+                .pod(&uid)
                 .map(|p| format!("{}/{}", p.namespace, p.name));
-            f.volume = super::volume_at(&self.snap.asw, uid, &m.mount_point);
+            f.volume = super::volume_at(&self.snap.asw, &uid, &m.mount_point);
         }
-        self.users_lines(m, &mut f.evidence);
+        users_lines(m, dev, &mut f.evidence);
         f
     }
 
-    /// The tasks blocked on `m`: the tracer's stuck calls on its paths,
-    /// then the tasks of the /proc scan whose working directory is on it,
-    /// or that wait in its file system's code (when several mounts of
-    /// that file system do not answer, any of them).
-    fn blocked_lines(&self, m: &MountInfo, ev: &mut Vec<String>) {
-        let on_dev: Vec<&Path> = self
-            .unreachable
-            .iter()
-            .filter(|u| (u.major, u.minor) == (m.major, m.minor))
-            .map(|u| u.mount_point.as_path())
-            .collect();
-        let mut lines = Vec::new();
-        for s in self.stuck {
-            if on_dev.iter().any(|p| Path::new(&s.path).starts_with(p)) {
-                let stack = s.kernel_stack.iter().take(6).cloned().collect::<Vec<_>>();
-                lines.push(format!(
-                    "blocked: {}[{}] (thread {}) in {}({:?}) for {:.0}s (traced); stack: {}",
-                    s.comm,
-                    s.pid,
-                    s.tid,
-                    s.call,
-                    s.path,
-                    s.elapsed_seconds,
-                    stack.join(" < ")
-                ));
-            }
-        }
+    /// The tasks blocked on `m`, whose device's mounts under ROOT are
+    /// `on_dev`: the tracer's stuck calls on their paths, then the tasks
+    /// of the /proc scan whose working directory is on it, or that wait
+    /// in its file system's code (when several mounts of that file
+    /// system do not answer, any of them).
+    fn blocked_lines(&self, m: &MountInfo, on_dev: &[&MountInfo]) -> Vec<String> {
+        let on_dev: Vec<&Path> = on_dev.iter().map(|u| u.mount_point.as_path()).collect();
+        let on_it = |s: &&StuckSyscall| on_dev.iter().any(|p| Path::new(&s.path).starts_with(p));
+        let mut lines: Vec<String> = self.stuck.iter().filter(on_it).map(stuck_line).collect();
         let family = blocked_tasks::family(&m.fstype);
         let same_family = self
-            .unreachable
-            .iter()
+            .by_dev
+            .values()
+            .filter_map(|v| v.first())
             .filter(|u| blocked_tasks::family(&u.fstype) == family)
-            .map(|u| (u.major, u.minor))
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
-        let traced: std::collections::HashSet<u32> = self
-            .stuck
-            .iter()
-            .filter(|s| on_dev.iter().any(|p| Path::new(&s.path).starts_with(p)))
-            .map(|s| s.tid)
-            .collect();
+            .count();
+        let traced: std::collections::HashSet<u32> =
+            self.stuck.iter().filter(on_it).map(|s| s.tid).collect();
         let mut opaque = Vec::new();
         for t in self.tasks.tasks.iter().filter(|t| !traced.contains(&t.tid)) {
             if t.opaque() && t.state == 'D' {
-                opaque.push(format!("{}[{}/{}]", t.comm, t.pid, t.tid));
+                opaque.push(format!("{:?}[{}/{}]", t.comm, t.pid, t.tid));
             } else if let Some(line) = task_line(t, &on_dev, family, same_family) {
                 lines.push(line);
             }
         }
+        let mut ev = Vec::new();
         let n = lines.len();
         ev.extend(lines.into_iter().take(TASKS_LISTED));
         if n > TASKS_LISTED {
@@ -649,35 +714,51 @@ impl Ctx<'_> {
                 blocked_tasks::MAX_TASKS
             ));
         }
+        ev
     }
 
-    /// The other mount points of `m`'s file system under ROOT, with their
-    /// pods (the pods using it).
-    fn users_lines(&self, m: &MountInfo, ev: &mut Vec<String>) {
-        let others: Vec<&MountInfo> = self
-            .snap
-            .table
-            .below(&self.snap.root)
-            .filter(|o| (o.major, o.minor) == (m.major, m.minor) && o.mount_id != m.mount_id)
-            .collect();
-        for o in others.iter().take(USERS_LISTED) {
-            let pod = pod_of(&self.snap.root, &o.mount_point).map(|uid| match self.dsw.pod(&uid) {
-                Some(p) => format!(" (pod {}/{}, {uid})", p.namespace, p.name),
-                None => format!(" (pod {uid}, no longer on the node)"),
-            });
-            ev.push(format!(
-                "also mounted at {}{}",
-                o.mount_point.display(),
-                pod.unwrap_or_default()
-            ));
-        }
-        if others.len() > USERS_LISTED {
-            ev.push(format!(
-                "... and {} more mounts of it",
-                others.len() - USERS_LISTED
-            ));
-        }
+    /// `o`, a mount of a device that does not answer, with its pod.
+    fn user_line(&self, o: &MountInfo) -> String {
+        let pod = pod_of(&self.snap.root, &o.mount_point).map(|uid| match self.dsw.pod(&uid) {
+            Some(p) => format!(" (pod {}/{}, {uid})", p.namespace, p.name),
+            None => format!(" (pod {uid}, no longer on the node)"),
+        });
+        format!(
+            "also mounted at {:?}{}",
+            o.mount_point,
+            pod.unwrap_or_default()
+        )
     }
+}
+
+/// The other mount points of `m`'s file system under ROOT (of `dev`),
+/// with their pods (the pods using it).
+fn users_lines(m: &MountInfo, dev: &DevEvidence, ev: &mut Vec<String>) {
+    let others = dev
+        .users
+        .iter()
+        .filter(|(id, _)| *id != m.mount_id)
+        .take(USERS_LISTED);
+    ev.extend(others.map(|(_, line)| line.clone()));
+    let n = dev.mounts.saturating_sub(1);
+    if n > USERS_LISTED {
+        ev.push(format!("... and {} more mounts of it", n - USERS_LISTED));
+    }
+}
+
+/// A stuck call the tracer saw, as evidence.
+fn stuck_line(s: &StuckSyscall) -> String {
+    let stack = s.kernel_stack.iter().take(6).cloned().collect::<Vec<_>>();
+    format!(
+        "blocked: {:?}[{}] (thread {}) in {}({:?}) for {:.0}s (traced); stack: {}",
+        s.comm,
+        s.pid,
+        s.tid,
+        s.call,
+        s.path,
+        s.elapsed_seconds,
+        stack.join(" < ")
+    )
 }
 
 /// A blocked task as evidence for a mount whose mount points (on its
@@ -708,7 +789,7 @@ fn task_line(
         ),
     };
     Some(format!(
-        "blocked: {}[{}] (thread {}) state {} wchan {} syscall {}: {why}{}",
+        "blocked: {:?}[{}] (thread {}) state {} wchan {} syscall {}: {why}{}",
         t.comm,
         t.pid,
         t.tid,
@@ -735,7 +816,7 @@ fn source_line(m: &MountInfo) -> String {
             .map(|w| format!(", {} requests waiting", w.trim()))
             .unwrap_or_default();
         return format!(
-            "source: fuse {} connection {id} ({}{waiting})",
+            "source: fuse {:?} connection {id} ({}{waiting})",
             m.source,
             dir.display()
         );
@@ -744,7 +825,7 @@ fn source_line(m: &MountInfo) -> String {
         .super_option("addr")
         .map(|a| format!(" (addr={a})"))
         .unwrap_or_default();
-    format!("source: server {}{addr}", m.source)
+    format!("source: server {:?}{addr}", m.source)
 }
 
 /// The pod whose directory (`ROOT/pods/<uid>/...`) holds `path`.
@@ -804,11 +885,8 @@ mod tests {
     #[test]
     fn a_probe_that_does_not_return_is_hung_and_one_per_device() {
         let mut d = DevState {
-            path: PathBuf::from("/x"),
             in_flight: Some((Instant::now(), SystemTime::now())),
-            last: None,
-            failing_since: None,
-            not_probed: false,
+            ..DevState::new(PathBuf::from("/x"))
         };
         let later = Instant::now() + Duration::from_secs(4);
         let v = verdict(&d, later, Duration::from_secs(3));
@@ -844,16 +922,7 @@ mod tests {
             wake: Mutex::new(None),
         });
         let mut st = State::default();
-        st.devs.insert(
-            (0, 1),
-            DevState {
-                path: PathBuf::from("/"),
-                in_flight: None,
-                last: None,
-                failing_since: None,
-                not_probed: false,
-            },
-        );
+        st.devs.insert((0, 1), DevState::new(PathBuf::from("/")));
         start_due(&shared, &mut st, Instant::now());
         let d = &st.devs[&(0, 1)];
         assert!(d.in_flight.is_none());
@@ -862,6 +931,146 @@ mod tests {
             Verdict::NotProbed
         );
         assert_eq!(st.outstanding, 0);
+    }
+
+    /// A prober with no thread of its own (the test drives it).
+    fn idle_prober() -> MountProber {
+        MountProber {
+            shared: Arc::new(Shared {
+                settings: ProbeSettings::default(),
+                state: Mutex::new(State::default()),
+                cv: Condvar::new(),
+                wake: Mutex::new(None),
+            }),
+            stuck: None,
+        }
+    }
+
+    /// Before, `watch` forgot a device gone from the table even while its
+    /// probe hung: when it came back a new state started a second probe
+    /// (`outstanding` 2 here), one more parked thread per flap.
+    #[test]
+    fn a_device_that_leaves_and_returns_while_its_probe_hangs_is_not_probed_twice() {
+        let p = idle_prober();
+        let dev = (0, 77);
+        let path = PathBuf::from("/");
+        let hung = Instant::now() - Duration::from_secs(60);
+        {
+            let mut st = p.shared.state.locked();
+            let d = DevState {
+                in_flight: Some((hung, SystemTime::now())),
+                ..DevState::new(path.clone())
+            };
+            st.devs.insert(dev, d);
+            st.outstanding = 1;
+        }
+        assert!(p.watch(BTreeMap::new()).is_empty());
+        let v = p.watch(BTreeMap::from([(dev, path)]));
+        assert!(matches!(v.get(&dev), Some(Verdict::Hung { .. })), "{v:?}");
+        {
+            let mut st = p.shared.state.locked();
+            start_due(&p.shared, &mut st, Instant::now());
+            assert_eq!(st.outstanding, 1, "a second probe of the same device");
+        }
+        // Gone again; its probe returns: forgotten, its thread counted back.
+        assert!(p.watch(BTreeMap::new()).is_empty());
+        let mut st = p.shared.state.locked();
+        assert!(st.devs.contains_key(&dev));
+        probe_returned(&mut st, dev, Ok(()));
+        assert!(st.devs.is_empty());
+        assert_eq!(st.outstanding, 0);
+    }
+
+    /// `n` bind mounts (subPaths of pods `p0`..) of one NFS export, on
+    /// device `dev`, under `root`.
+    fn bind_mounts(root: &Path, dev: Dev, n: u32) -> Vec<MountInfo> {
+        (0..n)
+            .map(|i| MountInfo {
+                mount_id: 100 + i,
+                parent_id: 1,
+                major: dev.0,
+                minor: dev.1,
+                root: PathBuf::from(format!("/export/sub{i}")),
+                mount_point: root.join(format!(
+                    "pods/00000000-0000-0000-0000-{i:012}/volume-subpaths/nfs/app/0"
+                )),
+                mount_options: "rw".into(),
+                optional_fields: Vec::new(),
+                fstype: "nfs4".into(),
+                source: "server:/export".into(),
+                super_options: "rw,addr=10.0.0.9".into(),
+            })
+            .collect()
+    }
+
+    /// Before, each of the M mounts of one device that does not answer
+    /// got a finding (300 here, cut to 256 only after) with its evidence
+    /// built anew: the table rescanned and the tasks matched against all
+    /// M mount points, once per mount.
+    #[test]
+    fn the_mounts_of_one_hung_device_stop_at_the_cap_and_share_its_evidence() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().to_path_buf();
+        let dev = (0, 99);
+        let snap = Snapshot {
+            root: root.clone(),
+            dir: Arc::new(crate::sys::root_dir::RootDir::open(&root).unwrap()),
+            table: crate::sys::mount_table::MountTable::new(bind_mounts(&root, dev, 300)),
+            asw: Default::default(),
+            pod_dirs: Vec::new(),
+            loops: Vec::new(),
+        };
+        let p = idle_prober();
+        let hung = Instant::now() - Duration::from_secs(60);
+        let d = DevState {
+            in_flight: Some((hung, SystemTime::now())),
+            ..DevState::new(root.clone())
+        };
+        p.shared.state.locked().devs.insert(dev, d);
+        let mut out = Vec::new();
+        let mut not_listed = BTreeMap::new();
+        let dsw = DesiredStateOfWorld::default();
+        evaluate(Some(&p), &snap, &dsw, &mut out, &mut not_listed);
+        assert_eq!(out.len(), MAX_FINDINGS_PER_KIND);
+        assert_eq!(not_listed.get(&FindingKind::MountUnreachable), Some(&44));
+        let first = &out[0];
+        assert!(first
+            .path
+            .ends_with("-000000000000/volume-subpaths/nfs/app/0"));
+        let also: Vec<&String> = first
+            .evidence
+            .iter()
+            .filter(|l| l.starts_with("also mounted at "))
+            .collect();
+        assert_eq!(also.len(), USERS_LISTED);
+        assert!(
+            also[0].contains("-000000000001/volume-subpaths"),
+            "{also:?}"
+        );
+        assert!(also[0].starts_with("also mounted at \""), "{also:?}");
+        let more = format!("... and {} more mounts of it", 299 - USERS_LISTED);
+        assert!(first.evidence.contains(&more), "{:#?}", first.evidence);
+        assert!(out[1].evidence.iter().any(|l| l.contains("-000000000000/")));
+    }
+
+    /// Before, a process name went into the evidence as it is: a name
+    /// like `x[1] (thread 2) state D` forged fields of the line.
+    #[test]
+    fn process_names_are_quoted_in_the_evidence() {
+        let t = BlockedTask {
+            pid: 7,
+            tid: 8,
+            comm: "x[1] (thread 2) state D".into(),
+            state: 'D',
+            wchan: "nfs_wait".into(),
+            cwd: Some(PathBuf::from("/m/a")),
+            ..BlockedTask::default()
+        };
+        let line = task_line(&t, &[Path::new("/m")], Some("nfs"), 1).unwrap();
+        assert!(
+            line.starts_with("blocked: \"x[1] (thread 2) state D\"[7] (thread 8) state D"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -162,25 +162,42 @@ fn pod_volume(snap: &Snapshot, dsw: &DesiredStateOfWorld, dir: &Path) -> Option<
     Some((uid, name))
 }
 
+/// Why a volume's inode count was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum InodeCountError {
+    /// Neither the volume directory nor its `mount` is a mount point.
+    #[error("no file system mounted at the volume directory")]
+    NotMounted,
+    /// A network or FUSE mount (`statvfs` may hang): not asked.
+    #[error("not asked of a {fstype} mount")]
+    Probed {
+        /// The mount's file system type.
+        fstype: String,
+    },
+    /// `statvfs` failed.
+    #[error("statvfs: {0}")]
+    Statvfs(#[source] nix::errno::Errno),
+}
+
 /// The volume's used inodes (`f_files - f_ffree`) when a local file
 /// system is mounted at `dir` (or at `dir/mount`, the CSI layout); never
 /// asked of a network or FUSE mount (it may hang), nor of the file system
 /// `dir` is only a directory of (its count is not the volume's).
-fn inode_count(snap: &Snapshot, dir: &Path) -> Result<u64, String> {
+fn inode_count(snap: &Snapshot, dir: &Path) -> Result<u64, InodeCountError> {
     let mount = dir.join("mount");
     let at = [dir, mount.as_path()]
         .into_iter()
         .find(|p| snap.table.is_mount_point(p))
-        .ok_or("no file system mounted at the volume directory")?;
+        .ok_or(InodeCountError::NotMounted)?;
     let fstype = snap
         .table
         .top(at)
         .map(|m| m.fstype.clone())
         .unwrap_or_default();
     if probed_fstype(&fstype) {
-        return Err(format!("not asked of a {fstype} mount"));
+        return Err(InodeCountError::Probed { fstype });
     }
-    let st = nix::sys::statvfs::statvfs(at).map_err(|e| format!("statvfs: {e}"))?;
+    let st = nix::sys::statvfs::statvfs(at).map_err(InodeCountError::Statvfs)?;
     // `fsfilcnt_t` is not 64 bits on every target.
     #[allow(clippy::useless_conversion)]
     let used = u64::from(st.files()).saturating_sub(u64::from(st.files_free()));

@@ -18,6 +18,8 @@
 use std::path::Path;
 
 use super::holder_helper::{self, HolderScanError};
+#[cfg(doc)]
+use super::holders::HOLDERS_LISTED;
 use super::holders::{Scan, Target};
 use super::SyscallHistory;
 use crate::status::{Finding, FindingKind, RecentSyscall};
@@ -41,11 +43,15 @@ pub(super) fn reclassify(out: &mut [Finding], table: &MountTable, history: &dyn 
     for (j, (i, _)) in left.iter().enumerate() {
         let f = &mut out[*i];
         f.recent_syscalls = history.recent_for_path(Path::new(&f.path));
-        let holders = match &scan {
-            Ok(s) => s.holders.get(j).map(Vec::as_slice).unwrap_or_default(),
-            Err(_) => &[],
+        let (holders, total) = match &scan {
+            Ok(s) => {
+                let listed = s.holders.get(j).map(Vec::as_slice).unwrap_or_default();
+                let total = s.holder_counts.get(j).copied().unwrap_or(listed.len());
+                (listed, total)
+            }
+            Err(_) => (&[][..], 0),
         };
-        judge(f, scan.as_ref(), holders);
+        judge(f, scan.as_ref(), holders, total);
     }
 }
 
@@ -71,8 +77,9 @@ fn is_umount(c: &RecentSyscall) -> bool {
     c.call.starts_with("umount")
 }
 
-/// Decides one (b) finding from its holders and its recent calls.
-fn judge(f: &mut Finding, scan: Result<&Scan, &HolderScanError>, holders: &[String]) {
+/// Decides one (b) finding from its holders (those listed, `total` found)
+/// and its recent calls.
+fn judge(f: &mut Finding, scan: Result<&Scan, &HolderScanError>, holders: &[String], total: usize) {
     let busy: Vec<&RecentSyscall> = f
         .recent_syscalls
         .iter()
@@ -108,9 +115,11 @@ fn judge(f: &mut Finding, scan: Result<&Scan, &HolderScanError>, holders: &[Stri
     let uid = f.pod_uid.clone().unwrap_or_default();
     f.kind = FindingKind::TeardownBlocked;
     f.summary = match holders.first() {
-        Some(first) if holders.len() > 1 => format!(
+        // `total`, not the lines listed: past [`HOLDERS_LISTED`] the last
+        // line is `... and N more holders`, no holder.
+        Some(first) if total > 1 => format!(
             "pod {uid} is no longer on the node, its volume is still mounted and held: {first} (and {} more)",
-            holders.len() - 1
+            total - 1
         ),
         Some(first) => format!(
             "pod {uid} is no longer on the node, its volume is still mounted and held: {first}"
@@ -122,4 +131,47 @@ fn judge(f: &mut Finding, scan: Result<&Scan, &HolderScanError>, holders: &[Stri
     f.evidence.extend(holders.iter().cloned());
     f.evidence.extend(busy_line);
     f.evidence.push(examined);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observer::holders::HOLDERS_LISTED;
+
+    /// With more holders than are listed, the summary counts the holders
+    /// found, not the lines: it said `(and 16 more)` for 20 holders before
+    /// (the 16 listed, less the first, plus the `... and 4 more holders`
+    /// line).
+    #[test]
+    fn the_summary_counts_every_holder_found() {
+        let found = 20;
+        let mut holders: Vec<String> = (0..HOLDERS_LISTED)
+            .map(|i| format!("held by pid {i}"))
+            .collect();
+        holders.push(format!("... and {} more holders", found - HOLDERS_LISTED));
+        let scan = Scan {
+            holders: vec![holders.clone()],
+            holder_counts: vec![found],
+            ..Scan::default()
+        };
+        let mut f = Finding {
+            kind: FindingKind::MountedForDeletedPod,
+            pod_uid: Some("u".into()),
+            pod: None,
+            volume: None,
+            path: "/k/pods/u/volumes/x/v".into(),
+            summary: String::new(),
+            evidence: Vec::new(),
+            since: None,
+            recent_syscalls: Vec::new(),
+            events: Vec::new(),
+        };
+        judge(&mut f, Ok(&scan), &holders, found);
+        assert_eq!(f.kind, FindingKind::TeardownBlocked);
+        assert!(
+            f.summary.ends_with("held: held by pid 0 (and 19 more)"),
+            "{}",
+            f.summary
+        );
+    }
 }

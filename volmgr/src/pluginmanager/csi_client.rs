@@ -15,6 +15,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::csi_call_metrics::CsiMetrics;
 use super::csi_proto::csi;
+use super::registration::MAX_REGISTRATION_ANSWER;
 use super::registry::DriverRegistry;
 use crate::util::sync::MutexExt;
 
@@ -201,6 +202,7 @@ impl CsiClients {
             "/csi.v1.Identity/GetPluginInfo",
             |ch, t| async move {
                 csi::identity_client::IdentityClient::new(ch)
+                    .max_decoding_message_size(MAX_REGISTRATION_ANSWER)
                     .get_plugin_info(request(csi::GetPluginInfoRequest {}, t))
                     .await
             },
@@ -218,6 +220,7 @@ impl CsiClients {
             "/csi.v1.Identity/GetPluginCapabilities",
             |ch, t| async move {
                 csi::identity_client::IdentityClient::new(ch)
+                    .max_decoding_message_size(MAX_REGISTRATION_ANSWER)
                     .get_plugin_capabilities(request(csi::GetPluginCapabilitiesRequest {}, t))
                     .await
             },
@@ -230,6 +233,7 @@ impl CsiClients {
         let r = self
             .call(driver, "/csi.v1.Identity/Probe", |ch, t| async move {
                 csi::identity_client::IdentityClient::new(ch)
+                    .max_decoding_message_size(MAX_REGISTRATION_ANSWER)
                     .probe(request(csi::ProbeRequest {}, t))
                     .await
             })

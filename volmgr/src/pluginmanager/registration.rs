@@ -18,6 +18,27 @@ use super::registry::{DriverRegistry, NodeInfo};
 /// The plugin type this watcher handles (the kubelet's `CSIPlugin`).
 pub const CSI_PLUGIN_TYPE: &str = "CSIPlugin";
 
+/// The largest answer read from a registration socket (`GetInfo`,
+/// `NotifyRegistrationStatus`) or a driver's Identity service: a name, an
+/// endpoint, a few versions; tonic's default is 4 MiB.
+pub const MAX_REGISTRATION_ANSWER: usize = 64 << 10;
+
+/// The most bytes of a name (driver, plugin type, endpoint, version) a
+/// plugin announced that go into a message: a DNS subdomain's length.
+pub const MAX_NAME_IN_MESSAGE: usize = 253;
+
+/// The most announced versions that go into a message.
+const VERSIONS_IN_MESSAGE: usize = 16;
+
+/// `s` cut to [`MAX_NAME_IN_MESSAGE`] bytes (at a character boundary).
+pub fn cut_name(s: &str) -> String {
+    let mut end = s.len().min(MAX_NAME_IN_MESSAGE);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
 /// Why registering one plugin socket failed. The text is what the status
 /// shows and what a plugin that fails validation is told.
 #[derive(Debug, thiserror::Error)]
@@ -187,7 +208,8 @@ pub async fn get_info(
     timeout: Duration,
 ) -> Result<(PluginInfo, RegistrationClient<Channel>)> {
     let channel = connect(socket, timeout).await?;
-    let mut client = RegistrationClient::new(channel);
+    let mut client =
+        RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_ANSWER);
     let mut req = tonic::Request::new(InfoRequest {});
     req.set_timeout(timeout);
     match tokio::time::timeout(timeout, client.get_info(req)).await {
@@ -201,7 +223,7 @@ pub async fn get_info(
 /// as the CSI spec requires (a node ID, a limit that is not negative).
 async fn node_get_info(name: &str, endpoint: &Path, timeout: Duration) -> Result<NodeInfo> {
     let failed = |reason: String| RegistrationError::NodeGetInfo {
-        name: name.to_string(),
+        name: cut_name(name),
         reason,
     };
     let channel = connect(endpoint, timeout)
@@ -284,7 +306,7 @@ pub fn validate(
 ) -> Result<(String, PathBuf, Vec<String>)> {
     if info.r#type != CSI_PLUGIN_TYPE {
         return Err(RegistrationError::UnknownType {
-            plugin_type: info.r#type.clone(),
+            plugin_type: cut_name(&info.r#type),
             socket: socket.to_path_buf(),
         });
     }
@@ -295,8 +317,11 @@ pub fn validate(
     }
     let highest = highest_supported_version(&info.supported_versions).ok_or_else(|| {
         RegistrationError::UnsupportedVersions {
-            name: info.name.clone(),
-            versions: info.supported_versions.clone(),
+            name: cut_name(&info.name),
+            versions: (info.supported_versions.iter())
+                .take(VERSIONS_IN_MESSAGE)
+                .map(|v| cut_name(v))
+                .collect(),
         }
     })?;
     let endpoint = if info.endpoint.is_empty() {
@@ -306,8 +331,8 @@ pub fn validate(
     };
     if !endpoint.is_absolute() {
         return Err(RegistrationError::RelativeEndpoint {
-            name: info.name.clone(),
-            endpoint: info.endpoint.clone(),
+            name: cut_name(&info.name),
+            endpoint: cut_name(&info.endpoint),
         });
     }
     if let Some(existing) = registry
@@ -318,7 +343,7 @@ pub fn validate(
         if let Some(old) = highest_supported_version(&existing.versions) {
             if old > highest {
                 return Err(RegistrationError::HigherVersionElsewhere {
-                    name: info.name.clone(),
+                    name: cut_name(&info.name),
                     existing: existing.endpoint,
                     version: old,
                 });
@@ -428,6 +453,97 @@ mod tests {
             &r
         )
         .is_ok());
+    }
+
+    /// A registration socket answering `GetInfo` with a name of `.0`
+    /// bytes.
+    #[derive(Clone)]
+    struct BigInfo(usize);
+
+    impl tonic::server::NamedService for BigInfo {
+        const NAME: &'static str = "pluginregistration.Registration";
+    }
+
+    impl tonic::server::UnaryService<InfoRequest> for BigInfo {
+        type Response = PluginInfo;
+        type Future =
+            std::future::Ready<std::result::Result<tonic::Response<PluginInfo>, tonic::Status>>;
+        fn call(&mut self, _: tonic::Request<InfoRequest>) -> Self::Future {
+            std::future::ready(Ok(tonic::Response::new(info(
+                CSI_PLUGIN_TYPE,
+                &"d".repeat(self.0),
+                "/p/csi.sock",
+                &["1.0.0"],
+            ))))
+        }
+    }
+
+    type Answer = tonic::codegen::http::Response<tonic::body::Body>;
+
+    impl tower::Service<tonic::codegen::http::Request<tonic::body::Body>> for BigInfo {
+        type Response = Answer;
+        type Error = std::convert::Infallible;
+        type Future = std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::result::Result<Answer, Self::Error>> + Send>,
+        >;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::result::Result<(), Self::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+            let me = self.clone();
+            Box::pin(async move {
+                let codec = tonic_prost::ProstCodec::<PluginInfo, InfoRequest>::default();
+                Ok(tonic::server::Grpc::new(codec).unary(me, req).await)
+            })
+        }
+    }
+
+    /// `GetInfo` of a socket answering a name of `len` bytes.
+    fn get_info_of(len: usize) -> Result<PluginInfo> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("reg.sock");
+        rt.block_on(async {
+            let l = tokio::net::UnixListener::bind(&sock).unwrap();
+            let incoming = tonic::codegen::tokio_stream::wrappers::UnixListenerStream::new(l);
+            let server = tonic::transport::Server::builder()
+                .add_service(BigInfo(len))
+                .serve_with_incoming(incoming);
+            tokio::spawn(server);
+            get_info(&sock, Duration::from_secs(30)).await.map(|r| r.0)
+        })
+    }
+
+    /// Before, `GetInfo` read answers up to tonic's default 4 MiB: a
+    /// plugin's 100 KiB name was taken (and went into every message).
+    #[test]
+    fn get_info_answers_are_bounded() {
+        assert_eq!(get_info_of(1000).unwrap().name.len(), 1000);
+        let got = get_info_of(100 << 10).map(|i| i.name.len());
+        assert!(matches!(got, Err(RegistrationError::GetInfo(_))), "{got:?}");
+    }
+
+    /// Names a plugin announced go into messages cut to 253 bytes.
+    #[test]
+    fn names_in_messages_are_cut() {
+        let r = DriverRegistry::new();
+        let sock = Path::new("/r/plugins_registry/d-reg.sock");
+        let long = "é".repeat(1000);
+        let e = validate(&info("CSIPlugin", &long, "rel", &["1.0.0"]), sock, &r).unwrap_err();
+        let RegistrationError::RelativeEndpoint { name, .. } = &e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(name.len(), 252);
+        assert!(e.to_string().len() < 400, "{e}");
+        let e = validate(&info(&long, "d", "/p", &["1.0.0"]), sock, &r).unwrap_err();
+        assert!(e.to_string().len() < 400, "{e}");
+        assert_eq!(cut_name("abc"), "abc");
     }
 
     #[test]

@@ -155,7 +155,7 @@ impl Populator {
             });
             if !pod.terminated {
                 let to_mount = PodToMount {
-                    outer_volume_spec_name: v.name,
+                    outer_volume_spec_names: vec![v.name],
                     spec,
                     fs_group: pod.fs_group,
                     fs_group_change_policy: pod.fs_group_change_policy,

@@ -30,6 +30,9 @@ impl Reconciler {
                 continue;
             }
             let Some(dv) = dsw.volume(v) else { continue };
+            if Self::selinux_mount_mismatch(v, dv, asw) {
+                continue;
+            }
             if self.attach_wait(v, dv, asw).is_some() {
                 continue;
             }
@@ -41,6 +44,28 @@ impl Reconciler {
                     .extend(self.pod_action(v, &dv.plugin_name, pod, p, asw));
             }
         }
+    }
+
+    /// The kubelet's SELinux check of `PodExistsInVolume` in
+    /// `mountOrAttachVolumes`: a volume mounted with another label than
+    /// its pods need is left alone (each such pod shows the kubelet's
+    /// `waiting for unmount of volume ...` error in status and
+    /// `WaitForAttachAndMount`); phase 4 unmounts its device once no pod
+    /// uses it, and the next pass mounts it with the new label.
+    fn selinux_mount_mismatch(
+        v: &UniqueVolumeName,
+        dv: &VolumeToMount,
+        asw: &ActualStateOfWorld,
+    ) -> bool {
+        let Some(have) = asw
+            .volume(v)
+            .and_then(|a| a.selinux_mount_context.as_deref())
+        else {
+            return false;
+        };
+        dv.pods
+            .values()
+            .any(|p| p.selinux_label.as_deref().unwrap_or("") != have)
     }
 
     /// What `pod`'s use `p` of `v` needs: a set-up (with the released

@@ -21,6 +21,11 @@
 //!   the pods' mounts of it with it (the actual state sees to that), so the
 //!   kubelet's order follows: the device mounted again (NodeStageVolume),
 //!   then each pod's mount set up again (NodePublishVolume).
+//! - The SELinux label a volume was mounted with (`context=`) is recovered
+//!   from its record (CSI: `vol_data.json`'s `seLinuxMountContext`, as the
+//!   kubelet's `ConstructVolumeSpec` reads it): a pod that needs another
+//!   label waits until the device is unmounted and mounted again with it.
+//!   A record without one (an older volmgr's) compares with nothing.
 //! - Every pod directory found is queued for the orphan check, which removes
 //!   it once the sources are populated if its pod is not desired and nothing
 //!   is mounted in it.
@@ -194,6 +199,9 @@ fn record(
         ),
         VolumeMountState::Uncertain => (None, spec.supports_selinux_relabel()),
     };
+    // The SELinux label it was mounted with, when its record tells (CSI's
+    // `vol_data.json`): a pod that needs another waits for it to go.
+    let label = crate::cache::selinux::mount_label(&spec).map(Arc::<str>::from);
     let mut asw = world.asw_mut();
     asw.mark_volume_as_attached(&volume_name, Arc::clone(plugin_name));
     asw.mark_volume_as_mounted(
@@ -207,6 +215,9 @@ fn record(
             selinux_relabel,
         },
     );
+    if let Some(l) = label {
+        asw.add_pod_selinux_mount_context(&volume_name, Some(&l));
+    }
 }
 
 /// Records the subPath bind mounts found in the mount table

@@ -1,5 +1,6 @@
 //! Phase 4 (the kubelet's `unmountDetachDevices`): unmount the devices of
-//! volumes no pod uses any more and forget them.
+//! volumes no pod uses any more (or that are mounted with an SELinux label
+//! no pod wants now) and forget them.
 
 use std::sync::Arc;
 
@@ -21,7 +22,16 @@ impl Reconciler {
         pass: &mut Pass,
     ) {
         for v in scope {
-            if dsw.volume_exists(v) || v.as_str().starts_with(POD_DIR_PREFIX) {
+            if v.as_str().starts_with(POD_DIR_PREFIX) {
+                continue;
+            }
+            // The kubelet's `VolumeExists(name, seLinuxMountContext)`: a
+            // device mounted with another label than the one now desired
+            // is unmounted once no pod uses it.
+            let context = asw
+                .volume(v)
+                .and_then(|av| av.selinux_mount_context.as_deref());
+            if dsw.volume_exists_with_selinux_context(v, context) {
                 continue;
             }
             match asw.volume(v) {
@@ -62,6 +72,18 @@ impl Reconciler {
             // A change of the actual state: waiters and cached answers
             // (`GetVolumesInUse`, `VolumeIsAttached`) see it.
             if forget.len() > before {
+                // A volume forgotten for its old SELinux label is wanted
+                // with the new one: the next pass mounts it.
+                let dsw = self.world.dsw();
+                let wanted: Vec<_> = forget[before..]
+                    .iter()
+                    .filter(|v| dsw.volume_exists(v))
+                    .cloned()
+                    .collect();
+                drop(dsw);
+                if !wanted.is_empty() {
+                    self.world.mark_dirty(wanted);
+                }
                 self.world.bump();
             }
         }

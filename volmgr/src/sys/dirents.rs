@@ -52,21 +52,25 @@ pub struct Batch {
 /// `getdents64` call).
 pub fn read_batch(dir: BorrowedFd<'_>) -> Result<Batch, Errno> {
     // u64 words keep the records 8-byte aligned, as the kernel writes them.
-    let mut buf = vec![0u64; BUF_BYTES / 8];
-    // SAFETY: the buffer is writable for BUF_BYTES bytes and the descriptor
-    // is borrowed for the call.
+    // Not zeroed first: the kernel writes what is read (zeroing 8 KiB for
+    // each directory was a tenth of a teardown's instructions).
+    let mut buf: Vec<u64> = Vec::with_capacity(BUF_BYTES / 8);
+    // SAFETY: the buffer's capacity is writable for BUF_BYTES bytes and the
+    // descriptor is borrowed for the call.
     let n = unsafe {
         libc::syscall(
             libc::SYS_getdents64,
             dir.as_raw_fd(),
-            buf.as_mut_ptr().cast::<libc::c_void>(),
+            buf.spare_capacity_mut().as_mut_ptr().cast::<libc::c_void>(),
             BUF_BYTES,
         )
     };
-    let n = usize::try_from(n).map_err(|_| Errno::last())?;
-    // SAFETY: the kernel wrote `n <= BUF_BYTES` bytes at the start of `buf`;
-    // viewing initialized u64 words as bytes is always valid.
-    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n.min(BUF_BYTES)) };
+    let n = usize::try_from(n)
+        .map_err(|_| Errno::last())?
+        .min(BUF_BYTES);
+    // SAFETY: the kernel initialized the first `n <= BUF_BYTES` bytes of the
+    // buffer's capacity; only those are viewed, as bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
     Ok(Batch {
         at_end: n + MAX_RECORD <= BUF_BYTES,
         entries: parse(bytes),

@@ -42,6 +42,22 @@ const fn jump_eq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
     }
 }
 
+/// `jge k`: to `jt` when the loaded word is at least `k`, else to `jf`.
+const fn jump_ge(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// x86_64's x32 ABI: its calls come with the x86_64 audit arch and their
+/// number with this bit set (`__X32_SYSCALL_BIT`), so a filter of plain
+/// numbers would let `unlink | X32_BIT` through on kernels with x32 on.
+#[cfg(target_arch = "x86_64")]
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
 /// The system calls an older kernel lacks, by the numbers shared by every
 /// architecture since their tables were unified (all are 424 or later):
 /// `open_tree`, `move_mount`, `fsopen`, `fsconfig`, `fsmount`, `fspick`
@@ -57,7 +73,7 @@ pub fn emulate_older_kernel() -> nix::Result<()> {
 }
 
 /// The most system calls [`fail_with_enosys`] takes.
-const MAX_FILTERED: usize = 16;
+const MAX_FILTERED: usize = 32;
 
 /// Installs, for the calling thread and every process it starts, a filter
 /// under which the system calls numbered `nrs` (of the native ABI) fail with
@@ -65,7 +81,7 @@ const MAX_FILTERED: usize = 16;
 /// ABI is let through untouched). Sets `PR_SET_NO_NEW_PRIVS` first. Only
 /// async-signal-safe system calls are made and nothing is allocated, so this
 /// may run in a `Command::pre_exec` hook. Fails with `ENOTSUP` on an
-/// architecture it does not know, `EINVAL` with more than 16 calls.
+/// architecture it does not know, `EINVAL` with more than 32 calls.
 pub fn fail_with_enosys(nrs: &[u32]) -> nix::Result<()> {
     let Some(arch) = AUDIT_ARCH else {
         return Err(Errno::ENOTSUP);
@@ -76,7 +92,7 @@ pub fn fail_with_enosys(nrs: &[u32]) -> nix::Result<()> {
     let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
     let ret = libc::BPF_RET | libc::BPF_K;
     let allow = stmt(ret, libc::SECCOMP_RET_ALLOW);
-    let mut filter = [allow; MAX_FILTERED + 6];
+    let mut filter = [allow; MAX_FILTERED + 7];
     filter[0] = stmt(load, DATA_ARCH);
     // Another ABI's numbers mean other calls: allow.
     filter[1] = jump_eq(arch, 1, 0);
@@ -84,6 +100,13 @@ pub fn fail_with_enosys(nrs: &[u32]) -> nix::Result<()> {
     filter[3] = stmt(load, DATA_NR);
     let mut len = 4;
     let n = nrs.len();
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Every x32 call fails: over the tests and the "allow" to ENOSYS.
+        let skip = u8::try_from(n + 1).map_err(|_| Errno::EINVAL)?;
+        filter[len] = jump_ge(X32_SYSCALL_BIT, skip, 0);
+        len += 1;
+    }
     for (i, nr) in nrs.iter().enumerate() {
         // Matched: jump over the remaining tests and the "allow" to the
         // ENOSYS return.

@@ -694,8 +694,30 @@ impl VolumeManager {
     }
 
     /// The kubelet's `GetPossiblyMountedVolumesForPod`: mounted or uncertain.
+    /// A volume the pod names twice (two volumes naming the same claim) is
+    /// listed under each of its names (the desired state's
+    /// `outerVolumeSpecNames`), with the one mount.
     pub fn possibly_mounted_volumes_for_pod(&self, uid: &PodUid) -> Vec<MountedVolume> {
+        // The desired state's lock before the actual state's.
+        let dsw = self.world.dsw();
         let mut v = self.world.asw().all_mounts_of_pod(uid);
+        let mut more = Vec::new();
+        for m in &v {
+            let Some(p) = dsw.volume(&m.volume_name).and_then(|d| d.pods.get(uid)) else {
+                continue;
+            };
+            more.extend(
+                p.outer_volume_spec_names
+                    .iter()
+                    .filter(|n| **n != m.outer_volume_spec_name)
+                    .map(|n| MountedVolume {
+                        outer_volume_spec_name: n.clone(),
+                        ..m.clone()
+                    }),
+            );
+        }
+        drop(dsw);
+        v.extend(more);
         v.sort_by(|a, b| a.outer_volume_spec_name.cmp(&b.outer_volume_spec_name));
         v
     }

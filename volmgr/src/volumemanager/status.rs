@@ -129,17 +129,18 @@ impl VolumeManager {
                     st
                 })
                 .collect();
-            // Volumes kept as they were since they no longer resolve (the
-            // kubelet's pod errors).
+            // Volumes kept as they were since they no longer resolve, and
+            // volumes mounted with another SELinux label (the kubelet's pod
+            // errors).
             let errors: Vec<String> = entry
                 .volumes
                 .iter()
                 .filter_map(|v| {
-                    Some(format!(
-                        "volume {}: {}",
-                        v.outer_name,
-                        v.resolution.kept_error()?
-                    ))
+                    let e = v.resolution.kept_error().map(str::to_string).or_else(|| {
+                        let name = v.resolution.name()?;
+                        super::wait::selinux_mount_mismatch(&dsw, &asw, name, uid)
+                    })?;
+                    Some(format!("volume {}: {e}", v.outer_name))
                 })
                 .collect();
             pods.push(PodStatus {
@@ -306,8 +307,8 @@ impl VolumeManager {
             state: state.into(),
             path: mount.map(|m| m.path.display().to_string()),
             attempts,
-            error: rec
-                .and_then(|r| r.last_error)
+            error: super::wait::selinux_mount_mismatch(dsw, asw, name, uid)
+                .or_else(|| rec.and_then(|r| r.last_error))
                 .or_else(|| self.volume_wait_error(name, dsw, asw)),
             out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
             last_out_of_band: oob.map(|o| o.1),
@@ -363,13 +364,32 @@ impl VolumeManager {
             .iter()
             .filter(|s| asw.sub_path_prepared(volume, uid, &s.container, s.index))
             .filter_map(|s| {
-                let rel = subpath::sub_path_rel(uid, &p.outer_volume_spec_name, s).ok()?;
+                let rel = subpath::sub_path_rel(uid, &p.spec.name, s).ok()?;
                 Some(SubPathStatus {
                     container: s.container.clone(),
                     index: s.index,
                     sub_path: s.path.clone(),
                     path: self.root.abs(&rel).display().to_string(),
                 })
+            })
+            .collect()
+    }
+
+    /// Per desired volume of `uid`, its names in the pod (the desired
+    /// state's `outerVolumeSpecNames`: more than one when several volumes
+    /// of the pod name the same claim), for the C ABI's volume lists.
+    pub fn outer_names_of_pod(&self, uid: &PodUid) -> HashMap<UniqueVolumeName, Vec<String>> {
+        let dsw = self.world.dsw();
+        let Some(entry) = dsw.pod(uid) else {
+            return HashMap::new();
+        };
+        entry
+            .volumes
+            .iter()
+            .filter_map(|v| v.resolution.name())
+            .filter_map(|name| {
+                let p = dsw.volume(name)?.pods.get(uid)?;
+                Some((name.clone(), p.outer_volume_spec_names.clone()))
             })
             .collect()
     }

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{VolumeManager, WaitError};
-use crate::cache::actual_state_of_world::{DeviceMountState, VolumeMountState};
-use crate::cache::desired_state_of_world::Unresolved;
+use crate::cache::actual_state_of_world::{ActualStateOfWorld, DeviceMountState, VolumeMountState};
+use crate::cache::desired_state_of_world::{DesiredStateOfWorld, Unresolved};
 use crate::volume::{PodUid, UniqueVolumeName};
 
 /// Shortest pause between two convergence checks of a waiter.
@@ -33,6 +33,20 @@ struct VolumeLists {
     lists: PodVolumeLists,
     pod_errors: Vec<String>,
     limit_errors: Vec<String>,
+}
+
+/// The kubelet's `seLinuxMountMismatchError` of `uid`'s use of the volume
+/// `name`, when the volume is mounted with another SELinux label than the
+/// pod needs (see [`ActualStateOfWorld::selinux_mount_mismatch`]).
+pub(super) fn selinux_mount_mismatch(
+    dsw: &DesiredStateOfWorld,
+    asw: &ActualStateOfWorld,
+    name: &UniqueVolumeName,
+    uid: &PodUid,
+) -> Option<String> {
+    let p = dsw.volume(name)?.pods.get(uid)?;
+    asw.selinux_mount_mismatch(name, p.selinux_label.as_deref())
+        .map(|e| e.to_string())
 }
 
 impl PodVolumeLists {
@@ -125,6 +139,10 @@ impl VolumeManager {
                 .is_none_or(|m| m.state != VolumeMountState::Mounted)
             {
                 out.lists.unmounted.push(v.outer_name.clone());
+                // The kubelet's `AddErrorToPod` of a volume mounted with
+                // another SELinux label.
+                out.pod_errors
+                    .extend(selinux_mount_mismatch(&dsw, &asw, name, uid));
             }
             let attachable = dsw.volume(name).is_some_and(|dv| {
                 dv.pods.get(uid).is_some_and(|p| {
@@ -342,10 +360,12 @@ impl VolumeManager {
                 Some(name) => match asw.pod_mount(name, uid) {
                     Some(m) if m.state == VolumeMountState::Mounted => None,
                     _ => {
-                        let err = self
-                            .executor
-                            .record(name, Some(uid))
-                            .and_then(|r| r.last_error)
+                        let err = selinux_mount_mismatch(&dsw, &asw, name, uid)
+                            .or_else(|| {
+                                self.executor
+                                    .record(name, Some(uid))
+                                    .and_then(|r| r.last_error)
+                            })
                             .or_else(|| self.device_error(name));
                         Some(match err {
                             Some(e) => format!("{} (error: {e})", v.outer_name),

@@ -80,7 +80,7 @@ pub async fn mount_device(
                     .map(|(uid, p)| {
                         (
                             uid.clone(),
-                            p.outer_volume_spec_name.clone(),
+                            p.outer_volume_spec_name().to_string(),
                             p.spec.is_block(),
                         )
                     })

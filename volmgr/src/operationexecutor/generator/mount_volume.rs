@@ -152,5 +152,6 @@ pub(super) fn record_mount(
                 selinux_relabel,
             },
         );
+        asw.add_pod_selinux_mount_context(volume, crate::cache::selinux::mount_label(spec));
     }
 }

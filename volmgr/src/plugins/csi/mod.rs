@@ -271,6 +271,7 @@ impl CsiPlugin {
         data.insert(key::LIFECYCLE_MODE, lifecycle.to_string());
         data.insert(key::OUTER_NAME, spec.name.clone());
         data.insert(key::READ_ONLY, src.read_only.to_string());
+        vol_data::insert_selinux_label(&mut data, src, self.selinux);
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)
     }
 
@@ -832,7 +833,7 @@ impl VolumePlugin for CsiPlugin {
             .get(key::OUTER_NAME)
             .cloned()
             .unwrap_or_else(|| spec_vol_id.clone());
-        let src = CsiVolumeSource {
+        let mut src = CsiVolumeSource {
             ephemeral,
             pv_name: (!ephemeral).then_some(spec_vol_id),
             read_only: data.get(key::READ_ONLY).map(String::as_str) == Some("true"),
@@ -842,6 +843,7 @@ impl VolumePlugin for CsiPlugin {
                 CsiVolumeMode::Filesystem,
             )
         };
+        vol_data::recorded_selinux_label(&mut src, &data);
         let mount = dir.join("mount")?;
         let spec = VolumeSpec {
             name: outer,

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 
 use super::errors::{classify, CsiOp};
 use super::layout::{global_map_path, handle_hash, stage_layout, CSI_DIR, VOLUME_DEVICES};
-use super::vol_data::{key, read_vol_data, reconstructed_source, StagedRecord};
+use super::vol_data::{
+    insert_selinux_label, key, read_vol_data, reconstructed_source, recorded_selinux_label,
+    StagedRecord,
+};
 use super::{
     capability, context, fs_group, path_string, secrets, source, spec_vol_id, CsiPlugin,
     PLUGIN_NAME, STAGED_FILE, VOL_DATA_FILE,
@@ -105,6 +108,7 @@ impl CsiPlugin {
         if src.volume_mode == CsiVolumeMode::Block {
             data.insert(key::VOLUME_MODE, "Block".into());
         }
+        insert_selinux_label(&mut data, src, self.selinux);
         let stages = caps.stage_unstage;
         self.write_vol_data(&layout.data_dir.join(VOL_DATA_FILE)?, &data)?;
         // Staged before (NodeStage is idempotent): it may be mounted.
@@ -310,12 +314,14 @@ fn staged_spec(data: &BTreeMap<String, String>, driver: &str, handle: &str) -> V
     } else {
         CsiVolumeMode::Filesystem
     };
+    let mut src = CsiVolumeSource {
+        pv_name: Some(spec_vol_id.clone()),
+        ..reconstructed_source(driver.to_string(), handle.to_string(), volume_mode)
+    };
+    recorded_selinux_label(&mut src, data);
     VolumeSpec {
-        name: spec_vol_id.clone(),
-        source: VolumeSource::Csi(Box::new(CsiVolumeSource {
-            pv_name: Some(spec_vol_id),
-            ..reconstructed_source(driver.to_string(), handle.to_string(), volume_mode)
-        })),
+        name: spec_vol_id,
+        source: VolumeSource::Csi(Box::new(src)),
     }
 }
 
@@ -348,6 +354,23 @@ mod tests {
             at.display()
         ))
         .unwrap()
+    }
+
+    /// A stage's `vol_data.json` with the kubelet's `seLinuxMountContext`
+    /// gives the reconstructed spec the label it was staged with (the
+    /// actual state's device context at start-up); one without, none.
+    #[test]
+    fn a_stage_found_on_disk_keeps_its_selinux_label() {
+        let label = "system_u:object_r:container_file_t:s0:c1,c2";
+        let mut data = BTreeMap::new();
+        data.insert("specVolID".to_string(), "pv-1".to_string());
+        let label_of = |data: &BTreeMap<String, String>| {
+            let spec = staged_spec(data, "d", "h");
+            crate::cache::selinux::mount_label(&spec).map(str::to_string)
+        };
+        assert_eq!(label_of(&data), None);
+        data.insert("seLinuxMountContext".to_string(), label.to_string());
+        assert_eq!(label_of(&data).as_deref(), Some(label));
     }
 
     /// The staged and published records are claims: complete only when the

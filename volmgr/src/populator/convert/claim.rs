@@ -59,22 +59,18 @@ pub(super) fn persistent_volume_claim(
         return super::local_pv::local_source(&pv_name, spec, local, read_only, mode, objects)
             .map(VolumeSource::Local);
     }
+    if spec.host_path.is_some() || spec.nfs.is_some() {
+        check_node_affinity(&pv_name, spec, objects, false)?;
+    }
     if let Some(hp) = &spec.host_path {
-        // The kubelet's hostPath plugin serves PersistentVolumes too
-        // (local-path-provisioner, kind and minikube make them): the same
-        // path and type checks as an inline hostPath; no block mode.
-        if volume_mode(&pv_name, spec, usage)? == CsiVolumeMode::Block {
-            return Err(VolumeSpecError::Unsupported(format!(
-                "PersistentVolume {pv_name}: a hostPath volume has no block mode"
-            )));
-        }
-        return super::host_path::host_path_source(hp);
+        return host_path_pv(&pv_name, spec, hp, usage);
     }
     if let Some(nfs) = &spec.nfs {
         return nfs_source(&pv_name, spec, nfs, src.read_only.unwrap_or(false), usage);
     }
     let (spec, migrated_from) = migrate(&pv, &pv_name, spec)?;
     let spec = spec.as_ref();
+    check_node_affinity(&pv_name, spec, objects, migrated_from.is_some())?;
     let csi = csi_spec(&pv, &pv_name, spec)?;
     let volume_mode = volume_mode(&pv_name, spec, usage)?;
     let secret =
@@ -136,9 +132,27 @@ fn nfs_source(
     })
 }
 
+/// A hostPath PersistentVolume: the kubelet's hostPath plugin serves them
+/// too (local-path-provisioner, kind and minikube make them), with the same
+/// path and type checks as an inline hostPath; no block mode.
+fn host_path_pv(
+    pv_name: &str,
+    spec: &PersistentVolumeSpec,
+    hp: &k8s_openapi::api::core::v1::HostPathVolumeSource,
+    usage: Usage,
+) -> Result<VolumeSource, VolumeSpecError> {
+    if volume_mode(pv_name, spec, usage)? == CsiVolumeMode::Block {
+        return Err(VolumeSpecError::Unsupported(format!(
+            "PersistentVolume {pv_name}: a hostPath volume has no block mode"
+        )));
+    }
+    super::host_path::host_path_source(hp)
+}
+
 /// CSI migration (the kubelet's `TranslateInTreePVToCSI`): the spec of an
-/// in-tree cloud PersistentVolume with its CSI source (and access modes) in
-/// place, and the in-tree plugin it came from; any other spec unchanged.
+/// in-tree cloud PersistentVolume with its CSI source, access modes and
+/// node affinity (topology) in place, and the in-tree plugin it came from;
+/// any other spec unchanged.
 fn migrate<'a>(
     pv: &PersistentVolume,
     pv_name: &str,
@@ -150,17 +164,92 @@ fn migrate<'a>(
     let migrated = super::migration::translate_pv(pv)
         .transpose()
         .map_err(|e| invalid(format!("PersistentVolume {pv_name}: CSI migration: {e}")))?;
-    Ok(match migrated {
-        Some(m) => {
-            let translated = PersistentVolumeSpec {
-                csi: Some(m.csi),
-                access_modes: m.access_modes,
-                ..spec.clone()
-            };
-            (std::borrow::Cow::Owned(translated), Some(m.in_tree_plugin))
-        }
-        None => (std::borrow::Cow::Borrowed(spec), None),
-    })
+    let Some(m) = migrated else {
+        return Ok((std::borrow::Cow::Borrowed(spec), None));
+    };
+    let translated = PersistentVolumeSpec {
+        csi: Some(m.csi),
+        access_modes: m.access_modes,
+        node_affinity: m.node_affinity,
+        ..spec.clone()
+    };
+    Ok((std::borrow::Cow::Owned(translated), Some(m.in_tree_plugin)))
+}
+
+/// The kubelet's `checkNodeAffinity` before `MountVolume` and `MapVolume`
+/// of any PersistentVolume (a local one is checked as it is resolved): its
+/// node affinity (as CSI migration translated it, for a `migrated` one)
+/// must match the node's labels, when the Node is known. Missing, not
+/// invalid: the label may come (a CSI driver's topology label is set when
+/// it registers), and the Node is followed; the kubelet retries the mount
+/// too. The text does not start with "PersistentVolume": that would make
+/// it a pod error.
+fn check_node_affinity(
+    pv_name: &str,
+    spec: &PersistentVolumeSpec,
+    objects: &ObjectStore,
+    migrated: bool,
+) -> Result<(), VolumeSpecError> {
+    let Some(node) = objects.node() else {
+        return Ok(());
+    };
+    let affinity = spec.node_affinity.as_ref();
+    if super::local_pv::affinity_matches(affinity, &node) {
+        return Ok(());
+    }
+    Err(VolumeSpecError::Missing(format!(
+        "MountVolume.NodeAffinity check failed for volume {pv_name:?}: its node affinity{} ({}) does not match node {:?} ({}): no matching NodeSelectorTerms",
+        if migrated { " as CSI migration translated it" } else { "" },
+        describe_affinity(affinity),
+        node.metadata.name.as_deref().unwrap_or(""),
+        describe_node_labels(affinity, &node),
+    )))
+}
+
+/// `key In ["v"], …` per term, terms joined by ` or ` (escaped).
+fn describe_affinity(affinity: Option<&k8s_openapi::api::core::v1::VolumeNodeAffinity>) -> String {
+    let terms = affinity
+        .and_then(|a| a.required.as_ref())
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    let term = |t: &k8s_openapi::api::core::v1::NodeSelectorTerm| {
+        let reqs = t.match_expressions.iter().chain(t.match_fields.iter());
+        let reqs: Vec<String> = reqs
+            .flatten()
+            .map(|r| {
+                let values = r.values.as_deref().unwrap_or_default();
+                format!(
+                    "{} {} {values:?}",
+                    r.key.escape_debug(),
+                    r.operator.escape_debug()
+                )
+            })
+            .collect();
+        reqs.join(", ")
+    };
+    terms.iter().map(term).collect::<Vec<_>>().join(" or ")
+}
+
+/// The node's labels of the keys the affinity names: `key="value"` or
+/// `key unset` (escaped).
+fn describe_node_labels(
+    affinity: Option<&k8s_openapi::api::core::v1::VolumeNodeAffinity>,
+    node: &k8s_openapi::api::core::v1::Node,
+) -> String {
+    let keys: std::collections::BTreeSet<&str> = affinity
+        .and_then(|a| a.required.as_ref())
+        .into_iter()
+        .flat_map(|r| r.node_selector_terms.iter())
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .map(|r| r.key.as_str())
+        .collect();
+    let labels = node.metadata.labels.as_ref();
+    let show = |k: &str| match labels.and_then(|l| l.get(k)) {
+        Some(v) => format!("{}={v:?}", k.escape_debug()),
+        None => format!("{} unset", k.escape_debug()),
+    };
+    let shown: Vec<String> = keys.into_iter().map(show).collect();
+    format!("labels {}", shown.join(", "))
 }
 
 /// The PersistentVolume's `pv.beta.kubernetes.io/gid` annotation as an

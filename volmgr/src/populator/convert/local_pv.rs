@@ -10,7 +10,7 @@ use std::path::{Component, Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{
     LocalVolumeSource as ApiLocal, Node, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeSpec,
+    PersistentVolumeSpec, VolumeNodeAffinity,
 };
 
 use super::{invalid, VolumeSpecError};
@@ -71,21 +71,25 @@ fn check_node_affinity(
     spec: &PersistentVolumeSpec,
     node: &Node,
 ) -> Result<(), VolumeSpecError> {
-    let Some(required) = spec
-        .node_affinity
-        .as_ref()
-        .and_then(|a| a.required.as_ref())
-    else {
-        return Ok(());
-    };
-    let terms = &required.node_selector_terms;
-    if terms.iter().any(|t| term_matches(t, node)) {
+    if affinity_matches(spec.node_affinity.as_ref(), node) {
         return Ok(());
     }
     Err(invalid(format!(
         "PersistentVolume {pv_name}: its node affinity does not match node {:?} (no matching nodeSelectorTerms)",
         node.metadata.name.as_deref().unwrap_or("")
     )))
+}
+
+/// Whether a PV's `nodeAffinity.required` matches the node (storage
+/// helpers' `CheckNodeAffinity`): some term matches; no affinity matches.
+pub(super) fn affinity_matches(affinity: Option<&VolumeNodeAffinity>, node: &Node) -> bool {
+    let Some(required) = affinity.and_then(|a| a.required.as_ref()) else {
+        return true;
+    };
+    required
+        .node_selector_terms
+        .iter()
+        .any(|t| term_matches(t, node))
 }
 
 /// A term matches when all its requirements do; an empty term matches

@@ -7,13 +7,24 @@
 //! exactly as a CSI PersistentVolume: its unique name, staging path and
 //! VolumeAttachment name follow from the translated driver and handle.
 //!
-//! Topology (`nodeAffinity`) is not translated: nothing on the node reads it.
+//! A PersistentVolume's topology is translated too (`topology.rs`): its
+//! zone in `nodeAffinity` (or its zone label, a regional GCE disk's zones
+//! `__`-separated) becomes the driver's CSI topology key
+//! (`topology.ebs.csi.aws.com/zone`, `topology.gke.io/zone`,
+//! `topology.cinder.csi.openstack.org/zone`, vSphere's
+//! `topology.csi.vmware.com/zone` and `/region`), the beta region key the
+//! GA one; Azure Disk, Azure File and Portworx PVs keep their affinity, as
+//! csi-translation-lib leaves it. The kubelet checks the translated affinity
+//! against the node's labels before mounting (`checkNodeAffinity`), and so
+//! does `claim.rs`.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, SecretReference, Volume,
+    CSIPersistentVolumeSource, PersistentVolume, SecretReference, Volume, VolumeNodeAffinity,
 };
+
+use topology::Topology;
 
 /// An in-tree source translated to CSI.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +36,9 @@ pub(crate) struct Migrated {
     /// The translated PersistentVolume's `spec.accessModes` (`None`: as the
     /// PersistentVolume has them).
     pub(crate) access_modes: Option<Vec<String>>,
+    /// The translated PersistentVolume's `spec.nodeAffinity` (`None` for
+    /// an inline volume, which has none).
+    pub(crate) node_affinity: Option<VolumeNodeAffinity>,
 }
 
 /// Why an in-tree source cannot be translated (csi-translation-lib's
@@ -52,8 +66,10 @@ pub(crate) enum TranslateError {
     AzureFileSecretNamespace,
 }
 
-/// The in-tree plugins the kubelet migrates: (plugin, CSI driver).
-pub(crate) const MIGRATED_PLUGINS: [(&str, &str); 7] = [
+/// The in-tree plugins the kubelet migrates: (plugin, CSI driver). All
+/// seven are migrated unconditionally in Kubernetes 1.37 (the kubelet's
+/// `migratedPlugins` in `pkg/volume/csi/csi_plugin.go`).
+pub const MIGRATED_PLUGINS: [(&str, &str); 7] = [
     ("kubernetes.io/aws-ebs", "ebs.csi.aws.com"),
     ("kubernetes.io/gce-pd", "pd.csi.storage.gke.io"),
     ("kubernetes.io/azure-disk", "disk.csi.azure.com"),
@@ -98,6 +114,7 @@ pub(crate) fn translate_pv(pv: &PersistentVolume) -> Option<Result<Migrated, Tra
     let migrated = |plugin, r: Result<CSIPersistentVolumeSource, TranslateError>, modes| {
         r.map(|csi| Migrated {
             in_tree_plugin: plugin,
+            node_affinity: topology::translate(pv, topology_of(plugin)),
             csi,
             access_modes: modes,
         })
@@ -201,7 +218,19 @@ pub(crate) fn translate_inline(
         in_tree_plugin: plugin,
         csi,
         access_modes,
+        node_affinity: None,
     }))
+}
+
+/// How csi-translation-lib translates the topology of `plugin`'s PVs.
+fn topology_of(plugin: &str) -> Topology {
+    match plugin {
+        "kubernetes.io/aws-ebs" => Topology::Zone("topology.ebs.csi.aws.com/zone"),
+        "kubernetes.io/gce-pd" => Topology::Zone("topology.gke.io/zone"),
+        "kubernetes.io/cinder" => Topology::Zone("topology.cinder.csi.openstack.org/zone"),
+        "kubernetes.io/vsphere-volume" => Topology::VSphere,
+        _ => Topology::Kept,
+    }
 }
 
 /// Whether `v` is an inline volume of a migrated in-tree plugin.
@@ -444,6 +473,9 @@ fn portworx_pv_csi(
     c.node_expand_secret_ref = secret;
     c
 }
+
+#[path = "migration/topology.rs"]
+mod topology;
 
 #[cfg(test)]
 #[path = "migration/tests.rs"]

@@ -8,7 +8,7 @@ pub(crate) mod claim;
 pub mod csi_driver;
 pub(crate) mod host_path;
 pub(crate) mod local_pv;
-pub(crate) mod migration;
+pub mod migration;
 pub mod payload;
 pub mod pod;
 pub(crate) mod selinux;

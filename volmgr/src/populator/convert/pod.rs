@@ -132,6 +132,7 @@ impl DesiredPod {
                 return Err(reject(format!("duplicate volume name {:?}", v.name)));
             }
         }
+        super::selinux::check_options(pod).map_err(|e| reject(e.to_string()))?;
         let ctx = ResolveContext {
             pod,
             uid: &uid,

@@ -83,6 +83,76 @@ pub(super) fn volume_selinux(
     out
 }
 
+/// Longest field of an SELinux context volmgr accepts (the kernel's
+/// contexts are short; this bounds what goes into mount options).
+const MAX_FIELD: usize = 255;
+
+/// A field of a pod's `seLinuxOptions` that cannot be part of an SELinux
+/// context: it would reach the `context="..."` mount option of the pod's
+/// volumes, where a `"` or `,` could end the option and add others.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{at}.seLinuxOptions.{field}: {value:?} is not an SELinux context field (letters, digits and `_.:,-` only, at most 255 bytes)")]
+pub struct SeLinuxOptionsError {
+    /// `spec.securityContext` or `spec.containers[NAME].securityContext`.
+    pub at: String,
+    /// `user`, `role`, `type` or `level`.
+    pub field: &'static str,
+    /// The value, cut to [`MAX_FIELD`] bytes at most.
+    pub value: String,
+}
+
+/// Checks every `seLinuxOptions` of `pod` (the pod's and each container's,
+/// init and ephemeral ones included): each field made of the characters
+/// SELinux users, roles, types and MLS/MCS levels are made of (`s0-s0:c0.c1023`,
+/// `system_u`, `container_t`) and at most [`MAX_FIELD`] bytes.
+pub(super) fn check_options(pod: &Pod) -> Result<(), SeLinuxOptionsError> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(());
+    };
+    let pod_level = spec
+        .security_context
+        .as_ref()
+        .and_then(|s| s.se_linux_options.as_ref())
+        .map(|o| ("spec.securityContext".to_string(), o));
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .filter_map(|c| own(c.security_context.as_ref()).map(|o| (c.name.as_str(), o)));
+    let ephemeral = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .filter_map(|c| own(c.security_context.as_ref()).map(|o| (c.name.as_str(), o)));
+    let named = containers
+        .chain(ephemeral)
+        .map(|(n, o)| (format!("spec.containers[{n:?}].securityContext"), o));
+    for (at, o) in pod_level.into_iter().chain(named) {
+        let fields = [
+            ("user", &o.user),
+            ("role", &o.role),
+            ("type", &o.type_),
+            ("level", &o.level),
+        ];
+        for (field, value) in fields {
+            let Some(v) = value.as_deref() else { continue };
+            let ok = v.len() <= MAX_FIELD
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.:,-".contains(&b));
+            if !ok {
+                let cut = v.char_indices().take_while(|(i, _)| *i < MAX_FIELD).count();
+                return Err(SeLinuxOptionsError {
+                    at,
+                    field,
+                    value: v.chars().take(cut).collect(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A container's own `seLinuxOptions`.
 fn own(sc: Option<&k8s_openapi::api::core::v1::SecurityContext>) -> Option<&SELinuxOptions> {
     sc.and_then(|s| s.se_linux_options.as_ref())
@@ -143,6 +213,45 @@ mod tests {
 
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+    }
+
+    /// A level that would close the `context="..."` mount option and add
+    /// others (`nosuid` off, say) is refused, naming where; the contexts
+    /// SELinux hosts use pass. Before, it went into the CSI mount flags
+    /// as it was.
+    #[test]
+    fn options_that_would_escape_the_mount_option_are_refused() {
+        for level in ["s0:c1,c2", "s0-s0:c0.c1023", "s0"] {
+            let p = pod(
+                json!({"securityContext": {"seLinuxOptions": {"level": level, "user": "system_u"}},
+                "containers": [c("a", "v", None)]}),
+            );
+            assert_eq!(check_options(&p), Ok(()), "{level}");
+        }
+        let p =
+            pod(json!({"containers": [c("a", "v", Some(json!({"level": "s0\",dev,suid,x=\""})))]}));
+        let e = check_options(&p).unwrap_err();
+        assert_eq!(e.at, "spec.containers[\"a\"].securityContext");
+        assert_eq!(e.field, "level");
+        assert!(
+            e.to_string().contains("is not an SELinux context field"),
+            "{e}"
+        );
+        let long = "s".repeat(300);
+        let p = pod(
+            json!({"securityContext": {"seLinuxOptions": {"type": long}},
+            "containers": [c("a", "v", None)]}),
+        );
+        let e = check_options(&p).unwrap_err();
+        assert_eq!((e.field, e.value.len()), ("type", 255));
+        // And the pod is rejected as a whole, with that reason.
+        let mut p = pod(
+            json!({"containers": [c("a", "v", Some(json!({"user": "u u"})))],
+            "volumes": [{"name": "v", "emptyDir": {}}]}),
+        );
+        p.metadata.uid = Some("00000000-0000-0000-0000-0000000000dd".into());
+        let r = crate::populator::convert::pod::DesiredPod::from_pod(&p).unwrap_err();
+        assert!(r.reason.contains("seLinuxOptions.user"), "{}", r.reason);
     }
 
     fn c(name: &str, volume: &str, options: Option<serde_json::Value>) -> serde_json::Value {

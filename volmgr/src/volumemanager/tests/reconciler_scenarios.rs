@@ -83,6 +83,15 @@ struct ScriptedPlugin {
     remount: AtomicBool,
     unstaging: Notify,
     resume: Notify,
+    /// What a restart finds on disk (as CSI's `vol_data.json` tells it):
+    /// the volume staged with this spec, published for these pods.
+    on_disk: StdMutex<Option<(VolumeSpec, Vec<String>)>>,
+}
+
+/// ` context="<label>"` of a spec mounted with an SELinux label (the mount
+/// flag CSI gives the driver), or nothing.
+fn context_flag(label: Option<&str>) -> String {
+    label.map_or_else(String::new, |l| format!(" context={l:?}"))
 }
 
 impl ScriptedPlugin {
@@ -96,6 +105,7 @@ impl ScriptedPlugin {
             remount: AtomicBool::new(false),
             unstaging: Notify::new(),
             resume: Notify::new(),
+            on_disk: StdMutex::default(),
         }
     }
     fn calls(&self) -> Vec<String> {
@@ -121,11 +131,18 @@ impl VolumePlugin for ScriptedPlugin {
             _ => false,
         }
     }
+    /// Named after the `nfs` volume's JSON `name` (a pod's two volumes of
+    /// one `nfs()` are one volume, as two of one claim), else the spec's.
     fn unique_volume_name(&self, _pod: &PodUid, spec: &VolumeSpec) -> UniqueVolumeName {
-        UniqueVolumeName::new(format!("fake/scripted/{}", spec.name))
+        let name = match &spec.source {
+            VolumeSource::Other { spec: json, .. } => json["name"].as_str(),
+            _ => None,
+        };
+        UniqueVolumeName::new(format!("fake/scripted/{}", name.unwrap_or(&spec.name)))
     }
     async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
-        self.log(format!("publish {}", req.pod_uid));
+        let flag = context_flag(crate::cache::selinux::mount_label(&req.spec));
+        self.log(format!("publish {}{flag}", req.pod_uid));
         let scripted = self.publish_pod.lock().unwrap().clone();
         let o = match scripted {
             Some(p) if p != req.pod_uid.as_str() => Outcome::Ok,
@@ -146,6 +163,24 @@ impl VolumePlugin for ScriptedPlugin {
     fn device_mountable(&self) -> Option<&dyn DeviceMountableVolumePlugin> {
         Some(self)
     }
+    fn volumes_dir_name(&self) -> Option<String> {
+        Some("fake~scripted".into())
+    }
+    fn reconstruct(
+        &self,
+        pod: &PodUid,
+        _: &str,
+        _: &crate::sys::mount_table::MountTable,
+    ) -> Result<Option<crate::plugins::ReconstructedVolume>, VolumeError> {
+        let disk = self.on_disk.lock().unwrap().clone();
+        Ok(disk
+            .filter(|(_, pods)| pods.iter().any(|p| p == pod.as_str()))
+            .map(|(spec, _)| crate::plugins::ReconstructedVolume {
+                spec,
+                path: PathBuf::from(format!("/fake/{pod}")),
+                complete: true,
+            }))
+    }
 }
 
 #[async_trait::async_trait]
@@ -156,8 +191,9 @@ impl DeviceMountableVolumePlugin for ScriptedPlugin {
     fn device_mount_path(&self, _: &VolumeSpec) -> Result<PathBuf, VolumeError> {
         Ok("/fake/global".into())
     }
-    async fn mount_device(&self, _: DeviceMountRequest) -> Result<PathBuf, VolumeError> {
-        self.log("stage".into());
+    async fn mount_device(&self, req: DeviceMountRequest) -> Result<PathBuf, VolumeError> {
+        let flag = context_flag(crate::cache::selinux::mount_label(&req.spec));
+        self.log(format!("stage{flag}"));
         let o = self.stage.lock().unwrap().take();
         result(o, PathBuf::from("/fake/global"))
     }
@@ -169,6 +205,23 @@ impl DeviceMountableVolumePlugin for ScriptedPlugin {
         }
         self.log("unstage".into());
         Ok(())
+    }
+    fn reconstruct_devices(
+        &self,
+        _: &crate::sys::mount_table::MountTable,
+        _: &mut Vec<String>,
+    ) -> Result<Vec<crate::plugins::ReconstructedDevice>, VolumeError> {
+        let disk = self.on_disk.lock().unwrap().clone();
+        Ok(disk
+            .map(|(spec, _)| crate::plugins::ReconstructedDevice {
+                volume_name: volume(),
+                spec,
+                device_mount_path: "/fake/global".into(),
+                complete: true,
+                size_bytes: None,
+            })
+            .into_iter()
+            .collect())
     }
 }
 
@@ -582,4 +635,208 @@ async fn a_volume_that_no_longer_resolves_stays_mounted() {
     until_forgotten(&vm).await;
     assert_eq!(plugin.count("unpublish a"), 1, "{:?}", plugin.calls());
     assert_eq!(plugin.count("unstage"), 1, "{:?}", plugin.calls());
+}
+
+const LABEL_A: &str = "system_u:object_r:container_file_t:s0:c1,c2";
+const LABEL_B: &str = "system_u:object_r:container_file_t:s0:c3,c4";
+
+/// Volume `shared` as a ReadWriteOncePod CSI PersistentVolume of a driver
+/// with `seLinuxMount` (mounted with its pods' SELinux label).
+fn selinux_source() -> VolumeSource {
+    let mut src = crate::volume::CsiVolumeSource::new("scripted", "h");
+    src.pv_name = Some("pv".into());
+    src.driver_info = Arc::new(crate::volume::CsiDriverInfo {
+        selinux_mount: true,
+        ..Default::default()
+    });
+    VolumeSource::Csi(Box::new(src))
+}
+
+/// Pod `uid` with volume `shared` ([`selinux_source`]), its container
+/// labelled `label`.
+fn desired_labelled(uid: &str, label: &str) -> DesiredPod {
+    let mut d = desired(uid);
+    d.volumes[0].source = Ok(selinux_source());
+    d.volumes[0].selinux = crate::cache::selinux::VolumeSeLinux {
+        file_labels: [Arc::from(label)].into(),
+        pv_access_modes: Some(vec!["ReadWriteOncePod".into()]),
+        ..Default::default()
+    };
+    d
+}
+
+/// A started manager over `root` with `plugin`, on a host with SELinux
+/// (`--selinux-enabled=true`); its sources not populated yet.
+async fn selinux_manager(plugin: &Arc<ScriptedPlugin>, root: &Path) -> Arc<VolumeManager> {
+    let mut cfg = Config::new(root);
+    cfg.backoff = Backoff::new(Duration::from_millis(10), 2, Duration::from_millis(50));
+    cfg.selinux_enabled = Some(true);
+    let vm = VolumeManager::new(cfg, Arc::new(FakeMounter::default())).unwrap();
+    vm.register_plugin(plugin.clone()).unwrap();
+    vm.start().await.unwrap();
+    vm
+}
+
+/// The kubelet's `seLinuxMountMismatchError` text for the volume.
+fn mismatch_error() -> String {
+    format!("waiting for unmount of volume \"{}\", because it is already mounted to a different pod with a different SELinux label", volume())
+}
+
+/// What status and `WaitForAttachAndMount` say of pod `uid` waiting for
+/// the volume mounted with another label: the volume's error, the pod's
+/// error, the wait's pod error.
+async fn mismatch_seen(vm: &VolumeManager, uid: &PodUid) -> (String, String, String) {
+    let st = vm.status();
+    let p = st.pods.iter().find(|p| p.uid == uid.as_str()).unwrap();
+    let wait = vm.wait_for_attach_and_mount(uid, T).await.unwrap_err();
+    (
+        p.volumes[0].error.clone().unwrap_or_default(),
+        p.error.clone().unwrap_or_default(),
+        wait.to_string(),
+    )
+}
+
+/// `Test_AddPodToVolume_Positive_SELinux`, `Test_MarkDeviceAsMounted_Positive_SELinux`
+/// and the kubelet's `mountOrAttachVolumes` / `unmountDetachDevices` with
+/// SELinux: pod b needs the volume with another label than pod a, which
+/// has it staged and published. While a is desired, b is refused (the
+/// desired state's `conflicting SELinux labels`); once a is deleted, b
+/// waits with the kubelet's `waiting for unmount of volume ...` error
+/// (status and `WaitForAttachAndMount`) until the device is unstaged, then
+/// it is staged again with b's label and b published. Before, b was
+/// published with its label on the staging a's label made, and the device
+/// never staged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_another_selinux_label_waits_for_the_device_to_be_staged_again() {
+    let plugin = Arc::new(ScriptedPlugin::new(Script::ok(), Script::ok()));
+    let t = tempfile::tempdir().unwrap();
+    let vm = selinux_manager(&plugin, t.path()).await;
+    vm.set_populated();
+    let (a, b) = (PodUid::new("a").unwrap(), PodUid::new("b").unwrap());
+    vm.set_desired_pod(desired_labelled("a", LABEL_A));
+    vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+    vm.set_desired_pod(desired_labelled("b", LABEL_B));
+    let refused = vm.wait_for_attach_and_mount(&b, T).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("conflicting SELinux labels"),
+        "{refused}"
+    );
+    plugin.gate_unstage.store(true, Ordering::SeqCst);
+    vm.delete_pod(&a);
+    tokio::time::timeout(T, plugin.unstaging.notified())
+        .await
+        .unwrap();
+    let want = mismatch_error();
+    let (volume_error, pod_error, wait) = mismatch_seen(&vm, &b).await;
+    assert_eq!(volume_error, want);
+    assert_eq!(pod_error, format!("volume shared: {want}"));
+    assert!(wait.contains(&want), "{wait}");
+    assert_eq!(pod_state(&vm, &b), None);
+    plugin.resume.notify_one();
+    // The kubelet's pod worker tries again until the wait succeeds.
+    until(&vm, |vm| {
+        pod_state(vm, &b) == Some(VolumeMountState::Mounted)
+    })
+    .await;
+    vm.wait_for_attach_and_mount(&b, T).await.unwrap();
+    let (ctx_a, ctx_b) = (context_flag(Some(LABEL_A)), context_flag(Some(LABEL_B)));
+    let want = [
+        format!("stage{ctx_a}"),
+        format!("publish a{ctx_a}"),
+        "unpublish a".into(),
+        "unstage begins".into(),
+        "unstage".into(),
+        format!("stage{ctx_b}"),
+        format!("publish b{ctx_b}"),
+    ];
+    assert_eq!(plugin.calls(), want);
+    let asw = vm.world().asw();
+    let context = asw.volume(&volume()).unwrap().selinux_mount_context.clone();
+    assert_eq!(context.as_deref(), Some(LABEL_B));
+}
+
+/// The same after a restart: a volume staged and published for pod a with
+/// its label, found on disk with it (as CSI's `vol_data.json` records it)
+/// by a restarted manager to which only pod b, with another label, is
+/// desired: b waits with the kubelet's error while a's volume is torn
+/// down, the device is staged again with b's label, b published. Before, a
+/// restarted manager knew no label: b was published on a's staging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_the_selinux_label_a_device_was_staged_with() {
+    let t = tempfile::tempdir().unwrap();
+    let mut spec = Arc::new(VolumeSpec {
+        name: "shared".into(),
+        source: selinux_source(),
+    });
+    crate::cache::selinux::set_mount_label(&mut spec, Some(&Arc::from(LABEL_A)));
+    let plugin = Arc::new(ScriptedPlugin::new(Script::ok(), Script::ok()));
+    *plugin.on_disk.lock().unwrap() = Some(((*spec).clone(), vec!["a".into()]));
+    std::fs::create_dir_all(t.path().join("pods/a/volumes/fake~scripted/shared")).unwrap();
+    plugin.gate_unstage.store(true, Ordering::SeqCst);
+    let vm = selinux_manager(&plugin, t.path()).await;
+    {
+        let asw = vm.world().asw();
+        let context = asw.volume(&volume()).unwrap().selinux_mount_context.clone();
+        assert_eq!(context.as_deref(), Some(LABEL_A), "recovered at start-up");
+    }
+    let b = PodUid::new("b").unwrap();
+    vm.set_desired_pod(desired_labelled("b", LABEL_B));
+    vm.set_populated();
+    tokio::time::timeout(T, plugin.unstaging.notified())
+        .await
+        .unwrap();
+    let (volume_error, _, wait) = mismatch_seen(&vm, &b).await;
+    assert_eq!(volume_error, mismatch_error());
+    assert!(wait.contains(&mismatch_error()), "{wait}");
+    plugin.resume.notify_one();
+    // The kubelet's pod worker tries again until the wait succeeds.
+    until(&vm, |vm| {
+        pod_state(vm, &b) == Some(VolumeMountState::Mounted)
+    })
+    .await;
+    vm.wait_for_attach_and_mount(&b, T).await.unwrap();
+    let ctx_b = context_flag(Some(LABEL_B));
+    let want = [
+        "unpublish a".to_string(),
+        "unstage begins".into(),
+        "unstage".into(),
+        format!("stage{ctx_b}"),
+        format!("publish b{ctx_b}"),
+    ];
+    assert_eq!(plugin.calls(), want);
+}
+
+/// The kubelet's `Test_AddPodToVolume_Positive_MultiOuterNames` through the
+/// whole manager: a pod's two volumes naming the same volume are set up
+/// once (one stage, one publish), and the pod's mounted volumes list both
+/// names with the one path (the kubelet's `GetMountedVolumesForPod`, what
+/// the container runtime binds per volume name); status lists both.
+/// Before, the desired state kept the last name only: one name was listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_volumes_naming_one_volume_are_set_up_once_under_both_names() {
+    let plugin = Arc::new(ScriptedPlugin::new(Script::ok(), Script::ok()));
+    let (_t, vm) = manager(&plugin).await;
+    let a = PodUid::new("a").unwrap();
+    let mut d = desired("a");
+    let mut other = d.volumes[0].clone();
+    other.name = "other".into();
+    d.volumes.push(other);
+    vm.set_desired_pod(d);
+    vm.wait_for_attach_and_mount(&a, T).await.unwrap();
+    assert_eq!(plugin.calls(), ["stage", "publish a"]);
+    let mounted = vm.mounted_volumes_for_pod(&a);
+    let names: Vec<&str> = mounted.iter().map(|m| &*m.outer_volume_spec_name).collect();
+    assert_eq!(names, ["other", "shared"]);
+    assert_eq!(mounted[0].path, mounted[1].path);
+    assert!(mounted.iter().all(|m| m.volume_name == volume()));
+    let st = vm.status();
+    let vols: Vec<(&str, &str)> = st.pods[0]
+        .volumes
+        .iter()
+        .map(|v| (&*v.name, &*v.state))
+        .collect();
+    assert_eq!(vols, [("shared", "mounted"), ("other", "mounted")]);
+    vm.delete_pod(&a);
+    until_forgotten(&vm).await;
+    assert_eq!(plugin.count("unpublish a"), 1, "{:?}", plugin.calls());
 }

@@ -395,3 +395,173 @@ fn vsphere() {
     });
     check(&cases);
 }
+
+/// The translated PV's `spec.nodeAffinity` (JSON) for PV `pv`.
+fn affinity_of(name: &str, pv: Value) -> Value {
+    let pv = serde_json::from_value(pv).expect(name);
+    let m = translate_pv(&pv)
+        .unwrap_or_else(|| panic!("{name}: not migratable"))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    serde_json::to_value(&m.node_affinity).unwrap()
+}
+
+fn terms(exprs: &[Value]) -> Value {
+    json!({"required": {"nodeSelectorTerms": exprs.iter().map(|e| json!({"matchExpressions": e})).collect::<Vec<_>>()}})
+}
+
+fn is_in(key: &str, values: &[&str]) -> Value {
+    json!({"key": key, "operator": "In", "values": values})
+}
+
+const GA_ZONE: &str = "topology.kubernetes.io/zone";
+const GA_REGION: &str = "topology.kubernetes.io/region";
+const BETA_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
+const BETA_REGION: &str = "failure-domain.beta.kubernetes.io/region";
+
+/// `TestTranslateTopologyFromInTreeToCSI` (in_tree_volume_test.go), through
+/// a GCE PD PV: its zone key becomes `topology.gke.io/zone`, a beta region
+/// key the GA one; the PV's labels (GA) do not matter when the affinity
+/// has the zone.
+#[test]
+fn translate_topology_from_in_tree_to_csi() {
+    let gce = |affinity: Value| {
+        json!({"metadata": {"name": "gcepd", "labels": {GA_ZONE: "us-east1-a", GA_REGION: "us-east1"}},
+               "spec": {"gcePersistentDisk": {"pdName": "pd"}, "nodeAffinity": affinity}})
+    };
+    let gke = "topology.gke.io/zone";
+    for (name, input, want) in [
+        (
+            "Replace GA Kubernetes Zone Topology to GCE CSI Topology",
+            terms(&[json!([
+                is_in(GA_ZONE, &["us-east1-a"]),
+                is_in(GA_REGION, &["us-east1"])
+            ])]),
+            terms(&[json!([
+                is_in(gke, &["us-east1-a"]),
+                is_in(GA_REGION, &["us-east1"])
+            ])]),
+        ),
+        (
+            "Replace Beta Kubernetes Topology to GCE CSI Topology and upgrade region label",
+            terms(&[json!([
+                is_in(BETA_ZONE, &["us-west2-b"]),
+                is_in(BETA_REGION, &["us-west2"])
+            ])]),
+            terms(&[json!([
+                is_in(gke, &["us-west2-b"]),
+                is_in(GA_REGION, &["us-west2"])
+            ])]),
+        ),
+    ] {
+        assert_eq!(affinity_of(name, gce(input)), want, "{name}");
+    }
+}
+
+/// `TestAddTopology`, through an EBS PV without affinity whose zone label
+/// (`__`-separated zones) is what csi-translation-lib hands `addTopology`:
+/// zones trimmed, empties dropped, sorted; none left adds nothing.
+#[test]
+fn add_topology_from_the_zone_label() {
+    let ebs = |zones: &str| {
+        json!({"metadata": {"name": "ebs", "labels": {BETA_ZONE: zones}},
+               "spec": {"awsElasticBlockStore": {"volumeID": "vol-1"}}})
+    };
+    let key = "topology.ebs.csi.aws.com/zone";
+    for (name, label, want) in [
+        ("empty zones", "", Value::Null),
+        ("only whitespace-named zones", " __\n__\t__  ", Value::Null),
+        (
+            "including whitespace-named zones",
+            " __us-central1-a",
+            terms(&[json!([is_in(key, &["us-central1-a"])])]),
+        ),
+        (
+            "unsorted zones",
+            "us-central1-f__us-central1-a__us-central1-c__us-central1-b",
+            terms(&[json!([is_in(
+                key,
+                &[
+                    "us-central1-a",
+                    "us-central1-b",
+                    "us-central1-c",
+                    "us-central1-f"
+                ],
+            )])]),
+        ),
+    ] {
+        assert_eq!(affinity_of(name, ebs(label)), want, "{name}");
+    }
+}
+
+/// `TestTranslateVSphereInTreePVToCSI` (its topology cases), the other
+/// drivers' keys, a regional GCE disk, an affinity without a zone (the
+/// label's zone added to every term), and the plugins whose PVs keep their
+/// affinity.
+#[test]
+fn topology_per_driver() {
+    let vs = |labels: Value| {
+        json!({"metadata": {"name": "vs", "labels": labels},
+               "spec": {"vsphereVolume": {"volumePath": "[vsanDatastore] pvc/disk.vmdk"}}})
+    };
+    let (vz, vr) = (
+        "topology.csi.vmware.com/zone",
+        "topology.csi.vmware.com/region",
+    );
+    let want = terms(&[json!([is_in(vz, &["z1"]), is_in(vr, &["r1"])])]);
+    assert_eq!(
+        affinity_of(
+            "translate valid vSphere in-tree PV with beta topology labels to vSphere CSI PV",
+            vs(json!({BETA_ZONE: "z1", BETA_REGION: "r1"}))
+        ),
+        want
+    );
+    assert_eq!(
+        affinity_of(
+            "translate valid vSphere in-tree PV with GA topology labels to vSphere CSI PV",
+            vs(json!({GA_ZONE: "z1", GA_REGION: "r1"}))
+        ),
+        want
+    );
+    assert_eq!(
+        affinity_of(
+            "translate valid vSphere in-tree PV to vSphere CSI PV",
+            vs(json!({}))
+        ),
+        Value::Null
+    );
+    let regional = json!({"metadata": {"name": "gce", "labels": {BETA_ZONE: "us-central1-c__us-central1-a"}},
+        "spec": {"gcePersistentDisk": {"pdName": "pd"}}});
+    assert_eq!(
+        affinity_of("regional GCE PD", regional),
+        terms(&[json!([is_in(
+            "topology.gke.io/zone",
+            &["us-central1-a", "us-central1-c"]
+        )])])
+    );
+    let cinder = json!({"metadata": {"name": "c", "labels": {GA_ZONE: "nova"}},
+        "spec": {"cinder": {"volumeID": "v"},
+                 "nodeAffinity": terms(&[json!([is_in("kubernetes.io/hostname", &["a"])]), json!([is_in("kubernetes.io/hostname", &["b"])])])}});
+    let key = "topology.cinder.csi.openstack.org/zone";
+    assert_eq!(
+        affinity_of("cinder: label zone added to every term", cinder),
+        terms(&[
+            json!([
+                is_in("kubernetes.io/hostname", &["a"]),
+                is_in(key, &["nova"])
+            ]),
+            json!([
+                is_in("kubernetes.io/hostname", &["b"]),
+                is_in(key, &["nova"])
+            ]),
+        ])
+    );
+    let kept = terms(&[json!([is_in(GA_ZONE, &["1"])])]);
+    let azure = json!({"metadata": {"name": "az", "labels": {GA_ZONE: "2"}},
+        "spec": {"azureDisk": {"diskName": "d", "diskURI": "uri"}, "nodeAffinity": kept}});
+    assert_eq!(affinity_of("azure disk PV keeps its affinity", azure), kept);
+    let inline: Volume =
+        serde_json::from_value(json!({"name": "v", "awsElasticBlockStore": {"volumeID": "vol-1"}}))
+            .unwrap();
+    let m = translate_inline(&inline, "").unwrap().unwrap();
+    assert_eq!(m.node_affinity, None, "an inline volume has no affinity");
+}

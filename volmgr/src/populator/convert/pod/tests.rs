@@ -777,6 +777,85 @@ fn in_tree_pv_is_migrated_to_csi() {
     );
 }
 
+/// A migrated PV's translated topology is checked against the node's
+/// labels, as the kubelet's `checkNodeAffinity` checks the translated PV
+/// before `MountVolume`: the EBS zone label becomes
+/// `topology.ebs.csi.aws.com/zone`, which the node gets when the EBS driver
+/// registers. Before, the affinity was dropped and the volume mounted on a
+/// node of another zone (or lacking the driver's label).
+#[test]
+fn migrated_pv_topology_is_checked_against_the_node() {
+    let mut o = Objects::default();
+    o.pvcs.push(pvc("claim", Some("pv-e")));
+    let mut e = pv(
+        "pv-e",
+        Some("claim"),
+        serde_json::json!({"csi": null, "awsElasticBlockStore": {"volumeID": "vol-123"}}),
+    );
+    e.metadata.labels = Some(
+        [(
+            "failure-domain.beta.kubernetes.io/zone".to_string(),
+            "us-east-1a".to_string(),
+        )]
+        .into(),
+    );
+    o.pvs.push(e);
+    let node = |zone: &str| {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n1",
+            "labels": {"topology.ebs.csi.aws.com/zone": zone}}}))
+        .unwrap()
+    };
+    o.node = Some(node("us-east-1b"));
+    let e = resolve(&pvc_pod("claim", false), &o).unwrap_err();
+    // Waited through as the kubelet's failing mount (a message starting
+    // "PersistentVolume" would be a pod error: `unresolved_kind`).
+    assert!(
+        e.starts_with("MountVolume.NodeAffinity check failed for volume \"pv-e\": ")
+            && e.contains("topology.ebs.csi.aws.com/zone In [\"us-east-1a\"]")
+            && e.contains("node \"n1\" (labels topology.ebs.csi.aws.com/zone=\"us-east-1b\")"),
+        "{e}"
+    );
+    o.node = Some(node("us-east-1a"));
+    let c = csi_of(resolve(&pvc_pod("claim", false), &o));
+    assert_eq!(c.driver, "ebs.csi.aws.com");
+}
+
+/// Any PersistentVolume's node affinity is checked against the node, as
+/// the kubelet's `checkNodeAffinity` before every `MountVolume` and
+/// `MapVolume` (a CSI PV's topology, a hostPath PV of
+/// local-path-provisioner bound to one node): not matching, the volume
+/// waits with the kubelet's error; matching, it resolves. Before, only
+/// local and migrated PVs were checked.
+#[test]
+fn every_pvs_node_affinity_is_checked_against_the_node() {
+    let affinity = serde_json::json!({"nodeAffinity": {"required": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}]}]}}});
+    let node = |name: &str| {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name,
+            "labels": {"kubernetes.io/hostname": name}}}))
+        .unwrap()
+    };
+    for extra in [
+        serde_json::json!({}),
+        serde_json::json!({"csi": null, "hostPath": {"path": "/var/local-path/pv"}}),
+    ] {
+        let mut o = Objects::default();
+        o.pvcs.push(pvc("claim", Some("pv-a")));
+        let mut spec = affinity.clone();
+        merge(&mut spec, extra.clone());
+        o.pvs.push(pv("pv-a", Some("claim"), spec));
+        o.node = Some(node("n2"));
+        let e = resolve(&pvc_pod("claim", false), &o).unwrap_err();
+        assert!(
+            e.starts_with("MountVolume.NodeAffinity check failed for volume \"pv-a\": its node affinity (kubernetes.io/hostname In [\"n1\"])")
+                && e.contains("node \"n2\" (labels kubernetes.io/hostname=\"n2\")"),
+            "{extra}: {e}"
+        );
+        o.node = Some(node("n1"));
+        assert!(resolve(&pvc_pod("claim", false), &o).is_ok(), "{extra}");
+    }
+}
+
 /// An inline in-tree volume is migrated too (the kubelet's
 /// `TranslateInTreeInlineVolumeToCSI`): persistent (attachable), with the
 /// translated access mode.
