@@ -345,6 +345,26 @@ fn attachment_for(node: &Node, on: &str) -> String {
     va
 }
 
+/// Waits until doctor reports a `kubelet_disagrees` finding (`what`), then
+/// checks it is the only one, doctor exits 1, and it is about volume
+/// `data` of pod `default/<pod>` (`uid`) at its CSI path; the finding.
+fn the_one_disagreement(node: &Node, what: &str, pod: &str, uid: &str) -> serde_json::Value {
+    node.wait(300, &format!("kubelet_disagrees reported ({what})"), || {
+        !disagreements(&node.doctor().1).is_empty()
+    });
+    let (code, report) = node.doctor();
+    assert_eq!(code, 1, "{report:#}");
+    let found = disagreements(&report);
+    assert_eq!(found.len(), 1, "{report:#}");
+    let f = found[0].clone();
+    let path = node.pod_dir(uid).join("volumes/kubernetes.io~csi/data");
+    assert_eq!(f["path"], path.display().to_string(), "{f:#}");
+    assert_eq!(f["pod"], format!("default/{pod}"), "{f:#}");
+    assert_eq!(f["pod_uid"], uid, "{f:#}");
+    assert_eq!(f["volume"], "data", "{f:#}");
+    f
+}
+
 #[test]
 fn kubelet_says_unattached_while_the_attachment_is_attached() {
     isolated(
@@ -374,19 +394,7 @@ fn kubelet_says_unattached_while_the_attachment_is_attached() {
                     .iter()
                     .any(|m| unattached(m).contains(&"data"))
             });
-            node.wait(300, "kubelet_disagrees reported (attach side)", || {
-                !disagreements(&node.doctor().1).is_empty()
-            });
-            let (code, report) = node.doctor();
-            assert_eq!(code, 1, "{report:#}");
-            let found = disagreements(&report);
-            assert_eq!(found.len(), 1, "{report:#}");
-            let f = &found[0];
-            let path = node.pod_dir(&uid).join("volumes/kubernetes.io~csi/data");
-            assert_eq!(f["path"], path.display().to_string(), "{f:#}");
-            assert_eq!(f["pod"], "default/waits", "{f:#}");
-            assert_eq!(f["pod_uid"], uid.as_str(), "{f:#}");
-            assert_eq!(f["volume"], "data", "{f:#}");
+            let f = &the_one_disagreement(&node, "attach side", "waits", &uid);
             assert!(
                 f["summary"].as_str().unwrap().contains(&format!(
                     "the kubelet says volume \"data\" is not attached (unattached volumes=[...]); its VolumeAttachment {va} says attached, the Node's status.volumesAttached does not list it"
@@ -491,18 +499,7 @@ fn kubelet_may_not_read_an_attachment_naming_another_node() {
                     .iter()
                     .any(|m| m.contains(&refused))
             });
-            node.wait(300, "kubelet_disagrees reported (forbidden)", || {
-                !disagreements(&node.doctor().1).is_empty()
-            });
-            let (code, report) = node.doctor();
-            assert_eq!(code, 1, "{report:#}");
-            let found = disagreements(&report);
-            assert_eq!(found.len(), 1, "{report:#}");
-            let f = &found[0];
-            let path = node.pod_dir(&uid).join("volumes/kubernetes.io~csi/data");
-            assert_eq!(f["path"], path.display().to_string(), "{f:#}");
-            assert_eq!(f["pod"], "default/moved", "{f:#}");
-            assert_eq!(f["volume"], "data", "{f:#}");
+            let f = &the_one_disagreement(&node, "forbidden", "moved", &uid);
             assert!(
                 f["summary"].as_str().unwrap().contains(&format!(
                     "the kubelet may not read VolumeAttachment {va} (volume \"data\") because it names node some-other-node, not {NODE}: the volume is still attached there"
