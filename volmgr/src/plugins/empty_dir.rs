@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::failpoint;
 use crate::sys::mount_table::{MountTable, MountTableView};
 use crate::sys::root_dir::{RelPath, RootDir};
-use crate::sys::{Mounter, MsFlags, SyscallError, Target, TMPFS_MAGIC};
+use crate::sys::{Mounter, MsFlags, SyscallError, Target, UnmountedDir, TMPFS_MAGIC};
 use crate::volume::{PodUid, StorageMedium, VolumeSource, VolumeSpec};
 
 use super::volume_ownership::{self, FsGroupChangePolicy};
@@ -208,32 +208,34 @@ fn set_volume_ownership(target: &crate::sys::Target, gid: i64) -> Result<(), Vol
     Ok(())
 }
 
-/// Unmounts every mount stacked on `parent/name` (a bounded loop). Returns
-/// how many. The mount is named through its parent's descriptor: a
-/// descriptor of the mount itself would keep it busy.
-pub(crate) fn unmount_all_at(
+/// Unmounts every mount stacked on `parent/name` and removes the directory
+/// when nothing is left in it: `true` when it is gone, `false` when it was
+/// not a mount point or still has entries (for the caller's walk). After
+/// each unmount, the `rmdir` is the look: the kernel refuses a directory
+/// another mount still covers (`EBUSY`), so the usual tmpfs costs one
+/// `umount2` and one `unlinkat`.
+fn unmount_and_remove_at(
     mounter: &dyn Mounter,
     parent: &Target,
     name: &OsStr,
-) -> Result<usize, VolumeError> {
-    // Unmount first and look afterwards: `umount2` on something that is not
-    // a mount point fails with EINVAL, so the usual single mount costs one
-    // `umount2` and one `statx` instead of a `statx` on each side.
-    for n in 0..64 {
+) -> Result<bool, VolumeError> {
+    for _ in 0..64 {
         match mounter.unmount(parent, name) {
             Ok(()) => failpoint::hit("emptydir.after_unmount"),
             // Nothing (more) mounted there, or a mount this namespace may
-            // not unmount: the check below tells which.
+            // not unmount: the check tells which.
             Err(e) if e.errno() == Some(libc::EINVAL) || e.errno() == Some(libc::ENOENT) => {
                 if mounter.is_mount_point_at(parent, name)? {
                     return Err(e.into());
                 }
-                return Ok(n);
+                return Ok(false);
             }
             Err(e) => return Err(e.into()),
         }
-        if !mounter.is_mount_point_at(parent, name)? {
-            return Ok(n + 1);
+        match mounter.remove_unmounted_dir(parent, name)? {
+            UnmountedDir::Removed => return Ok(true),
+            UnmountedDir::StillMounted => {}
+            UnmountedDir::NotEmpty => return Ok(false),
         }
     }
     Err(VolumeError::Internal(format!(
@@ -253,8 +255,9 @@ pub(crate) fn tear_down_dir(
     if let Some((parent_rel, name)) = rel.split_last() {
         match root.open_dir(&parent_rel) {
             Ok(parent) => {
-                unmount_all_at(mounter, &parent, name)?;
-                root.remove_all_at(&parent, name)?;
+                if !unmount_and_remove_at(mounter, &parent, name)? {
+                    root.remove_all_at(&parent, name)?;
+                }
             }
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e.into()),
@@ -510,6 +513,40 @@ mod tests {
             .path()
             .join("pods/pod1/plugins/kubernetes.io~empty-dir/v")
             .exists());
+    }
+
+    /// With the real kernel: two tmpfs stacked on a volume's directory are
+    /// both unmounted and the directory removed; the `rmdir` after each
+    /// unmount is what finds the second one (`EBUSY`), with no `statx`.
+    #[test]
+    fn tear_down_of_stacked_tmpfs_mounts_with_the_kernel_removes_every_one() {
+        use crate::sys::linux::LinuxMounter;
+        use crate::sys::test_child::{run_in_child, Child};
+        let name = crate::test_name!(
+            "tear_down_of_stacked_tmpfs_mounts_with_the_kernel_removes_every_one"
+        );
+        run_in_child(name, Child::PrivateMounts, || {
+            let t = tempfile::tempdir().unwrap();
+            let root = RootDir::open(t.path()).unwrap();
+            let rel = volume_dir(&PodUid::new("pod1").unwrap(), "v").unwrap();
+            let dir = root.abs(&rel);
+            std::fs::create_dir_all(&dir).unwrap();
+            for _ in 0..2 {
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &dir,
+                    Some("tmpfs"),
+                    MsFlags::empty(),
+                    None::<&str>,
+                )
+                .unwrap();
+            }
+            std::fs::write(dir.join("file"), "x").unwrap();
+            tear_down_dir(&root, &LinuxMounter, &rel, None).unwrap();
+            assert!(!dir.exists());
+            let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            assert!(!table.contains(&*t.path().to_string_lossy()), "{table}");
+        });
     }
 
     #[tokio::test]

@@ -256,6 +256,19 @@ impl Mounter for FakeMounter {
         self.unmount_now(parent, name)
     }
 
+    /// A directory with a recorded mount is refused, as the kernel refuses
+    /// a mount point; otherwise the real `rmdir`.
+    fn remove_unmounted_dir(
+        &self,
+        parent: &Target,
+        name: &std::ffi::OsStr,
+    ) -> Result<super::UnmountedDir, SyscallError> {
+        if self.is_mount_point_at(parent, name)? {
+            return Ok(super::UnmountedDir::StillMounted);
+        }
+        super::rmdir_unmounted(parent, name)
+    }
+
     fn bind_mount(&self, source: &Target, target: &Target) -> Result<(), SyscallError> {
         let source = source.path().to_string_lossy().into_owned();
         self.mount(&source, target, "bind", MsFlags::MS_BIND, None)

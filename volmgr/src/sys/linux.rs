@@ -46,6 +46,14 @@ impl Mounter for LinuxMounter {
             .map_err(|e| SyscallError::new("umount2", parent.path().join(name), e))
     }
 
+    fn remove_unmounted_dir(
+        &self,
+        parent: &Target,
+        name: &OsStr,
+    ) -> Result<super::UnmountedDir, SyscallError> {
+        super::rmdir_unmounted(parent, name)
+    }
+
     fn unmount_detach(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError> {
         let flags = MntFlags::UMOUNT_NOFOLLOW | MntFlags::MNT_FORCE | MntFlags::MNT_DETACH;
         nix::mount::umount2(&parent.proc_path().join(name), flags)

@@ -108,6 +108,29 @@ impl fmt::Debug for Target {
     }
 }
 
+/// What [`Mounter::remove_unmounted_dir`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnmountedDir {
+    /// Removed (or already gone).
+    Removed,
+    /// Still the root of a mount: another one was stacked there.
+    StillMounted,
+    /// Kept: it has entries, or is not a directory.
+    NotEmpty,
+}
+
+/// `unlinkat(parent, name, AT_REMOVEDIR)` as [`Mounter::remove_unmounted_dir`]
+/// answers it.
+pub(crate) fn rmdir_unmounted(parent: &Target, name: &OsStr) -> Result<UnmountedDir, SyscallError> {
+    use nix::errno::Errno;
+    match nix::unistd::unlinkat(parent.as_fd(), name, nix::unistd::UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(UnmountedDir::Removed),
+        Err(Errno::EBUSY) => Ok(UnmountedDir::StillMounted),
+        Err(Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOTDIR) => Ok(UnmountedDir::NotEmpty),
+        Err(e) => Err(SyscallError::new("unlinkat", parent.path().join(name), e)),
+    }
+}
+
 /// Reads the kernel's mount table, and nothing more: what an observer (the
 /// tracer) may do. Every [`Mounter`] is one.
 pub trait MountTableReader: Send + Sync + 'static {
@@ -132,6 +155,18 @@ pub trait Mounter: MountTableReader {
     /// following a symlink). The mount is named through its parent's
     /// descriptor: a descriptor of the mount itself would keep it busy.
     fn unmount(&self, parent: &Target, name: &OsStr) -> Result<(), SyscallError>;
+
+    /// Removes `parent/name` after an [`unmount`](Self::unmount) when it is
+    /// an empty directory that no mount covers any more
+    /// (`unlinkat(AT_REMOVEDIR)`, never following a symlink). The kernel
+    /// refuses a mount point (`EBUSY`), so this one call both removes the
+    /// directory and tells whether another mount was stacked under the one
+    /// just unmounted: no `statx` to look first.
+    fn remove_unmounted_dir(
+        &self,
+        parent: &Target,
+        name: &OsStr,
+    ) -> Result<UnmountedDir, SyscallError>;
 
     /// Detaches the top mount on `parent/name` at once, without waiting for
     /// its file system (`umount2(MNT_FORCE | MNT_DETACH)`): for a network

@@ -22,7 +22,7 @@ pub async fn cleanup_pod_dir(
     subpath::clean_pod_sub_paths(&root, mounter.as_ref(), &pod)?;
     remove_orphaned_pod_volume_dirs(&root, &pod)?;
     let rel = RelPath::new(["pods", pod.as_str()])?;
-    root.remove_all(&rel)?;
+    root.remove_all_emptied(&rel)?;
     tracing::debug!(%pod, "removed orphaned pod directory");
     Ok(())
 }

@@ -10,33 +10,55 @@
 //! found, but failed to rmdir() volume at path ...` and keeps the pod's
 //! directory.
 
+use std::ffi::OsStr;
+
 use crate::plugins::VolumeError;
-use crate::sys::root_dir::{RelPath, RootDir};
+use crate::sys::root_dir::{EmptyDirRemoval, RelPath, RootDir};
+use crate::sys::Target;
 use crate::volume::PodUid;
 
 /// Removes `pods/<uid>/volumes`, its plugin directories and their volume
 /// directories, each only when empty and not mounted. Fails, naming what is
 /// kept, when anything is left.
+///
+/// Each level is opened once and its entries removed relative to it: after
+/// a usual tear-down (every volume directory already gone) that is an open
+/// and a listing of `volumes`, one `rmdir` per plugin directory, and one
+/// for `volumes`.
 pub(crate) fn remove_orphaned_pod_volume_dirs(
     root: &RootDir,
     uid: &PodUid,
 ) -> Result<(), VolumeError> {
-    let volumes = RelPath::new(["pods", uid.as_str(), "volumes"])?;
+    let pod_rel = RelPath::new(["pods", uid.as_str()])?;
+    let pod_dir = match root.open_dir(&pod_rel) {
+        Ok(dir) => dir,
+        Err(e) if e.is_not_found() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    let volumes_name = OsStr::new("volumes");
+    let Some(volumes) = root.open_subdir(&pod_dir, volumes_name)? else {
+        return Ok(());
+    };
     let mut kept: Vec<String> = Vec::new();
-    for plugin in root.read_dir(&volumes)? {
-        let plugin_rel = volumes.join(&plugin)?;
-        match root.read_dir(&plugin_rel) {
-            Ok(vols) => {
-                for vol in vols {
-                    rmdir(root, &plugin_rel.join(&vol)?, &mut kept);
+    for plugin in root.list(&volumes)? {
+        // Usually already empty: one call, no open or listing.
+        if rmdir(root, &volumes, &plugin, &mut Vec::new()) {
+            continue;
+        }
+        match root.open_subdir(&volumes, &plugin) {
+            Ok(Some(plugin_dir)) => {
+                for vol in root.list(&plugin_dir)? {
+                    rmdir(root, &plugin_dir, &vol, &mut kept);
                 }
-                rmdir(root, &plugin_rel, &mut kept);
+                rmdir(root, &volumes, &plugin, &mut kept);
             }
-            Err(e) => kept.push(format!("{:?}: {e}", root.abs(&plugin_rel))),
+            Ok(None) => {}
+            Err(e) => kept.push(format!("{:?}: {e}", volumes.path().join(&plugin))),
         }
     }
+    drop(volumes);
     if kept.is_empty() {
-        rmdir(root, &volumes, &mut kept);
+        rmdir(root, &pod_dir, volumes_name, &mut kept);
     }
     if kept.is_empty() {
         return Ok(());
@@ -50,14 +72,23 @@ pub(crate) fn remove_orphaned_pod_volume_dirs(
     })
 }
 
-/// `rmdir` of `rel`; what cannot be removed goes to `kept`.
-fn rmdir(root: &RootDir, rel: &RelPath, kept: &mut Vec<String>) {
-    match root.remove_empty_dir(rel) {
-        Ok(true) => {
-            tracing::info!(path = %root.abs(rel).display(), "cleaned up orphaned volume directory");
+/// `rmdir` of `parent/name`: whether it is gone; what cannot be removed
+/// goes to `kept`.
+fn rmdir(root: &RootDir, parent: &Target, name: &OsStr, kept: &mut Vec<String>) -> bool {
+    let path = || parent.path().join(name);
+    match root.remove_empty_dir_at(parent, name) {
+        Ok(EmptyDirRemoval::Removed) => {
+            tracing::info!(path = %path().display(), "cleaned up orphaned volume directory");
+            true
         }
-        Ok(false) => kept.push(format!("{:?}: not empty or mounted", root.abs(rel))),
-        Err(e) => kept.push(format!("{:?}: {e}", root.abs(rel))),
+        Ok(EmptyDirRemoval::Kept) => {
+            kept.push(format!("{:?}: not empty or mounted", path()));
+            false
+        }
+        Err(e) => {
+            kept.push(format!("{:?}: {e}", path()));
+            false
+        }
     }
 }
 

@@ -45,6 +45,7 @@ use nix::sys::stat::Mode;
 use crate::sys::beneath::{self, Last};
 use crate::sys::{dirents, mount_id, SyscallError, Target};
 
+mod at;
 mod error;
 mod files;
 mod mkdir;
@@ -53,6 +54,7 @@ mod remove;
 #[cfg(test)]
 mod tests;
 
+pub use at::EmptyDirRemoval;
 pub use error::PathError;
 pub use rel_path::{check_component, RelPath};
 

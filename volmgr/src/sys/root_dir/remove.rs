@@ -9,7 +9,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use super::{PathError, RelPath, RootDir, DIR_PATH};
+use super::{EmptyDirRemoval, PathError, RelPath, RootDir, DIR_PATH};
 use crate::sys::beneath::{self, Last};
 use crate::sys::dir_walk::{DirWalk, Step};
 use crate::sys::{dirents, SyscallError, Target};
@@ -21,6 +21,18 @@ impl RootDir {
     /// mount on the way to `rel` fails with [`PathError::ForeignMount`]).
     /// A missing `rel` is not an error.
     pub fn remove_all(&self, rel: &RelPath) -> Result<(), PathError> {
+        self.remove_all_expecting(rel, false)
+    }
+
+    /// Like [`remove_all`](Self::remove_all), for a directory the caller
+    /// has just emptied of what it knows of (a pod's directory once its
+    /// volumes are gone): one `rmdir` first, and the walk only when entries
+    /// are left.
+    pub fn remove_all_emptied(&self, rel: &RelPath) -> Result<(), PathError> {
+        self.remove_all_expecting(rel, true)
+    }
+
+    fn remove_all_expecting(&self, rel: &RelPath, likely_empty: bool) -> Result<(), PathError> {
         let Some((parent_rel, name)) = rel.split_last() else {
             return Err(PathError::InvalidComponent {
                 path: PathBuf::new(),
@@ -34,14 +46,24 @@ impl RootDir {
             _ => None,
         };
         if let Some(parent) = top {
-            return remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel), false);
+            return remove_tree(
+                parent.as_fd(),
+                name.to_os_string(),
+                &self.abs(rel),
+                likely_empty,
+            );
         }
         let parent = match self.open_rel(&parent_rel, DIR_PATH, Last::OnSameMount) {
             Ok(fd) => fd,
             Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e),
         };
-        remove_tree(parent.as_fd(), name.to_os_string(), &self.abs(rel), false)
+        remove_tree(
+            parent.as_fd(),
+            name.to_os_string(),
+            &self.abs(rel),
+            likely_empty,
+        )
     }
 
     /// Deletes `parent/name` like [`remove_all`](Self::remove_all), through
@@ -63,16 +85,12 @@ impl RootDir {
         let Some((parent_rel, name)) = rel.split_last() else {
             return Ok(false);
         };
-        let parent = match self.open_rel(&parent_rel, DIR_PATH, Last::OnSameMount) {
-            Ok(fd) => fd,
+        let parent = match self.open_dir(&parent_rel) {
+            Ok(dir) => dir,
             Err(e) if e.is_not_found() => return Ok(true),
             Err(e) => return Err(e),
         };
-        match unlinkat(parent.as_fd(), name, UnlinkatFlags::RemoveDir) {
-            Ok(()) | Err(Errno::ENOENT) => Ok(true),
-            Err(Errno::ENOTEMPTY) | Err(Errno::EEXIST) | Err(Errno::EBUSY) => Ok(false),
-            Err(e) => Err(self.map_err("unlinkat", rel, e)),
-        }
+        Ok(self.remove_empty_dir_at(&parent, name)? == EmptyDirRemoval::Removed)
     }
 }
 
