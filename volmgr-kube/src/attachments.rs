@@ -329,6 +329,62 @@ mod tests {
         assert_eq!(c.node_name, "n1");
     }
 
+    /// A round reads each wanted VolumeAttachment by name, then the Node;
+    /// one that does not exist is said absent. When the API server then
+    /// answers 503, what was read before is kept, and the failure is
+    /// logged once until a read works again.
+    #[tokio::test]
+    async fn a_round_reads_what_is_wanted_and_a_503_keeps_it() {
+        use crate::testing::FakeApiServer;
+        let fake = FakeApiServer::in_memory();
+        fake.apply(
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": "csi-1"},
+            "spec": {"attacher": "d", "nodeName": "n1", "source": {"persistentVolumeName": "pv"}},
+            "status": {"attached": true}}),
+        );
+        fake.apply(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+            "status": {"volumesAttached": [{"name": "kubernetes.io/csi/d^h", "devicePath": ""}]}}),
+        );
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let reader = Reader {
+            client: fake.client(),
+            node: "n1".into(),
+            shared: Arc::clone(&shared),
+        };
+        let log = Attachments {
+            node: "n1".into(),
+            shared,
+            wake: Arc::new(Notify::new()),
+        };
+        log.want(vec!["csi-1".into(), "csi-gone".into()]);
+        reader.round(false).await;
+        assert!(log.attachment("csi-1").unwrap().attached);
+        assert!(log.absent("csi-gone"));
+        let listed = log.node_attached().unwrap().listed;
+        assert_eq!(listed[0].0, "kubernetes.io/csi/d^h");
+        let paths: Vec<String> = fake.take_requests().into_iter().map(|r| r.path).collect();
+        assert_eq!(
+            paths,
+            [
+                "/apis/storage.k8s.io/v1/volumeattachments/csi-1",
+                "/apis/storage.k8s.io/v1/volumeattachments/csi-gone",
+                "/api/v1/nodes/n1",
+            ]
+        );
+
+        fake.set_unavailable(true);
+        reader.round(true).await;
+        assert!(reader.shared.locked().failing);
+        assert!(log.attachment("csi-1").unwrap().attached, "kept");
+        assert!(log.absent("csi-gone"), "kept");
+        assert_eq!(log.node_attached().unwrap().listed.len(), 1, "kept");
+        fake.set_unavailable(false);
+        reader.round(true).await;
+        assert!(!reader.shared.locked().failing);
+    }
+
     #[test]
     fn node_listing_since_is_carried_over() {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
