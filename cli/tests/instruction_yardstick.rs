@@ -40,14 +40,16 @@
 )]
 
 mod support;
+#[path = "support/yardstick.rs"]
+mod yardstick;
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use support::{isolated, volmgr_bin, Agent, Env, YARDSTICK};
+use yardstick::{check, manifest, mounted_below, wait_until};
 
 /// Pods in the first storm.
 const SMALL: usize = 100;
@@ -55,8 +57,6 @@ const SMALL: usize = 100;
 const LARGE: usize = 300;
 /// `volmgr status` queries made to price one.
 const QUERIES: u64 = 10;
-/// How much a figure may grow over the committed one.
-const TOLERANCE: f64 = 1.10;
 /// Functions of volmgr shown in a failure's message.
 const TOP: usize = 10;
 
@@ -113,32 +113,11 @@ fn dump(agent: &Agent, out: &Path, n: usize) -> (u64, PathBuf) {
 /// status` queries that took.
 fn wait_synced(env: &Env) -> u64 {
     let mut queries = 0;
-    wait_until("status synced", || {
+    wait_until("status synced", 300, || {
         queries += 1;
         env.status().synced
     });
     queries
-}
-
-/// A pod with one `emptyDir{medium: Memory}`, as `syscall_yardstick.rs`.
-fn manifest(i: usize) -> String {
-    format!(
-        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p{i}","namespace":"bench","uid":"uid-{i:05}"}},"spec":{{"containers":[{{"name":"c","image":"i","volumeMounts":[{{"name":"cache","mountPath":"/cache"}}]}}],"volumes":[{{"name":"cache","emptyDir":{{"medium":"Memory","sizeLimit":"16Mi"}}}}]}}}}"#
-    )
-}
-
-/// The number of volumes mounted under ROOT.
-fn mounted(env: &Env) -> usize {
-    let root = env.root.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|p| p.starts_with(&root) && p != root)
-        })
-        .count()
 }
 
 /// Lines of this namespace's mount table (the agent's, which copies the
@@ -148,14 +127,6 @@ fn mount_lines() -> usize {
         .unwrap()
         .lines()
         .count()
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The agent stopped (`SIGSTOP`) until dropped (`SIGCONT`): the storm's
@@ -191,7 +162,9 @@ fn storm(env: &Env, agent: &Agent, out: &Path, n: usize, next: usize) -> Storm {
         env.write_manifest(&format!("p{i}.json"), &manifest(i));
     }
     drop(paused);
-    wait_until("every volume mounted", || mounted(env) == n);
+    wait_until("every volume mounted", 300, || {
+        mounted_below(&env.root) == n
+    });
     let (mount, mount_file) = dump(agent, out, next);
     let paused = pause(agent);
     for i in 0..n {
@@ -199,8 +172,8 @@ fn storm(env: &Env, agent: &Agent, out: &Path, n: usize, next: usize) -> Storm {
     }
     drop(paused);
     let pods = env.root.join("pods");
-    wait_until("every pod directory removed", || {
-        mounted(env) == 0 && std::fs::read_dir(&pods).map_or(true, |d| d.count() == 0)
+    wait_until("every pod directory removed", 300, || {
+        mounted_below(&env.root) == 0 && std::fs::read_dir(&pods).map_or(true, |d| d.count() == 0)
     });
     let (teardown, teardown_file) = dump(agent, out, next + 1);
     Storm {
@@ -259,33 +232,6 @@ fn top_functions(large: &Path, small: &Path) -> String {
     top.join(", ")
 }
 
-/// The committed figure of yardstick `key` in BENCHMARKS.md: the second
-/// cell of the table row whose first cell is `` `key` ``.
-fn committed(key: &str) -> f64 {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
-    let text = std::fs::read_to_string(path).unwrap();
-    let cell = format!("| `{key}` |");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&cell))
-        .unwrap_or_else(|| panic!("BENCHMARKS.md has no row {cell}"));
-    line[cell.len()..]
-        .split('|')
-        .next()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("BENCHMARKS.md row {cell}: no figure"))
-}
-
-/// Fails when `got` (thousands of instructions) is over the committed
-/// figure of `key` by more than [`TOLERANCE`].
-fn check(key: &str, got: f64, top: &str) {
-    let want = committed(key);
-    assert!(
-        got <= want * TOLERANCE,
-        "{key}: {got:.1} thousand instructions, over the committed {want} by more than 10 % ({top}): cut it, or commit the new figure in BENCHMARKS.md with why"
-    );
-}
-
 /// Whether valgrind's callgrind and its tools are here.
 fn callgrind_missing() -> bool {
     ["valgrind", "callgrind_control", "callgrind_annotate"]
@@ -335,8 +281,18 @@ fn user_space_instructions_per_volume_stay_within_the_committed_figures() {
                 query as f64 / 1e3,
                 mount_lines()
             );
-            check("instructions_per_volume_mount", mount, &mount_top);
-            check("instructions_per_volume_teardown", teardown, &teardown_top);
+            check(
+                "instructions_per_volume_mount",
+                mount,
+                "thousand instructions",
+                &mount_top,
+            );
+            check(
+                "instructions_per_volume_teardown",
+                teardown,
+                "thousand instructions",
+                &teardown_top,
+            );
         },
     );
 }

@@ -26,6 +26,8 @@
 )]
 
 mod support;
+#[path = "support/yardstick.rs"]
+mod yardstick;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -39,11 +41,10 @@ use nix::sys::stat::{mkdirat, Mode};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 use support::{isolated, Env, YARDSTICK};
 use volmgr::sys::beneath::{self, Last};
+use yardstick::{check, manifest, mounted_below, wait_until};
 
 /// Pods in the storm.
 const N: usize = 500;
-/// How much a figure may grow over the committed one.
-const TOLERANCE: f64 = 1.10;
 
 /// Whether `name` is a call that works on files or mounts.
 fn counted(name: &str) -> bool {
@@ -170,51 +171,6 @@ fn per_volume(calls: &BTreeMap<String, u64>) -> (f64, String) {
         .map(|(c, n)| format!("{c} {:.2}", **n as f64 / N as f64))
         .collect();
     (total as f64 / N as f64, shown.join(", "))
-}
-
-/// The committed figure of yardstick `key` in BENCHMARKS.md: the second
-/// cell of the table row whose first cell is `` `key` ``.
-fn committed(key: &str) -> f64 {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../BENCHMARKS.md");
-    let text = std::fs::read_to_string(path).unwrap();
-    let cell = format!("| `{key}` |");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with(&cell))
-        .unwrap_or_else(|| panic!("BENCHMARKS.md has no row {cell}"));
-    line[cell.len()..]
-        .split('|')
-        .next()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("BENCHMARKS.md row {cell}: no figure"))
-}
-
-fn manifest(i: usize) -> String {
-    format!(
-        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"p{i}","namespace":"bench","uid":"uid-{i:05}"}},"spec":{{"containers":[{{"name":"c","image":"i","volumeMounts":[{{"name":"cache","mountPath":"/cache"}}]}}],"volumes":[{{"name":"cache","emptyDir":{{"medium":"Memory","sizeLimit":"16Mi"}}}}]}}}}"#
-    )
-}
-
-/// The number of volumes mounted under ROOT.
-fn mounted(env: &Env) -> usize {
-    let root = env.root.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|p| p.starts_with(&root) && p != root)
-        })
-        .count()
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Set in the environment of the test binary run again under `strace` to
@@ -362,7 +318,9 @@ fn file_and_mount_syscalls_per_volume_stay_within_the_committed_figures() {
         for i in 0..N {
             env.write_manifest(&format!("p{i}.json"), &manifest(i));
         }
-        wait_until("every volume mounted", || mounted(&env) == N);
+        wait_until("every volume mounted", 120, || {
+            mounted_below(&env.root) == N
+        });
         let (mount, mount_top) = per_volume(&stop(strace, &out));
 
         let out = env.dir.path().join("strace-teardown.txt");
@@ -371,8 +329,9 @@ fn file_and_mount_syscalls_per_volume_stay_within_the_committed_figures() {
             env.remove_manifest(&format!("p{i}.json"));
         }
         let pods = env.root.join("pods");
-        wait_until("every pod directory removed", || {
-            mounted(&env) == 0 && std::fs::read_dir(&pods).map_or(true, |d| d.count() == 0)
+        wait_until("every pod directory removed", 120, || {
+            mounted_below(&env.root) == 0
+                && std::fs::read_dir(&pods).map_or(true, |d| d.count() == 0)
         });
         let (teardown, teardown_top) = per_volume(&stop(strace, &out));
         drop(agent);
@@ -383,15 +342,13 @@ fn file_and_mount_syscalls_per_volume_stay_within_the_committed_figures() {
         let (rule_teardown, rule_teardown_top) = rule_loop_per_volume("teardown", &rule);
 
         eprintln!("{YARDSTICK}file and mount syscalls per volume, N = {N}: mount {mount:.2} ({mount_top}); teardown {teardown:.2} ({teardown_top}); raw loop 5 and 5; raw loop under volmgr's rule: mount {rule_mount:.2} ({rule_mount_top}), teardown {rule_teardown:.2} ({rule_teardown_top})");
-        for (key, got, top) in [
-            ("syscalls_per_volume_mount", mount, &mount_top),
-            ("syscalls_per_volume_teardown", teardown, &teardown_top),
-        ] {
-            let want = committed(key);
-            assert!(
-                got <= want * TOLERANCE,
-                "{key}: {got:.2} file and mount syscalls per volume, over the committed {want} by more than 10 % ({top}): cut it, or commit the new figure in BENCHMARKS.md with why"
-            );
-        }
+        let unit = "file and mount syscalls per volume";
+        check("syscalls_per_volume_mount", mount, unit, &mount_top);
+        check(
+            "syscalls_per_volume_teardown",
+            teardown,
+            unit,
+            &teardown_top,
+        );
     });
 }
