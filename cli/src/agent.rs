@@ -210,11 +210,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let _ = stop_tx.send(true);
     let _ = vm.stop().await;
     watchers.join().await;
-    let _ = api_task.await;
-    if let Some(t) = metrics_task {
-        let _ = t.await;
-    }
-    let _ = std::fs::remove_file(api::socket_path(&root));
+    clients_stopped(api_task, metrics_task, &root).await;
     result
 }
 
@@ -418,6 +414,20 @@ pub(crate) fn serve_clients(
     let metrics =
         metrics.map(|l| tokio::spawn(serve_metrics(l, Arc::clone(vm), limits, stop.clone())));
     (api, metrics)
+}
+
+/// After the stop signal: waits for the tasks [`serve_clients`] started to
+/// end, then removes the status socket from `dir`.
+pub(crate) async fn clients_stopped(
+    api_task: tokio::task::JoinHandle<()>,
+    metrics_task: Option<tokio::task::JoinHandle<()>>,
+    dir: &std::path::Path,
+) {
+    let _ = api_task.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    let _ = std::fs::remove_file(api::socket_path(dir));
 }
 
 /// Creates ROOT if missing, mode 0750 whatever the umask (the kubelet's

@@ -170,11 +170,7 @@ pub async fn run(opts: AgentOptions, obs: ObserveOptions) -> Result<(), AgentErr
     let _ = stop_tx.send(true);
     let _ = scan_task.await;
     watchers.join().await;
-    let _ = api_task.await;
-    if let Some(t) = metrics_task {
-        let _ = t.await;
-    }
-    let _ = std::fs::remove_file(api::socket_path(&state));
+    crate::agent::clients_stopped(api_task, metrics_task, &state).await;
     result
 }
 

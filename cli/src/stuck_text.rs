@@ -29,11 +29,7 @@ pub fn stuck_text(out: &mut String, stuck: &[StuckSyscall]) {
             printable(&s.comm),
             s.pid,
             s.tid,
-            if s.fstype.is_empty() {
-                "?".into()
-            } else {
-                printable(&s.fstype)
-            },
+            printable_or_unknown(&s.fstype),
             s.elapsed_seconds,
             s.since
         );
@@ -60,11 +56,7 @@ pub fn stuck_tools_text(out: &mut String, tools: &[StuckToolRun]) {
             "  {}[{}] state {}: running {:.1}s (since {}){}",
             printable(&t.comm),
             t.pid,
-            if t.state.is_empty() {
-                "?".into()
-            } else {
-                printable(&t.state)
-            },
+            printable_or_unknown(&t.state),
             t.elapsed_seconds,
             t.since,
             volume
@@ -73,5 +65,14 @@ pub fn stuck_tools_text(out: &mut String, tools: &[StuckToolRun]) {
         for f in &t.kernel_stack {
             let _ = writeln!(out, "      {}", printable(f));
         }
+    }
+}
+
+/// `text` made printable, `?` when empty (not known).
+fn printable_or_unknown(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.is_empty() {
+        "?".into()
+    } else {
+        printable(text)
     }
 }

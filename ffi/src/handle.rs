@@ -215,6 +215,23 @@ pub(crate) fn uid_arg(s: &str) -> Result<PodUid, volmgr_status> {
     PodUid::new(s).map_err(|e| fail_err(&e))
 }
 
+/// Borrows the handle and reads the pod UID argument: what every call about
+/// one pod starts with (the handle checked first).
+///
+/// # Safety
+/// `vm` is NULL or a live handle from `volmgr_new`; `pod_uid` is NULL or a
+/// NUL-terminated string.
+pub(crate) unsafe fn pod_handle<'a>(
+    vm: *const volmgr,
+    pod_uid: *const c_char,
+) -> Result<(&'a volmgr, PodUid), volmgr_status> {
+    // SAFETY: per the caller's contract.
+    let h = unsafe { handle(vm) }?;
+    // SAFETY: per the caller's contract.
+    let uid = uid_arg(unsafe { crate::boundary::str_arg(pod_uid, "pod_uid") }?)?;
+    Ok((h, uid))
+}
+
 /// Creates a manager from `config_json` (only `root_dir` is required):
 /// `{"root_dir": "/var/lib/kubelet", "node_name": "", "tracer": "auto"|"ebpf"|"mountinfo"|"off",
 ///   "resync_period_ms": 60000, "backoff_initial_ms": 500, "backoff_max_ms": 122000,

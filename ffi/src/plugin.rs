@@ -225,17 +225,14 @@ impl VolumePlugin for HostPlugin {
         _table: &MountTable,
     ) -> Result<Option<ReconstructedVolume>, VolumeError> {
         let rel = self.volume_dir(pod, volume)?;
-        Ok(Some(ReconstructedVolume {
-            spec: VolumeSpec {
-                name: volume.to_string(),
-                source: VolumeSource::Other {
-                    kind: self.name.clone(),
-                    spec: Arc::new(serde_json::json!({ "name": volume })),
-                },
-            },
-            path: self.root.abs(&rel),
-            complete: false,
-        }))
+        let source = VolumeSource::Other {
+            kind: self.name.clone(),
+            spec: Arc::new(serde_json::json!({ "name": volume })),
+        };
+        let path = self.root.abs(&rel);
+        Ok(Some(ReconstructedVolume::named(
+            volume, source, path, false,
+        )))
     }
 }
 

@@ -7,7 +7,7 @@ use volmgr_core::util::sync::MutexExt;
 
 use crate::boundary::{guard, json_arg, str_arg, try_ffi};
 use crate::error::*;
-use crate::handle::{handle, uid_arg, volmgr};
+use crate::handle::{handle, pod_handle, volmgr};
 
 /// Adds or updates a pod (`pod_json`: a Kubernetes v1.Pod). A pod rejected as
 /// a whole (no name, invalid UID, duplicate volume names) is
@@ -45,9 +45,7 @@ pub unsafe extern "C" fn volmgr_pod_delete(
 ) -> volmgr_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
-        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let (h, uid) = try_ffi!(unsafe { pod_handle(vm, pod_uid) });
         if h.resolver.locked().delete_pod(&uid) {
             VOLMGR_OK
         } else {
@@ -76,9 +74,7 @@ pub unsafe extern "C" fn volmgr_resize_ephemeral_volume(
 ) -> volmgr_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
-        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let (h, uid) = try_ffi!(unsafe { pod_handle(vm, pod_uid) });
         // SAFETY: per this function's contract.
         let volume = try_ffi!(unsafe { str_arg(volume, "volume") }).to_string();
         let vm = Arc::clone(&h.vm);

@@ -10,7 +10,7 @@ use volmgr_core::volumemanager::VolumeManager;
 
 use crate::boundary::{guard, guard_value, json_arg, out_arg, str_arg, to_c_string, try_ffi};
 use crate::error::*;
-use crate::handle::{handle, uid_arg, volmgr};
+use crate::handle::{handle, pod_handle, volmgr};
 
 /// The kubelet's `HasPossiblyMountedVolumesForPod`: `*out` is whether any
 /// volume of the pod is mounted or uncertain (false for an unknown pod).
@@ -25,9 +25,7 @@ pub unsafe extern "C" fn volmgr_has_possibly_mounted_volumes_for_pod(
 ) -> volmgr_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
-        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let (h, uid) = try_ffi!(unsafe { pod_handle(vm, pod_uid) });
         let out = try_ffi!(out_arg(out, "out"));
         // SAFETY: checked non-NULL.
         unsafe { *out = h.vm.has_possibly_mounted_volumes_for_pod(&uid) };
@@ -174,9 +172,7 @@ unsafe fn pod_query(
 ) -> volmgr_status {
     guard(|| {
         // SAFETY: per the caller's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per the caller's contract.
-        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let (h, uid) = try_ffi!(unsafe { pod_handle(vm, pod_uid) });
         let out = try_ffi!(out_arg(out_json, "out_json"));
         let s = f(&h.vm, &uid);
         // SAFETY: checked non-NULL.
@@ -271,26 +267,20 @@ pub unsafe extern "C" fn volmgr_get_volumes_in_use(
     vm: *mut volmgr,
     out_json: *mut *mut c_char,
 ) -> volmgr_status {
-    guard(|| {
-        // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        let out = try_ffi!(out_arg(out_json, "out_json"));
-        if !h.vm.reconciler_states_synced() {
-            return fail(
-                VOLMGR_ERR_BUSY,
-                "the states have not synced yet (volmgr_reconciler_states_synced): \
-                 keep the node status' volumesInUse as it is",
-            );
-        }
-        let names: Vec<String> =
-            h.vm.volumes_in_use()
-                .iter()
-                .map(|n| n.to_string())
-                .collect();
-        // SAFETY: checked non-NULL.
-        unsafe { *out = to_c_string(serde_json::Value::from(names).to_string()) };
-        VOLMGR_OK
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        string_query(vm, out_json, "out_json", |vm| {
+            if !vm.reconciler_states_synced() {
+                return Err(fail(
+                    VOLMGR_ERR_BUSY,
+                    "the states have not synced yet (volmgr_reconciler_states_synced): \
+                     keep the node status' volumesInUse as it is",
+                ));
+            }
+            let names: Vec<String> = vm.volumes_in_use().iter().map(|n| n.to_string()).collect();
+            Ok(serde_json::Value::from(names).to_string())
+        })
+    }
 }
 
 /// The kubelet's `MarkVolumesAsReportedInUse`: `names_json` is a JSON array
@@ -306,17 +296,14 @@ pub unsafe extern "C" fn volmgr_mark_volumes_as_reported_in_use(
     vm: *mut volmgr,
     names_json: *const c_char,
 ) -> volmgr_status {
-    guard(|| {
-        // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
-        let text = try_ffi!(unsafe { str_arg(names_json, "names_json") });
-        let names: Vec<String> = try_ffi!(json_arg(text, "names_json"));
-        h.vm.mark_volumes_as_reported_in_use(
-            names.into_iter().map(UniqueVolumeName::new).collect(),
-        );
-        VOLMGR_OK
-    })
+    // SAFETY: forwarded contract.
+    unsafe {
+        volume_names_call(
+            vm,
+            names_json,
+            VolumeManager::mark_volumes_as_reported_in_use,
+        )
+    }
 }
 
 /// The Node's `status.volumesAttached` as just read: `names_json` is a
@@ -333,13 +320,31 @@ pub unsafe extern "C" fn volmgr_mark_volumes_attached(
     vm: *mut volmgr,
     names_json: *const c_char,
 ) -> volmgr_status {
+    // SAFETY: forwarded contract.
+    unsafe { volume_names_call(vm, names_json, VolumeManager::mark_volumes_attached) }
+}
+
+/// Shared body of the calls that hand the manager a list the node status
+/// holds: `names_json`, a JSON array of unique volume names, parsed and
+/// passed to `f`.
+///
+/// # Safety
+/// As for the public functions that call it.
+unsafe fn volume_names_call(
+    vm: *mut volmgr,
+    names_json: *const c_char,
+    f: impl FnOnce(&VolumeManager, Vec<UniqueVolumeName>),
+) -> volmgr_status {
     guard(|| {
-        // SAFETY: per this function's contract.
+        // SAFETY: per the caller's contract.
         let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
+        // SAFETY: per the caller's contract.
         let text = try_ffi!(unsafe { str_arg(names_json, "names_json") });
         let names: Vec<String> = try_ffi!(json_arg(text, "names_json"));
-        h.vm.mark_volumes_attached(names.into_iter().map(UniqueVolumeName::new).collect());
+        f(
+            &h.vm,
+            names.into_iter().map(UniqueVolumeName::new).collect(),
+        );
         VOLMGR_OK
     })
 }
@@ -387,14 +392,8 @@ pub unsafe extern "C" fn volmgr_metrics_text(
     vm: *mut volmgr,
     out: *mut *mut c_char,
 ) -> volmgr_status {
-    guard(|| {
-        // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        let out = try_ffi!(out_arg(out, "out"));
-        // SAFETY: checked non-NULL.
-        unsafe { *out = to_c_string(h.vm.metrics_text()) };
-        VOLMGR_OK
-    })
+    // SAFETY: forwarded contract.
+    unsafe { string_query(vm, out, "out", |vm| Ok(vm.metrics_text())) }
 }
 
 /// The status document as JSON (`*out` owned by the caller): the schema of
@@ -408,12 +407,31 @@ pub unsafe extern "C" fn volmgr_status_json(
     vm: *mut volmgr,
     out: *mut *mut c_char,
 ) -> volmgr_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        string_query(vm, out, "out", |vm| {
+            serde_json::to_string(&vm.status())
+                .map_err(|e| fail(VOLMGR_ERR_INTERNAL, format!("status: {e}")))
+        })
+    }
+}
+
+/// Shared body of the queries that answer with a string: `f`'s answer goes
+/// to `*out` (`what` names that argument), owned by the caller.
+///
+/// # Safety
+/// `vm` live or NULL; `out` writable or NULL.
+unsafe fn string_query(
+    vm: *mut volmgr,
+    out: *mut *mut c_char,
+    what: &str,
+    f: impl FnOnce(&VolumeManager) -> Result<String, volmgr_status>,
+) -> volmgr_status {
     guard(|| {
-        // SAFETY: per this function's contract.
+        // SAFETY: per the caller's contract.
         let h = try_ffi!(unsafe { handle(vm) });
-        let out = try_ffi!(out_arg(out, "out"));
-        let text = try_ffi!(serde_json::to_string(&h.vm.status())
-            .map_err(|e| fail(VOLMGR_ERR_INTERNAL, format!("status: {e}"))));
+        let out = try_ffi!(out_arg(out, what));
+        let text = try_ffi!(f(&h.vm));
         // SAFETY: checked non-NULL.
         unsafe { *out = to_c_string(text) };
         VOLMGR_OK

@@ -8,7 +8,7 @@ use volmgr_core::volumemanager::WaitError;
 
 use crate::boundary::{guard, json_arg, str_arg, try_ffi};
 use crate::error::*;
-use crate::handle::{block_on, handle, uid_arg, volmgr};
+use crate::handle::{block_on, handle, pod_handle, uid_arg, volmgr};
 
 fn wait_status(r: Result<(), WaitError>) -> volmgr_status {
     match r {
@@ -35,9 +35,7 @@ pub unsafe extern "C" fn volmgr_wait_for_attach_and_mount(
 ) -> volmgr_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
-        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let (h, uid) = try_ffi!(unsafe { pod_handle(vm, pod_uid) });
         if !h.vm.pod_is_known(&uid) {
             return fail(VOLMGR_ERR_NOT_FOUND, format!("pod {uid} is not known"));
         }
@@ -60,9 +58,7 @@ pub unsafe extern "C" fn volmgr_wait_for_unmount(
 ) -> volmgr_status {
     guard(|| {
         // SAFETY: per this function's contract.
-        let h = try_ffi!(unsafe { handle(vm) });
-        // SAFETY: per this function's contract.
-        let uid = try_ffi!(uid_arg(try_ffi!(unsafe { str_arg(pod_uid, "pod_uid") })));
+        let (h, uid) = try_ffi!(unsafe { pod_handle(vm, pod_uid) });
         wait_status(try_ffi!(block_on(
             h,
             h.vm.wait_for_unmount(&uid, Duration::from_millis(timeout_ms))

@@ -558,6 +558,30 @@ pub struct VolumeStatus {
     pub since: Option<String>,
 }
 
+impl VolumeStatus {
+    /// A volume known by its name in the pod, its plugin and its state
+    /// only: no path, attempts, error, statistics or subPaths yet.
+    pub fn new(name: String, plugin: String, state: &str) -> Self {
+        Self {
+            name,
+            plugin,
+            state: state.to_string(),
+            path: None,
+            attempts: 0,
+            error: None,
+            unresolved: None,
+            out_of_band_changes: 0,
+            last_out_of_band: None,
+            stats: None,
+            content: None,
+            sub_paths: Vec::new(),
+            read_only: false,
+            selinux_relabel: false,
+            since: None,
+        }
+    }
+}
+
 /// The content of a configMap, secret, downwardAPI or projected volume.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ContentStatus {

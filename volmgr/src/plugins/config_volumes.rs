@@ -317,16 +317,14 @@ impl VolumePlugin for PayloadPlugin {
             .transpose()?;
         let (files, refresh) = self.files_with_tokens(p, &req.spec.name).await?;
         let rel = self.volume_dir(&req.pod_uid, &req.spec.name)?;
-        let (root, mounter) = (
-            Arc::clone(&self.shared.root),
-            Arc::clone(&self.shared.mounter),
-        );
         let tmpfs = self.kind.on_tmpfs();
         let owner = Ownership { fs_group };
-        let (path, written) = self
-            .shared
+        let s = &self.shared;
+        let (path, written) = s
             .pool
-            .run(move || set_up_sync(&root, mounter.as_ref(), &rel, tmpfs, &files, owner))
+            .run_with(&s.root, &s.mounter, move |root, mounter| {
+                set_up_sync(root, mounter, &rel, tmpfs, &files, owner)
+            })
             .await?;
         match refresh {
             Some(after) => self.shared.tokens.schedule(&req.volume_name, after),
@@ -340,13 +338,11 @@ impl VolumePlugin for PayloadPlugin {
 
     async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
         let rel = self.volume_dir(&req.pod_uid, &req.spec.name)?;
-        let (root, mounter) = (
-            Arc::clone(&self.shared.root),
-            Arc::clone(&self.shared.mounter),
-        );
-        self.shared
-            .pool
-            .run(move || tear_down_dir(&root, mounter.as_ref(), &rel, None))
+        let s = &self.shared;
+        s.pool
+            .run_with(&s.root, &s.mounter, move |root, mounter| {
+                tear_down_dir(root, mounter, &rel, None)
+            })
             .await?;
         self.shared.tokens.forget(&req.volume_name);
         self.shared.states.forget(&req.volume_name);
@@ -392,21 +388,18 @@ impl VolumePlugin for PayloadPlugin {
         _table: &MountTable,
     ) -> Result<Option<ReconstructedVolume>, VolumeError> {
         let rel = self.volume_dir(pod, volume)?;
-        Ok(Some(ReconstructedVolume {
-            spec: VolumeSpec {
-                name: volume.to_string(),
-                source: VolumeSource::Payload(Arc::new(PayloadVolumeSource {
-                    kind: self.kind,
-                    files: BTreeMap::new(),
-                    tokens: Vec::new(),
-                })),
-            },
-            path: self.shared.root.abs(&rel),
-            // The payload is not known from the disk: set up once more
-            // (the writer rewrites nothing if it is the same), or torn
-            // down if no longer wanted.
-            complete: false,
-        }))
+        let source = VolumeSource::Payload(Arc::new(PayloadVolumeSource {
+            kind: self.kind,
+            files: BTreeMap::new(),
+            tokens: Vec::new(),
+        }));
+        // The payload is not known from the disk: set up once more (the
+        // writer rewrites nothing if it is the same), or torn down if no
+        // longer wanted.
+        let path = self.shared.root.abs(&rel);
+        Ok(Some(ReconstructedVolume::named(
+            volume, source, path, false,
+        )))
     }
 }
 

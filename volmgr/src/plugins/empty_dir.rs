@@ -356,9 +356,10 @@ impl VolumePlugin for EmptyDirPlugin {
         if is_memory(&req.spec) {
             return tear_down_dir(&self.root, self.mounter.as_ref(), &rel, Some(&marker));
         }
-        let (root, mounter) = (Arc::clone(&self.root), Arc::clone(&self.mounter));
         self.pool
-            .run(move || tear_down_dir(&root, mounter.as_ref(), &rel, Some(&marker)))
+            .run_with(&self.root, &self.mounter, move |root, mounter| {
+                tear_down_dir(root, mounter, &rel, Some(&marker))
+            })
             .await
     }
 
@@ -412,15 +413,11 @@ impl VolumePlugin for EmptyDirPlugin {
         let size_limit = top
             .and_then(|m| m.super_option("size"))
             .and_then(parse_tmpfs_size);
-        Ok(Some(ReconstructedVolume {
-            spec: VolumeSpec {
-                name: volume.to_string(),
-                source: VolumeSource::EmptyDir { medium, size_limit },
-            },
-            path,
-            // Set up once more before it is trusted (idempotent, no remount).
-            complete: false,
-        }))
+        let source = VolumeSource::EmptyDir { medium, size_limit };
+        // Set up once more before it is trusted (idempotent, no remount).
+        Ok(Some(ReconstructedVolume::named(
+            volume, source, path, false,
+        )))
     }
 }
 

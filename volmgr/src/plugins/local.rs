@@ -181,13 +181,8 @@ fn unmount_dir(
     pv: &str,
 ) -> Result<(), VolumeError> {
     let rel = volume_dir(pod, pv)?;
-    let Some((parent_rel, name)) = rel.split_last() else {
+    let Some((parent, name)) = root.open_parent_if_there(&rel)? else {
         return Ok(());
-    };
-    let parent = match root.open_dir(&parent_rel) {
-        Ok(p) => p,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
     };
     if mounter.is_mount_point_at(&parent, name)? {
         mounter.unmount(&parent, name)?;
@@ -204,13 +199,8 @@ fn unmount_dir(
 /// Removes the pod's block symlink, if there.
 fn unlink_device(root: &RootDir, pod: &PodUid, pv: &str) -> Result<(), VolumeError> {
     let link = device_link(pod, pv)?;
-    let Some((parent_rel, name)) = link.split_last() else {
+    let Some((parent, name)) = root.open_parent_if_there(&link)? else {
         return Ok(());
-    };
-    let parent = match root.open_dir(&parent_rel) {
-        Ok(p) => p,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
     };
     match nix::fcntl::readlinkat(&parent, name) {
         Ok(_) => {}
@@ -256,32 +246,24 @@ impl VolumePlugin for LocalVolumePlugin {
     }
 
     async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
-        let src = local(&req.spec)?.clone();
-        let (root, mounter, pod) = (
-            Arc::clone(&self.root),
-            Arc::clone(&self.mounter),
-            req.pod_uid,
-        );
+        let (src, pod) = (local(&req.spec)?.clone(), req.pod_uid);
         self.pool
-            .run(move || match src.volume_mode {
-                CsiVolumeMode::Filesystem => set_up_dir(&root, mounter.as_ref(), &pod, &src),
-                CsiVolumeMode::Block => set_up_block(&root, &pod, &src),
+            .run_with(&self.root, &self.mounter, move |root, mounter| {
+                match src.volume_mode {
+                    CsiVolumeMode::Filesystem => set_up_dir(root, mounter, &pod, &src),
+                    CsiVolumeMode::Block => set_up_block(root, &pod, &src),
+                }
             })
             .await
     }
 
     /// Undoes both modes (a reconstructed spec may not tell which).
     async fn tear_down(&self, req: UnmountRequest) -> Result<(), VolumeError> {
-        let pv = local(&req.spec)?.pv_name.clone();
-        let (root, mounter, pod) = (
-            Arc::clone(&self.root),
-            Arc::clone(&self.mounter),
-            req.pod_uid,
-        );
+        let (pv, pod) = (local(&req.spec)?.pv_name.clone(), req.pod_uid);
         self.pool
-            .run(move || {
-                unmount_dir(&root, mounter.as_ref(), &pod, &pv)?;
-                unlink_device(&root, &pod, &pv)
+            .run_with(&self.root, &self.mounter, move |root, mounter| {
+                unmount_dir(root, mounter, &pod, &pv)?;
+                unlink_device(root, &pod, &pv)
             })
             .await
     }

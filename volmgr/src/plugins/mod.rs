@@ -158,6 +158,21 @@ pub struct ReconstructedVolume {
     pub complete: bool,
 }
 
+impl ReconstructedVolume {
+    /// A volume found at `path` under its name in the pod, with the source
+    /// the disk tells; `complete` as for [`ReconstructedVolume::complete`].
+    pub fn named(volume: &str, source: VolumeSource, path: PathBuf, complete: bool) -> Self {
+        Self {
+            spec: VolumeSpec {
+                name: volume.to_string(),
+                source,
+            },
+            path,
+            complete,
+        }
+    }
+}
+
 /// What `mount_device` needs (the kubelet's `MountDevice` arguments).
 #[derive(Debug, Clone)]
 pub struct DeviceMountRequest {
@@ -574,5 +589,26 @@ impl BlockingPool {
         tokio::task::spawn_blocking(f)
             .await
             .map_err(|e| VolumeError::Internal(format!("plugin task failed: {e}")))?
+    }
+
+    /// Runs `f` on a blocking thread with ROOT and the mounter: a plugin's
+    /// set-up or tear-down of a volume directory.
+    pub async fn run_with<F, R>(
+        &self,
+        root: &Arc<crate::sys::root_dir::RootDir>,
+        mounter: &Arc<dyn crate::sys::Mounter>,
+        f: F,
+    ) -> Result<R, VolumeError>
+    where
+        F: FnOnce(
+                &crate::sys::root_dir::RootDir,
+                &dyn crate::sys::Mounter,
+            ) -> Result<R, VolumeError>
+            + Send
+            + 'static,
+        R: Send + 'static,
+    {
+        let (root, mounter) = (Arc::clone(root), Arc::clone(mounter));
+        self.run(move || f(&root, mounter.as_ref())).await
     }
 }

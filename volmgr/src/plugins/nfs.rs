@@ -195,13 +195,8 @@ fn tear_down(
     detach: bool,
 ) -> Result<(), VolumeError> {
     let rel = volume_dir(pod, name)?;
-    let Some((parent_rel, leaf)) = rel.split_last() else {
+    let Some((parent, leaf)) = root.open_parent_if_there(&rel)? else {
         return Ok(());
-    };
-    let parent = match root.open_dir(&parent_rel) {
-        Ok(p) => p,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
     };
     if detach {
         // No stat of the mount (it would wait for the server).
@@ -235,14 +230,11 @@ impl VolumePlugin for NfsPlugin {
     }
 
     async fn set_up(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
-        let src = NfsSource::from_spec(&req.spec)?;
-        let (root, mounter, pod) = (
-            Arc::clone(&self.root),
-            Arc::clone(&self.mounter),
-            req.pod_uid,
-        );
+        let (src, pod) = (NfsSource::from_spec(&req.spec)?, req.pod_uid);
         self.pool
-            .run(move || set_up(&root, mounter.as_ref(), &pod, &src))
+            .run_with(&self.root, &self.mounter, move |root, mounter| {
+                set_up(root, mounter, &pod, &src)
+            })
             .await
     }
 
@@ -318,17 +310,16 @@ impl VolumePlugin for NfsPlugin {
             "name": volume,
             "nfs": {"server": server, "path": share, "readOnly": top.is_some_and(|m| m.read_only())},
         });
-        Ok(Some(ReconstructedVolume {
-            spec: VolumeSpec {
-                name: volume.to_string(),
-                source: VolumeSource::Other {
-                    kind: "nfs".into(),
-                    spec: Arc::new(json),
-                },
-            },
+        let source = VolumeSource::Other {
+            kind: "nfs".into(),
+            spec: Arc::new(json),
+        };
+        Ok(Some(ReconstructedVolume::named(
+            volume,
+            source,
             path,
-            complete: top.is_some(),
-        }))
+            top.is_some(),
+        )))
     }
 }
 

@@ -424,10 +424,8 @@ pub fn clean_sub_paths(
 ) -> Result<(), VolumeError> {
     let pod_dir = RelPath::new(["pods", pod.as_str(), SUBPATHS_DIR])?;
     let dir = pod_dir.join(volume)?;
-    let vdir = match root.open_dir(&dir) {
-        Ok(d) => d,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
+    let Some(vdir) = root.open_dir_if_there(&dir)? else {
+        return Ok(());
     };
     for container in root.read_dir(&dir)? {
         let cdir_rel = dir.join(&container)?;

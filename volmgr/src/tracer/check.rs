@@ -106,6 +106,17 @@ impl CheckSender {
             deferrals: 0,
         });
     }
+
+    /// Asks for one check of everything when tracer `by` starts watching:
+    /// what changed before it did is found so; `cause` says when it was.
+    pub fn check_everything_at_start(&self, by: DetectedBy, cause: &str) {
+        let origin = Origin {
+            by,
+            cause: Some(cause.to_string()),
+            boot_ns: None,
+        };
+        self.check(Scope::All, origin);
+    }
 }
 
 /// Counts checks (for status).

@@ -322,13 +322,9 @@ fn start_mountinfo(
         Checker::new(ctx, Arc::clone(&check_counters)).spawn(shutdown.clone());
     // The poller sees changes from now on; one check of everything covers
     // what happened before it started (e.g. while `auto` tried eBPF).
-    checks.check(
-        check::Scope::All,
-        check::Origin {
-            by: crate::cache::out_of_band::DetectedBy::Mountinfo,
-            cause: Some("check when the mountinfo poller started".into()),
-            boot_ns: None,
-        },
+    checks.check_everything_at_start(
+        crate::cache::out_of_band::DetectedBy::Mountinfo,
+        "check when the mountinfo poller started",
     );
     let poll_task = poller.spawn(checks, Arc::clone(&counters), shutdown)?;
     ctx.status.set_stats_source(Arc::new(move || {
@@ -447,13 +443,9 @@ fn attach_ebpf(
     };
     // Whatever changed before the program was attached (while it loaded)
     // is found by one check of everything now.
-    checks.check(
-        check::Scope::All,
-        check::Origin {
-            by: crate::cache::out_of_band::DetectedBy::Ebpf,
-            cause: Some("check when the eBPF tracer attached".into()),
-            boot_ns: None,
-        },
+    checks.check_everything_at_start(
+        crate::cache::out_of_band::DetectedBy::Ebpf,
+        "check when the eBPF tracer attached",
     );
     let stuck_task = tokio::spawn(stuck::run(
         Arc::clone(&tracer),

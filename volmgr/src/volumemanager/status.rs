@@ -182,21 +182,13 @@ impl VolumeManager {
                 let rec = self.executor.record(&m.volume_name, Some(uid));
                 let oob = self.out_of_band.volume(&m.volume_name, uid);
                 VolumeStatus {
-                    name: m.outer_volume_spec_name,
-                    plugin: m.plugin_name,
-                    state: "unmounting".into(),
                     path: Some(m.path.display().to_string()),
                     attempts: rec.as_ref().map_or(0, |r| r.attempts),
                     error: rec.and_then(|r| r.last_error),
                     out_of_band_changes: oob.as_ref().map_or(0, |o| o.0),
                     last_out_of_band: oob.map(|o| o.1),
                     stats: self.stats.status_of(&m.volume_name, uid),
-                    content: None,
-                    sub_paths: Vec::new(),
-                    read_only: false,
-                    selinux_relabel: false,
-                    since: None,
-                    unresolved: None,
+                    ..VolumeStatus::new(m.outer_volume_spec_name, m.plugin_name, "unmounting")
                 }
             })
             .collect()
@@ -264,21 +256,8 @@ impl VolumeManager {
         {
             Err(e) => {
                 return VolumeStatus {
-                    name: v.outer_name.clone(),
-                    plugin,
-                    state: "error".into(),
-                    path: None,
-                    attempts: 0,
                     error: Some(e.to_string()),
-                    out_of_band_changes: 0,
-                    last_out_of_band: None,
-                    stats: None,
-                    content: None,
-                    sub_paths: Vec::new(),
-                    read_only: false,
-                    selinux_relabel: false,
-                    since: None,
-                    unresolved: None,
+                    ..VolumeStatus::new(v.outer_name.clone(), plugin, "error")
                 }
             }
             Ok(n) => n,

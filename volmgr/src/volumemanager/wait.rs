@@ -82,27 +82,17 @@ impl VolumeManager {
         uid: &PodUid,
         timeout: Duration,
     ) -> Result<(), WaitError> {
-        let mut rx = self.world.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            rx.borrow_and_update();
-            let Some(missing) = self.pending_volumes(uid) else {
-                return Ok(());
-            };
-            if let Some(e) = self.pod_errors(uid) {
-                return Err(e);
-            }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(WaitError::Stopped),
-                Err(_) => {
-                    return Err(self.limit_exceeded(uid).unwrap_or(WaitError::Timeout {
-                        pod: uid.to_string(),
-                        pending: missing,
-                    }))
-                }
-            }
-        }
+        let check = |this: &Self| match this.pending_volumes(uid) {
+            None => Ok(None),
+            Some(missing) => this.pod_errors(uid).map_or(Ok(Some(missing)), Err),
+        };
+        let timed_out = |this: &Self, missing| {
+            this.limit_exceeded(uid).unwrap_or(WaitError::Timeout {
+                pod: uid.to_string(),
+                pending: missing,
+            })
+        };
+        self.wait_until(timeout, false, check, timed_out).await
     }
 
     /// The kubelet's lists of `uid`'s volumes, its pod errors (volumes that
@@ -245,27 +235,12 @@ impl VolumeManager {
         pods: Option<usize>,
         timeout: Duration,
     ) -> Result<(), WaitError> {
-        let mut rx = self.world.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            rx.borrow_and_update();
-            let checked = std::time::Instant::now();
-            let missing = self.not_converged(pods);
-            let Some(missing) = missing else {
-                return Ok(());
-            };
-            let pace = (checked.elapsed() * 10).clamp(MIN_WAIT_PACE, MAX_WAIT_PACE);
-            let timed_out = |missing: String| WaitError::Timeout {
-                pod: "*".into(),
-                pending: missing,
-            };
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(WaitError::Stopped),
-                Err(_) => return Err(timed_out(missing)),
-            }
-            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pace)).await;
-        }
+        let timed_out = |_: &Self, missing| WaitError::Timeout {
+            pod: "*".into(),
+            pending: missing,
+        };
+        let check = |this: &Self| Ok(this.not_converged(pods));
+        self.wait_until(timeout, true, check, timed_out).await
     }
 
     fn not_converged(&self, pods: Option<usize>) -> Option<String> {
@@ -317,26 +292,52 @@ impl VolumeManager {
         None
     }
 
+    /// Waits for `pending` to find nothing left, checked after each change
+    /// of the state; [`WaitError::Timeout`] for `pods` after `timeout`.
     async fn wait<F>(&self, pods: &str, timeout: Duration, pending: F) -> Result<(), WaitError>
     where
         F: Fn(&Self) -> Option<String>,
+    {
+        let timed_out = |_: &Self, missing| WaitError::Timeout {
+            pod: pods.to_string(),
+            pending: missing,
+        };
+        self.wait_until(timeout, false, |this| Ok(pending(this)), timed_out)
+            .await
+    }
+
+    /// The loop of every wait: `check` after each change of the state until
+    /// it finds nothing left (`Ok(None)`) or an error that ends the wait;
+    /// after `timeout`, `timed_out` with what was left. `paced`: the checks
+    /// are spaced so that they cost at most about a tenth of the time waited
+    /// (between [`MIN_WAIT_PACE`] and [`MAX_WAIT_PACE`] apart).
+    async fn wait_until<C, T>(
+        &self,
+        timeout: Duration,
+        paced: bool,
+        check: C,
+        timed_out: T,
+    ) -> Result<(), WaitError>
+    where
+        C: Fn(&Self) -> Result<Option<String>, WaitError>,
+        T: FnOnce(&Self, String) -> WaitError,
     {
         let mut rx = self.world.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             rx.borrow_and_update();
-            let Some(missing) = pending(self) else {
+            let checked = std::time::Instant::now();
+            let Some(missing) = check(self)? else {
                 return Ok(());
             };
+            let pace = (checked.elapsed() * 10).clamp(MIN_WAIT_PACE, MAX_WAIT_PACE);
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err(WaitError::Stopped),
-                Err(_) => {
-                    return Err(WaitError::Timeout {
-                        pod: pods.to_string(),
-                        pending: missing,
-                    })
-                }
+                Err(_) => return Err(timed_out(self, missing)),
+            }
+            if paced {
+                tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pace)).await;
             }
         }
     }

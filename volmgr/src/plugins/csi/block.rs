@@ -51,10 +51,8 @@ impl CsiPlugin {
         if names.is_empty() {
             return Ok(Vec::new());
         }
-        let fd = match self.root.open_dir(&dir) {
-            Ok(fd) => fd,
-            Err(e) if e.is_not_found() => return Ok(Vec::new()),
-            Err(e) => return Err(e.into()),
+        let Some(fd) = self.root.open_dir_if_there(&dir)? else {
+            return Ok(Vec::new());
         };
         let mut links = Vec::new();
         for name in names {
@@ -172,9 +170,7 @@ impl CsiPlugin {
     /// do (a restart never mounts it twice); with another device (a stale
     /// one): replaced.
     fn map_global(&self, entry: &RelPath, target: &RelPath) -> Result<(), VolumeError> {
-        let (dir_rel, name) = entry
-            .split_last()
-            .ok_or_else(|| VolumeError::Internal("empty global map path".into()))?;
+        let (dir_rel, name) = split_named(entry, "global map")?;
         let dir = self.root.mkdir_all(&dir_rel, 0o750)?;
         let source = self.root.open_path(target)?;
         if self.mounter.is_mount_point_at(&dir, name)? {
@@ -214,13 +210,9 @@ impl CsiPlugin {
     /// (every mount stacked there) and removes its file (the kubelet's
     /// `unmapBindMountDevice`). Nothing there is fine.
     pub(super) fn unmap_global(&self, entry: &RelPath) -> Result<(), VolumeError> {
-        let (dir_rel, name) = entry
-            .split_last()
-            .ok_or_else(|| VolumeError::Internal("empty global map path".into()))?;
-        let dir = match self.root.open_dir(&dir_rel) {
-            Ok(d) => d,
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) => return Err(e.into()),
+        let (dir_rel, name) = split_named(entry, "global map")?;
+        let Some(dir) = self.root.open_dir_if_there(&dir_rel)? else {
+            return Ok(());
         };
         for _ in 0..MAX_STACKED {
             if !self.mounter.is_mount_point_at(&dir, name)? {
@@ -232,6 +224,13 @@ impl CsiPlugin {
         self.root.remove_all_at(&dir, name)?;
         Ok(())
     }
+}
+
+/// `path`'s parent and last name; an empty path is an internal error (the
+/// `what` path is empty).
+fn split_named<'a>(path: &'a RelPath, what: &str) -> Result<(RelPath, &'a OsStr), VolumeError> {
+    path.split_last()
+        .ok_or_else(|| VolumeError::Internal(format!("empty {what} path")))
 }
 
 /// `fstatat` of `dir/name`, not following a symlink.
@@ -247,9 +246,7 @@ pub(in crate::plugins) fn link_block_device(
     link: &RelPath,
     target: &Path,
 ) -> Result<(), VolumeError> {
-    let (parent, name) = link
-        .split_last()
-        .ok_or_else(|| VolumeError::Internal("empty link path".into()))?;
+    let (parent, name) = split_named(link, "link")?;
     let dir = root.mkdir_all(&parent, 0o750)?;
     match nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
         Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
@@ -267,13 +264,9 @@ pub(super) fn remove_link_to(
     link: &RelPath,
     target: &Path,
 ) -> Result<(), VolumeError> {
-    let (parent, name) = link
-        .split_last()
-        .ok_or_else(|| VolumeError::Internal("empty link path".into()))?;
-    let dir = match root.open_dir(&parent) {
-        Ok(d) => d,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
+    let (parent, name) = split_named(link, "link")?;
+    let Some(dir) = root.open_dir_if_there(&parent)? else {
+        return Ok(());
     };
     let to = match nix::fcntl::readlinkat(&dir, name) {
         Ok(to) => to,

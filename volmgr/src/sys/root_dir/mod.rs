@@ -192,6 +192,29 @@ impl RootDir {
         Ok(Target::new(fd, self.abs(rel)))
     }
 
+    /// [`RootDir::open_dir`], `None` when the directory is not there: what
+    /// a tear-down that finds nothing left to do opens.
+    pub fn open_dir_if_there(&self, rel: &RelPath) -> Result<Option<Target>, PathError> {
+        match self.open_dir(rel) {
+            Ok(d) => Ok(Some(d)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The parent directory of `rel` (opened as [`RootDir::open_dir`]) and
+    /// `rel`'s last name; `None` when `rel` is empty or its parent is not
+    /// there.
+    pub fn open_parent_if_there<'a>(
+        &self,
+        rel: &'a RelPath,
+    ) -> Result<Option<(Target, &'a OsStr)>, PathError> {
+        let Some((parent, name)) = rel.split_last() else {
+            return Ok(None);
+        };
+        Ok(self.open_dir_if_there(&parent)?.map(|d| (d, name)))
+    }
+
     /// Opens an existing entry of any type (`O_PATH`, never following a
     /// symlink, even as the last component), which may be the root of a
     /// mount (a device file a driver published, the directories on the way
