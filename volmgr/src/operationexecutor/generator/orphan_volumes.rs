@@ -30,10 +30,8 @@ pub(crate) fn remove_orphaned_pod_volume_dirs(
     uid: &PodUid,
 ) -> Result<(), VolumeError> {
     let pod_rel = RelPath::new(["pods", uid.as_str()])?;
-    let pod_dir = match root.open_dir(&pod_rel) {
-        Ok(dir) => dir,
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e.into()),
+    let Some(pod_dir) = root.open_dir_if_there(&pod_rel)? else {
+        return Ok(());
     };
     let volumes_name = OsStr::new("volumes");
     let Some(volumes) = root.open_subdir(&pod_dir, volumes_name)? else {

@@ -85,10 +85,8 @@ impl RootDir {
         let Some((parent_rel, name)) = rel.split_last() else {
             return Ok(false);
         };
-        let parent = match self.open_dir(&parent_rel) {
-            Ok(dir) => dir,
-            Err(e) if e.is_not_found() => return Ok(true),
-            Err(e) => return Err(e),
+        let Some(parent) = self.open_dir_if_there(&parent_rel)? else {
+            return Ok(true);
         };
         Ok(self.remove_empty_dir_at(&parent, name)? == EmptyDirRemoval::Removed)
     }
