@@ -16,7 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::{Api, Client};
 use tokio::runtime::Handle;
-use volmgr::observer::CsiNodeLookup;
+use volmgr::observer::{CsiNodeError, CsiNodeLookup};
 
 /// Reads `node`'s CSINode with `client`, on the runtime `handle`.
 pub struct CsiNodeRead {
@@ -96,9 +96,8 @@ impl CsiNodeLookup for CsiNodeRead {
         &self.node
     }
 
-    fn drivers(&self, timeout: Duration) -> Result<Option<Vec<String>>, String> {
-        // The trait (csi_driver_not_ready.rs) takes the reason as text.
-        self.read(timeout).map_err(|e| e.to_string())
+    fn drivers(&self, timeout: Duration) -> Result<Option<Vec<String>>, CsiNodeError> {
+        self.read(timeout).map_err(CsiNodeError::read)
     }
 }
 
@@ -144,11 +143,8 @@ mod tests {
             .build()
             .unwrap();
         let read = rt.block_on(async { CsiNodeRead::new(silent_client(), "node-a") });
-        let got = read.drivers(Duration::from_millis(50));
-        assert_eq!(
-            got,
-            Err("GET CSINode node-a: no answer within 50ms".to_string())
-        );
+        let got = read.drivers(Duration::from_millis(50)).unwrap_err();
+        assert_eq!(got.to_string(), "GET CSINode node-a: no answer within 50ms");
     }
 
     #[test]

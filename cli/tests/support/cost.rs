@@ -8,12 +8,14 @@
 
 use std::time::{Duration, Instant};
 
-/// CPU time (user + system, clock ticks) of process `pid`.
+/// CPU time (user + system, clock ticks) of process `pid` and of its
+/// children it waited for (`cutime`, `cstime`): the holder helper forks a
+/// worker per scan, whose CPU its own counts do not hold.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let rest = &s[s.rfind(')').unwrap() + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    f[11..15].iter().map(|t| t.parse::<u64>().unwrap()).sum()
 }
 
 /// The value of the line of `/proc/PID/status` starting with `key`

@@ -34,15 +34,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{finding, Observer, Snapshot};
-use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use super::{finding, DesiredPods, Observer, Snapshot};
 use crate::pluginmanager::csi_proto::csi;
-use crate::pluginmanager::registration;
+use crate::pluginmanager::registration::{self, RegistrationError};
 use crate::pluginmanager::registry::DriverRegistry;
 use crate::status::{Finding, FindingKind};
+use crate::sys::dirents;
 use crate::sys::root_dir::{RelPath, RootDir};
 use crate::util::sync::MutexExt;
-use crate::volume::{PodUid, VolumeSource};
+use crate::volume::PodUid;
 
 /// The deadline of each call of the triage (connecting, `GetInfo`,
 /// `Probe`, `GetPluginInfo`, the CSINode GET).
@@ -53,6 +53,10 @@ pub const REFRESH: Duration = Duration::from_secs(10);
 const MAX_SOCKETS: usize = 64;
 /// Drivers triaged per pass.
 const MAX_DRIVERS: usize = 32;
+/// Entries of `ROOT/plugins_registry` and its subdirectories read per
+/// pass, at most: a directory of millions of entries costs this many names
+/// (and at most as many `lstat`s), and the evidence says it was cut.
+pub const MAX_ENTRIES: usize = 4096;
 /// Other registration sockets named in a failing step 1's evidence.
 const SOCKETS_SHOWN: usize = 8;
 /// The kubelet's registration directory under ROOT.
@@ -65,7 +69,61 @@ pub trait CsiNodeLookup: Send + Sync {
     /// The driver names the node's CSINode lists (`Ok(None)`: there is no
     /// CSINode object), or why it could not be read; within `timeout`.
     /// Called from the triage's worker thread, never from a runtime's.
-    fn drivers(&self, timeout: Duration) -> Result<Option<Vec<String>>, String>;
+    fn drivers(&self, timeout: Duration) -> Result<Option<Vec<String>>, CsiNodeError>;
+}
+
+/// Why the node's CSINode could not be read (step 4 is then "not
+/// checked"): the lookup's own error, shown as its text.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiNodeError {
+    /// The read failed (the API server's error, no answer in time, ...).
+    #[error(transparent)]
+    Read(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl CsiNodeError {
+    /// The lookup's error `e`.
+    pub fn read(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Read(Box::new(e))
+    }
+}
+
+/// Why a registration socket's answer is not a driver's registration
+/// (step 2).
+#[derive(Debug, thiserror::Error)]
+enum AnswerError {
+    /// `GetInfo` failed: connecting, the call or its deadline.
+    #[error(transparent)]
+    GetInfo(RegistrationError),
+    /// Its answer fails the kubelet's validation.
+    #[error(
+        "its answer (name {name:?}, type {plugin_type:?}) fails the kubelet's validation: {source}"
+    )]
+    Invalid {
+        /// The name it gave.
+        name: String,
+        /// The type it gave.
+        plugin_type: String,
+        /// The validation's error.
+        source: RegistrationError,
+    },
+}
+
+/// Why step 2 or 3 failed, as the step's evidence and the summary show it.
+#[derive(Debug, thiserror::Error)]
+enum StepFailure<'a> {
+    /// Step 2: the socket answers `GetInfo` as another driver.
+    #[error("answers GetInfo as driver {0:?}")]
+    OtherDriver(&'a str),
+    /// Step 2: no valid answer.
+    #[error("{0}")]
+    Answer(&'a AnswerError),
+    /// Step 3: what the endpoint answered.
+    #[error("{0}")]
+    Probe(&'a Probed),
+    /// Step 3: the endpoint was not asked (the pass asked no more).
+    #[error("not asked")]
+    NotAsked,
 }
 
 /// The step of the triage that failed.
@@ -125,7 +183,7 @@ impl CsiTriage {
     pub(super) fn add_findings(
         &mut self,
         snap: &Snapshot,
-        dsw: &DesiredStateOfWorld,
+        pods: &DesiredPods,
         now: Instant,
         out: &mut Vec<Finding>,
     ) {
@@ -133,7 +191,7 @@ impl CsiTriage {
             .iter()
             .enumerate()
             .filter(|(_, f)| f.kind == FindingKind::VolumeStuck)
-            .filter_map(|(i, f)| Some((i, driver_of(dsw, f)?)))
+            .filter_map(|(i, f)| Some((i, driver_of(pods, f)?)))
             .collect();
         // Told apart first, then capped: 32 stuck volumes of one driver
         // leave room for the others.
@@ -196,19 +254,10 @@ impl CsiTriage {
 
 /// The CSI driver of a stuck volume's finding (its pod's volume, resolved
 /// to a CSI source: inline, PersistentVolume or migrated in-tree).
-fn driver_of(dsw: &DesiredStateOfWorld, f: &Finding) -> Option<String> {
+fn driver_of(pods: &DesiredPods, f: &Finding) -> Option<String> {
     let uid = PodUid::new(f.pod_uid.as_deref()?).ok()?;
-    let pod = dsw.pod(&uid)?;
-    let v = pod
-        .volumes
-        .iter()
-        .find(|v| Some(&v.outer_name) == f.volume.as_ref())?;
-    let name = v.resolution.name()?;
-    let spec = &dsw.volume(name)?.pods.get(&uid)?.spec;
-    match &spec.source {
-        VolumeSource::Csi(c) => Some(c.driver.clone()),
-        _ => None,
-    }
+    pods.csi_driver(&uid, f.volume.as_deref()?)
+        .map(str::to_string)
 }
 
 /// The [`FindingKind::CsiDriverNotReady`] finding of `stuck`'s pod.
@@ -242,7 +291,7 @@ fn driver_finding(stuck: &Finding, driver: &str, t: &Triage) -> Finding {
 /// What a registration socket answered.
 struct Registered {
     socket: PathBuf,
-    answer: Result<(String, PathBuf, Vec<String>), String>,
+    answer: Result<(String, PathBuf, Vec<String>), AnswerError>,
 }
 
 /// What a driver's endpoint answered (step 3); shown as the step's
@@ -345,7 +394,7 @@ impl CallFailure {
 }
 
 /// The node's name and what the read of its CSINode gave (step 4).
-type NodeDrivers = (String, Result<Option<Vec<String>>, String>);
+type NodeDrivers = (String, Result<Option<Vec<String>>, CsiNodeError>);
 
 /// One pass: the registration sockets' `GetInfo`, the endpoints' `Probe`,
 /// the CSINode, then each driver's triage in the order of `drivers`.
@@ -355,12 +404,12 @@ fn triage_all(
     lookup: Option<&dyn CsiNodeLookup>,
 ) -> Vec<Triage> {
     let registry = dir.path().join(PLUGINS_REGISTRY);
-    let (sockets, not_asked) = registration_sockets(dir);
+    let listing = registration_sockets(dir, drivers);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
     let (registered, probed) = match rt {
-        Ok(rt) => rt.block_on(ask_all(sockets, drivers)),
+        Ok(rt) => rt.block_on(ask_all(listing.sockets.clone(), drivers)),
         Err(e) => {
             let why = format!("no runtime for the calls: {e}");
             let t = Triage {
@@ -376,46 +425,117 @@ fn triage_all(
     drivers
         .iter()
         .map(|d| {
-            let mut t = judge(d, &registry, &registered, not_asked, probed.get(d));
+            let mut t = judge(d, &registry, &registered, &listing, probed.get(d));
             csinode_step(&mut t, d, csinode.as_ref());
             t
         })
         .collect()
 }
 
-/// The sockets under `ROOT/plugins_registry` (and its subdirectories,
-/// one level deep), listed through ROOT's door, sorted; at most
-/// [`MAX_SOCKETS`], with how many more there are.
-fn registration_sockets(dir: &RootDir) -> (Vec<PathBuf>, usize) {
-    let mut found = Vec::new();
+/// The registration sockets one pass asks.
+#[derive(Debug, Default)]
+struct Listing {
+    /// The sockets, sorted; at most [`MAX_SOCKETS`].
+    sockets: Vec<PathBuf>,
+    /// Entries that may be sockets, not looked at: past [`MAX_SOCKETS`].
+    not_asked: usize,
+    /// The listing stopped at [`MAX_ENTRIES`] entries: the rest was not
+    /// read.
+    cut: bool,
+}
+
+/// The sockets under `ROOT/plugins_registry` (and its subdirectories, one
+/// level deep), listed through ROOT's door: first each driver's own
+/// `<driver>-reg.sock` (node-driver-registrar's name, looked up directly:
+/// found even past a cut), then at most [`MAX_ENTRIES`] entries read, of
+/// which only those that may be sockets are `lstat`ed, in the order of
+/// their names, until [`MAX_SOCKETS`] sockets are found.
+fn registration_sockets(dir: &RootDir, drivers: &[String]) -> Listing {
+    let mut out = Listing::default();
     let Ok(top) = RelPath::new([PLUGINS_REGISTRY]) else {
-        return (found, 0);
+        return out;
     };
+    for d in drivers.iter().take(MAX_SOCKETS) {
+        let own = top.join(std::ffi::OsStr::new(&format!("{d}-reg.sock")));
+        if let Some(abs) = own.ok().map(|rel| dir.abs(&rel)).filter(|a| is_socket(a)) {
+            out.sockets.push(abs);
+        }
+    }
+    let mut candidates = Vec::new();
+    let mut budget = MAX_ENTRIES;
     let mut dirs = vec![(top, 0)];
     while let Some((rel, depth)) = dirs.pop() {
-        let Ok(mut names) = dir.read_dir(&rel) else {
+        let Some((entries, cut)) = read_at_most(dir, &rel, budget) else {
             continue;
         };
-        names.sort();
-        for name in names {
-            if name.as_encoded_bytes().first() == Some(&b'.') {
+        out.cut |= cut;
+        budget -= entries.len();
+        for e in entries {
+            if e.name.as_encoded_bytes().first() == Some(&b'.') {
                 continue;
             }
-            let Ok(sub) = rel.join(&name) else {
+            let Ok(sub) = rel.join(&e.name) else {
                 continue;
             };
-            let abs = dir.abs(&sub);
-            match std::fs::symlink_metadata(&abs).map(|m| m.file_type()) {
-                Ok(t) if t.is_dir() && depth == 0 => dirs.push((sub, 1)),
-                Ok(t) if std::os::unix::fs::FileTypeExt::is_socket(&t) => found.push(abs),
-                _ => {}
+            let is_dir = match e.kind {
+                dirents::EntryKind::Dir => true,
+                dirents::EntryKind::Symlink => continue,
+                dirents::EntryKind::Other => false,
+                dirents::EntryKind::Unknown => {
+                    std::fs::symlink_metadata(dir.abs(&sub)).is_ok_and(|m| m.file_type().is_dir())
+                }
+            };
+            match is_dir {
+                true if depth == 0 => dirs.push((sub, 1)),
+                true => {}
+                false => candidates.push(dir.abs(&sub)),
             }
         }
     }
-    found.sort();
-    let more = found.len().saturating_sub(MAX_SOCKETS);
-    found.truncate(MAX_SOCKETS);
-    (found, more)
+    candidates.sort();
+    let mut candidates = candidates.into_iter();
+    while out.sockets.len() < MAX_SOCKETS {
+        let Some(c) = candidates.next() else {
+            break;
+        };
+        if !out.sockets.contains(&c) && is_socket(&c) {
+            out.sockets.push(c);
+        }
+    }
+    out.not_asked = candidates.filter(|c| !out.sockets.contains(c)).count();
+    out.sockets.sort();
+    out
+}
+
+/// Whether `path` is a socket (not followed when a symlink).
+fn is_socket(path: &Path) -> bool {
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+}
+
+/// The first `max` entries of directory `rel` under ROOT (in the
+/// directory's order), and whether it has more; read through ROOT's door.
+/// `None` when it cannot be read (missing, not a directory).
+fn read_at_most(
+    dir: &RootDir,
+    rel: &RelPath,
+    max: usize,
+) -> Option<(Vec<dirents::DirEntry>, bool)> {
+    use nix::fcntl::OFlag;
+    let at = dir.open_dir(rel).ok()?;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let fd = nix::fcntl::openat(&at, ".", flags, nix::sys::stat::Mode::empty()).ok()?;
+    let mut out = Vec::new();
+    while out.len() <= max {
+        let batch = dirents::read_batch(std::os::fd::AsFd::as_fd(&fd)).ok()?;
+        if batch.entries.is_empty() {
+            break;
+        }
+        out.extend(batch.entries);
+    }
+    let cut = out.len() > max;
+    out.truncate(max);
+    Some((out, cut))
 }
 
 /// Every socket's `GetInfo` (validated as the kubelet does), then the
@@ -465,17 +585,18 @@ async fn ask_all(
 
 /// A registration socket's `GetInfo`, checked by the kubelet's
 /// validation: `(name, endpoint, versions)`, or the error.
-async fn ask_registration(socket: &Path) -> Result<(String, PathBuf, Vec<String>), String> {
+async fn ask_registration(socket: &Path) -> Result<(String, PathBuf, Vec<String>), AnswerError> {
     let (info, _client) = registration::get_info(socket, CALL_TIMEOUT)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(AnswerError::GetInfo)?;
     // An empty registry: only this answer is judged, not other
     // registrations of the driver.
-    registration::validate(&info, socket, &DriverRegistry::new()).map_err(|e| {
-        format!(
-            "its answer (name {:?}, type {:?}) fails the kubelet's validation: {e}",
-            info.name, info.r#type
-        )
+    registration::validate(&info, socket, &DriverRegistry::new()).map_err(|source| {
+        AnswerError::Invalid {
+            name: info.name.clone(),
+            plugin_type: info.r#type.clone(),
+            source,
+        }
     })
 }
 
@@ -528,7 +649,7 @@ fn judge(
     driver: &str,
     registry: &Path,
     registered: &[Registered],
-    not_asked: usize,
+    listing: &Listing,
     probed: Option<&Probed>,
 ) -> Triage {
     let named = |r: &&Registered| matches!(&r.answer, Ok((n, _, _)) if n == driver);
@@ -546,7 +667,7 @@ fn judge(
         .find(named)
         .or_else(|| registered.iter().find(by_file))
     else {
-        return no_socket(driver, registry, registered, not_asked);
+        return no_socket(driver, registry, registered, listing);
     };
     let mut ev = vec![format!(
         "1 registration socket: ok: {}",
@@ -561,10 +682,13 @@ fn judge(
             endpoint.clone()
         }
         Ok((name, _, _)) => {
-            let why = format!("answers GetInfo as driver {name:?}");
+            let why = StepFailure::OtherDriver(name);
             return failed(Step::GetInfo, &reg.socket, ev, driver, why);
         }
-        Err(e) => return failed(Step::GetInfo, &reg.socket, ev, driver, e.clone()),
+        Err(e) => {
+            let why = StepFailure::Answer(e);
+            return failed(Step::GetInfo, &reg.socket, ev, driver, why);
+        }
     };
     match probed {
         Some(answer) if answer.ok() => {
@@ -580,16 +704,21 @@ fn judge(
                 evidence: ev,
             }
         }
-        Some(e) => failed(Step::Probe, &endpoint, ev, driver, e.to_string()),
-        None => failed(Step::Probe, &endpoint, ev, driver, "not asked".into()),
+        Some(e) => failed(Step::Probe, &endpoint, ev, driver, StepFailure::Probe(e)),
+        None => failed(Step::Probe, &endpoint, ev, driver, StepFailure::NotAsked),
     }
 }
 
 /// Step 1 failed: no socket is the driver's; the others named.
-fn no_socket(driver: &str, registry: &Path, registered: &[Registered], more: usize) -> Triage {
+fn no_socket(
+    driver: &str,
+    registry: &Path,
+    registered: &[Registered],
+    listing: &Listing,
+) -> Triage {
     let mut ev = vec![format!(
         "1 registration socket: FAILED: none of the {} sockets in {} is driver {driver:?}'s",
-        registered.len() + more,
+        registered.len(),
         registry.display()
     )];
     for r in registered.iter().take(SOCKETS_SHOWN) {
@@ -602,9 +731,21 @@ fn no_socket(driver: &str, registry: &Path, registered: &[Registered], more: usi
             Err(e) => format!("  {}: {e}", r.socket.display()),
         });
     }
-    let hidden = registered.len().saturating_sub(SOCKETS_SHOWN) + more;
+    let hidden = registered.len().saturating_sub(SOCKETS_SHOWN);
     if hidden > 0 {
         ev.push(format!("  ... and {hidden} more sockets"));
+    }
+    if listing.not_asked > 0 {
+        ev.push(format!(
+            "  ... and {} more entries not looked at (at most {MAX_SOCKETS} sockets a pass)",
+            listing.not_asked
+        ));
+    }
+    if listing.cut {
+        ev.push(format!(
+            "  the listing of {} was cut at {MAX_ENTRIES} entries: the rest was not read ({driver}-reg.sock was looked up by its name)",
+            registry.display()
+        ));
     }
     ev.push("2 GetInfo: not asked".into());
     ev.push("3 Probe: not asked".into());
@@ -620,7 +761,13 @@ fn no_socket(driver: &str, registry: &Path, registered: &[Registered], more: usi
 }
 
 /// A triage that failed at `step` (2 or 3) on `path` because of `why`.
-fn failed(step: Step, path: &Path, mut ev: Vec<String>, driver: &str, why: String) -> Triage {
+fn failed(
+    step: Step,
+    path: &Path,
+    mut ev: Vec<String>,
+    driver: &str,
+    why: StepFailure<'_>,
+) -> Triage {
     let summary = match step {
         Step::GetInfo => {
             ev.push(format!("2 GetInfo: FAILED: {why}"));
@@ -691,7 +838,7 @@ mod tests {
             socket: PathBuf::from(socket),
             answer: answer
                 .map(|(n, e)| (n.to_string(), PathBuf::from(e), vec!["1.0.0".into()]))
-                .map_err(str::to_string),
+                .map_err(|_| AnswerError::GetInfo(RegistrationError::GetInfoTimeout(CALL_TIMEOUT))),
         }
     }
 
@@ -705,13 +852,13 @@ mod tests {
     fn triage(
         regs: &[Registered],
         probed: Option<Probed>,
-        csinode: Option<Result<Option<Vec<String>>, String>>,
+        csinode: Option<Result<Option<Vec<String>>, CsiNodeError>>,
     ) -> Triage {
         let mut t = judge(
             D,
             Path::new("/r/plugins_registry"),
             regs,
-            0,
+            &Listing::default(),
             probed.as_ref(),
         );
         let csinode = csinode.map(|c| ("n1".to_string(), c));
@@ -776,6 +923,41 @@ mod tests {
         }
     }
 
+    /// Before, every entry of `plugins_registry` was read and `lstat`ed
+    /// before the sockets were capped: a directory of millions of entries
+    /// cost a stat each. Now at most [`MAX_ENTRIES`] are read, the cut is
+    /// said, and a driver's own `<driver>-reg.sock` is found by its name.
+    #[test]
+    fn a_registry_of_more_entries_than_the_cap_is_cut() {
+        let t = tempfile::tempdir().unwrap();
+        let root = RootDir::open(t.path()).unwrap();
+        let reg = root.path().join(PLUGINS_REGISTRY);
+        std::fs::create_dir_all(&reg).unwrap();
+        for i in 0..MAX_ENTRIES + 50 {
+            std::fs::File::create(reg.join(format!("junk-{i:05}"))).unwrap();
+        }
+        let own = reg.join(format!("{D}-reg.sock"));
+        let _l = std::os::unix::net::UnixListener::bind(&own).unwrap();
+        let listing = registration_sockets(&root, &[D.to_string()]);
+        assert!(listing.cut, "{listing:?}");
+        assert_eq!(listing.sockets, vec![own]);
+        assert_eq!(listing.not_asked, 0, "{listing:?}");
+        let t = no_socket("other.example", &reg, &[], &listing);
+        let cut = format!(
+            "  the listing of {} was cut at {MAX_ENTRIES} entries",
+            reg.display()
+        );
+        assert!(t.evidence.iter().any(|l| l.starts_with(&cut)), "{t:?}");
+        // A listing that is not cut says nothing of it.
+        std::fs::remove_file(reg.join("junk-00000")).unwrap();
+        for i in 1..51 {
+            std::fs::remove_file(reg.join(format!("junk-{i:05}"))).unwrap();
+        }
+        let listing = registration_sockets(&root, &[]);
+        assert!(!listing.cut, "{listing:?}");
+        assert_eq!(listing.sockets.len(), 1, "{listing:?}");
+    }
+
     #[test]
     fn the_first_failing_step_is_the_summary() {
         let other = reg("/r/plugins_registry/o-reg.sock", Ok(("o", "/o.sock")));
@@ -816,7 +998,11 @@ mod tests {
         let t = triage(&ok(), Some(ready()), Some(Ok(None)));
         assert_eq!(t.failed, Some(Step::CsiNode), "{t:?}");
         // A CSINode that cannot be read is not the driver's fault.
-        let t = triage(&ok(), Some(ready()), Some(Err("403".into())));
+        let t = triage(
+            &ok(),
+            Some(ready()),
+            Some(Err(CsiNodeError::Read("403".into()))),
+        );
         assert_eq!(t.failed, None, "{t:?}");
         let t = triage(&ok(), Some(ready()), Some(Ok(Some(vec![D.into()]))));
         assert_eq!(t.failed, None, "{t:?}");

@@ -20,6 +20,7 @@
 
 mod blocked_tasks;
 mod csi_driver_not_ready;
+mod desired_pods;
 pub mod holder_helper;
 pub mod holders;
 mod kubelet_disagrees;
@@ -44,7 +45,9 @@ use crate::sys::root_dir::{RelPath, RootDir};
 use crate::volume::PodUid;
 use crate::volumemanager::VolumeManager;
 
-pub use csi_driver_not_ready::{CsiNodeLookup, Step as CsiTriageStep};
+use desired_pods::DesiredPods;
+
+pub use csi_driver_not_ready::{CsiNodeError, CsiNodeLookup, Step as CsiTriageStep};
 pub use kubelet_disagrees::attach::{
     AttachmentLog, AttachmentSeen, NoAttachments, NodeAttached, MAX_ERROR as ATTACH_MAX_ERROR,
 };
@@ -178,16 +181,40 @@ impl Observer {
         }
     }
 
-    /// One scan of the node: the findings, sorted by kind and path.
+    /// One scan of the node: the findings, sorted by kind and path. The
+    /// desired state's read lock is held only to judge the snapshot
+    /// against it and copy out what the rest needs ([`DesiredPods`]); the
+    /// holder scan, the /proc scans, the mount probes, the CSI triage and
+    /// the tracer's history run after it is released.
     pub fn scan(&mut self, vm: &VolumeManager) -> Result<Vec<Finding>, ObserveError> {
         let snap = snapshot(vm)?;
         let populated = vm.sources_populated();
-        Ok(vm.with_desired_state(|dsw| self.evaluate(&snap, dsw, populated, Instant::now())))
+        let now = Instant::now();
+        let (found, pods) = vm.with_desired_state(|dsw| {
+            let found = self.evaluate_desired(&snap, dsw, populated, now);
+            (found, DesiredPods::of(dsw))
+        });
+        Ok(self.evaluate_rest(&snap, &pods, populated, now, found))
     }
 
     /// The findings of `snap` against the desired state. Pods not on the
-    /// node are judged only once the sources are `populated`.
+    /// node are judged only once the sources are `populated`. (A scan
+    /// holds `dsw`'s lock for the first half only: see [`Self::scan`].)
     pub fn evaluate(
+        &mut self,
+        snap: &Snapshot,
+        dsw: &DesiredStateOfWorld,
+        populated: bool,
+        now: Instant,
+    ) -> Vec<Finding> {
+        let found = self.evaluate_desired(snap, dsw, populated, now);
+        self.evaluate_rest(snap, &DesiredPods::of(dsw), populated, now, found)
+    }
+
+    /// The first half of [`Self::evaluate`], under the desired state's
+    /// lock: what is judged against it, from the snapshot and ROOT only
+    /// (no /proc scan, helper, probe nor socket).
+    fn evaluate_desired(
         &mut self,
         snap: &Snapshot,
         dsw: &DesiredStateOfWorld,
@@ -201,16 +228,34 @@ impl Observer {
             deleted_pods(snap, dsw, &mut left, &mut self.not_listed);
             unused_devices(snap, dsw, &mut left);
             self.after_teardown_time(left, now, &mut out);
-            teardown_blocked::reclassify(&mut out, &snap.table, self.history.as_ref());
         }
         self.needed_volumes(snap, dsw, now, &mut out);
         stacked_mounts(snap, dsw, &mut out);
         deleted_loop_backing(snap, &mut out);
         self.kubelet.evaluate(snap, dsw, &mut out);
+        out
+    }
+
+    /// The second half of [`Self::evaluate`], on the copy `pods` of the
+    /// desired pods, without the lock: the held mounts' holders (only
+    /// (b) findings are reclassified: the first half's other findings are
+    /// left as they are), the probes, the walks and the CSI triage; then
+    /// the syscalls, the order and the caps.
+    fn evaluate_rest(
+        &mut self,
+        snap: &Snapshot,
+        pods: &DesiredPods,
+        populated: bool,
+        now: Instant,
+        mut out: Vec<Finding>,
+    ) -> Vec<Finding> {
+        if populated {
+            teardown_blocked::reclassify(&mut out, &snap.table, self.history.as_ref());
+        }
         let probes = self.mount_probes.as_deref();
-        mount_unreachable::evaluate(probes, snap, dsw, &mut out, &mut self.not_listed);
-        self.walks.evaluate(snap, dsw, now, &mut out);
-        self.csi.add_findings(snap, dsw, now, &mut out);
+        mount_unreachable::evaluate(probes, snap, pods, &mut out, &mut self.not_listed);
+        self.walks.evaluate(snap, pods, now, &mut out);
+        self.csi.add_findings(snap, pods, now, &mut out);
         for f in &mut out {
             if f.recent_syscalls.is_empty() {
                 f.recent_syscalls = self.history.recent_for_path(Path::new(&f.path));
@@ -762,6 +807,79 @@ fn deleted_loop_backing(snap: &Snapshot, out: &mut Vec<Finding>) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// A tracer history whose first call parks until released: a slow
+    /// step of a scan (a holder scan, a /proc scan, a probe) stands in.
+    struct Parked {
+        parked: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+        release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl SyscallHistory for Parked {
+        fn recent_for_path(&self, _path: &Path) -> Vec<RecentSyscall> {
+            if let Some(tx) = self.parked.lock().unwrap().take() {
+                tx.send(()).unwrap();
+                let _ = self
+                    .release
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(120));
+            }
+            Vec::new()
+        }
+    }
+
+    fn pod(uid: &str) -> k8s_openapi::api::core::v1::Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+            "spec": {"containers": [{"name": "c"}]}
+        }))
+        .unwrap()
+    }
+
+    /// Before, `scan` ran all of `evaluate` under the desired state's read
+    /// lock: while a slow step (here the tracer's history of an orphaned
+    /// pod directory's finding) waited, the populator's write waited for
+    /// it. Now the write goes through while the step is parked.
+    #[test]
+    fn the_desired_state_is_written_while_a_slow_step_of_a_scan_waits() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("pods/gone")).unwrap();
+        let fake = Arc::new(crate::sys::fake::FakeMounter::default());
+        let vm = VolumeManager::new(crate::volumemanager::Config::new(t.path()), fake).unwrap();
+        vm.set_populated();
+        let (parked_tx, parked_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        let history = Arc::new(Parked {
+            parked: std::sync::Mutex::new(Some(parked_tx)),
+            release: std::sync::Mutex::new(release_rx),
+        });
+        let mut observer = Observer::new(Duration::ZERO, history);
+        let scanning = Arc::clone(&vm);
+        let scan = std::thread::spawn(move || observer.scan(&scanning).unwrap());
+        parked_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+        let (wrote_tx, wrote_rx) = std::sync::mpsc::channel();
+        let writing = Arc::clone(&vm);
+        let writer = std::thread::spawn(move || {
+            writing.upsert_pod(&pod("new")).unwrap();
+            let _ = wrote_tx.send(());
+        });
+        let wrote = wrote_rx.recv_timeout(Duration::from_secs(30));
+        release_tx.send(()).unwrap();
+        let findings = scan.join().unwrap();
+        writer.join().unwrap();
+        assert!(
+            wrote.is_ok(),
+            "the populator's write waited for the scan's slow step"
+        );
+        assert!(
+            findings
+                .iter()
+                .any(|f| f.kind == FindingKind::OrphanedPodDir),
+            "{findings:?}"
+        );
+    }
 
     #[test]
     fn orphan_evidence_lists_without_following_symlinks() {

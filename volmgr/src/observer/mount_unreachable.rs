@@ -26,8 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::blocked_tasks::{self, BlockedTask};
-use super::{finding, mount_line, Observer, Snapshot, MAX_FINDINGS_PER_KIND};
-use crate::cache::desired_state_of_world::DesiredStateOfWorld;
+use super::{finding, mount_line, DesiredPods, Observer, Snapshot, MAX_FINDINGS_PER_KIND};
 use crate::cache::out_of_band::rfc3339;
 use crate::status::{Finding, FindingKind, StuckSyscall};
 use crate::sys::mountinfo::MountInfo;
@@ -508,7 +507,7 @@ fn targets(snap: &Snapshot) -> (Vec<&MountInfo>, BTreeMap<Dev, PathBuf>) {
 pub(super) fn evaluate(
     prober: Option<&MountProber>,
     snap: &Snapshot,
-    dsw: &DesiredStateOfWorld,
+    pods: &DesiredPods,
     out: &mut Vec<Finding>,
     not_listed: &mut BTreeMap<FindingKind, usize>,
 ) {
@@ -538,7 +537,7 @@ pub(super) fn evaluate(
     };
     let ctx = Ctx {
         snap,
-        dsw,
+        pods,
         by_dev: &by_dev,
         tasks: &tasks,
         stuck: &stuck,
@@ -572,7 +571,7 @@ pub(super) fn evaluate(
 /// What one scan's findings of (h) are built from.
 struct Ctx<'a> {
     snap: &'a Snapshot,
-    dsw: &'a DesiredStateOfWorld,
+    pods: &'a DesiredPods,
     /// The mounts that do not answer, by device (in the table's order).
     by_dev: &'a BTreeMap<Dev, Vec<&'a MountInfo>>,
     tasks: &'a blocked_tasks::Scan,
@@ -655,7 +654,7 @@ impl Ctx<'_> {
         if let Some(uid) = pod_of(&self.snap.root, &m.mount_point) {
             f.pod_uid = Some(uid.as_str().to_string());
             f.pod = self
-                .dsw
+                .pods
                 .pod(&uid)
                 .map(|p| format!("{}/{}", p.namespace, p.name));
             f.volume = super::volume_at(&self.snap.asw, &uid, &m.mount_point);
@@ -719,7 +718,7 @@ impl Ctx<'_> {
 
     /// `o`, a mount of a device that does not answer, with its pod.
     fn user_line(&self, o: &MountInfo) -> String {
-        let pod = pod_of(&self.snap.root, &o.mount_point).map(|uid| match self.dsw.pod(&uid) {
+        let pod = pod_of(&self.snap.root, &o.mount_point).map(|uid| match self.pods.pod(&uid) {
             Some(p) => format!(" (pod {}/{}, {uid})", p.namespace, p.name),
             None => format!(" (pod {uid}, no longer on the node)"),
         });
@@ -1029,8 +1028,8 @@ mod tests {
         p.shared.state.locked().devs.insert(dev, d);
         let mut out = Vec::new();
         let mut not_listed = BTreeMap::new();
-        let dsw = DesiredStateOfWorld::default();
-        evaluate(Some(&p), &snap, &dsw, &mut out, &mut not_listed);
+        let pods = DesiredPods::default();
+        evaluate(Some(&p), &snap, &pods, &mut out, &mut not_listed);
         assert_eq!(out.len(), MAX_FINDINGS_PER_KIND);
         assert_eq!(not_listed.get(&FindingKind::MountUnreachable), Some(&44));
         let first = &out[0];

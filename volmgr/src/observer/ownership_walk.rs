@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::cache::desired_state_of_world::DesiredStateOfWorld;
 use crate::cache::out_of_band::rfc3339;
 use crate::ebpf::wire::WALK_GAP_NS;
 use crate::ebpf::Walk;
@@ -26,7 +25,7 @@ use crate::tracer::context::TracerStatus;
 use crate::volume::PodUid;
 
 use super::mount_unreachable::probed_fstype;
-use super::{finding, Observer, Snapshot};
+use super::{finding, DesiredPods, Observer, Snapshot};
 
 /// A walk is reported once it lasted this long...
 pub const MIN_DURATION: Duration = Duration::from_secs(10);
@@ -90,7 +89,7 @@ impl Detector {
     pub(super) fn evaluate(
         &mut self,
         snap: &Snapshot,
-        dsw: &DesiredStateOfWorld,
+        pods: &DesiredPods,
         now: Instant,
         out: &mut Vec<Finding>,
     ) {
@@ -111,7 +110,7 @@ impl Detector {
             if !Path::new(&format!("/proc/{}", w.pid)).exists() {
                 continue;
             }
-            let Some((uid, name)) = pod_volume(snap, dsw, &w.dir) else {
+            let Some((uid, name)) = pod_volume(snap, pods, &w.dir) else {
                 continue;
             };
             let done = files(&w);
@@ -126,7 +125,7 @@ impl Detector {
             seen.insert(key, (w.first_ns, done, now));
             let lasted = Duration::from_nanos(now_ns.saturating_sub(w.first_ns));
             if lasted >= MIN_DURATION || done >= MIN_FILES {
-                out.push(walk_finding(snap, dsw, &w, (uid, name), rate, lasted));
+                out.push(walk_finding(snap, pods, &w, (uid, name), rate, lasted));
             }
         }
         self.last = seen;
@@ -135,14 +134,14 @@ impl Detector {
 
 /// The pod and the volume (its name in the pod) whose directory is `dir`
 /// (`ROOT/pods/<uid>/volumes/<plugin>/<name>`), for a pod on the node.
-fn pod_volume(snap: &Snapshot, dsw: &DesiredStateOfWorld, dir: &Path) -> Option<(PodUid, String)> {
+fn pod_volume(snap: &Snapshot, pods: &DesiredPods, dir: &Path) -> Option<(PodUid, String)> {
     let rel = dir.strip_prefix(snap.root.join("pods")).ok()?;
     let parts: Vec<&str> = rel.iter().map(|c| c.to_str()).collect::<Option<_>>()?;
     let [uid, "volumes", _plugin, name] = parts.as_slice() else {
         return None;
     };
     let uid = PodUid::new(uid).ok()?;
-    let on_node = dsw.pod(&uid).is_some() || snap.pod_dirs.contains(&uid);
+    let on_node = pods.pod(&uid).is_some() || snap.pod_dirs.contains(&uid);
     if !on_node {
         return None;
     }
@@ -151,7 +150,7 @@ fn pod_volume(snap: &Snapshot, dsw: &DesiredStateOfWorld, dir: &Path) -> Option<
         n.and_then(|n| snap.asw.pod_mount(n, &uid))
             .is_some_and(|m| m.path.starts_with(dir))
     };
-    let outer = dsw.pod(&uid).and_then(|p| {
+    let outer = pods.pod(&uid).and_then(|p| {
         let vs = &p.volumes;
         vs.iter()
             .find(|v| v.outer_name == *name)
@@ -207,7 +206,7 @@ fn inode_count(snap: &Snapshot, dir: &Path) -> Result<u64, InodeCountError> {
 /// The finding of walk `w` on pod `uid`'s volume `name`.
 fn walk_finding(
     snap: &Snapshot,
-    dsw: &DesiredStateOfWorld,
+    pods: &DesiredPods,
     w: &Walk,
     (uid, name): (PodUid, String),
     rate: f64,
@@ -250,7 +249,7 @@ fn walk_finding(
         "avoided by the pod's securityContext.fsGroupChangePolicy: OnRootMismatch (no walk when the volume's root already matches) and, for SELinux, a mount context (seLinuxOptions with SELinuxMount) instead of a relabel of every file".into(),
     ];
     f.since = SystemTime::now().checked_sub(lasted).map(rfc3339);
-    if let Some(p) = dsw.pod(&uid) {
+    if let Some(p) = pods.pod(&uid) {
         f.pod = Some(format!("{}/{}", p.namespace, p.name));
     }
     f.pod_uid = Some(uid.as_str().to_string());
@@ -262,7 +261,9 @@ fn walk_finding(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::cache::desired_state_of_world::{PodEntry, PodUpdate, PodVolumeEntry};
+    use crate::cache::desired_state_of_world::{
+        DesiredStateOfWorld, PodEntry, PodUpdate, PodVolumeEntry,
+    };
     use crate::sys::mount_table::MountTable;
     use crate::sys::root_dir::RootDir;
 
@@ -336,7 +337,12 @@ mod tests {
             last: HashMap::new(),
         };
         let mut out = Vec::new();
-        d.evaluate(&snap(root), &dsw(), Instant::now(), &mut out);
+        d.evaluate(
+            &snap(root),
+            &DesiredPods::of(&dsw()),
+            Instant::now(),
+            &mut out,
+        );
         out
     }
 
