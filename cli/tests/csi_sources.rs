@@ -413,6 +413,66 @@ fn inline_csi_volume_resolves_and_publishes() {
     });
 }
 
+/// An inline CSI volume of a pod deleted while the agent was down (killed
+/// with the volume published) is found on disk at the restart,
+/// unpublished under its generated handle, and the pod's directory goes.
+/// The kubelet's reconstruction of such a volume has been reported to
+/// fail (it looks the CSI plugin up as attachable and asks
+/// `GetUniqueVolumeNameFromSpec`, which needs a PV source, so "Could not
+/// construct volume information, cleaning up mounts" and the volume of a
+/// pod that was Terminating is never unpublished); volmgr names an inline
+/// volume per pod from `vol_data.json`. The driver (`--ephemeral`) mounts
+/// a real tmpfs for it.
+#[test]
+fn an_inline_volume_of_a_pod_deleted_while_the_agent_was_down_is_unpublished() {
+    isolated(
+        "an_inline_volume_of_a_pod_deleted_while_the_agent_was_down_is_unpublished",
+        || {
+            let env = Env::new();
+            let mut driver = new_driver(&env);
+            driver.with_args(&["--ephemeral"]);
+            driver.spawn();
+            let volume = format!("csi: {{driver: {DRIVER}, volumeAttributes: {{size: 32Mi}}}}");
+            env.write_manifest(
+                "pod.yaml",
+                &pod_yaml("inline", "uid-inline", &[("scratch", &volume)]),
+            );
+            let agent = env.start_agent(&[]);
+            let path = env.csi_publish_path("uid-inline", "scratch");
+            wait_or_dump(&env, &agent, &driver, "inline volume mounted", || {
+                env.mount_count(&path) == 1
+            });
+            std::fs::write(path.join("data"), b"x").unwrap();
+
+            agent.kill9();
+            env.remove_manifest("pod.yaml");
+            let agent = env.start_agent(&[]);
+            wait_or_dump(
+                &env,
+                &agent,
+                &driver,
+                "unpublished after the restart",
+                || {
+                    driver
+                        .calls_of("NodeUnpublishVolume")
+                        .iter()
+                        .any(|c| c["volume_id"] == INLINE_HANDLE)
+                },
+            );
+            env.wait_for("the pod's directory removed", || {
+                !env.root.join("pods/uid-inline").exists() && env.mounts().is_empty()
+            });
+            assert!(
+                driver.calls_of("NodeStageVolume").is_empty(),
+                "inline volumes are never staged"
+            );
+            assert!(agent.term());
+            driver.stop();
+            env.assert_outside_untouched();
+        },
+    );
+}
+
 /// The watcher as a library, against the real driver's registration socket:
 /// a plugin that fails validation is told why (NotifyRegistrationStatus with
 /// `plugin_registered: false`) and not registered; once the conflicting

@@ -35,6 +35,11 @@ pub struct Driver {
     /// rbd binds the device file it put there at stage): unstaged, the pod
     /// gets what the node's disk has at that path.
     pub publish_without_stage_check: bool,
+    /// Serve CSI inline ephemeral volumes: a NodePublishVolume without a
+    /// staging path (the kubelet gives none for an inline volume) mounts a
+    /// tmpfs of the volume attribute `size` (default 16Mi) at the target;
+    /// refused with FAILED_PRECONDITION otherwise.
+    pub ephemeral: bool,
     /// The CSI socket path.
     pub endpoint: PathBuf,
     /// State directory (absolute): images/, faults.json, calls.jsonl.
@@ -123,6 +128,7 @@ impl Driver {
             volume_mount_group: false,
             topology: std::collections::HashMap::new(),
             publish_without_stage_check: false,
+            ephemeral: false,
             endpoint,
             state_dir,
         }

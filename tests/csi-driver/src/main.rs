@@ -114,6 +114,10 @@ struct Args {
     /// binds there, ceph-csi rbd-style).
     #[arg(long)]
     publish_without_stage_check: bool,
+    /// Serve CSI inline ephemeral volumes: NodePublishVolume without a
+    /// staging path mounts a tmpfs (volume attribute `size`) at the target.
+    #[arg(long)]
+    ephemeral: bool,
 }
 
 fn parse_segment(s: &str) -> Result<(String, String), String> {
@@ -173,6 +177,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     driver.volume_mount_group = args.volume_mount_group;
     driver.topology = args.topology.iter().cloned().collect();
     driver.publish_without_stage_check = args.publish_without_stage_check;
+    driver.ephemeral = args.ephemeral;
     let driver = Arc::new(driver);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -326,6 +326,39 @@ fn publish_unchecked(
         .map_err(|e| mount_error("bind-mounting the staging path", e))
 }
 
+/// NodePublishVolume of an inline ephemeral volume: a tmpfs of the
+/// volume attribute `size` (a quantity; default 16Mi)
+/// mounted at `target` (made if missing), once.
+fn publish_ephemeral(
+    target: &Path,
+    context: &std::collections::HashMap<String, String>,
+) -> Result<(), Status> {
+    let size = context.get("size").map_or("16Mi", String::as_str);
+    let bytes = parse_size(size).ok_or_else(|| {
+        Status::invalid_argument(format!("volume_context size {size:?} is not a quantity"))
+    })?;
+    match std::fs::create_dir(target) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(internal("creating the target path", e)),
+    }
+    if mounts::mount_at(target)
+        .map_err(|e| internal("mountinfo", e))?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let data = format!("size={bytes}");
+    nix::mount::mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .map_err(|e| mount_error("mounting the ephemeral tmpfs", e))
+}
+
 impl Driver {
     fn images_dir(&self) -> PathBuf {
         self.state_dir.join("images")
@@ -509,6 +542,9 @@ impl Driver {
         let target = required_path("target_path", &req.target_path)?;
         // The spec's answer when STAGE_UNSTAGE_VOLUME is advertised and the
         // staging path is missing: FAILED_PRECONDITION (stage first).
+        if req.staging_target_path.is_empty() && self.ephemeral {
+            return publish_ephemeral(&target, &req.volume_context);
+        }
         if req.staging_target_path.is_empty() {
             return Err(Status::failed_precondition(
                 "staging_target_path is required: this driver stages volumes (STAGE_UNSTAGE_VOLUME)",
