@@ -527,18 +527,10 @@ fn layers_only_point_down() {
     assert!(v.is_empty(), "layer violations:\n{}", v.join("\n"));
 }
 
-/// Test code that still builds a whole manager below the manager's layer
-/// (file, the module it reaches): the next to move up, as the reconciler's
-/// tests moved to `volumemanager/tests/`.
-const TEST_LAYER_DEBT: &[(&str, &str)] = &[
-    ("tracer/check.rs", "volumemanager"),
-    ("tracer/check.rs", "operationexecutor"),
-    ("populator/resolver.rs", "volumemanager"),
-    ("populator/manifests/tests.rs", "volumemanager"),
-];
-
-/// Layer violations in test code (test modules and test-only files), but
-/// those of [`TEST_LAYER_DEBT`].
+/// Layer violations in test code (test modules and test-only files): a test
+/// that needs a higher layer lives in that layer (as the reconciler's, the
+/// tracer check's, the resolver's and the manifests source's tests through
+/// the whole manager live in `volumemanager/tests/`).
 fn test_layer_violations(src: &Path) -> Vec<String> {
     let mut files = Vec::new();
     rs_files(src, &mut files);
@@ -551,10 +543,7 @@ fn test_layer_violations(src: &Path) -> Vec<String> {
         let text = std::fs::read_to_string(f).unwrap_or_default();
         let lines: Vec<String> = strip(&text).lines().map(str::to_string).collect();
         for (line, to) in crate_refs(&lines) {
-            if rank(&to).is_some()
-                && !allowed(&module, &to)
-                && !TEST_LAYER_DEBT.contains(&(rel.as_str(), to.as_str()))
-            {
+            if rank(&to).is_some() && !allowed(&module, &to) {
                 out.push(format!(
                     "{rel}:{line}: `{module}` (test code too) uses `crate::{to}`, a layer above it: test it from that layer"
                 ));

@@ -81,7 +81,7 @@ struct FileState {
 }
 
 /// Files read before the first batch is applied (small: mounting starts early).
-const FIRST_BATCH: usize = 32;
+pub(crate) const FIRST_BATCH: usize = 32;
 /// Files per batch after the first.
 const BATCH: usize = 64;
 
@@ -124,6 +124,14 @@ impl ManifestsSource {
             duplicates: FastMap::default(),
             reread: BTreeSet::new(),
         }
+    }
+
+    /// Whether no pod of the source reads an object (its resolver follows
+    /// none): for the tests a layer up, which drive the source through the
+    /// manager.
+    #[cfg(test)]
+    pub(crate) fn follows_no_pod(&self) -> bool {
+        self.resolver.follows_no_pod()
     }
 
     /// Reads everything once, marks the desired state populated, then follows
@@ -575,4 +583,4 @@ impl ManifestsSource {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,9 +1,13 @@
 use super::*;
 
-// Tests of the reconciler through the whole manager (the reconciler's own
-// layer does not see the manager).
+// Tests of lower layers through the whole manager (those layers do not see
+// the manager): the reconciler, the tracer's mount-table checks, the pod
+// resolver and the manifests source.
+mod manifests;
 mod reconciler;
 mod reconciler_scenarios;
+mod resolver;
+mod tracer_check;
 
 use crate::cache::actual_state_of_world::MountedPod;
 use crate::sys::fake::{Call, FakeMounter};
