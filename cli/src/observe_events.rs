@@ -73,12 +73,6 @@ fn note(f: &Finding) -> String {
         f.path,
         FindingKind::action(f.kind)
     );
-    if s.len() > MAX_NOTE {
-        let mut end = MAX_NOTE;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
+    s.truncate(s.floor_char_boundary(MAX_NOTE));
     s
 }

@@ -284,15 +284,7 @@ pub fn node_attached(
 
 /// `s` cut to at most [`volmgr::observer::ATTACH_MAX_ERROR`] bytes.
 fn cut(s: &str) -> String {
-    let max = volmgr::observer::ATTACH_MAX_ERROR;
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{} ...", &s[..end])
+    volmgr::util::escape::shortened(s, volmgr::observer::ATTACH_MAX_ERROR)
 }
 
 #[cfg(test)]

@@ -149,13 +149,7 @@ pub fn wait_for_attach_and_mount(
 }
 
 fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
+    s.truncate(s.floor_char_boundary(max));
     s
 }
 

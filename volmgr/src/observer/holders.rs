@@ -467,11 +467,7 @@ fn process_name(dir: &Path, pid: u32, blocked: bool) -> String {
     let raw = read_bounded(&dir.join("cmdline"), CMDLINE_BYTES + 1);
     let mut cmdline: String = raw.trim_end_matches('\0').replace('\0', " ");
     if cmdline.len() > CMDLINE_BYTES {
-        let mut end = CMDLINE_BYTES;
-        while !cmdline.is_char_boundary(end) {
-            end -= 1;
-        }
-        cmdline.truncate(end);
+        cmdline.truncate(cmdline.floor_char_boundary(CMDLINE_BYTES));
         cmdline.push_str("...");
     }
     format!("pid {pid} ({comm:?}, {cmdline:?})")

@@ -44,6 +44,7 @@ use super::{finding, lines_at, Snapshot};
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodVolumeEntry};
 use crate::cache::out_of_band::rfc3339;
 use crate::status::{FindingKind, RecentEvent};
+use crate::util::escape::shortened;
 use crate::volume::PodUid;
 
 /// How much later than the mount an event must be last seen to count:
@@ -386,7 +387,7 @@ fn kubelet_line(e: &RecentEvent) -> String {
         e.source,
         if e.host.is_empty() { "" } else { " on " },
         crate::util::escape::printable(&e.host),
-        bounded(&e.message, MAX_MESSAGE)
+        shortened(&e.message, MAX_MESSAGE)
     )
 }
 
@@ -409,18 +410,6 @@ fn vol_data(path: &Path) -> Option<String> {
         file.display(),
         crate::util::escape::printable(text.trim())
     ))
-}
-
-/// `s` cut to at most `max` bytes (on a character boundary).
-fn bounded(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{} ...", &s[..end])
 }
 
 #[cfg(test)]
@@ -511,11 +500,5 @@ mod tests {
         assert!(kubelet_said(&after, "conf", mount, later).is_none());
         // Another component's events are left out before
         // (`only_this_nodes_kubelet_counts`).
-    }
-
-    #[test]
-    fn messages_are_bounded() {
-        assert_eq!(bounded("ééé", 3), "é ...");
-        assert_eq!(bounded("abc", 3), "abc");
     }
 }

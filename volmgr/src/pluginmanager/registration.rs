@@ -32,11 +32,7 @@ const VERSIONS_IN_MESSAGE: usize = 16;
 
 /// `s` cut to [`MAX_NAME_IN_MESSAGE`] bytes (at a character boundary).
 pub fn cut_name(s: &str) -> String {
-    let mut end = s.len().min(MAX_NAME_IN_MESSAGE);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_string()
+    s[..s.floor_char_boundary(MAX_NAME_IN_MESSAGE)].to_string()
 }
 
 /// Why registering one plugin socket failed. The text is what the status

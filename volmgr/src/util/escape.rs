@@ -6,6 +6,15 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+/// `s` cut to at most `max` bytes on a character boundary, ` ...` after
+/// a cut: untrusted text quoted in evidence or status stays bounded.
+pub fn shortened(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    format!("{} ...", &s[..s.floor_char_boundary(max)])
+}
+
 /// `s` with every control character (C0, DEL, C1) escaped as `\n`, `\r`,
 /// `\t` or `\u{..}`, and backslashes doubled so that the escapes cannot be
 /// forged either; `s` itself when there is nothing to escape.
@@ -64,6 +73,13 @@ pub fn xml_text(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Cut on a character boundary, ` ...` after a cut only.
+    #[test]
+    fn messages_are_shortened() {
+        assert_eq!(shortened("ééé", 3), "é ...");
+        assert_eq!(shortened("abc", 3), "abc");
+    }
 
     #[test]
     fn xml_text_escapes_markup_and_replaces_what_xml_forbids() {

@@ -32,13 +32,13 @@
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use super::{bounded, kubelet_line, parse_rfc3339, parse_volume_lists, AFTER_MOUNT, RECENT};
+use super::{kubelet_line, parse_rfc3339, parse_volume_lists, AFTER_MOUNT, RECENT};
 use crate::cache::desired_state_of_world::{DesiredStateOfWorld, PodVolumeEntry};
 use crate::cache::out_of_band::rfc3339;
 use crate::observer::{finding, Snapshot};
 use crate::populator::convert::csi_driver::attachment_name;
 use crate::status::{Finding, FindingKind, RecentEvent};
-use crate::util::escape::printable;
+use crate::util::escape::{printable, shortened};
 use crate::volume::{PodUid, VolumeSource};
 
 /// Bytes of an `attachError` or `detachError` message kept, at most.
@@ -339,7 +339,7 @@ pub fn attach_finding(path: PathBuf, volume: &str, verdict: &Verdict, s: &Seen<'
 fn attachment_line(va: &AttachmentSeen) -> String {
     let err = |e: &Option<String>| {
         e.as_deref().map_or("none".to_string(), |m| {
-            format!("{:?}", bounded(&printable(m), MAX_ERROR))
+            format!("{:?}", shortened(&printable(m), MAX_ERROR))
         })
     };
     let since = va

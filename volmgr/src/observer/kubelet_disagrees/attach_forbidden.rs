@@ -18,11 +18,11 @@
 use std::time::SystemTime;
 
 use super::attach::{AttachmentLog, AttachmentSeen, Target, Volume, MAX_ERROR};
-use super::{bounded, kubelet_line, parse_rfc3339, RECENT};
+use super::{kubelet_line, parse_rfc3339, RECENT};
 use crate::cache::desired_state_of_world::DesiredStateOfWorld;
 use crate::observer::{finding, Snapshot};
 use crate::status::{Finding, FindingKind, RecentEvent};
-use crate::util::escape::printable;
+use crate::util::escape::{printable, shortened};
 
 /// What the kubelet's message says before the VolumeAttachment's name.
 const KEY: &str = "GET error for volume attachment csi-";
@@ -34,11 +34,7 @@ const MAX_SCAN: usize = 8192;
 /// kubelet's `GET error for volume attachment csi-...` message names,
 /// searched in its first [`MAX_SCAN`] bytes.
 pub fn forbidden_attachment(message: &str) -> Option<String> {
-    let mut end = message.len().min(MAX_SCAN);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    let head = &message[..end];
+    let head = &message[..message.floor_char_boundary(MAX_SCAN)];
     let start = head.find(KEY)? + KEY.len();
     let hex = |b: &u8| matches!(b, b'0'..=b'9' | b'a'..=b'f');
     let digits = message.as_bytes().get(start..start + 64)?;
@@ -198,7 +194,7 @@ pub fn refusal_finding(path: String, volume: &str, r: &Refused<'_>) -> Finding {
 fn attachment_line(va: &AttachmentSeen) -> String {
     let err = |e: &Option<String>| {
         e.as_deref().map_or("none".to_string(), |m| {
-            format!("{:?}", bounded(&printable(m), MAX_ERROR))
+            format!("{:?}", shortened(&printable(m), MAX_ERROR))
         })
     };
     format!(
